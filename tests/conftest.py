@@ -1,0 +1,51 @@
+"""Fixtures that start real services on free loopback ports: redis-server and the Tansu broker."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from watchdog.embedded import Service, start_redis, start_tansu
+
+
+@pytest.fixture(scope="session")
+def redis_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    svc = start_redis(workdir=tmp_path_factory.mktemp("redis"))
+    yield svc
+    svc.stop()
+
+
+@pytest.fixture
+def redis_client(redis_service: Service) -> Iterator[object]:
+    """A client on the shared Redis, flushed before and after each test."""
+    import redis
+
+    client = redis.Redis(host="127.0.0.1", port=redis_service.port, decode_responses=True)
+    client.flushall()
+    yield client
+    client.flushall()
+    client.close()
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[Service]:
+    """A Redis for this test alone, so the test may kill and restart it (append-only file on)."""
+    svc = start_redis(workdir=tmp_path / "redis")
+    yield svc
+    svc.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    svc = start_tansu(workdir=tmp_path_factory.mktemp("tansu"))
+    yield svc
+    svc.stop()
+
+
+@pytest.fixture
+def topic() -> str:
+    """A topic name no other test uses (Tansu creates topics on first use)."""
+    return f"llm.inference.logs.{uuid.uuid4().hex[:10]}"
