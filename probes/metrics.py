@@ -1,0 +1,226 @@
+"""Quality metrics for golden replays: ROUGE, BLEU, chrF, exact match, length ratio, perplexity.
+
+Pure logic, no I/O. The numbers match Hugging Face ``evaluate``'s ``rouge``, ``sacrebleu`` and
+``chrf`` metrics with their default arguments, because they are the same library calls with the
+same defaults:
+
+* ROUGE: ``rouge_score.rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL", "rougeLsum"],
+  use_stemmer=False)``; the value is the F-measure. ``evaluate`` aggregates with rouge-score's
+  ``BootstrapAggregator`` (the median of 1,000 unseeded bootstrap means, i.e. a noisy estimate of
+  the mean); we report the exact arithmetic mean of the per-item F-measures, the quantity that
+  estimate converges to, so corpus ROUGE is deterministic.
+* BLEU: corpus level is ``sacrebleu.corpus_bleu`` defaults (tokenize ``13a``, smooth ``exp``,
+  no effective order, case-sensitive); per item it is ``sacrebleu.sentence_bleu`` defaults
+  (effective order on). Scale 0-100, as sacrebleu and ``evaluate`` report it.
+* chrF: ``sacrebleu.metrics.CHRF()`` defaults (char order 6, word order 0, beta 2). Scale 0-100.
+
+CJK text: rouge-score's default tokenizer keeps only ``[a-z0-9]``, so Chinese scores ~0. When
+either side of a pair contains CJK characters, ROUGE uses ``CjkTokenizer`` (each CJK character is
+one token, Latin words/digits kept as on the default path) and BLEU uses sacrebleu's ``zh``
+tokenizer, which does the same split and otherwise equals ``13a``. chrF is character based and
+needs nothing special.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import unicodedata
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+ROUGE_TYPES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
+#: per-pair text metrics computed by ``Scorer.score``
+TEXT_METRICS = (*ROUGE_TYPES, "bleu", "chrf", "exact_match", "length_ratio")
+#: reference-likelihood metrics (need ``Engine.score``)
+PERPLEXITY_METRICS = ("ppl", "word_perplexity", "byte_perplexity", "bits_per_byte")
+#: FP8-vs-FP16 output agreement
+AGREEMENT_METRICS = ("agreement_rougeL",)
+#: every built-in metric name a golden-set manifest may list
+KNOWN_METRICS = (*TEXT_METRICS, *PERPLEXITY_METRICS, *AGREEMENT_METRICS)
+#: metrics where a lower value is better (drift ranking and signals need the direction)
+LOWER_IS_BETTER = frozenset({*PERPLEXITY_METRICS, "error_rate"})
+
+# CJK ideographs (basic, ext. A, compatibility), kana and Hangul syllables.
+_CJK_CLASS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af"
+_CJK_RE = re.compile(f"[{_CJK_CLASS}]")
+_CJK_TOKEN_RE = re.compile(f"[a-z0-9]+|[{_CJK_CLASS}]")
+_SPACE_RE = re.compile(r"\s+")
+
+def has_cjk(text: str) -> bool:
+    return _CJK_RE.search(text) is not None
+
+class CjkTokenizer:
+    """rouge-score tokenizer: lower-cases, keeps ``[a-z0-9]+`` runs (exactly like the default
+    tokenizer without stemming) and makes every CJK character its own token."""
+
+    def tokenize(self, text: str) -> list[str]:
+        return _CJK_TOKEN_RE.findall(text.lower())
+
+def normalize_for_exact_match(text: str) -> str:
+    """Unicode NFKC, strip, collapse whitespace runs to one space. Case and punctuation are kept
+    (code and clause numbers are case/punctuation sensitive)."""
+    return _SPACE_RE.sub(" ", unicodedata.normalize("NFKC", text)).strip()
+
+def exact_match(reference: str, prediction: str) -> float:
+    return float(normalize_for_exact_match(reference) == normalize_for_exact_match(prediction))
+
+def count_words(text: str) -> int:
+    """Words as lm-evaluation-harness counts them for word_perplexity (``re.split(r"\\s+")``)."""
+    return len(re.split(r"\s+", text))
+
+class Scorer:
+    """Reusable scorer objects (building a RougeScorer or BLEU object per pair is wasted work)."""
+
+    def __init__(self) -> None:
+        from rouge_score import rouge_scorer
+        from sacrebleu.metrics import BLEU, CHRF
+
+        self._rouge = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=False)
+        self._rouge_cjk = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=False, tokenizer=CjkTokenizer())
+        self._rouge_l = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=False)
+        self._rouge_l_cjk = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=False, tokenizer=CjkTokenizer())
+        # sentence_bleu defaults: effective order on, smooth exp
+        self._bleu = BLEU(tokenize="13a", effective_order=True)
+        self._bleu_zh = BLEU(tokenize="zh", effective_order=True)
+        self._chrf = CHRF()
+        self._words = CjkTokenizer()
+
+    def rouge(self, reference: str, prediction: str) -> dict[str, float]:
+        cjk = has_cjk(reference) or has_cjk(prediction)
+        scores = (self._rouge_cjk if cjk else self._rouge).score(reference, prediction)
+        return {name: float(scores[name].fmeasure) for name in ROUGE_TYPES}
+
+    def score(self, reference: str, prediction: str) -> dict[str, float]:
+        """All text metrics for one (reference, prediction) pair."""
+        cjk = has_cjk(reference) or has_cjk(prediction)
+        scores = (self._rouge_cjk if cjk else self._rouge).score(reference, prediction)
+        out = {name: float(scores[name].fmeasure) for name in ROUGE_TYPES}
+        out["bleu"] = float((self._bleu_zh if cjk else self._bleu).sentence_score(prediction, [reference]).score)
+        out["chrf"] = float(self._chrf.sentence_score(prediction, [reference]).score)
+        out["exact_match"] = exact_match(reference, prediction)
+        ref_len = len(self._words.tokenize(reference))
+        if ref_len:
+            out["length_ratio"] = len(self._words.tokenize(prediction)) / ref_len
+        return out
+
+    def score_pairs(self, references: Sequence[str], predictions: Sequence[str]) -> list[dict[str, float]]:
+        _check_lengths(references, predictions)
+        return [self.score(r, p) for r, p in zip(references, predictions, strict=True)]
+
+    def agreement(self, a: str, b: str) -> float:
+        """ROUGE-L F-measure between two outputs (symmetric): FP8-vs-FP16 agreement."""
+        cjk = has_cjk(a) or has_cjk(b)
+        return float((self._rouge_l_cjk if cjk else self._rouge_l).score(a, b)["rougeL"].fmeasure)
+
+    def corpus(self, references: Sequence[str], predictions: Sequence[str]) -> dict[str, float]:
+        """Corpus-level scores: mean ROUGE F-measure and exact match, ``corpus_bleu`` and corpus
+        chrF with ``evaluate``'s defaults, and total predicted / total reference tokens."""
+        import sacrebleu
+        from sacrebleu.metrics import CHRF
+
+        _check_lengths(references, predictions)
+        if not references:
+            return {}
+        items = self.score_pairs(references, predictions)
+        out = {name: sum(i[name] for i in items) / len(items) for name in (*ROUGE_TYPES, "exact_match")}
+        cjk = any(has_cjk(t) for t in (*references, *predictions))
+        out["bleu"] = float(
+            sacrebleu.corpus_bleu(list(predictions), [list(references)], tokenize="zh" if cjk else "13a").score
+        )
+        out["chrf"] = float(CHRF().corpus_score(list(predictions), [list(references)]).score)
+        ref_tokens = sum(len(self._words.tokenize(r)) for r in references)
+        if ref_tokens:
+            out["length_ratio"] = sum(len(self._words.tokenize(p)) for p in predictions) / ref_tokens
+        return out
+
+def _check_lengths(references: Sequence[str], predictions: Sequence[str]) -> None:
+    if len(references) != len(predictions):
+        raise ValueError(f"{len(references)} references but {len(predictions)} predictions")
+
+_worker_scorer: Scorer | None = None
+
+def _score_chunk(chunk: tuple[list[str], list[str]]) -> list[dict[str, float]]:
+    global _worker_scorer
+    if _worker_scorer is None:
+        _worker_scorer = Scorer()
+    return _worker_scorer.score_pairs(*chunk)
+
+def score_pairs(
+    references: Sequence[str],
+    predictions: Sequence[str],
+    *,
+    scorer: Scorer | None = None,
+    workers: int = 1,
+) -> list[dict[str, float]]:
+    """Text metrics for each pair, in order. One scorer object serves the whole batch;
+    ``workers > 1`` splits the batch into contiguous chunks over a process pool (same scores)."""
+    _check_lengths(references, predictions)
+    if workers <= 1 or len(references) < 2 * workers:
+        return (scorer or Scorer()).score_pairs(references, predictions)
+    size = math.ceil(len(references) / workers)
+    chunks = [
+        (list(references[i : i + size]), list(predictions[i : i + size])) for i in range(0, len(references), size)
+    ]
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        return [row for part in pool.map(_score_chunk, chunks) for row in part]
+
+# --- perplexity (lm-evaluation-harness definitions) ---------------------------------------------
+
+@dataclass(slots=True, frozen=True)
+class Likelihood:
+    """Teacher-forced log-likelihood (natural log) of one reference and its sizes."""
+
+    logprob_sum: float
+    n_tokens: int
+    n_bytes: int
+    n_words: int
+
+def perplexity(items: Sequence[Likelihood]) -> dict[str, float]:
+    """Pooled perplexities as lm-evaluation-harness computes them (``weighted_perplexity``:
+    ``exp(-sum(logprob) / sum(count))``) per token, per word and per byte, plus
+    ``bits_per_byte = -sum(logprob) / (sum(bytes) * ln 2)``. A count of zero leaves its metric
+    out (unmeasurable is absent, never 0). For a single item pass a one-element list."""
+    total = sum(i.logprob_sum for i in items)
+    out: dict[str, float] = {}
+    for name, count in (
+        ("ppl", sum(i.n_tokens for i in items)),
+        ("word_perplexity", sum(i.n_words for i in items)),
+        ("byte_perplexity", sum(i.n_bytes for i in items)),
+    ):
+        if count > 0:
+            out[name] = math.exp(-total / count)
+    n_bytes = sum(i.n_bytes for i in items)
+    if n_bytes > 0:
+        out["bits_per_byte"] = -total / (n_bytes * math.log(2))
+    return out
+
+# --- custom metrics through evaluate.load(<local script>) ---------------------------------------
+
+class CustomMetric:
+    """A metric script loaded with ``evaluate.load(path)``; ``compute`` returns its numeric outputs.
+
+    ``evaluate`` is imported lazily (it pulls in ~300 MB of dependencies) and run offline:
+    ``HF_EVALUATE_OFFLINE=1`` is set unless the caller set it (``HF_HUB_OFFLINE`` alone does not stop
+    its network look-ups)."""
+
+    def __init__(self, path: str | os.PathLike[str], **load_kwargs: Any) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"metric script not found: {self.path}")
+        os.environ.setdefault("HF_EVALUATE_OFFLINE", "1")
+        import evaluate
+
+        self.name = self.path.stem
+        self._metric = evaluate.load(str(self.path), **load_kwargs)
+
+    def compute(self, references: Sequence[str], predictions: Sequence[str], **kwargs: Any) -> dict[str, float]:
+        result = self._metric.compute(predictions=list(predictions), references=list(references), **kwargs) or {}
+        return {k: float(v) for k, v in result.items() if isinstance(v, int | float) and not isinstance(v, bool)}
