@@ -1,0 +1,22 @@
+# The two commands a newcomer needs:  make demo   and   make test
+.PHONY: setup demo test lint bench
+PY := .venv/bin/python
+
+setup:
+	bash scripts/setup.sh
+
+demo: setup
+	.venv/bin/llm-watchdog demo
+
+test: setup
+	$(PY) -m pytest -q
+
+lint:
+	.venv/bin/ruff check watchdog probes tests bench
+	.venv/bin/mypy watchdog/signals.py watchdog/policy watchdog/judge.py watchdog/windows.py
+
+bench: setup
+	$(PY) bench/ingest.py
+	$(PY) bench/reaction.py
+	$(PY) bench/decisions.py
+	$(PY) bench/scoring.py

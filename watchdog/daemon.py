@@ -1,0 +1,304 @@
+"""The daemon: wires ingest -> windows -> policy engine -> actuator/alerter, in one main loop.
+
+One thread owns the decision path (poll, close windows, evaluate, act, persist, commit), so the
+order of those steps is the at-least-once guarantee: offsets are committed only after the windows
+they fed are closed and what those windows decided is durably in Redis.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from watchdog.actuator import Actuator, FlagStore
+from watchdog.alerts import Alerter
+from watchdog.config import Config
+from watchdog.ingest import Ingest, make_consumer, make_producer
+from watchdog.keys import Keys
+from watchdog.metrics import Metrics
+from watchdog.policy import PolicyEngine, PolicyLoader
+from watchdog.routing import RoutingFlags
+from watchdog.signals import Action, Signal
+from watchdog.windows import WindowAggregator
+
+log = logging.getLogger(__name__)
+
+#: a source of signals other than Kafka (golden replays, GPU health): called every loop
+SignalSource = Callable[[float], list[Signal]]
+
+
+@dataclass
+class DaemonStats:
+    started_at: float = field(default_factory=time.time)
+    last_loop: float = field(default_factory=time.monotonic)
+    windows_closed: int = 0
+    actions: int = 0
+    last_commit: float = 0.0
+    last_actions: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Daemon:
+    def __init__(self, cfg: Config, *, redis_client: redis.Redis | None = None, alerter: Alerter | None = None,
+                 metrics: Metrics | None = None, clock: Callable[[], float] = time.time,
+                 sources: list[SignalSource] | None = None) -> None:
+        self.cfg = cfg
+        self.clock = clock
+        self.metrics = metrics or Metrics()
+        self.stats = DaemonStats()
+        self.keys = Keys(cfg.redis.prefix)
+        self.redis = redis_client or redis.Redis.from_url(
+            cfg.redis.url, socket_timeout=cfg.redis.socket_timeout_s,
+            socket_connect_timeout=cfg.redis.socket_timeout_s, decode_responses=True)
+        self.store = FlagStore(self.redis, self.keys)
+        self.actuator = Actuator(self.store)
+        self.flags = RoutingFlags(self.redis, self.keys, default_precision=cfg.default_precision)
+        self.alerter = alerter or Alerter.from_config([c.model_dump() for c in cfg.alerts.channels])
+        self.loader = PolicyLoader(cfg.policies, on_error=self._policy_rejected)
+        self.engine = PolicyEngine(self.loader.current)
+        self.sources = list(sources or [])
+        self.aggregator = self._new_aggregator()
+        self.ingest: Ingest | None = None
+        self._state_dirty = False
+        self._closed_until = 0.0
+        self._redis_ok = True
+        self._stop = threading.Event()
+        self._last_policy_check = 0.0
+        self._last_persist_try = 0.0
+        self.metrics.policies_loaded.set(len(self.loader.current.policies))
+
+    # -- construction helpers --------------------------------------------------------------
+    def _new_aggregator(self) -> WindowAggregator:
+        w = self.cfg.windows
+        agg = WindowAggregator(length_s=w.length_s, grace_s=w.grace_s, shadow_sample_rate=w.shadow_sample_rate,
+                               shadow_max_pairs=w.shadow_max_pairs)
+        agg.skip_before = getattr(self, "_closed_until", 0.0)
+        return agg
+
+    def _on_revoked(self) -> None:
+        # Open windows hold uncommitted events of partitions that may now move to another
+        # replica; drop them: whoever owns each partition next re-reads it from the commit.
+        self.aggregator = self._new_aggregator()
+
+    def connect_kafka(self) -> None:
+        k = self.cfg.kafka
+        self.ingest = Ingest(make_consumer(k), make_producer(k), topic=k.topic, dlq_topic=k.dead_letter_topic,
+                             max_event_bytes=self.cfg.windows.max_event_bytes, metrics=self.metrics,
+                             sink=self._fold, on_revoked=self._on_revoked)
+
+    def _fold(self, event: Any, pkey: tuple[str, int], offset: int) -> None:
+        self.aggregator.add(event, pkey, offset)
+
+    @property
+    def _state_name(self) -> str:
+        return f"daemon:{self.cfg.kafka.group_id}"
+
+    def restore(self) -> None:
+        """Load the engine state and the 'windows closed until' mark written by a previous run."""
+        try:
+            raw = self.store.load_state(self._state_name)
+        except redis.RedisError as exc:
+            log.warning("could not load saved state (starting fresh): %s", exc)
+            return
+        if not raw:
+            return
+        saved = json.loads(raw)
+        self._closed_until = float(saved.get("closed_until", 0.0))
+        self.aggregator.skip_before = self._closed_until
+        self.engine.import_state(saved.get("engine", {}))
+        log.info("restored state: windows closed until %.3f", self._closed_until)
+
+    # -- the loop ----------------------------------------------------------------------------
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        if self.ingest is None:
+            self.connect_kafka()
+        self.restore()
+        self.alerter.start()
+        log.info("llm-watchdog running: topic %s, %d policies", self.cfg.kafka.topic,
+                 len(self.loader.current.policies))
+        try:
+            while not self._stop.is_set():
+                self.step()
+        finally:
+            self.shutdown()
+
+    def step(self, poll_ms: int = 200) -> None:
+        t0 = time.monotonic()
+        assert self.ingest is not None
+        self.ingest.poll(poll_ms)
+        now = self.clock()
+        signals = self.aggregator.close_due(now)
+        if signals:
+            self.metrics.windows_closed.inc(len(signals))
+            self.stats.windows_closed += len(signals)
+            self._closed_until = max(self._closed_until, max(s.end for s in signals))
+        for source in self.sources:
+            try:
+                signals.extend(source(now))
+            except Exception as exc:  # noqa: BLE001 - a broken probe must not stop the daemon
+                log.exception("signal source failed")
+                self.alerter.ops_alert("source-failed", f"a signal source failed: {exc}", "warning", {})
+        if signals:
+            self._decide(signals, now)
+        self._act(now)
+        self._persist(now)
+        self._maybe_commit(now)
+        self._check_policies(now)
+        self.stats.last_loop = time.monotonic()
+        self.metrics.loop_seconds.observe(self.stats.last_loop - t0)
+
+    def _decide(self, signals: list[Signal], now: float) -> None:
+        actions = self.engine.observe(signals, now, self.flags.snapshot(), self.cfg.default_precision)
+        self._state_dirty = True
+        for action in actions:
+            self._dispatch(action)
+
+    def _dispatch(self, action: Action) -> None:
+        self.stats.actions += 1
+        self.metrics.verdicts.labels(action.kind, action.policy, str(action.dry_run).lower()).inc()
+        self.stats.last_actions = (self.stats.last_actions + [_action_dict(action)])[-50:]
+        log.info("action %s %s/%s by %s%s: %s", action.kind, action.model, action.route, action.policy,
+                 " (dry run)" if action.dry_run else "", action.reason)
+        if action.kind in ("rollback", "promote") and not action.dry_run:
+            self.actuator.submit(action)
+        self.alerter.handle(action)
+
+    def _act(self, now: float) -> None:
+        for result in self.actuator.pump(now):
+            self.metrics.flips.labels("applied" if result.applied else "refused").inc()
+            action = getattr(result, "action", None)
+            if result.applied and action is not None and action.kind == "rollback" and action.at:
+                self.metrics.reaction_seconds.observe(max(0.0, now - action.at))
+            if result.refused and action is not None:
+                self.alerter.ops_alert(f"refused/{action.model}/{action.route}",
+                                       f"{action.kind} of {action.model}/{action.route} refused: {result.refused}",
+                                       "warning", {"policy": action.policy})
+        self.metrics.pending.set(self.actuator.pending())
+        self._set_redis_health(self.actuator.healthy, self.actuator.last_error)
+
+    def _persist(self, now: float) -> None:
+        if not self._state_dirty or now - self._last_persist_try < (0 if self._redis_ok else 1.0):
+            return
+        self._last_persist_try = now
+        blob = json.dumps({"schema": 1, "closed_until": self._closed_until, "engine": self.engine.export_state(),
+                           "saved_at": now, "instance": self.cfg.instance})
+        try:
+            self.store.save_state(self._state_name, blob)
+            self.redis.set(self.keys.heartbeat(self.cfg.instance), str(now), ex=60)
+        except redis.RedisError as exc:
+            self._set_redis_health(False, f"saving state failed: {exc}")
+            return
+        self._state_dirty = False
+        self._set_redis_health(self.actuator.healthy, self.actuator.last_error)
+
+    def _maybe_commit(self, now: float, force: bool = False) -> None:
+        """Commit only when every decision is in Redis: nothing pending, state saved."""
+        if self.ingest is None or self._state_dirty or self.actuator.pending():
+            return
+        if not force and now - self.stats.last_commit < 1.0:
+            return
+        if self.ingest.commit(self.aggregator.min_open_offsets()):
+            self.stats.last_commit = now
+            self.ingest.lag()
+
+    def _check_policies(self, now: float) -> None:
+        if now - self._last_policy_check < self.cfg.policy_poll_s:
+            return
+        self._last_policy_check = now
+        if self.loader.check():
+            self._apply_policies()
+
+    def reload_policies(self) -> None:
+        """SIGHUP: re-read the policy files now."""
+        if self.loader.reload():
+            self._apply_policies()
+
+    def _apply_policies(self) -> None:
+        self.engine.update(self.loader.current)
+        self.metrics.policy_reloads.labels("ok").inc()
+        self.metrics.policies_loaded.set(len(self.loader.current.policies))
+        self.alerter.ops_resolve("policy-reload")
+        log.info("policies reloaded: %d in force", len(self.loader.current.policies))
+
+    def _policy_rejected(self, errors: list[str]) -> None:
+        self.metrics.policy_reloads.labels("rejected").inc()
+        log.error("policy edit rejected, previous policies stay in force:\n%s", "\n".join(errors))
+        self.alerter.ops_alert("policy-reload", "policy edit rejected; the last good policies stay in force",
+                               "warning", {"errors": errors[:20]})
+
+    def _set_redis_health(self, ok: bool, error: str | None) -> None:
+        if ok != self._redis_ok:
+            if ok:
+                log.info("redis reachable again")
+                self.alerter.ops_resolve("redis")
+            else:
+                log.error("redis unreachable: %s", error)
+                self.alerter.ops_alert("redis", f"Redis unreachable: {error}", "critical", {})
+        self._redis_ok = ok
+        self.metrics.redis_up.set(1 if ok else 0)
+
+    def shutdown(self) -> None:
+        """Finish the open windows, act on them, save, commit, close."""
+        now = self.clock()
+        try:
+            signals = self.aggregator.close_all()
+            if signals:
+                self._closed_until = max(self._closed_until, max(s.end for s in signals))
+                self._decide(signals, now)
+            deadline = time.monotonic() + 5
+            while self.actuator.pending() and time.monotonic() < deadline:
+                self._act(self.clock())
+                time.sleep(0.1)
+            self._persist(self.clock())
+            self._maybe_commit(self.clock(), force=True)
+        finally:
+            if self.ingest is not None:
+                self.ingest.close()
+            self.flags.close()
+            self.alerter.stop(timeout=5)
+            log.info("llm-watchdog stopped")
+
+    # -- surface -------------------------------------------------------------------------------
+    def problems(self) -> list[str]:
+        out = []
+        if not self._redis_ok:
+            out.append(f"redis: {self.actuator.last_error or 'unreachable'}")
+        if self.ingest is None or not self.ingest.healthy:
+            out.append(f"kafka: {(self.ingest and self.ingest.last_error) or 'not connected'}")
+        if self.actuator.pending():
+            out.append(f"{self.actuator.pending()} flag change(s) pending")
+        return out
+
+    def alive(self) -> bool:
+        return time.monotonic() - self.stats.last_loop < 30
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "instance": self.cfg.instance,
+            "uptime_s": round(time.time() - self.stats.started_at, 1),
+            "ready": not self.problems(),
+            "problems": self.problems(),
+            "policies": [p.name for p in self.loader.current.policies],
+            "flags": {f"{m}/{r}": p for (m, r), p in self.flags.snapshot().items()},
+            "verdicts": self.engine.snapshot(),
+            "pending_decisions": self.actuator.pending(),
+            "windows_closed": self.stats.windows_closed,
+            "open_windows": self.aggregator.open_windows(),
+            "recent_actions": self.stats.last_actions[-20:],
+            "incidents": self.alerter.open_incidents(),
+            "alerts": self.alerter.stats(),
+        }
+
+
+def _action_dict(a: Action) -> dict[str, Any]:
+    return {"kind": a.kind, "policy": a.policy, "model": a.model, "route": a.route, "precision": a.precision,
+            "reason": a.reason, "severity": a.severity, "dry_run": a.dry_run, "at": a.at}

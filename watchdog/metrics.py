@@ -1,0 +1,36 @@
+"""Prometheus metrics of the daemon, in a registry of its own (never the global one)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.events = Counter("llmwd_events_total", "Inference-log events read, by result", ["result"], registry=r)
+        self.dlq = Counter("llmwd_dead_letters_total", "Invalid events sent to the dead-letter topic, by reason",
+                           ["reason"], registry=r)
+        self.windows_closed = Counter("llmwd_windows_closed_total", "Live windows closed", registry=r)
+        self.verdicts = Counter("llmwd_actions_total", "Actions decided by the policy engine",
+                                ["kind", "policy", "dry_run"], registry=r)
+        self.flips = Counter("llmwd_flips_total", "Precision flags written to Redis, by result",
+                             ["result"], registry=r)
+        self.pending = Gauge("llmwd_pending_decisions", "Flag changes waiting for Redis", registry=r)
+        self.lag = Gauge("llmwd_consumer_lag", "Kafka consumer lag in messages", ["partition"], registry=r)
+        self.redis_up = Gauge("llmwd_redis_up", "1 when the last Redis operation succeeded", registry=r)
+        self.kafka_up = Gauge("llmwd_kafka_up", "1 when the last Kafka poll succeeded", registry=r)
+        self.policy_reloads = Counter("llmwd_policy_reloads_total", "Policy file reloads, by result",
+                                      ["result"], registry=r)
+        self.policies_loaded = Gauge("llmwd_policies_loaded", "Policies in force", registry=r)
+        self.route_precision = Gauge("llmwd_route_precision_is_candidate",
+                                     "1 when the route serves the candidate precision (fp8), 0 for baseline",
+                                     ["model", "route"], registry=r)
+        self.commits = Counter("llmwd_offset_commits_total", "Kafka offset commits, by result", ["result"],
+                               registry=r)
+        self.loop_seconds = Histogram("llmwd_loop_iteration_seconds", "Time of one main-loop iteration",
+                                      buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5), registry=r)
+        self.reaction_seconds = Histogram(
+            "llmwd_reaction_seconds", "From a window's close to its rollback written in Redis",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r)

@@ -1,0 +1,84 @@
+"""HTTP surface: /metrics (Prometheus), /healthz, /readyz, /status (JSON)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+log = logging.getLogger(__name__)
+
+StatusFn = Callable[[], dict[str, Any]]
+ReadyFn = Callable[[], list[str]]
+
+
+class StatusServer:
+    """Serves the daemon's health in a background thread.
+
+    ``ready`` returns the list of problems (empty = ready); ``alive`` returns False when the
+    main loop has stalled.
+    """
+
+    def __init__(self, host: str, port: int, registry: CollectorRegistry, status: StatusFn,
+                 ready: ReadyFn, alive: Callable[[], bool] = lambda: True) -> None:
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - stdlib name
+                path = self.path.split("?", 1)[0]
+                try:
+                    if path == "/metrics":
+                        self._send(200, generate_latest(outer.registry), CONTENT_TYPE_LATEST)
+                    elif path == "/healthz":
+                        ok = outer.alive()
+                        self._json(200 if ok else 503, {"status": "ok" if ok else "stalled"})
+                    elif path == "/readyz":
+                        problems = outer.ready()
+                        self._json(503 if problems else 200,
+                                   {"ready": not problems, "problems": problems})
+                    elif path == "/status":
+                        self._json(200, outer.status())
+                    else:
+                        self._json(404, {"error": f"no such path {path}"})
+                except Exception as exc:  # noqa: BLE001 - a broken status must not kill the server
+                    log.exception("error serving %s", path)
+                    self._json(500, {"error": str(exc)})
+
+            def _json(self, code: int, body: dict[str, Any]) -> None:
+                self._send(code, json.dumps(body, default=str, indent=1).encode(), "application/json")
+
+            def _send(self, code: int, body: bytes, ctype: str) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, fmt: str, *args: Any) -> None:
+                log.debug("http: " + fmt, *args)
+
+        self.registry = registry
+        self.status = status
+        self.ready = ready
+        self.alive = alive
+        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="llmwd-http", daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> StatusServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
