@@ -1,0 +1,305 @@
+"""Read policy files into a validated ``PolicySet``; every problem becomes ``file:line:col: message``.
+
+``PolicyLoader`` polls the files (mtime and size) and swaps in a new set only when every file is
+valid; on a bad edit the last good set stays in force and the errors go to ``on_error``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import logging
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from watchdog.policy.conditions import ConditionError, parse_condition
+from watchdog.policy.schema import LIVE_METRICS, Policy, PolicyFile
+from watchdog.policy.yamlpos import Pos, PosDoc, YamlSyntaxError, load_with_positions
+
+log = logging.getLogger(__name__)
+
+
+class PolicyError(Exception):
+    """Invalid policy files. ``messages`` are ``file:line:col: message`` strings."""
+
+    def __init__(self, messages: list[str]) -> None:
+        super().__init__("\n".join(messages))
+        self.messages = messages
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySet:
+    policies: tuple[Policy, ...] = ()
+    #: policy name -> file it came from
+    origin: dict[str, str] = field(default_factory=dict)
+    #: sha256 of the file contents, for status pages
+    digest: str = ""
+
+    def get(self, name: str) -> Policy | None:
+        return next((p for p in self.policies if p.name == name), None)
+
+    @property
+    def names(self) -> list[str]:
+        return [p.name for p in self.policies]
+
+
+def _fmt(fname: str, pos: Pos, message: str) -> str:
+    return f"{fname}:{pos.line}:{pos.col}: {message}"
+
+
+def _dotted(loc: Sequence[str | int]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _allowed_keys(model: type[BaseModel], loc: Sequence[str | int]) -> list[str]:
+    """Walk the model classes along ``loc`` to find which keys are allowed where an extra one is."""
+    current: Any = model
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        fld = current.model_fields.get(part) if hasattr(current, "model_fields") else None
+        if fld is None:
+            for f in getattr(current, "model_fields", {}).values():
+                if f.alias == part:
+                    fld = f
+        if fld is None:
+            return []
+        ann = fld.annotation
+        current = _model_in(ann)
+        if current is None:
+            return []
+    fields = getattr(current, "model_fields", {})
+    return [f.alias or n for n, f in fields.items()]
+
+
+def _model_in(ann: Any) -> type[BaseModel] | None:
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return ann
+    for arg in getattr(ann, "__args__", ()) or ():
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    origin = getattr(ann, "__origin__", None)
+    if origin is not None and origin is not ann:
+        return _model_in(origin)
+    return None
+
+
+def _pydantic_messages(fname: str, doc: PosDoc, exc: ValidationError) -> list[tuple[Pos, str]]:
+    out: list[tuple[Pos, str]] = []
+    for err in exc.errors(include_url=False):
+        loc = tuple(err["loc"])
+        where = _dotted(loc)
+        kind = err["type"]
+        if kind == "extra_forbidden":
+            key = str(loc[-1])
+            allowed = _allowed_keys(PolicyFile, loc)
+            hint = difflib.get_close_matches(key, allowed, n=1)
+            msg = f"unknown key '{key}'" + (f" (did you mean '{hint[0]}'?)" if hint else "")
+            if allowed:
+                msg += f"; allowed here: {', '.join(sorted(allowed))}"
+            out.append((doc.pos(loc, key=True), msg))
+        elif kind == "missing":
+            out.append((doc.pos(loc[:-1]), f"{_dotted(loc[:-1]) or 'file'}: missing required key '{loc[-1]}'"))
+        else:
+            msg = err["msg"]
+            if msg.startswith("Value error, "):
+                msg = msg[len("Value error, ") :]
+            out.append((doc.pos(loc), f"{where}: {msg}"))
+    return out
+
+
+def _condition_pos(base: Pos, offset: int) -> Pos:
+    if not base.single_line or base.style in ("|", ">"):
+        return base
+    shift = 1 if base.style in ("'", '"') else 0
+    return Pos(base.line, base.col + shift + offset)
+
+
+def _semantic_checks(data: dict[str, Any], doc: PosDoc) -> list[tuple[Pos, str]]:
+    """Checks pydantic cannot place well; runs on the raw data so they report even when the
+    structure has other errors."""
+    out: list[tuple[Pos, str]] = []
+    policies = data.get("policies")
+    if not isinstance(policies, list):
+        return out
+    names: set[str] = set()
+    for pi, pol in enumerate(policies):
+        if not isinstance(pol, dict):
+            continue
+        ppath: tuple[str | int, ...] = ("policies", pi)
+        pname = pol.get("name")
+        if isinstance(pname, str):
+            if pname in names:
+                out.append((doc.pos((*ppath, "name")), f"duplicate policy name '{pname}'"))
+            names.add(pname)
+        cand, base = pol.get("candidate", "fp8"), pol.get("baseline", "fp16")
+        if cand == base:
+            out.append((doc.pos((*ppath, "baseline")), "baseline must differ from candidate"))
+        rules = pol.get("rules")
+        seen: set[str] = set()
+        for ri, rule in enumerate(rules if isinstance(rules, list) else []):
+            if not isinstance(rule, dict):
+                continue
+            rpath = (*ppath, "rules", ri)
+            name = rule.get("name")
+            if isinstance(name, str):
+                if name in seen:
+                    out.append((doc.pos((*rpath, "name")), f"duplicate rule name '{name}' in policy '{pol.get('name')}'"))
+                seen.add(name)
+            source, metric = rule.get("source", "live"), rule.get("metric")
+            if source == "live" and isinstance(metric, str) and metric not in LIVE_METRICS:
+                hint = difflib.get_close_matches(metric, LIVE_METRICS, n=1)
+                msg = f"unknown live metric '{metric}'" + (f" (did you mean '{hint[0]}'?)" if hint else "")
+                out.append((doc.pos((*rpath, "metric")), msg + f"; live metrics: {', '.join(LIVE_METRICS)}"))
+            text = rule.get("fail_if")
+            if text is None:
+                continue
+            try:
+                cond = parse_condition(text)
+            except ConditionError as exc:
+                pos = _condition_pos(doc.pos((*rpath, "fail_if")), exc.offset)
+                out.append((pos, f"fail_if: {exc.message}"))
+                continue
+            if source == "gpu" and "baseline" in cond.names:
+                out.append((doc.pos((*rpath, "fail_if")), "fail_if: gpu signals have no baseline"))
+    return out
+
+
+def parse_policy_text(text: str, fname: str) -> tuple[list[Policy], list[str]]:
+    """Validate one file's text. Returns (policies, error messages); policies only when no errors."""
+    try:
+        doc = load_with_positions(text)
+    except YamlSyntaxError as exc:
+        return [], [_fmt(fname, exc.pos, exc.message)]
+    problems: list[tuple[Pos, str]] = list(doc.errors)
+    if not isinstance(doc.data, dict):
+        problems.append((doc.pos(()), "a policy file must be a mapping with a 'policies:' list"))
+        return [], [_fmt(fname, p, m) for p, m in sorted(problems, key=lambda x: (x[0].line, x[0].col))]
+    pf: PolicyFile | None = None
+    try:
+        pf = PolicyFile.model_validate(doc.data)
+    except ValidationError as exc:
+        problems += _pydantic_messages(fname, doc, exc)
+    problems += _semantic_checks(doc.data, doc)
+    if problems:
+        ordered = sorted(problems, key=lambda x: (x[0].line, x[0].col))
+        return [], [_fmt(fname, p, m) for p, m in ordered]
+    assert pf is not None
+    return list(pf.policies), []
+
+
+def _expand(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
+    out: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir():
+            out += sorted(x for x in p.iterdir() if x.suffix in (".yaml", ".yml") and x.is_file())
+        else:
+            out.append(p)
+    return out
+
+
+def load_policy_files(paths: Iterable[str | os.PathLike[str]]) -> PolicySet:
+    """Load and validate policy files (directories: their *.yaml / *.yml). Raises ``PolicyError``."""
+    errors: list[str] = []
+    policies: list[Policy] = []
+    origin: dict[str, str] = {}
+    name_pos: dict[str, str] = {}
+    sha = hashlib.sha256()
+    for path in _expand(paths):
+        fname = str(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            errors.append(f"{fname}:1:1: cannot read file: {exc}")
+            continue
+        sha.update(fname.encode() + b"\0" + text.encode() + b"\0")
+        found, errs = parse_policy_text(text, fname)
+        errors += errs
+        if errs:
+            continue
+        doc = load_with_positions(text)
+        for i, pol in enumerate(found):
+            pos = doc.pos(("policies", i, "name"))
+            where = f"{fname}:{pos.line}:{pos.col}"
+            if pol.name in name_pos:
+                errors.append(f"{where}: duplicate policy name '{pol.name}' (first defined at {name_pos[pol.name]})")
+                continue
+            name_pos[pol.name] = where
+            origin[pol.name] = fname
+            policies.append(pol)
+    if errors:
+        raise PolicyError(errors)
+    return PolicySet(tuple(policies), origin, sha.hexdigest())
+
+
+def _fingerprint(paths: Sequence[str | os.PathLike[str]]) -> tuple[tuple[str, int, int], ...]:
+    out: list[tuple[str, int, int]] = []
+    for p in _expand(paths):
+        try:
+            st = p.stat()
+            out.append((str(p), st.st_mtime_ns, st.st_size))
+        except OSError:
+            out.append((str(p), -1, -1))
+    return tuple(out)
+
+
+class PolicyLoader:
+    """Keeps the last good ``PolicySet`` of ``paths``; ``check()`` reloads when a file changed.
+
+    ``on_error(messages)`` receives the file:line:col errors of a rejected load; the previous set
+    stays in force. Call ``check()`` about once a second and ``reload()`` on SIGHUP.
+    """
+
+    def __init__(
+        self,
+        paths: Sequence[str | os.PathLike[str]],
+        on_error: Callable[[list[str]], None] | None = None,
+        on_change: Callable[[PolicySet], None] | None = None,
+    ) -> None:
+        self.paths = list(paths)
+        self.on_error = on_error
+        self.on_change = on_change
+        self.policy_set = PolicySet()
+        self.last_errors: list[str] = []
+        self.loads = 0
+        self.rejects = 0
+        self._seen: tuple[tuple[str, int, int], ...] | None = None
+        self.reload()
+
+    def check(self) -> bool:
+        """Reload if any file's mtime/size changed (or files appeared/vanished). True if a new set loaded."""
+        if _fingerprint(self.paths) == self._seen:
+            return False
+        return self.reload()
+
+    def reload(self) -> bool:
+        """Re-read all files now. True when the new set was accepted."""
+        self._seen = _fingerprint(self.paths)
+        try:
+            new = load_policy_files(self.paths)
+        except PolicyError as exc:
+            self.rejects += 1
+            self.last_errors = exc.messages
+            log.warning("policy reload rejected, keeping %d policies in force: %s",
+                        len(self.policy_set.policies), "; ".join(exc.messages))
+            if self.on_error is not None:
+                self.on_error(exc.messages)
+            return False
+        self.last_errors = []
+        self.loads += 1
+        changed = new.digest != self.policy_set.digest
+        self.policy_set = new
+        log.info("policies loaded: %s", ", ".join(new.names))
+        if changed and self.on_change is not None:
+            self.on_change(new)
+        return True
