@@ -1,0 +1,112 @@
+"""RoutingFlags, the gateway-side reader, against real redis-servers."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from watchdog.actuator import FlagStore
+from watchdog.keys import Keys, client_from_url
+from watchdog.routing import RoutingFlags
+
+pytestmark = pytest.mark.services
+
+
+def wait_for(pred: Callable[[], bool], timeout: float = 3.0) -> float:
+    """Seconds until ``pred()`` held; fails the test after ``timeout``."""
+    t0 = time.monotonic()
+    while not pred():
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"condition not met within {timeout} s")
+        time.sleep(0.002)
+    return time.monotonic() - t0
+
+
+def url_of(svc: Any) -> str:
+    return f"redis://{svc.address}/0"
+
+
+def test_reader_sees_a_flip_from_another_client_quickly(redis_service: Any, redis_client: Any) -> None:
+    store = FlagStore(redis_client, Keys())
+    store.flip("llama", "chat", "fp8", expected_epoch=None, reason="init", changed_by="t")
+    with RoutingFlags(url_of(redis_service), ttl_s=60) as reader:
+        assert reader.wait_ready(3)
+        assert reader.precision_for("llama", "chat") == "fp8"
+        lags = []
+        for i, precision in enumerate(["fp16", "fp8", "fp16"]):
+            t0 = time.monotonic()
+            store.flip("llama", "chat", precision, expected_epoch=i + 1, reason="r", changed_by="t")
+            wait_for(lambda p=precision: reader.precision_for("llama", "chat") == p)  # type: ignore[misc]
+            lags.append(time.monotonic() - t0)
+        # pub/sub delivers in well under a millisecond; allow for a loaded 2-core machine
+        assert sorted(lags)[1] < 0.1, lags
+        assert reader.messages == 3
+        flag = reader.flag("llama", "chat")
+        assert flag is not None and flag.epoch == 4
+        wait_for(lambda: (reader.flag("llama", "chat") or flag).changed_by == "t")
+        assert reader.snapshot() == {("llama", "chat"): "fp16"}
+
+
+def test_unknown_route_gets_the_default(redis_service: Any, redis_client: Any) -> None:
+    with RoutingFlags(url_of(redis_service), default_precision="fp16") as reader:
+        assert reader.wait_ready(3)
+        assert reader.precision_for("nobody", "nowhere") == "fp16"
+        assert reader.flag("nobody", "nowhere") is None and reader.snapshot() == {}
+
+
+def test_prefixes_are_separate(redis_service: Any, redis_client: Any) -> None:
+    FlagStore(redis_client, Keys("other")).flip("m", "r", "fp16", expected_epoch=None, reason="x",
+                                                changed_by="t")
+    with RoutingFlags(url_of(redis_service), Keys("llmwd")) as reader:
+        assert reader.wait_ready(3)
+        assert reader.precision_for("m", "r") == "fp8"
+
+
+def test_periodic_refresh_catches_writes_that_bypass_pubsub(redis_service: Any, redis_client: Any) -> None:
+    with RoutingFlags(url_of(redis_service), ttl_s=0.2) as reader:
+        assert reader.wait_ready(3)
+        keys = Keys()
+        redis_client.hset(keys.route("m", "r"), mapping={"model": "m", "route": "r", "precision": "fp16",
+                                                        "epoch": "1"})
+        redis_client.sadd(keys.routes_index, keys.route("m", "r"))
+        wait_for(lambda: reader.precision_for("m", "r") == "fp16", timeout=2)
+        assert reader.messages == 0
+
+
+def test_redis_killed_serves_last_known_and_recovers(own_redis: Any) -> None:
+    client = client_from_url(url_of(own_redis))
+    try:
+        store = FlagStore(client, Keys())
+        store.flip("llama", "chat", "fp16", expected_epoch=None, reason="r", changed_by="t")
+        with RoutingFlags(url_of(own_redis), ttl_s=60, reconnect_s=0.1) as reader:
+            assert reader.wait_ready(3) and reader.healthy
+            own_redis.kill()
+            wait_for(lambda: not reader.healthy, timeout=3)
+            assert reader.precision_for("llama", "chat") == "fp16"  # last known, not the default
+            assert reader.precision_for("other", "route") == "fp8"
+            assert reader.last_error
+            own_redis.start()
+            # a change made right after the restart is seen, whether by reload or by message
+            store.flip("llama", "chat", "fp8", expected_epoch=None, reason="r", changed_by="t")
+            wait_for(lambda: reader.precision_for("llama", "chat") == "fp8", timeout=5)
+            wait_for(lambda: reader.healthy, timeout=3)
+    finally:
+        client.close()
+
+
+def test_reader_started_without_redis_serves_default(own_redis: Any) -> None:
+    own_redis.kill()
+    with RoutingFlags(url_of(own_redis), reconnect_s=0.1) as reader:
+        assert not reader.wait_ready(0.3)
+        assert reader.precision_for("m", "r") == "fp8" and not reader.healthy
+        own_redis.start()
+        assert reader.wait_ready(5)
+        assert reader.healthy
+
+
+def test_needs_a_url_or_factory() -> None:
+    with pytest.raises(ValueError):
+        RoutingFlags()
