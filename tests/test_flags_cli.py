@@ -1,0 +1,111 @@
+"""The ``flags`` CLI commands, run through a real argparse parser against a real redis-server."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+import pytest
+
+from watchdog.actuator import FlagStore
+from watchdog.flags_cli import add_flags_commands, parse_duration, redact, who
+from watchdog.keys import Keys
+
+pytestmark = pytest.mark.services
+
+
+def run(url: str, *argv: str) -> int:
+    parser = argparse.ArgumentParser(prog="llm-watchdog")
+    add_flags_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["flags", *argv, "--redis-url", url])
+    return int(args.func(args))
+
+
+@pytest.fixture
+def url(redis_service: Any, redis_client: Any) -> str:
+    return f"redis://{redis_service.address}/0"
+
+
+def out_json(capsys: pytest.CaptureFixture[str]) -> Any:
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("text,seconds", [("90", 90), ("90s", 90), ("30m", 1800), ("2h", 7200),
+                                          ("1d", 86400), ("1h30m", 5400), ("0.5m", 30)])
+def test_parse_duration(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "abc", "10x", "0", "5m garbage"])
+def test_parse_duration_rejects(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_duration(text)
+
+
+def test_set_get_list_and_audit(url: str, redis_client: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(url, "set", "llama", "chat", "fp16", "--reason", "ticket 7", "--json") == 0
+    res = out_json(capsys)
+    assert res["applied"] and res["epoch"] == 1 and res["precision"] == "fp16"
+    assert run(url, "set", "llama", "chat", "fp16", "--json") == 0
+    assert out_json(capsys)["unchanged"]
+
+    assert run(url, "get", "llama", "chat", "--json") == 0
+    flag = out_json(capsys)
+    assert flag["precision"] == "fp16" and flag["changed_by"] == who() and flag["mode"] == "manual"
+    assert flag["reason"] == "ticket 7"
+    assert run(url, "get", "nope", "none", "--json") == 1
+    assert out_json(capsys) is None
+
+    assert run(url, "list") == 0
+    table = capsys.readouterr().out
+    assert "llama" in table and "fp16" in table and who() in table
+
+    assert run(url, "audit", "--count", "5", "--json") == 0
+    (rec,) = out_json(capsys)
+    assert rec["changed_by"].startswith("cli:") and "@" in rec["changed_by"]
+    assert rec["mode"] == "manual" and rec["schema"] == 1 and rec["reason"] == "ticket 7"
+    assert run(url, "audit") == 0
+    assert "llama" in capsys.readouterr().out
+
+
+def test_expected_epoch_refusal_exits_1(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    run(url, "set", "m", "r", "fp16")
+    capsys.readouterr()
+    assert run(url, "set", "m", "r", "fp8", "--expected-epoch", "0") == 1
+    assert "stale_epoch" in capsys.readouterr().out
+
+
+def test_pin_holds_against_policy_and_unpin_releases(url: str, redis_client: Any,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    before = time.time()
+    assert run(url, "pin", "llama", "chat", "fp16", "--ttl", "30m", "--reason", "incident", "--json") == 0
+    res = out_json(capsys)
+    assert res["applied"] and before + 1790 < res["pinned_until"] < time.time() + 1810
+    store = FlagStore(redis_client, Keys())
+    refused = store.flip("llama", "chat", "fp8", expected_epoch=None, reason="promote", changed_by="daemon")
+    assert refused.refused == "pinned"
+    assert run(url, "list") == 0
+    assert "UTC" in capsys.readouterr().out  # pinned-until column filled
+    assert run(url, "unpin", "llama", "chat") == 0
+    capsys.readouterr()
+    assert store.flip("llama", "chat", "fp8", expected_epoch=None, reason="promote", changed_by="d").applied
+    ops = [r["op"] for r in store.audit()]
+    assert ops == ["set", "unpin", "pin"]
+
+
+def test_prefix_option(url: str, redis_client: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(url, "set", "m", "r", "fp16", "--prefix", "staging") == 0
+    assert redis_client.hget("staging:route:m:r", "precision") == "fp16"
+    assert redis_client.exists("llmwd:route:m:r") == 0
+
+
+def test_unreachable_redis_is_a_message_not_a_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+    from watchdog.embedded import free_port
+
+    dead = f"redis://user:hunter2@127.0.0.1:{free_port()}/0"
+    assert run(dead, "list") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: redis at") and "hunter2" not in err
+    assert redact(dead) == dead.replace("hunter2", "***")
