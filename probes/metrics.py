@@ -54,8 +54,10 @@ _CJK_RE = re.compile(f"[{_CJK_CLASS}]")
 _CJK_TOKEN_RE = re.compile(f"[a-z0-9]+|[{_CJK_CLASS}]")
 _SPACE_RE = re.compile(r"\s+")
 
+
 def has_cjk(text: str) -> bool:
     return _CJK_RE.search(text) is not None
+
 
 class CjkTokenizer:
     """rouge-score tokenizer: lower-cases, keeps ``[a-z0-9]+`` runs (exactly like the default
@@ -64,17 +66,21 @@ class CjkTokenizer:
     def tokenize(self, text: str) -> list[str]:
         return _CJK_TOKEN_RE.findall(text.lower())
 
+
 def normalize_for_exact_match(text: str) -> str:
     """Unicode NFKC, strip, collapse whitespace runs to one space. Case and punctuation are kept
     (code and clause numbers are case/punctuation sensitive)."""
     return _SPACE_RE.sub(" ", unicodedata.normalize("NFKC", text)).strip()
 
+
 def exact_match(reference: str, prediction: str) -> float:
     return float(normalize_for_exact_match(reference) == normalize_for_exact_match(prediction))
+
 
 def count_words(text: str) -> int:
     """Words as lm-evaluation-harness counts them for word_perplexity (``re.split(r"\\s+")``)."""
     return len(re.split(r"\s+", text))
+
 
 class Scorer:
     """Reusable scorer objects (building a RougeScorer or BLEU object per pair is wasted work)."""
@@ -84,7 +90,9 @@ class Scorer:
         from sacrebleu.metrics import BLEU, CHRF
 
         self._rouge = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=False)
-        self._rouge_cjk = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=False, tokenizer=CjkTokenizer())
+        self._rouge_cjk = rouge_scorer.RougeScorer(
+            list(ROUGE_TYPES), use_stemmer=False, tokenizer=CjkTokenizer()
+        )
         self._rouge_l = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=False)
         self._rouge_l_cjk = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=False, tokenizer=CjkTokenizer())
         # sentence_bleu defaults: effective order on, smooth exp
@@ -103,7 +111,9 @@ class Scorer:
         cjk = has_cjk(reference) or has_cjk(prediction)
         scores = (self._rouge_cjk if cjk else self._rouge).score(reference, prediction)
         out = {name: float(scores[name].fmeasure) for name in ROUGE_TYPES}
-        out["bleu"] = float((self._bleu_zh if cjk else self._bleu).sentence_score(prediction, [reference]).score)
+        out["bleu"] = float(
+            (self._bleu_zh if cjk else self._bleu).sentence_score(prediction, [reference]).score
+        )
         out["chrf"] = float(self._chrf.sentence_score(prediction, [reference]).score)
         out["exact_match"] = exact_match(reference, prediction)
         ref_len = len(self._words.tokenize(reference))
@@ -133,7 +143,9 @@ class Scorer:
         out = {name: sum(i[name] for i in items) / len(items) for name in (*ROUGE_TYPES, "exact_match")}
         cjk = any(has_cjk(t) for t in (*references, *predictions))
         out["bleu"] = float(
-            sacrebleu.corpus_bleu(list(predictions), [list(references)], tokenize="zh" if cjk else "13a").score
+            sacrebleu.corpus_bleu(
+                list(predictions), [list(references)], tokenize="zh" if cjk else "13a"
+            ).score
         )
         out["chrf"] = float(CHRF().corpus_score(list(predictions), [list(references)]).score)
         ref_tokens = sum(len(self._words.tokenize(r)) for r in references)
@@ -141,17 +153,21 @@ class Scorer:
             out["length_ratio"] = sum(len(self._words.tokenize(p)) for p in predictions) / ref_tokens
         return out
 
+
 def _check_lengths(references: Sequence[str], predictions: Sequence[str]) -> None:
     if len(references) != len(predictions):
         raise ValueError(f"{len(references)} references but {len(predictions)} predictions")
 
+
 _worker_scorer: Scorer | None = None
+
 
 def _score_chunk(chunk: tuple[list[str], list[str]]) -> list[dict[str, float]]:
     global _worker_scorer
     if _worker_scorer is None:
         _worker_scorer = Scorer()
     return _worker_scorer.score_pairs(*chunk)
+
 
 def score_pairs(
     references: Sequence[str],
@@ -167,12 +183,15 @@ def score_pairs(
         return (scorer or Scorer()).score_pairs(references, predictions)
     size = math.ceil(len(references) / workers)
     chunks = [
-        (list(references[i : i + size]), list(predictions[i : i + size])) for i in range(0, len(references), size)
+        (list(references[i : i + size]), list(predictions[i : i + size]))
+        for i in range(0, len(references), size)
     ]
     with ProcessPoolExecutor(max_workers=workers) as pool:
         return [row for part in pool.map(_score_chunk, chunks) for row in part]
 
+
 # --- perplexity (lm-evaluation-harness definitions) ---------------------------------------------
+
 
 @dataclass(slots=True, frozen=True)
 class Likelihood:
@@ -182,6 +201,7 @@ class Likelihood:
     n_tokens: int
     n_bytes: int
     n_words: int
+
 
 def perplexity(items: Sequence[Likelihood]) -> dict[str, float]:
     """Pooled perplexities as lm-evaluation-harness computes them (``weighted_perplexity``:
@@ -202,7 +222,9 @@ def perplexity(items: Sequence[Likelihood]) -> dict[str, float]:
         out["bits_per_byte"] = -total / (n_bytes * math.log(2))
     return out
 
+
 # --- custom metrics through evaluate.load(<local script>) ---------------------------------------
+
 
 class CustomMetric:
     """A metric script loaded with ``evaluate.load(path)``; ``compute`` returns its numeric outputs.
@@ -221,6 +243,12 @@ class CustomMetric:
         self.name = self.path.stem
         self._metric = evaluate.load(str(self.path), **load_kwargs)
 
-    def compute(self, references: Sequence[str], predictions: Sequence[str], **kwargs: Any) -> dict[str, float]:
-        result = self._metric.compute(predictions=list(predictions), references=list(references), **kwargs) or {}
-        return {k: float(v) for k, v in result.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    def compute(
+        self, references: Sequence[str], predictions: Sequence[str], **kwargs: Any
+    ) -> dict[str, float]:
+        result = (
+            self._metric.compute(predictions=list(predictions), references=list(references), **kwargs) or {}
+        )
+        return {
+            k: float(v) for k, v in result.items() if isinstance(v, int | float) and not isinstance(v, bool)
+        }

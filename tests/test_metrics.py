@@ -83,8 +83,14 @@ def test_bleu_chrf_match_evaluate_defaults(scorer: Scorer) -> None:
     # evaluate's sacrebleu: corpus_bleu(preds, [refs], smooth_method="exp", smooth_value=None,
     # force=False, lowercase=False, use_effective_order=False), default tokenizer 13a
     expected = sacrebleu.corpus_bleu(
-        PREDS, [REFS], smooth_method="exp", smooth_value=None, force=False, lowercase=False,
-        tokenize="13a", use_effective_order=False,
+        PREDS,
+        [REFS],
+        smooth_method="exp",
+        smooth_value=None,
+        force=False,
+        lowercase=False,
+        tokenize="13a",
+        use_effective_order=False,
     )
     assert corpus["bleu"] == expected.score
     # evaluate's chrf: CHRF(6, 0, 2, lowercase=False, whitespace=False, eps_smoothing=False)
@@ -94,7 +100,9 @@ def test_bleu_chrf_match_evaluate_defaults(scorer: Scorer) -> None:
         assert item["bleu"] == sacrebleu.sentence_bleu(pred, [ref]).score
         assert item["chrf"] == sacrebleu.sentence_chrf(pred, [ref]).score
     # evaluate's documented example: identical texts -> 100
-    assert scorer.corpus(["hello there general kenobi"], ["hello there general kenobi"])["bleu"] == pytest.approx(100.0)
+    assert scorer.corpus(["hello there general kenobi"], ["hello there general kenobi"])[
+        "bleu"
+    ] == pytest.approx(100.0)
 
 
 def test_chinese(scorer: Scorer) -> None:
