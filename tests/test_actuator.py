@@ -35,6 +35,7 @@ def test_key_layout() -> None:
     assert k.channel == "p:flags"
     assert k.state("engine") == "p:state:engine"
     assert k.heartbeat("host-1") == "p:heartbeat:host-1"
+    assert k.windows == "p:windows"
     assert Keys().route("m", "r") == "llmwd:route:m:r"
 
 

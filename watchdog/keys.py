@@ -59,6 +59,12 @@ class Keys:
         ingest "windows closed until" marks), so a restarted daemon resumes where it stopped."""
         return f"{self.prefix}:state:{name}"
 
+    @property
+    def windows(self) -> str:
+        """Stream ``{prefix}:windows``: one JSON record (field ``json``) per closed live window,
+        written by the daemon with its state, capped with MAXLEN ~ (for backtests and replays)."""
+        return f"{self.prefix}:windows"
+
     def heartbeat(self, instance: str) -> str:
         """String ``{prefix}:heartbeat:{instance}`` with a TTL: a JSON blob a live daemon refreshes."""
         return f"{self.prefix}:heartbeat:{instance}"
