@@ -354,3 +354,14 @@ def test_sink_summaries_and_echo(sink: AlertSink, capsys: pytest.CaptureFixture[
         httpx.post(loud.url + "/x", json={"schema": WEBHOOK_SCHEMA, "status": "firing", "severity": "info",
                                           "summary": "hello [not markup]"})
     assert "on-call" in capsys.readouterr().out and loud.received[0].body["summary"] == "hello [not markup]"
+
+
+def test_backoff_is_exponential_with_jitter_and_capped() -> None:
+    alerter = Alerter([{"kind": "webhook", "url": "http://127.0.0.1:9"}], backoff_initial=0.5, backoff_max=60, seed=7)
+    w = alerter.workers[0]
+    for attempt in range(1, 12):
+        d = min(60.0, 0.5 * 2 ** (attempt - 1))
+        delays = [w._backoff(attempt, None) for _ in range(50)]
+        assert all(d / 2 <= x <= d for x in delays) and len(set(delays)) > 1
+    assert w._backoff(1, 5.0) == 5.0  # Retry-After wins when longer
+    assert w._backoff(1, 3600.0) == 60.0  # but never past backoff_max
