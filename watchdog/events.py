@@ -1,0 +1,349 @@
+"""The inference-log event contract: one JSON object per served request.
+
+``decode_event`` turns the raw bytes of one Kafka message into an ``InferenceEvent`` or raises
+``InvalidEvent`` with a short machine-readable ``reason`` (the ingest sends such messages to the
+dead-letter topic with that reason). It sits on the ingest hot path, so validation is hand-written
+(a few microseconds per event) rather than a pydantic model. See docs/EVENTS.md for the contract.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+try:
+    import orjson
+
+    _loads = orjson.loads
+    _JSONError: tuple[type[Exception], ...] = (orjson.JSONDecodeError,)
+
+    def _dumps(obj: Any) -> bytes:
+        return orjson.dumps(obj)
+
+except ImportError:  # pragma: no cover - orjson is a declared dependency
+    import json
+
+    def _reject_constant(name: str) -> Any:
+        raise ValueError(f"non-standard JSON constant {name}")
+
+    def _loads(raw: Any) -> Any:
+        return json.loads(raw, parse_constant=_reject_constant)
+
+    _JSONError = (ValueError,)
+
+    def _dumps(obj: Any) -> bytes:
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+log = logging.getLogger(__name__)
+
+#: The schema version this module decodes and encodes.
+SCHEMA_VERSION = 1
+#: Default cap on the size of one raw event (bytes).
+MAX_EVENT_BYTES = 1_048_576
+STATUSES = frozenset({"ok", "error", "timeout"})
+#: Engines report logprobs through float32; tiny positive values are rounding noise, clamped to 0.
+_LOGPROB_TOLERANCE = 1e-4
+_NEG_INF = -math.inf
+
+_KNOWN_FIELDS = frozenset(
+    {
+        "schema", "request_id", "ts", "model", "route", "precision", "engine", "gpu_uuid", "status",
+        "latency_ms", "ttft_ms", "prompt_tokens", "completion_tokens", "prompt", "completion",
+        "completion_logprobs", "shadow",
+    }
+)
+
+
+class InvalidEvent(ValueError):
+    """An event that breaks the contract. ``reason`` is a short code, e.g. ``missing_field:route``."""
+
+    def __init__(self, reason: str, message: str = "") -> None:
+        super().__init__(f"{reason}: {message}" if message else reason)
+        self.reason = reason
+        self.message = message or reason
+
+
+@dataclass(slots=True)
+class ShadowResult:
+    """The same request mirrored to the other precision (e.g. an FP8 request replayed on FP16)."""
+
+    precision: str | None = None
+    completion: str | None = None
+    completion_logprobs: list[float] | None = None
+    latency_ms: float | None = None
+
+
+@dataclass(slots=True)
+class InferenceEvent:
+    """One served request, as logged by the gateway/serving engine."""
+
+    request_id: str
+    ts: float
+    model: str
+    route: str
+    precision: str
+    status: str
+    latency_ms: float
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    schema: int = SCHEMA_VERSION
+    engine: str | None = None
+    gpu_uuid: str | None = None
+    ttft_ms: float | None = None
+    prompt: str | None = None
+    completion: str | None = None
+    completion_logprobs: list[float] | None = None
+    shadow: ShadowResult | None = None
+    #: fields this version does not know, kept as they came
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# --- field checks (hand-written: they run once per event on the ingest hot path) -------------
+
+
+def _missing(name: str) -> InvalidEvent:
+    return InvalidEvent(f"missing_field:{name}", f"required field {name!r} is missing or null")
+
+
+def _bad_type(name: str, want: str, got: Any) -> InvalidEvent:
+    return InvalidEvent(f"bad_type:{name}", f"{name} must be {want}, got {type(got).__name__}")
+
+
+def _bad_value(name: str, message: str) -> InvalidEvent:
+    return InvalidEvent(f"bad_value:{name}", message)
+
+
+def _req_str(d: dict[str, Any], name: str) -> str:
+    v = d.get(name)
+    if type(v) is str:
+        if v:
+            return v
+        raise _bad_value(name, f"{name} must not be empty")
+    if v is None:
+        raise _missing(name)
+    raise _bad_type(name, "a string", v)
+
+
+def _opt_str(d: dict[str, Any], name: str) -> str | None:
+    v = d.get(name)
+    if v is None or type(v) is str:
+        return v
+    raise _bad_type(name, "a string", v)
+
+
+def _number(v: Any, name: str) -> float:
+    """A finite number >= 0 (bools are not numbers here)."""
+    t = type(v)
+    if t is float:
+        if not (v >= 0.0 and v != math.inf):  # also false for NaN
+            raise _bad_value(name, f"{name} must be a finite number >= 0, got {v!r}")
+        return v  # type: ignore[no-any-return]
+    if t is int:
+        if v < 0:
+            raise _bad_value(name, f"{name} must be >= 0, got {v!r}")
+        return float(v)
+    raise _bad_type(name, "a number", v)
+
+
+def _opt_number(d: dict[str, Any], name: str) -> float | None:
+    v = d.get(name)
+    return None if v is None else _number(v, name)
+
+
+def _count(d: dict[str, Any], name: str) -> int:
+    v = d.get(name)
+    if v is None:
+        return 0
+    if type(v) is int:
+        if v < 0:
+            raise _bad_value(name, f"{name} must be >= 0, got {v}")
+        return v  # type: ignore[no-any-return]
+    if type(v) is float and v.is_integer() and v >= 0:  # 12.0 from some JSON writers
+        return int(v)
+    raise _bad_type(name, "a non-negative integer", v)
+
+
+def _timestamp(v: Any) -> float:
+    t = type(v)
+    if t is float or t is int:
+        if not (v >= 0 and v != math.inf):
+            raise _bad_value("ts", f"ts must be finite unix seconds >= 0, got {v!r}")
+        return float(v)
+    if t is str:
+        try:
+            dt = datetime.fromisoformat(v)
+        except ValueError:
+            raise _bad_value("ts", f"ts is not an RFC 3339 timestamp: {v[:40]!r}") from None
+        if dt.tzinfo is None:  # RFC 3339 requires an offset; a naive time is ambiguous
+            raise _bad_value("ts", "ts has no UTC offset (RFC 3339 needs 'Z' or '+hh:mm')")
+        return dt.timestamp()
+    if v is None:
+        raise _missing("ts")
+    raise _bad_type("ts", "unix seconds or an RFC 3339 string", v)
+
+
+def _logprobs(v: Any, name: str) -> list[float] | None:
+    if v is None:
+        return None
+    if type(v) is not list:
+        raise _bad_type(name, "a list of numbers", v)
+    if not v:
+        return v
+    # fast path in C: a list of numbers that are all strictly negative and finite needs no more checks
+    # (max/min raise TypeError on mixed types; a 0 could be a JSON false, so it takes the slow path)
+    try:
+        if max(v) < 0.0 and min(v) > _NEG_INF:
+            return v
+    except TypeError:
+        pass
+    out = v
+    for i, x in enumerate(v):
+        t = type(x)
+        if t is float:
+            if x <= 0.0 and x != _NEG_INF:
+                continue
+            if not (0.0 < x <= _LOGPROB_TOLERANCE):  # NaN/-inf only reachable through the json fallback
+                raise _bad_value(name, f"{name}[{i}] = {x!r} is not a finite log-probability (must be <= 0)")
+            if out is v:  # copy only when something needs normalising
+                out = list(v)
+            out[i] = 0.0
+        elif t is int:
+            if x > 0:
+                raise _bad_value(name, f"{name}[{i}] = {x!r} is not a log-probability (must be <= 0)")
+        else:
+            raise _bad_type(name, "a list of numbers", x)
+    return out
+
+
+def _shadow(v: Any) -> ShadowResult | None:
+    if v is None:
+        return None
+    if type(v) is not dict:
+        raise _bad_type("shadow", "an object", v)
+    precision = _opt_str(v, "precision")
+    completion = v.get("completion")
+    if completion is not None and type(completion) is not str:
+        raise _bad_type("shadow.completion", "a string", completion)
+    latency = v.get("latency_ms")
+    return ShadowResult(
+        precision=precision.lower() if precision else None,
+        completion=completion,
+        completion_logprobs=_logprobs(v.get("completion_logprobs"), "shadow.completion_logprobs"),
+        latency_ms=None if latency is None else _number(latency, "shadow.latency_ms"),
+    )
+
+
+def _parse(raw: Any, max_bytes: int) -> Any:
+    if raw is None or len(raw) == 0:
+        raise InvalidEvent("empty", "message has no value")
+    if len(raw) > max_bytes:
+        raise InvalidEvent("too_large", f"{len(raw)} bytes > limit {max_bytes}")
+    try:
+        return _loads(raw)
+    except _JSONError as exc:
+        if isinstance(raw, (bytes, bytearray, memoryview)):
+            try:
+                bytes(raw).decode("utf-8")
+            except UnicodeDecodeError:
+                raise InvalidEvent("bad_utf8", "value is not valid UTF-8") from None
+        raise InvalidEvent("not_json", str(exc)[:200]) from None
+
+
+def decode_event(raw: bytes, max_bytes: int = MAX_EVENT_BYTES) -> InferenceEvent:
+    """Decode and validate one raw event; raise ``InvalidEvent`` (with ``reason``) if it breaks the contract."""
+    d = _parse(raw, max_bytes)
+    if type(d) is not dict:
+        raise InvalidEvent("not_object", f"top-level JSON value is a {type(d).__name__}, not an object")
+
+    schema = d.get("schema", SCHEMA_VERSION)
+    if schema != SCHEMA_VERSION or type(schema) is not int:
+        raise InvalidEvent("unsupported_schema", f"schema {schema!r} is not {SCHEMA_VERSION}")
+
+    status = d.get("status")
+    if type(status) is str:
+        if status not in STATUSES:
+            status = status.lower()
+            if status not in STATUSES:
+                raise _bad_value("status", f"status must be one of ok/error/timeout, got {d['status'][:40]!r}")
+    elif status is None:
+        raise _missing("status")
+    else:
+        raise _bad_type("status", "a string", status)
+
+    latency = d.get("latency_ms")
+    if latency is None:
+        raise _missing("latency_ms")
+    completion = d.get("completion")
+    if completion is not None and type(completion) is not str:
+        raise _bad_type("completion", "a string", completion)
+
+    # positional arguments: noticeably cheaper than 17 keywords on the hot path
+    event = InferenceEvent(
+        _req_str(d, "request_id"),
+        _timestamp(d.get("ts")),
+        _req_str(d, "model"),
+        _req_str(d, "route"),
+        _req_str(d, "precision").lower(),
+        status,
+        _number(latency, "latency_ms"),
+        _count(d, "prompt_tokens"),
+        _count(d, "completion_tokens"),
+        schema,
+        _opt_str(d, "engine"),
+        _opt_str(d, "gpu_uuid"),
+        _opt_number(d, "ttft_ms"),
+        _opt_str(d, "prompt"),
+        completion,
+        _logprobs(d.get("completion_logprobs"), "completion_logprobs"),
+        _shadow(d.get("shadow")),
+    )
+    if not _KNOWN_FIELDS.issuperset(d):
+        event.extra = {k: v for k, v in d.items() if k not in _KNOWN_FIELDS}
+    return event
+
+
+def event_to_dict(event: InferenceEvent) -> dict[str, Any]:
+    """The JSON object for ``event``: optional fields that are None are left out, extras kept."""
+    out: dict[str, Any] = {k: v for k, v in event.extra.items() if k not in _KNOWN_FIELDS}
+    out.update(
+        schema=event.schema,
+        request_id=event.request_id,
+        ts=event.ts,
+        model=event.model,
+        route=event.route,
+        precision=event.precision,
+        status=event.status,
+        latency_ms=event.latency_ms,
+        prompt_tokens=event.prompt_tokens,
+        completion_tokens=event.completion_tokens,
+    )
+    for name in ("engine", "gpu_uuid", "ttft_ms", "prompt", "completion", "completion_logprobs"):
+        v = getattr(event, name)
+        if v is not None:
+            out[name] = v
+    if event.shadow is not None:
+        s = event.shadow
+        out["shadow"] = {
+            k: v
+            for k, v in (
+                ("precision", s.precision),
+                ("completion", s.completion),
+                ("completion_logprobs", s.completion_logprobs),
+                ("latency_ms", s.latency_ms),
+            )
+            if v is not None
+        }
+    return out
+
+
+def encode_event(event: InferenceEvent | dict[str, Any]) -> bytes:
+    """Serialise an event (or a plain dict, written as given) to the bytes a producer sends."""
+    if isinstance(event, InferenceEvent):
+        return _dumps(event_to_dict(event))
+    if isinstance(event, dict):
+        return _dumps(event)
+    raise TypeError(f"encode_event takes an InferenceEvent or a dict, not {type(event).__name__}")
