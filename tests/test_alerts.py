@@ -241,6 +241,7 @@ def test_ops_alerts(sink: AlertSink) -> None:
     alerter.ops_alert("policy-reload", "policy reload rejected: policies/default.yaml:12:7 unknown metric 'rouge'",
                       "warning")
     assert alerter.ops_alert("x", "bad", "loud") == []  # type: ignore[arg-type]
+    assert alerter.handle(action("alert", detail=None)) == []  # a malformed action is counted, not raised
     assert {i["key"] for i in alerter.open_incidents()} == {"ops/redis", "ops/policy-reload"}
     alerter.ops_resolve("redis")
     alerter.ops_resolve("never-opened")
@@ -251,7 +252,7 @@ def test_ops_alerts(sink: AlertSink) -> None:
     assert posts[0]["payload"]["group"] == "ops" and posts[0]["payload"]["custom_details"]["host"] == "127.0.0.1"
     assert "policies/default.yaml:12:7" in posts[1]["payload"]["summary"]
     s = alerter.stats()
-    assert (s["open_incidents"], s["suppressed"], s["invalid"]) == (1, 2, 1)
+    assert (s["open_incidents"], s["suppressed"], s["invalid"]) == (1, 2, 2)
 
 
 # -- delivery --------------------------------------------------------------------------------------

@@ -439,7 +439,7 @@ class Alerter:
         with self._lock:
             try:
                 alerts = self._book.on_action(action)
-            except (ValueError, KeyError, TypeError) as exc:
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 self.invalid += 1
                 log.error("alerter: cannot handle action %r for %s: %s", action.kind, action.incident_key, exc)
                 return []
