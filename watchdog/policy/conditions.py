@@ -381,10 +381,7 @@ def _eval(node: Node, env: Mapping[str, float]) -> float | bool:
         return float(fn(*(float(_eval(a, env)) for a in node[2])))
     if kind == "cmp":
         values = [float(_eval(x, env)) for x in node[2]]
-        for op, a, b in zip(node[1], values, values[1:], strict=False):
-            if not _compare(op, a, b):
-                return False
-        return True
+        return all(_compare(op, a, b) for op, a, b in zip(node[1], values, values[1:], strict=False))
     if kind == "and":
         return bool(_eval(node[1], env)) and bool(_eval(node[2], env))
     if kind == "or":

@@ -1,0 +1,325 @@
+"""State-machine cases of the pure policy engine: no services, time passed in."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+import pytest
+
+from watchdog.policy import PolicyEngine, PolicySet, parse_policy_text
+from watchdog.signals import Action, Signal
+
+M, R = "llama-3-8b", "chat/general"
+DAY0 = 1_800_000_000.0  # 2027-01-15 08:00 UTC
+
+
+def policy_set(text: str) -> PolicySet:
+    policies, errors = parse_policy_text(text, "t.yaml")
+    assert errors == []
+    return PolicySet(tuple(policies))
+
+
+def make_policy(*, rule_for: int = 2, dry_run: bool = False, cooldown: str = "0s", budget: int = 6,
+                min_time: str = "0s", promote: str = "auto", healthy: int = 3, after: str = "0s",
+                action: str = "rollback", name: str = "p", routes: str = '["*"]', extra_rules: str = "") -> str:
+    return f"""\
+policies:
+  - name: {name}
+    scope: {{models: ["llama-*"], routes: {routes}}}
+    dry_run: {str(dry_run).lower()}
+    cooldown: {cooldown}
+    min_time_in_state: {min_time}
+    max_flips_per_day: {budget}
+    promote: {{mode: {promote}, healthy_windows: {healthy}, after: {after}}}
+    actions: {{notify: [slack], page: [pagerduty]}}
+    rules:
+      - name: err
+        metric: error_rate
+        fail_if: candidate - baseline > 0.02
+        min_samples: 100
+        for: {rule_for}
+        severity: critical
+        action: {action}
+{extra_rules}"""
+
+
+def window(t: float, cand: float | None, base: float | None = 0.01, *, samples: int = 500,
+           error: str | None = None, route: str = R, source: str = "live", metric: str = "error_rate") -> list[Signal]:
+    out = []
+    for prec, val in (("fp8", cand), ("fp16", base)):
+        if val is None and error is None:
+            continue
+        values = {} if val is None else {metric: val}
+        out.append(Signal(source=source, model=M, route=route, precision=prec, start=t - 60, end=t,  # type: ignore[arg-type]
+                          samples=samples, values=values, error=error if prec == "fp8" else None))
+    return out
+
+
+class Sim:
+    """Feeds windows and applies rollback/promote actions to the flags like the actuator would."""
+
+    def __init__(self, text: str, flags: Mapping[tuple[str, str], str] | None = None) -> None:
+        self.engine = PolicyEngine(policy_set(text))
+        self.flags: dict[tuple[str, str], str] = dict(flags or {})
+        self.log: list[Action] = []
+
+    def step(self, signals: list[Signal], now: float, apply: bool = True) -> list[Action]:
+        acts = self.engine.observe(signals, now, self.flags)
+        for a in acts:
+            if apply and a.kind in ("rollback", "promote") and not a.dry_run:
+                self.flags[(a.model, a.route)] = a.precision or ""
+        self.log += acts
+        return acts
+
+
+def kinds(acts: list[Action]) -> list[str]:
+    return [a.kind for a in acts]
+
+
+def test_trips_after_for_consecutive_failing_windows() -> None:
+    sim = Sim(make_policy(rule_for=2))
+    assert sim.step(window(DAY0, 0.10), DAY0) == []
+    (a,) = sim.step(window(DAY0 + 60, 0.10), DAY0 + 60)
+    assert (a.kind, a.precision, a.policy, a.model, a.route, a.severity) == ("rollback", "fp16", "p", M, R, "critical")
+    assert a.at == DAY0 + 60 and "err failed 2 window(s)" in a.reason
+    assert a.detail["channels"] == ["slack", "pagerduty"] and a.detail["rules"] == ["err"]
+    assert sim.flags[(M, R)] == "fp16"
+    # serving the baseline now: failing again does not roll back twice
+    assert "rollback" not in kinds(sim.step(window(DAY0 + 120, 0.10), DAY0 + 120))
+
+
+def test_pass_between_failures_resets_the_streak() -> None:
+    sim = Sim(make_policy(rule_for=2))
+    for i, v in enumerate([0.10, 0.01, 0.10, 0.01, 0.10]):
+        assert sim.step(window(DAY0 + 60 * i, v), DAY0 + 60 * i) == []
+
+
+def test_inconclusive_does_not_trip_or_reset() -> None:
+    sim = Sim(make_policy(rule_for=2))
+    # too few samples, missing baseline, missing metric: all inconclusive
+    assert sim.step(window(DAY0, 0.5, samples=10), DAY0) == []
+    assert sim.step(window(DAY0 + 60, 0.5, None), DAY0 + 60) == []
+    assert sim.step(window(DAY0 + 120, None, 0.01), DAY0 + 120) == []
+    fp8_without_metric = Signal(source="live", model=M, route=R, precision="fp8", start=DAY0 + 90,
+                                end=DAY0 + 150, samples=500, values={"timeout_rate": 0.0})
+    assert sim.step([fp8_without_metric, *window(DAY0 + 150, None, 0.01)], DAY0 + 150) == []
+    v = {x["rule"]: x for x in sim.engine.verdicts()}["err"]
+    assert v["status"] == "inconclusive" and "error_rate not measured for candidate" in v["verdict"]["reason"]
+    assert v["consecutive_fails"] == 0
+    # a failure, an inconclusive window, a failure: still two failures in a row
+    assert sim.step(window(DAY0 + 180, 0.5), DAY0 + 180) == []
+    assert sim.step(window(DAY0 + 240, 0.5, samples=5), DAY0 + 240) == []
+    assert kinds(sim.step(window(DAY0 + 300, 0.5), DAY0 + 300)) == ["rollback"]
+
+
+def test_replayed_window_is_not_counted_twice() -> None:
+    sim = Sim(make_policy(rule_for=2))
+    w = window(DAY0, 0.10)
+    assert sim.step(w, DAY0) == []
+    assert sim.step(w, DAY0 + 5) == []
+    assert sim.step(window(DAY0 - 60, 0.10), DAY0 + 6) == []  # older window: ignored too
+    assert sim.engine.verdicts()[0]["consecutive_fails"] == 1
+    assert kinds(sim.step(window(DAY0 + 60, 0.10), DAY0 + 60)) == ["rollback"]
+
+
+def test_flags_respected_route_already_on_baseline() -> None:
+    sim = Sim(make_policy(rule_for=1, promote="manual"), flags={(M, R): "fp16"})
+    assert sim.step(window(DAY0, 0.10), DAY0) == []
+    # default precision applies to routes absent from flags
+    other = Sim(make_policy(rule_for=1))
+    assert other.engine.observe(window(DAY0, 0.10), DAY0, {}, default_precision="fp16") == []
+    assert kinds(Sim(make_policy(rule_for=1)).step(window(DAY0, 0.10), DAY0)) == ["rollback"]
+
+
+def test_out_of_scope_routes_ignored() -> None:
+    sim = Sim(make_policy(rule_for=1, routes='["legal/*"]'))
+    assert sim.step(window(DAY0, 0.10), DAY0) == []
+    assert kinds(sim.step(window(DAY0, 0.10, route="legal/nda"), DAY0)) == ["rollback"]
+
+
+def test_dry_run_alerts_once_and_never_flips() -> None:
+    sim = Sim(make_policy(rule_for=1, dry_run=True))
+    (a,) = sim.step(window(DAY0, 0.10), DAY0)
+    assert (a.kind, a.dry_run, a.precision) == ("alert", True, "fp16")
+    assert a.reason.startswith("dry run: would roll back to fp16")
+    assert sim.step(window(DAY0 + 60, 0.10), DAY0 + 60) == []  # once per incident
+    assert (M, R) not in sim.flags
+    (r,) = sim.step(window(DAY0 + 120, 0.01), DAY0 + 120)
+    assert r.kind == "resolve"
+
+
+def test_cooldown_blocks_flip_with_alert_then_allows() -> None:
+    sim = Sim(make_policy(rule_for=1, cooldown="10m"))
+    assert kinds(sim.step(window(DAY0, 0.10), DAY0)) == ["rollback"]
+    assert sim.step(window(DAY0 + 30, 0.01), DAY0 + 30) == []  # the engine sees fp16 served
+    sim.flags[(M, R)] = "fp8"  # then an operator flips it back by hand
+    (a,) = sim.step(window(DAY0 + 60, 0.10), DAY0 + 60)
+    assert a.kind == "alert" and "blocked (cooldown: last flip 60s ago, cooldown 600s)" in a.reason
+    assert a.detail["blocked"].startswith("cooldown")
+    assert sim.step(window(DAY0 + 120, 0.10), DAY0 + 120) == []  # the blocked alert is not repeated
+    assert kinds(sim.step(window(DAY0 + 660, 0.10), DAY0 + 660)) == ["rollback"]
+
+
+def test_min_time_in_state_counts_from_external_change() -> None:
+    sim = Sim(make_policy(rule_for=1, min_time="5m"), flags={(M, R): "fp16"})
+    assert sim.step(window(DAY0, 0.01), DAY0) == []
+    sim.flags[(M, R)] = "fp8"
+    (a,) = sim.step(window(DAY0 + 60, 0.10), DAY0 + 60)
+    assert "min_time_in_state: serving fp8 for 0s, minimum 300s" in a.reason
+    assert kinds(sim.step(window(DAY0 + 360, 0.10), DAY0 + 360)) == ["rollback"]
+
+
+def test_flip_budget_per_utc_day() -> None:
+    sim = Sim(make_policy(rule_for=1, budget=1))
+    assert kinds(sim.step(window(DAY0, 0.10), DAY0)) == ["rollback"]
+    assert sim.step(window(DAY0 + 30, 0.01), DAY0 + 30) == []
+    sim.flags[(M, R)] = "fp8"
+    (a,) = sim.step(window(DAY0 + 60, 0.10), DAY0 + 60)
+    assert a.kind == "alert" and "flip budget spent: 1 flips today (max_flips_per_day: 1)" in a.reason
+    tomorrow = DAY0 + 86400
+    assert kinds(sim.step(window(tomorrow, 0.10), tomorrow)) == ["rollback"]
+    assert sim.engine.snapshot()["scopes"][0]["flips_today"] == 1
+
+
+def test_auto_promote_after_healthy_windows_and_cooldown() -> None:
+    sim = Sim(make_policy(rule_for=1, healthy=3, after="10m"))
+    assert kinds(sim.step(window(DAY0, 0.10), DAY0)) == ["rollback"]
+    t = DAY0
+    for _ in range(3):  # three healthy windows, but within 10 minutes of the rollback
+        t += 60
+        assert sim.step(window(t, 0.01), t) == []
+    t = DAY0 + 600
+    (a,) = sim.step(window(t, 0.01), t)
+    assert (a.kind, a.precision, a.reason) == ("promote", "fp8", "4 consecutive healthy windows")
+    assert sim.flags[(M, R)] == "fp8"
+
+
+def test_failure_resets_healthy_count() -> None:
+    sim = Sim(make_policy(rule_for=3, healthy=2), flags={(M, R): "fp16"})
+    assert sim.step(window(DAY0, 0.01), DAY0) == []
+    assert sim.step(window(DAY0 + 60, 0.10), DAY0 + 60) == []  # fails (not tripped) -> reset
+    assert sim.step(window(DAY0 + 120, 0.01), DAY0 + 120) == []
+    assert kinds(sim.step(window(DAY0 + 180, 0.01), DAY0 + 180)) == ["promote"]
+
+
+def test_manual_promote_only_alerts_once() -> None:
+    sim = Sim(make_policy(rule_for=1, promote="manual", healthy=2), flags={(M, R): "fp16"})
+    sim.step(window(DAY0, 0.01), DAY0)
+    (a,) = sim.step(window(DAY0 + 60, 0.01), DAY0 + 60)
+    assert (a.kind, a.severity) == ("alert", "info") and "promote manually" in a.reason
+    assert sim.step(window(DAY0 + 120, 0.01), DAY0 + 120) == []
+    assert sim.flags[(M, R)] == "fp16"
+
+
+def test_alert_rule_once_per_incident_then_resolve() -> None:
+    text = make_policy(rule_for=1, action="alert")
+    sim = Sim(text)
+    (a,) = sim.step(window(DAY0, 0.10), DAY0)
+    assert (a.kind, a.severity, a.detail["rule"]) == ("alert", "critical", "err")
+    assert sim.step(window(DAY0 + 60, 0.10), DAY0 + 60) == []
+    assert sim.step(window(DAY0 + 120, 0.10, samples=1), DAY0 + 120) == []  # inconclusive: still open
+    (r,) = sim.step(window(DAY0 + 180, 0.01), DAY0 + 180)
+    assert r.kind == "resolve" and r.incident_key == f"{M}/{R}/p"
+    assert (M, R) not in sim.flags
+
+
+def test_source_errors_trip_after_errors_trip_after() -> None:
+    sim = Sim(make_policy(rule_for=1))
+    for i in range(2):
+        assert sim.step(window(DAY0 + 60 * i, None, error="engine timeout"), DAY0 + 60 * i) == []
+    v = sim.engine.verdicts()[0]
+    assert v["status"] == "error" and "candidate source failed: engine timeout" in v["verdict"]["reason"]
+    (a,) = sim.step(window(DAY0 + 120, None, error="engine timeout"), DAY0 + 120)
+    assert a.kind == "rollback" and "source failed 3 time(s)" in a.reason
+
+
+def test_errors_never_trip_when_disabled() -> None:
+    text = make_policy(rule_for=1).replace("        action: rollback\n", "        action: rollback\n        errors_trip_after: null\n")
+    sim = Sim(text)
+    for i in range(5):
+        assert sim.step(window(DAY0 + 60 * i, None, error="boom"), DAY0 + 60 * i) == []
+
+
+def test_unapplied_rollback_is_retried_without_spending_budget() -> None:
+    sim = Sim(make_policy(rule_for=1, budget=1, cooldown="1h"))
+    assert kinds(sim.step(window(DAY0, 0.10), DAY0, apply=False)) == ["rollback"]
+    (a,) = sim.step(window(DAY0 + 60, 0.10), DAY0 + 60)
+    assert a.kind == "rollback" and a.detail["retry"] is True
+    assert sim.engine.snapshot()["scopes"][0]["flips_today"] == 1
+
+
+def test_speedup_alert_and_gpu_wildcard_signal() -> None:
+    extra = """\
+      - name: fp8-no-faster
+        metric: latency_p50_ms
+        fail_if: baseline / candidate < 1.1
+        severity: info
+      - name: xid
+        source: gpu
+        metric: xid_critical
+        fail_if: value > 0
+        severity: critical
+"""
+    sim = Sim(make_policy(rule_for=1, extra_rules=extra), flags={(M, R): "fp8", (M, "legal/x"): "fp8"})
+    acts = sim.step(window(DAY0, 100.0, 104.0, metric="latency_p50_ms"), DAY0)
+    assert [(a.kind, a.detail.get("rule"), a.severity) for a in acts] == [("alert", "fp8-no-faster", "info")]
+    gpu = Signal(source="gpu", model=M, route="*", precision=None, start=DAY0, end=DAY0 + 1, samples=1,
+                 values={"xid_critical": 1.0})
+    acts = sim.step([gpu], DAY0 + 1)
+    assert sorted((a.route, a.detail.get("rule")) for a in acts) == [("chat/general", "xid"), ("legal/x", "xid")]
+
+
+def test_rollback_wins_and_manual_policy_holds_back_auto_promote() -> None:
+    auto = make_policy(rule_for=1, healthy=1, name="auto")
+    manual = make_policy(rule_for=1, promote="manual", healthy=1, name="strict", routes='["chat/*"]')
+    text = auto + manual.replace("policies:\n", "")
+    sim = Sim(text)
+    acts = sim.step(window(DAY0, 0.10), DAY0)
+    assert kinds(acts) == ["rollback"] and acts[0].detail["also"][0]["policy"] == "strict"
+    acts = sim.step(window(DAY0 + 60, 0.01), DAY0 + 60)
+    assert "promote" not in kinds(acts) and sim.flags[(M, R)] == "fp16"
+    assert any(a.kind == "alert" and "promote manually" in a.reason for a in acts)
+
+
+def test_export_import_state_continues_counting() -> None:
+    text = make_policy(rule_for=3)
+    sim = Sim(text)
+    sim.step(window(DAY0, 0.10), DAY0)
+    sim.step(window(DAY0 + 60, 0.10), DAY0 + 60)
+    saved = json.loads(json.dumps(sim.engine.export_state()))
+    fresh = PolicyEngine(policy_set(text))
+    fresh.import_state(saved)
+    assert fresh.observe(window(DAY0 + 60, 0.10), DAY0 + 61, {}) == []  # replay after restart
+    (a,) = fresh.observe(window(DAY0 + 120, 0.10), DAY0 + 120, {})
+    assert a.kind == "rollback"
+    json.dumps(fresh.snapshot())
+    json.dumps(fresh.verdicts())
+
+
+def test_reload_keeps_state_of_unchanged_rules_only() -> None:
+    text = make_policy(rule_for=2, extra_rules="""\
+      - name: tmo
+        metric: timeout_rate
+        fail_if: candidate > 0.5
+""")
+    engine = PolicyEngine(policy_set(text))
+    engine.observe(window(DAY0, 0.10), DAY0, {})
+    assert engine.states[("p", M, R)].rules["err"].fails == 1
+    engine.set_policy_set(policy_set(text.replace("candidate > 0.5", "candidate > 0.4")))
+    assert engine.states[("p", M, R)].rules["err"].fails == 1
+    assert "tmo" not in engine.states[("p", M, R)].rules
+    assert kinds(engine.observe(window(DAY0 + 60, 0.10), DAY0 + 60, {})) == ["rollback"]
+    engine.set_policy_set(policy_set(make_policy(name="other")))
+    assert engine.states == {}
+
+
+@pytest.mark.parametrize(("cand", "samples", "status"), [(0.10, 500, "fail"), (0.02, 500, "pass"), (0.10, 99, "inconclusive")])
+def test_verdict_numbers_visible(cand: float, samples: int, status: str) -> None:
+    engine = PolicyEngine(policy_set(make_policy()))
+    engine.observe(window(DAY0, cand, samples=samples), DAY0, {})
+    (v,) = engine.verdicts()
+    assert v["status"] == status
+    assert v["verdict"]["samples"] == samples
+    if status != "inconclusive":
+        assert v["verdict"]["candidate"] == cand and v["verdict"]["baseline"] == 0.01

@@ -1,0 +1,129 @@
+"""Validation of policy files: every error carries the exact file:line:col."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from watchdog.policy import PolicyError, load_policy_files, parse_policy_text
+from watchdog.policy.cli import main as cli_main
+
+REPO = Path(__file__).resolve().parents[1]
+
+GOOD = """\
+policies:
+  - name: p
+    cooldown: 90s
+    rules:
+      - name: err
+        metric: error_rate
+        fail_if: candidate > 0.05
+        action: rollback
+"""
+
+
+def errors_of(text: str) -> list[str]:
+    policies, errors = parse_policy_text(text, "f.yaml")
+    assert not policies or not errors
+    return errors
+
+
+def test_good_file_parses_with_defaults() -> None:
+    policies, errors = parse_policy_text(GOOD, "f.yaml")
+    assert errors == []
+    (p,) = policies
+    assert (p.candidate, p.baseline, p.cooldown, p.dry_run) == ("fp8", "fp16", 90.0, False)
+    assert p.rules[0].for_ == 1 and p.rules[0].source == "live" and p.rules[0].errors_trip_after == 3
+    assert p.scope.covers("any", "thing")
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        # unknown key, pointed at the key, with a suggestion
+        ("    cooldown: 90s\n", "    cooldown: 90s\n    cooldwn: 1m\n", "f.yaml:4:5: unknown key 'cooldwn' (did you mean 'cooldown'?)"),
+        ("        action: rollback\n", "        action: rollback\n        fro: 2\n", "f.yaml:9:9: unknown key 'fro' (did you mean 'for'?)"),
+        # bad duration, pointed at the value
+        ("cooldown: 90s", "cooldown: 5 minutes", "f.yaml:3:15: policies[0].cooldown: bad duration '5 minutes'"),
+        # literal choices
+        ("action: rollback", "action: page", "f.yaml:8:17: policies[0].rules[0].action: Input should be 'rollback' or 'alert'"),
+        # unknown live metric, pointed at the metric value
+        ("metric: error_rate", "metric: eror_rate", "f.yaml:6:17: unknown live metric 'eror_rate' (did you mean 'error_rate'?)"),
+        # condition errors point inside the condition (plain and quoted scalars)
+        ("fail_if: candidate > 0.05", "fail_if: candidate > 0.05 and bogus < 1", "f.yaml:7:39: fail_if: unknown name 'bogus'"),
+        ("fail_if: candidate > 0.05", "fail_if: \"candidate.real > 1\"", "f.yaml:7:28: fail_if: unexpected character '.'"),
+        ("fail_if: candidate > 0.05", "fail_if: \"__import__('os')\"", "f.yaml:7:19: fail_if: unknown function '__import__'"),
+        # missing required key: reported at the mapping that lacks it
+        ("        metric: error_rate\n", "", "f.yaml:5:9: policies[0].rules[0]: missing required key 'metric'"),
+        # numbers out of range
+        ("        action: rollback\n", "        action: rollback\n        for: 0\n", "f.yaml:9:14: policies[0].rules[0].for: Input should be greater than or equal to 1"),
+        # duplicate YAML key
+        ("    cooldown: 90s\n", "    cooldown: 90s\n    cooldown: 2m\n", "f.yaml:4:5: duplicate key 'cooldown'"),
+        # gpu rules have no baseline
+        ("metric: error_rate\n        fail_if: candidate > 0.05", "metric: xid_critical\n        source: gpu\n        fail_if: baseline > 0",
+         "f.yaml:8:18: fail_if: gpu signals have no baseline"),
+        # YAML syntax
+        ("    cooldown: 90s\n", "    cooldown: [90s\n", "f.yaml:4:"),
+    ],
+)
+def test_error_positions(old: str, new: str, expected: str) -> None:
+    assert old in GOOD
+    errors = errors_of(GOOD.replace(old, new, 1))
+    assert any(e.startswith(expected) for e in errors), errors
+
+
+def test_duplicate_rule_and_policy_names() -> None:
+    text = GOOD + GOOD.replace("policies:\n", "").replace("cooldown: 90s", "cooldown: 1m")
+    errors = errors_of(text)
+    assert errors == ["f.yaml:9:11: duplicate policy name 'p'"]
+    dup_rule = GOOD + "      - name: err\n        metric: timeout_rate\n        fail_if: value > 1\n"
+    assert errors_of(dup_rule) == ["f.yaml:9:15: duplicate rule name 'err' in policy 'p'"]
+
+
+def test_several_errors_sorted_by_position() -> None:
+    text = GOOD.replace("cooldown: 90s", "cooldown: soon").replace("metric: error_rate", "metric: nope")
+    errors = errors_of(text)
+    assert [e.split(": ")[0] for e in errors] == ["f.yaml:3:15", "f.yaml:6:17"]
+
+
+def test_not_a_mapping_and_empty() -> None:
+    assert errors_of("- a\n- b\n")[0].startswith("f.yaml:1:1: a policy file must be a mapping")
+    assert errors_of("")[0].startswith("f.yaml:1:1:")
+    assert errors_of("policies: []\n")[0].startswith("f.yaml:1:11: policies: List should have at least 1 item")
+
+
+def test_load_policy_files_across_files(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text(GOOD)
+    b.write_text(GOOD)
+    with pytest.raises(PolicyError) as info:
+        load_policy_files([a, b])
+    assert info.value.messages == [f"{b}:2:11: duplicate policy name 'p' (first defined at {a}:2:11)"]
+    b.write_text(GOOD.replace("name: p\n", "name: q\n"))
+    ps = load_policy_files([tmp_path])
+    assert ps.names == ["p", "q"] and ps.origin["q"] == str(b)
+    with pytest.raises(PolicyError) as info:
+        load_policy_files([tmp_path / "missing.yaml"])
+    assert "cannot read file" in info.value.messages[0]
+
+
+def test_shipped_policies_validate() -> None:
+    ps = load_policy_files([REPO / "policies" / "default.yaml", REPO / "policies" / "strict-legal-medical.yaml"])
+    default, strict = ps.policies
+    assert default.promote.mode == "auto" and strict.promote.mode == "manual"
+    assert strict.scope.covers("llama-3-8b", "legal/contracts")
+    assert not strict.scope.covers("llama-3-8b", "chat/general")
+    assert {r.action for r in default.rules} == {"rollback", "alert"}
+
+
+def test_cli_validate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
+    good.write_text(GOOD)
+    bad.write_text(GOOD.replace("metric: error_rate", "metric: eror_rate"))
+    assert cli_main(["policy", "validate", str(good)]) == 0
+    assert f"{good}: OK (1 policy: p)" in capsys.readouterr().out
+    assert cli_main(["policy", "validate", str(good), str(bad)]) == 1
+    captured = capsys.readouterr()
+    assert f"{bad}:6:17: unknown live metric 'eror_rate'" in captured.err
+    assert f"{good}: OK" in captured.out
