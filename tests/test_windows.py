@@ -1,0 +1,370 @@
+"""Live windows over inference events, and the quantile sketch they keep latencies in."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+
+from watchdog.events import InferenceEvent, ShadowResult
+from watchdog.signals import Signal
+from watchdog.sketch import QuantileSketch
+from watchdog.windows import WindowAggregator, shadow_agreement
+
+# --- sketch -----------------------------------------------------------------------------------
+
+QS = [0.0, 0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.999, 1.0]
+
+
+def heavy_tailed(kind: str, n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if kind == "lognormal":
+        return rng.lognormal(mean=5.0, sigma=1.5, size=n)
+    if kind == "pareto":  # tail index 1.2: infinite variance
+        return (rng.pareto(1.2, size=n) + 1.0) * 20.0
+    if kind == "bimodal":
+        return np.concatenate([rng.normal(50, 5, n // 2).clip(0.01), rng.lognormal(8, 1, n - n // 2)])
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("kind", ["lognormal", "pareto", "bimodal"])
+@pytest.mark.parametrize("alpha", [0.01, 0.02])
+def test_relative_accuracy_against_numpy(kind: str, alpha: float) -> None:
+    data = heavy_tailed(kind, 20_000, seed=7)
+    sk = QuantileSketch(relative_accuracy=alpha)
+    for x in data.tolist():
+        sk.add(x)
+    got = sk.quantiles(QS)
+    # the sketch uses the nearest-rank definition
+    want = np.quantile(data, QS, method="inverted_cdf")
+    for q, g, w in zip(QS, got, want, strict=True):
+        assert g is not None
+        assert abs(g - w) <= alpha * w * (1 + 1e-9), (q, g, w)
+    assert sk.count == len(data)
+    assert sk.mean == pytest.approx(float(data.mean()))
+    assert len(sk) < 1000  # a few hundred buckets for ~6 decades
+
+
+def test_merge_equals_one_sketch_of_everything() -> None:
+    a_data, b_data = heavy_tailed("pareto", 3000, 1), heavy_tailed("lognormal", 3000, 2)
+    a, b, both = QuantileSketch(), QuantileSketch(), QuantileSketch()
+    for x in a_data.tolist():
+        a.add(x)
+        both.add(x)
+    for x in b_data.tolist():
+        b.add(x)
+        both.add(x)
+    a.merge(b)
+    assert a.buckets == both.buckets and a.count == both.count
+    assert (a.min, a.max) == (both.min, both.max)
+    assert a.quantiles(QS) == both.quantiles(QS)
+    with pytest.raises(ValueError):
+        a.merge(QuantileSketch(relative_accuracy=0.05))
+
+
+def test_empty_and_invalid() -> None:
+    sk = QuantileSketch()
+    assert sk.quantile(0.5) is None and sk.mean is None and len(sk) == 0
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError):
+            sk.add(bad)
+    with pytest.raises(ValueError):
+        sk.quantile(1.5)
+    with pytest.raises(ValueError):
+        QuantileSketch(relative_accuracy=0.0)
+
+
+def test_zero_bucket_and_weights() -> None:
+    sk = QuantileSketch(min_value=1e-3)
+    sk.add(0.0, n=3)
+    sk.add(100.0, n=7)
+    assert sk.count == 10 and sk.zero_count == 3
+    assert sk.quantile(0.0) == 0.0
+    assert sk.quantile(0.2) == 0.0
+    assert sk.quantile(0.5) == pytest.approx(100.0, rel=0.01)
+    assert sk.quantile(1.0) == 100.0  # clamped to the exact max
+
+
+def test_bucket_count_is_bounded_and_tail_stays_accurate() -> None:
+    sk = QuantileSketch(relative_accuracy=0.01, max_buckets=64)
+    data = np.geomspace(1e-2, 1e6, 50_000)  # spans far more than 64 buckets
+    for x in data.tolist():
+        sk.add(x)
+    assert len(sk.buckets) <= 64
+    assert sk.count == len(data)
+    p99 = sk.quantile(0.99)
+    want = float(np.quantile(data, 0.99, method="inverted_cdf"))
+    assert p99 is not None and abs(p99 - want) <= 0.01 * want
+
+
+def test_export_round_trip_and_alignment() -> None:
+    a, b = QuantileSketch(), QuantileSketch()
+    for x in (0.0, 1.0, 10.0, 10.0, 500.0):
+        a.add(x)
+    for x in (10.0, 20.0):
+        b.add(x)
+    d = orjson.loads(orjson.dumps(a.to_dict()))
+    back = QuantileSketch.from_dict(d)
+    assert back.buckets == a.buckets and back.zero_count == 1 and back.count == 5
+    assert back.quantiles(QS) == a.quantiles(QS)
+    values, ca, cb = a.aligned_counts(b)
+    assert values == sorted(values) and values[0] == 0.0
+    assert sum(ca) == 5 and sum(cb) == 2 and len(values) == len(ca) == len(cb)
+    assert ca[0] == 1 and cb[0] == 0
+    ten = min(range(len(values)), key=lambda i: abs(values[i] - 10.0))
+    assert ca[ten] == 2 and cb[ten] == 1
+
+
+# --- windows ----------------------------------------------------------------------------------
+
+
+def ev(ts: float = 1000.0, **over: Any) -> InferenceEvent:
+    fields: dict[str, Any] = {
+        "request_id": f"r-{ts}",
+        "ts": ts,
+        "model": "m",
+        "route": "a",
+        "precision": "fp8",
+        "status": "ok",
+        "latency_ms": 100.0,
+    }
+    shadow = over.pop("shadow", None)
+    fields.update(over)
+    e = InferenceEvent(**fields)
+    if shadow is not None:
+        e.shadow = ShadowResult(precision="fp16", completion=shadow)
+    return e
+
+
+def one_signal(events: list[InferenceEvent], **kw: Any) -> Signal:
+    agg = WindowAggregator(**kw)
+    for e in events:
+        assert agg.add(e)
+    signals = agg.close_all()
+    assert len(signals) == 1
+    return signals[0]
+
+
+METRIC_CASES = [
+    # (name, events, expected values (approx), metrics that must be absent)
+    (
+        "status rates",
+        [ev(status="ok"), ev(status="ok"), ev(status="error"), ev(status="timeout")],
+        {"error_rate": 0.5, "timeout_rate": 0.25},
+        {"empty_rate", "perplexity", "shadow_rougeL", "shadow_bleu", "ttft_p99_ms"},
+    ),
+    (
+        "only failures: no latency or token metrics",
+        [ev(status="error"), ev(status="timeout", latency_ms=30000.0)],
+        {"error_rate": 1.0, "timeout_rate": 0.5},
+        {"latency_p50_ms", "latency_p99_ms", "tokens_per_s", "mean_completion_tokens"},
+    ),
+    (
+        "tokens per second over ok requests",
+        [
+            ev(latency_ms=500.0, completion_tokens=50),
+            ev(latency_ms=1500.0, completion_tokens=150),
+            ev(status="error", latency_ms=1.0, completion_tokens=0),
+        ],
+        {"tokens_per_s": 100.0, "mean_completion_tokens": 100.0},
+        set(),
+    ),
+    (
+        "empty rate only over events that carry a completion",
+        [ev(completion="hi"), ev(completion="  \n"), ev(completion=""), ev(), ev(status="error", completion="")],
+        {"empty_rate": 2 / 3},
+        set(),
+    ),
+    (
+        "perplexity from logprobs",
+        [ev(completion_logprobs=[-1.0, -1.0]), ev(completion_logprobs=[-2.0, 0.0]), ev(completion_logprobs=[])],
+        {"perplexity": math.exp(1.0)},
+        set(),
+    ),
+    (
+        "ttft p99",
+        [ev(ttft_ms=10.0), ev(ttft_ms=20.0), ev()],
+        {"ttft_p99_ms": 20.0},
+        set(),
+    ),
+    (
+        "latency quantiles",
+        [ev(latency_ms=float(x)) for x in range(1, 101)],
+        {"latency_p50_ms": 50.0, "latency_p95_ms": 95.0, "latency_p99_ms": 99.0},
+        set(),
+    ),
+    (
+        "identical shadow completions agree fully",
+        [ev(completion="the cat sat", shadow="the cat sat"), ev(completion="", shadow=" ")],
+        {"shadow_rougeL": 1.0, "shadow_bleu": 100.0},
+        set(),
+    ),
+    (
+        "disjoint and one-sided empty shadows",
+        [ev(completion="alpha beta gamma", shadow="one two three"), ev(completion="x", shadow="")],
+        {"shadow_rougeL": 0.0, "shadow_bleu": 0.0},
+        set(),
+    ),
+    (
+        # LCS of 'the cat sat on the mat' / 'the cat sat on a mat' is 5 of 6 tokens: F = 5/6
+        "partial shadow agreement",
+        [ev(completion="the cat sat on the mat", shadow="the cat sat on a mat")],
+        {"shadow_rougeL": 5 / 6},
+        set(),
+    ),
+    (
+        "shadow without a primary completion is not a pair",
+        [ev(shadow="the cat")],
+        {},
+        {"shadow_rougeL", "shadow_bleu"},
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "events", "expected", "absent"), METRIC_CASES, ids=[c[0] for c in METRIC_CASES])
+def test_window_metrics(name: str, events: list[InferenceEvent], expected: dict[str, float], absent: set[str]) -> None:
+    sig = one_signal(events)
+    assert sig.source == "live" and sig.samples == len(events)
+    for metric, want in expected.items():
+        tol = 0.01 * want if metric.startswith(("latency_", "ttft_")) else 1e-9
+        assert sig.values[metric] == pytest.approx(want, abs=tol), metric
+    for metric in absent:
+        assert metric not in sig.values, metric
+    assert all(math.isfinite(v) for v in sig.values.values())
+
+
+def test_partial_bleu_is_between_bounds() -> None:
+    sig = one_signal([ev(completion="the quick brown fox jumps over the dog", shadow="the quick brown fox jumped over the dog")])
+    assert 0.0 < sig.values["shadow_bleu"] < 100.0
+    assert 0.0 < sig.values["shadow_rougeL"] < 1.0
+
+
+def test_signal_shape_and_keys() -> None:
+    agg = WindowAggregator(length_s=10.0, grace_s=2.0)
+    agg.add(ev(ts=1005.0))
+    agg.add(ev(ts=1009.999, precision="fp16"))
+    agg.add(ev(ts=1010.0))  # a window boundary belongs to the next window
+    agg.add(ev(ts=1011.0, route="b", model="m2"))
+    assert agg.open_windows() == 4
+    signals = agg.close_all()
+    got = [(s.start, s.end, s.model, s.route, s.precision, s.samples) for s in signals]
+    assert got == [
+        (1000.0, 1010.0, "m", "a", "fp16", 1),
+        (1000.0, 1010.0, "m", "a", "fp8", 1),
+        (1010.0, 1020.0, "m", "a", "fp8", 1),
+        (1010.0, 1020.0, "m2", "b", "fp8", 1),
+    ]
+    assert agg.open_windows() == 0 and agg.windows_closed == 4
+    hist = QuantileSketch.from_dict(signals[0].detail["latency_hist"])
+    assert hist.count == 1 and hist.quantile(0.5) == pytest.approx(100.0, rel=0.01)
+    assert signals[0].detail["events"] == 1 and signals[0].detail["ok"] == 1
+
+
+def test_grace_and_lateness() -> None:
+    agg = WindowAggregator(length_s=10.0, grace_s=2.0)
+    assert agg.add(ev(ts=1001.0))
+    assert agg.add(ev(ts=1012.0))
+    assert agg.close_due(1011.999) == []  # end 1010 + grace 2 not yet reached
+    closed = agg.close_due(1012.0)
+    assert [(s.start, s.samples) for s in closed] == [(1000.0, 1)]
+    assert agg.closed_until == 1010.0
+    # late for the closed window, whatever the scope (even one that never had an event)
+    assert not agg.add(ev(ts=1009.0))
+    assert not agg.add(ev(ts=1003.0, route="other"))
+    assert agg.late == 2
+    assert agg.add(ev(ts=1015.0))  # the next window is still open
+    assert agg.close_due(1012.5) == []  # the clock moving a little does not close it
+    closed = agg.close_due(1030.0)
+    assert [(s.start, s.samples) for s in closed] == [(1010.0, 2)]
+    assert agg.folded == 3 and agg.open_windows() == 0
+    assert agg.close_due(1000.0) == []  # a clock going backwards does not reopen windows
+    assert not agg.add(ev(ts=1019.0)) and agg.late == 3
+
+
+def test_skip_before_drops_replayed_events() -> None:
+    agg = WindowAggregator(length_s=10.0)
+    agg.skip_before = 1020.0
+    results = [agg.add(ev(ts=t)) for t in (1005.0, 1019.99, 1020.0, 1025.0)]
+    assert results == [False, False, True, True]
+    assert (agg.replayed, agg.late, agg.folded) == (2, 0, 2)
+    assert [s.samples for s in agg.close_all()] == [2]
+
+
+def test_min_open_offsets_follow_window_closes() -> None:
+    agg = WindowAggregator(length_s=10.0, grace_s=0.0)
+    assert agg.min_open_offsets() == {}
+    p0, p1 = ("logs", 0), ("logs", 1)
+    agg.add(ev(ts=1001.0), p0, 100)
+    agg.add(ev(ts=1002.0, route="b"), p0, 99)
+    agg.add(ev(ts=1003.0), p1, 7)
+    agg.add(ev(ts=1011.0), p0, 101)
+    agg.add(ev(ts=1012.0), p1, 8)
+    agg.add(ev(ts=1013.0))  # no offset (e.g. a backtest): tracked nowhere
+    assert agg.min_open_offsets() == {p0: 99, p1: 7}
+    agg.close_due(1010.0)
+    assert agg.min_open_offsets() == {p0: 101, p1: 8}
+    agg.close_due(1020.0)
+    assert agg.min_open_offsets() == {}
+
+
+def test_bounded_memory_in_a_busy_window() -> None:
+    agg = WindowAggregator(length_s=10.0, shadow_max_pairs=50, shadow_max_chars=40)
+    rng = np.random.default_rng(3)
+    latencies = rng.lognormal(5, 1.2, 100_000).tolist()
+    long_text = "word " * 100
+    for i, lat in enumerate(latencies):
+        e = InferenceEvent(f"r{i}", 1000.0 + i * 1e-4, "m", "a", "fp8", "ok", lat, completion_tokens=10,
+                           completion=long_text, shadow=ShadowResult(completion=long_text))
+        agg.add(e, ("t", 0), i)
+    (w,) = agg._open.values()
+    assert len(w.latency.buckets) < 1000
+    assert len(w.pairs) == 50 and all(len(a) <= 40 and len(b) <= 40 for a, b in w.pairs)
+    (sig,) = agg.close_all()
+    assert sig.samples == 100_000
+    assert sig.detail["shadow_seen"] == 100_000 and sig.detail["shadow_pairs"] == 50
+    want = float(np.quantile(latencies, 0.99, method="inverted_cdf"))
+    assert abs(sig.values["latency_p99_ms"] - want) <= 0.01 * want
+
+
+def test_shadow_sampling_rate_is_deterministic_per_request() -> None:
+    def pairs(rate: float) -> int:
+        agg = WindowAggregator(shadow_sample_rate=rate, shadow_max_pairs=10_000)
+        for i in range(2000):
+            agg.add(ev(ts=1000.0, request_id=f"req-{i}", completion="a b", shadow="a b"))
+        (sig,) = agg.close_all()
+        assert sig.detail["shadow_seen"] == 2000
+        return int(sig.detail["shadow_pairs"])
+
+    assert pairs(0.0) == 0
+    assert pairs(1.0) == 2000
+    half = pairs(0.5)
+    assert 850 < half < 1150 and half == pairs(0.5)
+    no_pairs = one_signal([ev(completion="a", shadow="a")], shadow_max_pairs=0)
+    assert "shadow_rougeL" not in no_pairs.values and no_pairs.detail["shadow_seen"] == 1
+
+
+def test_reservoir_keeps_pairs_from_the_whole_window() -> None:
+    agg = WindowAggregator(shadow_max_pairs=20, seed=1)
+    for i in range(2000):
+        agg.add(ev(ts=1000.0, request_id=f"q{i}", completion=f"c{i}", shadow="s"))
+    (w,) = agg._open.values()
+    picked = sorted(int(a[1:]) for a, _ in w.pairs)
+    assert len(picked) == 20 and max(picked) > 1000  # not just the first 20 seen
+
+
+@pytest.mark.parametrize(
+    ("kwargs"),
+    [{"length_s": 0}, {"grace_s": -1}, {"shadow_sample_rate": 1.5}, {"shadow_max_pairs": -1}],
+)
+def test_bad_constructor_arguments(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        WindowAggregator(**kwargs)
+
+
+def test_shadow_agreement_helper() -> None:
+    assert shadow_agreement([("a b c", "a b c"), ("x", "y")]) == (0.5, 50.0)
+    with pytest.raises(ValueError):
+        shadow_agreement([])

@@ -1,0 +1,185 @@
+"""A bounded-memory quantile sketch with relative accuracy (log-bucketed, in the style of DDSketch).
+
+A value ``x > 0`` goes to bucket ``i = ceil(log_gamma(x))`` with ``gamma = (1 + a) / (1 - a)``;
+every value in that bucket lies in ``(gamma**(i-1), gamma**i]``, and the bucket's representative
+``2 * gamma**i / (gamma + 1)`` is within relative error ``a`` of each of them. So any quantile the
+sketch returns is within ``a`` (relative) of a value whose rank is the requested one. Values below
+``min_value`` share one zero bucket. Memory is a dict of at most ``max_buckets`` entries: when
+that would be exceeded the lowest buckets are folded together (the high tail, which latency
+policies watch, keeps its accuracy).
+
+The bucket counts are exported (``to_dict``, ``aligned_counts``) so that two sketches with the same
+accuracy can be compared by a rank test on binned data.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class QuantileSketch:
+    """Relative-accuracy quantile sketch for non-negative values (latencies in ms)."""
+
+    __slots__ = (
+        "relative_accuracy", "min_value", "max_buckets", "gamma", "_inv_log_gamma",
+        "buckets", "zero_count", "count", "sum", "min", "max",
+    )
+
+    def __init__(self, relative_accuracy: float = 0.01, min_value: float = 1e-3, max_buckets: int = 2048) -> None:
+        if not 0.0 < relative_accuracy < 1.0:
+            raise ValueError("relative_accuracy must be in (0, 1)")
+        if min_value <= 0.0:
+            raise ValueError("min_value must be > 0")
+        if max_buckets < 2:
+            raise ValueError("max_buckets must be >= 2")
+        self.relative_accuracy = relative_accuracy
+        self.min_value = min_value
+        self.max_buckets = max_buckets
+        self.gamma = (1.0 + relative_accuracy) / (1.0 - relative_accuracy)
+        self._inv_log_gamma = 1.0 / math.log(self.gamma)
+        #: bucket index -> count
+        self.buckets: dict[int, int] = {}
+        self.zero_count = 0
+        self.count = 0
+        self.sum = 0.0
+        self.min = math.inf
+        self.max = -math.inf
+
+    # --- building ---------------------------------------------------------------------------
+
+    def add(self, x: float, n: int = 1) -> None:
+        """Add value ``x`` (>= 0) ``n`` times."""
+        if not x >= 0.0 or x == math.inf:
+            raise ValueError(f"sketch values must be finite and >= 0, got {x!r}")
+        if x < self.min_value:
+            self.zero_count += n
+        else:
+            i = math.ceil(math.log(x) * self._inv_log_gamma)
+            b = self.buckets
+            if i in b:
+                b[i] += n
+            else:
+                b[i] = n
+                if len(b) > self.max_buckets:
+                    self._collapse()
+        self.count += n
+        self.sum += x * n
+        if x < self.min:
+            self.min = x
+        if x > self.max:
+            self.max = x
+
+    def _collapse(self) -> None:
+        """Fold the lowest buckets into one so at most ``max_buckets`` remain."""
+        keys = sorted(self.buckets)
+        excess = len(keys) - self.max_buckets
+        if excess <= 0:
+            return
+        target = keys[excess]
+        moved = sum(self.buckets.pop(k) for k in keys[:excess])
+        self.buckets[target] += moved
+
+    def merge(self, other: QuantileSketch) -> None:
+        """Add everything ``other`` holds (same accuracy and zero threshold required)."""
+        if other.gamma != self.gamma or other.min_value != self.min_value:
+            raise ValueError("can only merge sketches with the same relative_accuracy and min_value")
+        for i, c in other.buckets.items():
+            self.buckets[i] = self.buckets.get(i, 0) + c
+        if len(self.buckets) > self.max_buckets:
+            self._collapse()
+        self.zero_count += other.zero_count
+        self.count += other.count
+        self.sum += other.sum
+        self.min = min(self.min, other.min)
+        self.max = max(self.max, other.max)
+
+    # --- reading ----------------------------------------------------------------------------
+
+    def bucket_value(self, i: int) -> float:
+        """The representative value of bucket ``i`` (within the relative accuracy of its members)."""
+        return 2.0 * self.gamma**i / (self.gamma + 1.0)
+
+    @property
+    def mean(self) -> float | None:
+        return self.sum / self.count if self.count else None
+
+    def quantile(self, q: float) -> float | None:
+        """The ``q``-quantile (0 <= q <= 1), or None when the sketch is empty."""
+        return self.quantiles([q])[0]
+
+    def quantiles(self, qs: list[float]) -> list[float | None]:
+        """Several quantiles with one pass over the sorted buckets."""
+        for q in qs:
+            if not 0.0 <= q <= 1.0:
+                raise ValueError(f"quantile must be in [0, 1], got {q!r}")
+        if self.count == 0:
+            return [None for _ in qs]
+        order = sorted(range(len(qs)), key=lambda k: qs[k])
+        out: list[float | None] = [None] * len(qs)
+        keys = sorted(self.buckets)
+        cum = self.zero_count
+        pos = 0
+        for k in order:
+            # nearest rank (numpy's "inverted_cdf"): the smallest value with at least q*n values <= it;
+            # unlike interpolation it never reports a tail below an observed value on small windows
+            rank = max(0, math.ceil(qs[k] * self.count - 1e-9) - 1)
+            if rank < self.zero_count:
+                out[k] = self.min  # the zero bucket: absolute error below min_value
+                continue
+            while cum <= rank:
+                cum += self.buckets[keys[pos]]
+                pos += 1
+            value = self.bucket_value(keys[pos - 1])
+            # exact extremes tighten the estimate at the ends without breaking the bound
+            out[k] = min(max(value, self.min), self.max)
+        return out
+
+    def __len__(self) -> int:
+        return len(self.buckets) + (1 if self.zero_count else 0)
+
+    # --- export -----------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-friendly export: ``bins`` is ``[[bucket_index, count], ...]`` sorted by index."""
+        return {
+            "relative_accuracy": self.relative_accuracy,
+            "min_value": self.min_value,
+            "count": self.count,
+            "sum": self.sum,
+            "min": self.min if self.count else None,
+            "max": self.max if self.count else None,
+            "zero_count": self.zero_count,
+            "bins": [[i, self.buckets[i]] for i in sorted(self.buckets)],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], max_buckets: int = 2048) -> QuantileSketch:
+        sk = cls(float(data["relative_accuracy"]), float(data["min_value"]), max_buckets)
+        sk.buckets = {int(i): int(c) for i, c in data.get("bins", [])}
+        sk.zero_count = int(data.get("zero_count", 0))
+        sk.count = int(data.get("count", sk.zero_count + sum(sk.buckets.values())))
+        sk.sum = float(data.get("sum", 0.0))
+        if sk.count:
+            sk.min = float(data["min"]) if data.get("min") is not None else 0.0
+            sk.max = float(data["max"]) if data.get("max") is not None else math.inf
+        if len(sk.buckets) > max_buckets:
+            sk._collapse()
+        return sk
+
+    def aligned_counts(self, other: QuantileSketch) -> tuple[list[float], list[int], list[int]]:
+        """Bins of both sketches on one common, increasing scale: (values, counts_self, counts_other).
+
+        The zero bucket comes first (value 0.0). This is the input a rank test on binned data
+        (ties within a bin) needs.
+        """
+        if other.gamma != self.gamma or other.min_value != self.min_value:
+            raise ValueError("can only align sketches with the same relative_accuracy and min_value")
+        keys = sorted(self.buckets.keys() | other.buckets.keys())
+        values = [0.0] + [self.bucket_value(i) for i in keys]
+        mine = [self.zero_count] + [self.buckets.get(i, 0) for i in keys]
+        theirs = [other.zero_count] + [other.buckets.get(i, 0) for i in keys]
+        return values, mine, theirs

@@ -1,0 +1,338 @@
+"""Tumbling event-time windows over inference events, one per (model, route, precision).
+
+An event with timestamp ``ts`` belongs to window ``[k*L, (k+1)*L)`` with ``k = floor(ts / L)``.
+Windows close on the wall clock: ``close_due(now)`` closes every window whose end + grace has
+passed and turns it into a ``Signal`` (source ``live``). An event for a window that has already
+closed is counted as ``late`` and dropped; an event older than ``skip_before`` (the durably
+recorded "windows closed until" mark after a restart) is counted as ``replayed`` and dropped, so
+re-read events are never counted twice. ``min_open_offsets`` tells the ingest how far it may
+commit Kafka offsets: up to the oldest event still held in an open window.
+
+Memory per window is bounded: latencies go into a ``QuantileSketch``, and at most
+``shadow_max_pairs`` (reservoir-sampled) completion/shadow pairs are kept for agreement scoring.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import random
+import zlib
+from typing import Any
+
+from watchdog.events import InferenceEvent
+from watchdog.signals import Signal
+from watchdog.sketch import QuantileSketch
+
+log = logging.getLogger(__name__)
+
+#: (model, route, precision)
+ScopeKey = tuple[str, str, str]
+#: (topic, partition)
+PartitionKey = tuple[str, int]
+
+#: cap on the characters of each stored completion (agreement scoring is quadratic in length)
+DEFAULT_SHADOW_MAX_CHARS = 4000
+#: exp() argument cap so an absurd mean log-probability cannot overflow to inf
+_MAX_NLL = 700.0
+
+
+class _Window:
+    """Running sums for one (scope, window); everything bounded in size."""
+
+    __slots__ = (
+        "index", "count", "ok", "errors", "timeouts", "latency", "ttft", "ok_latency_s",
+        "ok_completion_tokens", "prompt_tokens", "with_completion", "empty", "lp_sum", "lp_tokens",
+        "lp_events", "shadow_seen", "shadow_sampled", "shadow_precisions", "pairs", "offsets",
+    )
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.count = 0
+        self.ok = 0
+        self.errors = 0
+        self.timeouts = 0
+        self.latency = QuantileSketch()
+        self.ttft: QuantileSketch | None = None
+        self.ok_latency_s = 0.0
+        self.ok_completion_tokens = 0
+        self.prompt_tokens = 0
+        self.with_completion = 0
+        self.empty = 0
+        self.lp_sum = 0.0
+        self.lp_tokens = 0
+        self.lp_events = 0
+        self.shadow_seen = 0
+        self.shadow_sampled = 0
+        self.shadow_precisions: dict[str, int] = {}
+        self.pairs: list[tuple[str, str]] = []
+        self.offsets: dict[PartitionKey, int] = {}
+
+
+class WindowAggregator:
+    """Folds inference events into tumbling windows and closes them into live ``Signal`` objects."""
+
+    def __init__(
+        self,
+        length_s: float = 10.0,
+        grace_s: float = 2.0,
+        shadow_sample_rate: float = 1.0,
+        shadow_max_pairs: int = 200,
+        shadow_max_chars: int = DEFAULT_SHADOW_MAX_CHARS,
+        seed: int = 0,
+    ) -> None:
+        if length_s <= 0:
+            raise ValueError("length_s must be > 0")
+        if grace_s < 0:
+            raise ValueError("grace_s must be >= 0")
+        if not 0.0 <= shadow_sample_rate <= 1.0:
+            raise ValueError("shadow_sample_rate must be in [0, 1]")
+        if shadow_max_pairs < 0:
+            raise ValueError("shadow_max_pairs must be >= 0")
+        self.length_s = float(length_s)
+        self.grace_s = float(grace_s)
+        self.shadow_sample_rate = shadow_sample_rate
+        self.shadow_max_pairs = shadow_max_pairs
+        self.shadow_max_chars = shadow_max_chars
+        self._rng = random.Random(seed)
+        self._sample_below = int(shadow_sample_rate * 2**32)
+        #: events with ts < skip_before are dropped as already counted (set after a restart)
+        self.skip_before: float | None = None
+        self.late = 0
+        self.replayed = 0
+        self.folded = 0
+        self.windows_closed = 0
+        # windows with end index <= this are closed; integer indices avoid float drift at boundaries
+        self._closed_end: int | None = None
+        self._open: dict[tuple[int, str, str, str], _Window] = {}
+
+    # --- folding ----------------------------------------------------------------------------
+
+    @property
+    def closed_until(self) -> float | None:
+        """Every window ending at or before this time is closed (None before the first close)."""
+        return None if self._closed_end is None else self._closed_end * self.length_s
+
+    def add(self, event: InferenceEvent, partition_key: PartitionKey | None = None, offset: int | None = None) -> bool:
+        """Fold ``event`` in; False when it was dropped (late or replayed)."""
+        ts = event.ts
+        if self.skip_before is not None and ts < self.skip_before:
+            self.replayed += 1
+            return False
+        index = math.floor(ts / self.length_s)
+        if self._closed_end is not None and index + 1 <= self._closed_end:
+            self.late += 1
+            return False
+        key = (index, event.model, event.route, event.precision)
+        w = self._open.get(key)
+        if w is None:
+            w = self._open[key] = _Window(index)
+        self._fold(w, event)
+        if partition_key is not None and offset is not None:
+            prev = w.offsets.get(partition_key)
+            if prev is None or offset < prev:
+                w.offsets[partition_key] = offset
+        self.folded += 1
+        return True
+
+    def _fold(self, w: _Window, e: InferenceEvent) -> None:
+        w.count += 1
+        w.prompt_tokens += e.prompt_tokens
+        status = e.status
+        if status != "ok":
+            if status == "timeout":
+                w.timeouts += 1
+            else:
+                w.errors += 1
+            return
+        # content and speed metrics are over successful requests only
+        w.ok += 1
+        w.latency.add(e.latency_ms)
+        w.ok_latency_s += e.latency_ms / 1000.0
+        w.ok_completion_tokens += e.completion_tokens
+        if e.ttft_ms is not None:
+            if w.ttft is None:
+                w.ttft = QuantileSketch()
+            w.ttft.add(e.ttft_ms)
+        completion = e.completion
+        if completion is not None:
+            w.with_completion += 1
+            if not completion or completion.isspace():
+                w.empty += 1
+        lps = e.completion_logprobs
+        if lps:
+            w.lp_sum += math.fsum(lps)
+            w.lp_tokens += len(lps)
+            w.lp_events += 1
+        shadow = e.shadow
+        if shadow is not None and shadow.completion is not None and completion is not None:
+            self._offer_pair(w, e.request_id, completion, shadow.completion, shadow.precision)
+
+    def _offer_pair(self, w: _Window, request_id: str, completion: str, shadow: str, precision: str | None) -> None:
+        w.shadow_seen += 1
+        if precision:
+            w.shadow_precisions[precision] = w.shadow_precisions.get(precision, 0) + 1
+        if self.shadow_max_pairs == 0:
+            return
+        # hash sampling: the same request is kept or skipped identically when a window is replayed
+        if self._sample_below < 2**32 and zlib.crc32(request_id.encode()) >= self._sample_below:
+            return
+        w.shadow_sampled += 1
+        cap = self.shadow_max_chars
+        pair = (completion[:cap], shadow[:cap])
+        if len(w.pairs) < self.shadow_max_pairs:
+            w.pairs.append(pair)
+        else:  # reservoir sampling keeps a uniform sample of the whole window, not its first pairs
+            j = self._rng.randrange(w.shadow_sampled)
+            if j < self.shadow_max_pairs:
+                w.pairs[j] = pair
+
+    # --- closing ----------------------------------------------------------------------------
+
+    def close_due(self, now: float) -> list[Signal]:
+        """Close every window with end + grace <= ``now`` (wall clock); one Signal per scope and window."""
+        upto = math.floor((now - self.grace_s) / self.length_s)
+        if self._closed_end is None or upto > self._closed_end:
+            self._closed_end = upto
+        due = [k for k in self._open if k[0] + 1 <= self._closed_end]
+        return self._close(due)
+
+    def close_all(self) -> list[Signal]:
+        """Close every open window now (graceful shutdown, end of a backtest)."""
+        keys = list(self._open)
+        if keys:
+            last_end = max(k[0] for k in keys) + 1
+            if self._closed_end is None or last_end > self._closed_end:
+                self._closed_end = last_end
+        return self._close(keys)
+
+    def _close(self, keys: list[tuple[int, str, str, str]]) -> list[Signal]:
+        keys.sort()
+        out = []
+        for key in keys:
+            w = self._open.pop(key)
+            out.append(self._signal(key[1], key[2], key[3], w))
+        self.windows_closed += len(out)
+        if out:
+            log.debug("closed %d windows, %d still open", len(out), len(self._open))
+        return out
+
+    def _signal(self, model: str, route: str, precision: str, w: _Window) -> Signal:
+        values: dict[str, float] = {}
+        detail: dict[str, Any] = {
+            "events": w.count,
+            "ok": w.ok,
+            "errors": w.errors,
+            "timeouts": w.timeouts,
+            "completion_tokens": w.ok_completion_tokens,
+            "prompt_tokens": w.prompt_tokens,
+            "completions": w.with_completion,
+            "empty": w.empty,
+            "logprob_events": w.lp_events,
+            "logprob_tokens": w.lp_tokens,
+            "shadow_seen": w.shadow_seen,
+            "shadow_pairs": len(w.pairs),
+            "latency_hist": w.latency.to_dict(),
+        }
+        if w.count:
+            values["error_rate"] = (w.errors + w.timeouts) / w.count
+            values["timeout_rate"] = w.timeouts / w.count
+        if w.ok:
+            p50, p95, p99 = w.latency.quantiles([0.5, 0.95, 0.99])
+            assert p50 is not None and p95 is not None and p99 is not None
+            values["latency_p50_ms"] = p50
+            values["latency_p95_ms"] = p95
+            values["latency_p99_ms"] = p99
+            values["mean_completion_tokens"] = w.ok_completion_tokens / w.ok
+            if w.ok_latency_s > 0:
+                values["tokens_per_s"] = w.ok_completion_tokens / w.ok_latency_s
+        if w.ttft is not None and w.ttft.count:
+            ttft_p99 = w.ttft.quantile(0.99)
+            assert ttft_p99 is not None
+            values["ttft_p99_ms"] = ttft_p99
+            detail["ttft_count"] = w.ttft.count
+        if w.with_completion:
+            values["empty_rate"] = w.empty / w.with_completion
+        if w.lp_tokens:
+            values["perplexity"] = math.exp(min(-w.lp_sum / w.lp_tokens, _MAX_NLL))
+        if w.shadow_precisions:
+            detail["shadow_precisions"] = dict(w.shadow_precisions)
+        if w.pairs:
+            try:
+                rouge_l, bleu = shadow_agreement(w.pairs)
+            except Exception as exc:  # a broken scorer install must not stop the window from closing
+                log.warning("shadow agreement scoring failed for %s/%s/%s: %s", model, route, precision, exc)
+                detail["shadow_error"] = f"{type(exc).__name__}: {exc}"[:200]
+            else:
+                values["shadow_rougeL"] = rouge_l
+                values["shadow_bleu"] = bleu
+        start = w.index * self.length_s
+        return Signal(
+            source="live",
+            model=model,
+            route=route,
+            precision=precision,
+            start=start,
+            end=(w.index + 1) * self.length_s,
+            samples=w.count,
+            values=values,
+            detail=detail,
+        )
+
+    # --- state for the ingest -----------------------------------------------------------------
+
+    def open_windows(self) -> int:
+        return len(self._open)
+
+    def min_open_offsets(self) -> dict[PartitionKey, int]:
+        """Per (topic, partition), the smallest offset of an event held in a still-open window."""
+        out: dict[PartitionKey, int] = {}
+        for w in self._open.values():
+            for pk, off in w.offsets.items():
+                prev = out.get(pk)
+                if prev is None or off < prev:
+                    out[pk] = off
+        return out
+
+
+# --- shadow agreement scoring -----------------------------------------------------------------
+# Kept private and simple here; it should delegate to probes/metrics.py (CJK-aware tokenisation)
+# once that module lands.
+
+
+@functools.lru_cache(maxsize=1)
+def _rouge_scorer() -> Any:
+    from rouge_score import rouge_scorer  # lazy: importing it pulls in nltk (~1.8 s)
+
+    return rouge_scorer.RougeScorer(["rougeL"], use_stemmer=False)
+
+
+def _pair_scores(completion: str, shadow: str) -> tuple[float, float]:
+    """(ROUGE-L F-measure in [0, 1], sentence BLEU in [0, 100]) of one completion vs its shadow."""
+    a, b = completion.strip(), shadow.strip()
+    if a == b:  # identical (including both empty): full agreement, and no scorer cost
+        return 1.0, 100.0
+    if not a or not b:
+        return 0.0, 0.0
+    import sacrebleu
+
+    rouge_l = _rouge_scorer().score(b, a)["rougeL"].fmeasure
+    bleu = sacrebleu.sentence_bleu(a, [b]).score
+    return float(rouge_l), min(max(float(bleu), 0.0), 100.0)
+
+
+def shadow_agreement(pairs: list[tuple[str, str]]) -> tuple[float, float]:
+    """Mean ROUGE-L F-measure and mean sentence BLEU of (completion, shadow completion) pairs.
+
+    The shadow completion is the reference. Pairs must be non-empty.
+    """
+    if not pairs:
+        raise ValueError("no pairs to score")
+    rouge_sum = 0.0
+    bleu_sum = 0.0
+    for completion, shadow in pairs:
+        r, b = _pair_scores(completion, shadow)
+        rouge_sum += r
+        bleu_sum += b
+    return rouge_sum / len(pairs), bleu_sum / len(pairs)
