@@ -1,0 +1,61 @@
+"""Engine registry: ``get_engine(kind, **options)`` with lazy import of heavy backends.
+
+A backend module registers its class with ``@register(kind)`` when it is imported; ``get_engine``
+imports only the module of the requested kind, so asking for ``openai`` never imports torch and
+asking for ``torch`` never imports tensorrt_llm.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from probes.engines.base import Engine, Generation, ReferenceScore
+
+__all__ = ["Engine", "Generation", "ReferenceScore", "UnknownEngineError", "available_kinds",
+           "get_engine", "register"]
+
+#: kind -> module that registers it (imported on first use)
+_MODULES: dict[str, str] = {
+    "torch": "probes.engines.torch_engine",
+    "openai": "probes.engines.openai_engine",
+    "tensorrt_llm": "probes.engines.tensorrt_llm_engine",
+}
+_REGISTRY: dict[str, Callable[..., Engine]] = {}
+
+T = TypeVar("T")
+
+
+class UnknownEngineError(ValueError):
+    pass
+
+
+def register(kind: str) -> Callable[[T], T]:
+    """Class decorator: make ``kind`` build this engine class. Duplicate kinds are rejected."""
+
+    def deco(cls: T) -> T:
+        existing = _REGISTRY.get(kind)
+        if existing is not None and existing is not cls:
+            raise ValueError(f"engine kind {kind!r} is already registered by {existing!r}")
+        _REGISTRY[kind] = cls  # type: ignore[assignment]
+        return cls
+
+    return deco
+
+
+def available_kinds() -> list[str]:
+    return sorted(set(_MODULES) | set(_REGISTRY))
+
+
+def get_engine(kind: str, **options: Any) -> Engine:
+    """Build an engine of ``kind`` with backend-specific options."""
+    if kind not in _REGISTRY:
+        module = _MODULES.get(kind)
+        if module is None:
+            close = difflib.get_close_matches(kind, available_kinds(), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise UnknownEngineError(f"unknown engine kind {kind!r} (known: {', '.join(available_kinds())}){hint}")
+        importlib.import_module(module)
+    return _REGISTRY[kind](**options)
