@@ -99,6 +99,8 @@ def render_table(reading: dict[str, Any], health: list[GpuHealth], console: Any)
             "-" if h.fp8_capable is None else ("yes" if h.fp8_capable else "no"), status)
     console.print(table)
     for h in health:
+        for p in h.problems:
+            console.print(f"gpu {h.index}: {p.severity.upper()} {p.code}: {p.reason}", markup=False)
         if h.absent:
             console.print(f"gpu {h.index}: not supported here: {', '.join(h.absent)}")
 
