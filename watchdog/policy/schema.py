@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import fnmatch
+import functools
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from watchdog.policy.conditions import Condition, parse_condition
 
@@ -26,6 +27,9 @@ LIVE_METRICS = (
     "shadow_rougeL",
     "shadow_bleu",
 )
+
+# Parsing is pure, so one parse per distinct condition text is enough.
+_parse_cached = functools.lru_cache(maxsize=4096)(parse_condition)
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
@@ -97,13 +101,9 @@ class Rule(_Strict):
     severity: Literal["info", "warning", "critical"] = "warning"
     action: Literal["rollback", "alert"] = "alert"
 
-    _condition: Condition | None = PrivateAttr(default=None)
-
     @property
     def condition(self) -> Condition:
-        if self._condition is None:
-            self._condition = parse_condition(self.fail_if)
-        return self._condition
+        return _parse_cached(self.fail_if)
 
 
 class Promote(_Strict):

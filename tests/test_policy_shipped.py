@@ -1,0 +1,70 @@
+"""The shipped policies driven through realistic window sequences."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from watchdog.policy import PolicyEngine, load_policy_files
+from watchdog.signals import Action, Signal
+
+REPO = Path(__file__).resolve().parents[1]
+M = "llama-3-8b"
+T0 = 1_800_000_000.0
+HEALTHY = {"error_rate": 0.01, "timeout_rate": 0.0, "latency_p50_ms": 60.0, "latency_p99_ms": 400.0,
+           "shadow_rougeL": 0.97, "perplexity": 5.0, "empty_rate": 0.0}
+
+
+def live(route: str, t: float, **fp8: float) -> list[Signal]:
+    base = dict(HEALTHY, latency_p50_ms=100.0)
+    return [Signal("live", M, route, "fp8", t - 60, t, 1000, dict(HEALTHY, **fp8)),
+            Signal("live", M, route, "fp16", t - 60, t, 1000, base)]
+
+
+def run(engine: PolicyEngine, flags: dict[tuple[str, str], str], signals: list[Signal], now: float) -> list[Action]:
+    acts = engine.observe(signals, now, flags)
+    for a in acts:
+        if a.kind in ("rollback", "promote") and not a.dry_run:
+            flags[(a.model, a.route)] = a.precision or ""
+    return acts
+
+
+def test_legal_route_rolls_back_at_once_and_stays_on_fp16() -> None:
+    engine = PolicyEngine(load_policy_files([REPO / "policies"]))
+    flags: dict[tuple[str, str], str] = {}
+    route = "legal/contracts"
+    assert run(engine, flags, live(route, T0), T0) == []
+    (a,) = run(engine, flags, live(route, T0 + 60, shadow_rougeL=0.85), T0 + 60)
+    assert (a.kind, a.policy, a.precision, a.severity) == ("rollback", "fp8-strict-legal-medical", "fp16", "critical")
+    assert flags[(M, route)] == "fp16"
+    t, kinds = T0 + 60, []
+    for _ in range(40):  # 40 healthy minutes, past the default policy's 30m and 10 windows
+        t += 60
+        kinds += [(x.kind, x.policy) for x in run(engine, flags, live(route, t), t)]
+    assert ("promote", "fp8-default") not in kinds and flags[(M, route)] == "fp16"
+    assert ("alert", "fp8-strict-legal-medical") in kinds  # "promote manually"
+
+
+def test_chat_route_rolls_back_after_two_windows_and_auto_promotes() -> None:
+    engine = PolicyEngine(load_policy_files([REPO / "policies"]))
+    flags: dict[tuple[str, str], str] = {}
+    route = "chat/general"
+    assert run(engine, flags, live(route, T0, error_rate=0.09), T0) == []
+    (a,) = run(engine, flags, live(route, T0 + 60, error_rate=0.09), T0 + 60)
+    assert (a.kind, a.policy, a.detail["channels"]) == ("rollback", "fp8-default", ["slack", "pagerduty"])
+    t, promoted_at = T0 + 60, None
+    while promoted_at is None and t < T0 + 7200:
+        t += 60
+        if any(x.kind == "promote" for x in run(engine, flags, live(route, t), t)):
+            promoted_at = t
+    assert promoted_at == T0 + 60 + 1800  # promote.after 30m dominates 10 healthy windows
+    assert flags[(M, route)] == "fp8"
+
+
+def test_fp8_no_faster_alerts_without_flipping() -> None:
+    engine = PolicyEngine(load_policy_files([REPO / "policies" / "default.yaml"]))
+    flags: dict[tuple[str, str], str] = {}
+    acts: list[Action] = []
+    for i in range(5):
+        acts += run(engine, flags, live("chat/x", T0 + 60 * i, latency_p50_ms=98.0), T0 + 60 * i)
+    assert [(a.kind, a.detail.get("rule")) for a in acts] == [("alert", "fp8-no-faster")]
+    assert flags == {}
