@@ -244,9 +244,13 @@ def test_errors_never_trip_when_disabled() -> None:
 def test_unapplied_rollback_is_retried_without_spending_budget() -> None:
     sim = Sim(make_policy(rule_for=1, budget=1, cooldown="1h"))
     assert kinds(sim.step(window(DAY0, 0.10), DAY0, apply=False)) == ["rollback"]
-    (a,) = sim.step(window(DAY0 + 60, 0.10), DAY0 + 60)
+    (a,) = sim.step(window(DAY0 + 60, 0.10), DAY0 + 60, apply=False)
     assert a.kind == "rollback" and a.detail["retry"] is True
     assert sim.engine.snapshot()["scopes"][0]["flips_today"] == 1
+    # still not applied an hour later (e.g. the route is pinned): a new flip, and the budget says no
+    (b,) = sim.step(window(DAY0 + 3700, 0.10), DAY0 + 3700, apply=False)
+    assert b.kind == "alert" and "flip budget spent" in b.reason
+    assert sim.step(window(DAY0 + 3760, 0.10), DAY0 + 3760, apply=False) == []
 
 
 def test_speedup_alert_and_gpu_wildcard_signal() -> None:

@@ -281,7 +281,7 @@ class PolicyEngine:
                     st.open_alerts.add("dry_run_rollback")
                     act("alert", f"dry run: would roll back to {policy.baseline}: {why}", severity,
                         dry_run=True, precision=policy.baseline, detail=detail)
-            elif st.pending and st.pending["precision"] == policy.baseline:
+            elif self._retry(policy, st, policy.baseline, now):
                 # asked before, flags do not show it yet: ask again, it is the same flip
                 act("rollback", why, severity, precision=policy.baseline, detail={**detail, "retry": True})
                 flipped = True
@@ -310,7 +310,7 @@ class PolicyEngine:
         elif not policy.dry_run:
             since = math.inf if st.last_flip is None else now - st.last_flip
             why = f"{st.healthy} consecutive healthy windows"
-            if st.pending and st.pending["precision"] == policy.candidate:
+            if self._retry(policy, st, policy.candidate, now):
                 act("promote", why, "info", precision=policy.candidate, detail={"retry": True})
                 flipped = True
             elif since >= policy.promote.after:
@@ -326,6 +326,13 @@ class PolicyEngine:
         if had_open and not st.open_alerts and not flipped:
             act("resolve", "recovered: no rule trips any more", "info")
         return out
+
+    @staticmethod
+    def _retry(policy: Policy, st: ScopeState, precision: str, now: float) -> bool:
+        """Ask again for a flip the flags do not show yet, for up to one cooldown (at least 60 s);
+        after that a new flip is needed, which spends budget, so a refused flip cannot loop."""
+        return bool(st.pending and st.pending["precision"] == precision
+                    and now - float(st.pending["at"]) <= max(policy.cooldown, 60.0))
 
     @staticmethod
     def _last(st: ScopeState, rule: Rule) -> dict[str, Any] | None:
@@ -435,6 +442,8 @@ class PolicyEngine:
 
     def import_state(self, data: Mapping[str, Any]) -> None:
         """Restore ``export_state`` output; unknown policies and changed rules are dropped."""
+        if not data:
+            return
         if data.get("version") != STATE_VERSION:
             log.warning("ignoring policy engine state of version %r", data.get("version"))
             return
