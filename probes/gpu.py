@@ -331,7 +331,7 @@ def decode_reading(reading: Mapping[str, Any], xids: Mapping[str, XidSummary] | 
 #: How the values of several GPUs serving one route combine: the worst one wins.
 SIGNAL_REDUCE: dict[str, str] = {
     "nvml_available": "min", "gpu_lost": "max", "critical": "max", "xid_critical": "sum",
-    "xid_count": "sum", "xid_last": "latest", "ecc_uncorrected_volatile": "max",
+    "xid_count": "sum", "xid_last": "latest", "ecc_uncorrected": "max", "ecc_uncorrected_volatile": "max",
     "ecc_corrected_volatile": "max", "remap_pending": "max", "remap_failure": "max",
     "remapped_rows_uncorrectable": "max", "thermal_slowdown": "max", "hw_slowdown": "max",
     "power_capped": "max", "temperature_c": "max", "temperature_margin_c": "min", "power_ratio": "max",
@@ -347,7 +347,8 @@ def health_values(h: GpuHealth) -> dict[str, float]:
         v["xid_critical"] = float(h.xid_critical)
         v["xid_count"] = float(h.xid_count)
     optional: dict[str, Any] = {
-        "xid_last": h.xid_last, "ecc_uncorrected_volatile": h.ecc_uncorrected_volatile,
+        "xid_last": h.xid_last, "ecc_uncorrected": h.ecc_uncorrected,
+        "ecc_uncorrected_volatile": h.ecc_uncorrected_volatile,
         "ecc_corrected_volatile": h.ecc_corrected_volatile, "remap_pending": h.remap_pending,
         "remap_failure": h.remap_failure, "remapped_rows_uncorrectable": h.remapped_rows_uncorrectable,
         "thermal_slowdown": h.thermal_slowdown, "hw_slowdown": h.hw_slowdown,

@@ -99,6 +99,8 @@ def test_failure_scenarios_derived_from_the_recording(change: dict[str, Any], fl
     assert getattr(h, flag) is True
     assert h.critical is critical
     assert flag in [p.code for p in h.problems]
+    [s] = gpu_signals([h], {"*": [("m", "r")]})
+    assert s.values[flag] == 1 and s.values["critical"] == float(critical)
 
 
 def test_temperature_at_shutdown_threshold_is_critical() -> None:
