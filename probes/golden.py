@@ -121,6 +121,10 @@ class GoldenSet:
         context = "\n".join(f"[{n}] {p}" for n, p in enumerate(item.context, 1))
         return template.replace("{context}", context).replace("{prompt}", item.prompt)
 
+    def head(self, n: int) -> GoldenSet:
+        """The first ``n`` items (a quick smoke replay)."""
+        return GoldenSet(path=self.path, manifest=self.manifest, items=self.items[: max(0, n)])
+
     def guards(self, route: str) -> bool:
         return any(fnmatch.fnmatchcase(route, pattern) for pattern in self.manifest.routes)
 

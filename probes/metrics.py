@@ -130,17 +130,29 @@ class Scorer:
         cjk = has_cjk(a) or has_cjk(b)
         return float((self._rouge_l_cjk if cjk else self._rouge_l).score(a, b)["rougeL"].fmeasure)
 
-    def corpus(self, references: Sequence[str], predictions: Sequence[str]) -> dict[str, float]:
+    def corpus(
+        self,
+        references: Sequence[str],
+        predictions: Sequence[str],
+        items: Sequence[dict[str, float]] | None = None,
+    ) -> dict[str, float]:
         """Corpus-level scores: mean ROUGE F-measure and exact match, ``corpus_bleu`` and corpus
-        chrF with ``evaluate``'s defaults, and total predicted / total reference tokens."""
+        chrF with ``evaluate``'s defaults, and total predicted / total reference tokens.
+        ``items`` are this pair list's ``score_pairs`` results when the caller already has them."""
         import sacrebleu
         from sacrebleu.metrics import CHRF
 
         _check_lengths(references, predictions)
         if not references:
             return {}
-        items = self.score_pairs(references, predictions)
-        out = {name: sum(i[name] for i in items) / len(items) for name in (*ROUGE_TYPES, "exact_match")}
+        if items is None:
+            items = self.score_pairs(references, predictions)
+        _check_lengths(references, [""] * len(items))
+        out = {
+            name: sum(i[name] for i in items) / len(items)
+            for name in (*ROUGE_TYPES, "exact_match")
+            if all(name in i for i in items)
+        }
         cjk = any(has_cjk(t) for t in (*references, *predictions))
         out["bleu"] = float(
             sacrebleu.corpus_bleu(

@@ -1,0 +1,316 @@
+"""Golden replay: run a golden set through a candidate (FP8) and a baseline (FP16) engine.
+
+Both engines generate greedily for every item (in batches); each output is scored against the
+reference, the reference's perplexity is scored by teacher forcing where the engine can, and the
+two outputs are compared with each other. An engine error on an item is recorded on the item,
+counted, and keeps the item out of every mean: it never passes silently.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from probes.drift import DriftReport, EngineInfo, ItemResult, SideResult, summarise
+from probes.engines.base import Engine, Generation, ReferenceScore
+from probes.golden import CUSTOM_PREFIX, GoldenSet, GoldenSetError, find_golden_set, load_golden_set
+from probes.metrics import (
+    PERPLEXITY_METRICS,
+    TEXT_METRICS,
+    CustomMetric,
+    Likelihood,
+    Scorer,
+    count_words,
+    perplexity,
+)
+
+log = logging.getLogger(__name__)
+
+#: the metric used to rank regressed items, first one present wins
+PRIMARY_ORDER = ("rougeL", "exact_match", "chrf", "bleu", "rouge1", "ppl")
+
+
+def apply_stop(text: str, stop: tuple[str, ...]) -> str:
+    """Cut at the first stop sequence, then strip surrounding whitespace."""
+    cut = len(text)
+    for s in stop:
+        at = text.find(s)
+        if at != -1:
+            cut = min(cut, at)
+    return text[:cut].strip()
+
+
+def _generate(engine: Engine, prompts: list[str], max_new_tokens: int) -> list[Generation]:
+    """``engine.generate`` with the contract enforced: an exception or a wrong-length answer
+    becomes an error on every item of the batch."""
+    try:
+        gens = engine.generate(prompts, max_new_tokens)
+    except Exception as exc:  # noqa: BLE001 - engine failures are data, not crashes
+        log.warning("engine %s raised in generate: %s", engine.name, exc)
+        return [Generation("", None, 0.0, error=f"{type(exc).__name__}: {exc}")] * len(prompts)
+    if len(gens) != len(prompts):
+        msg = f"engine returned {len(gens)} generations for {len(prompts)} prompts"
+        return [Generation("", None, 0.0, error=msg)] * len(prompts)
+    return gens
+
+
+def _score(engine: Engine, prompts: list[str], references: list[str]) -> list[ReferenceScore] | None:
+    try:
+        scores = engine.score(prompts, references)
+    except Exception as exc:  # noqa: BLE001
+        log.warning("engine %s raised in score: %s", engine.name, exc)
+        return [ReferenceScore(0.0, 0, 0, error=f"{type(exc).__name__}: {exc}")] * len(prompts)
+    if scores is not None and len(scores) != len(prompts):
+        msg = f"engine returned {len(scores)} scores for {len(prompts)} prompts"
+        return [ReferenceScore(0.0, 0, 0, error=msg)] * len(prompts)
+    return scores
+
+
+def _likelihood(score: ReferenceScore, reference: str) -> Likelihood:
+    return Likelihood(score.logprob_sum, score.n_tokens, score.n_bytes, count_words(reference))
+
+
+def replay(
+    golden_set: GoldenSet,
+    candidate: Engine,
+    baseline: Engine,
+    *,
+    batch_size: int = 16,
+    progress: bool = True,
+    scorer: Scorer | None = None,
+) -> DriftReport:
+    """Replay ``golden_set`` through both engines and build the drift report."""
+    started = time.time()
+    manifest = golden_set.manifest
+    items = list(golden_set.items)
+    metrics = [m for m in manifest.metrics if not m.startswith(CUSTOM_PREFIX)]
+    want_ppl = any(m in PERPLEXITY_METRICS for m in metrics)
+    prompts = [golden_set.render(i) for i in items]
+    refs = [i.reference for i in items]
+    stop = manifest.generation.stop
+    engines = {"candidate": candidate, "baseline": baseline}
+    gens: dict[str, list[Generation]] = {k: [] for k in engines}
+    ref_scores: dict[str, list[ReferenceScore | None]] = {k: [] for k in engines}
+    batches = [range(s, min(s + batch_size, len(items))) for s in range(0, len(items), max(1, batch_size))]
+
+    with _progress(progress, f"replay {golden_set.name}", 2 * len(items)) as advance:
+        for side, engine in engines.items():
+            for batch in batches:
+                bp = [prompts[i] for i in batch]
+                gens[side].extend(_generate(engine, bp, manifest.generation.max_new_tokens))
+                if want_ppl:
+                    scores = _score(engine, bp, [refs[i] for i in batch])
+                    ref_scores[side].extend(scores if scores is not None else [None] * len(batch))
+                advance(len(batch))
+
+    scorer = scorer or Scorer()
+    custom = [CustomMetric(p) for p in golden_set.custom_metric_paths()]
+    results: list[ItemResult] = []
+    likelihoods: dict[str, list[Likelihood]] = {k: [] for k in engines}
+    for n, item in enumerate(items):
+        sides: dict[str, SideResult] = {}
+        for side in engines:
+            g = gens[side][n]
+            sides[side] = SideResult(
+                output=apply_stop(g.text, stop) if g.error is None else "",
+                error=g.error,
+                latency_ms=g.latency_ms,
+            )
+            rs = ref_scores[side][n] if want_ppl else None
+            if rs is not None and rs.error is not None and sides[side].error is None:
+                sides[side].error = f"score: {rs.error}"
+        result = ItemResult(item.id, item.reference, sides["candidate"], sides["baseline"], list(item.tags))
+        if not result.failed:
+            for side in engines:
+                sr = sides[side]
+                all_scores = scorer.score(item.reference, sr.output)
+                sr.scores = {m: v for m, v in all_scores.items() if m in metrics}
+                for cm in custom:
+                    sr.scores.update(cm.compute([item.reference], [sr.output]))
+                rs = ref_scores[side][n] if want_ppl else None
+                if rs is not None:
+                    lk = _likelihood(rs, item.reference)
+                    likelihoods[side].append(lk)
+                    sr.scores.update({m: v for m, v in perplexity([lk]).items() if m in metrics})
+            if "agreement_rougeL" in metrics:
+                result.agreement = scorer.agreement(sides["candidate"].output, sides["baseline"].output)
+        results.append(result)
+
+    measured = [r for r in results if not r.failed]
+    corpus: dict[str, dict[str, float]] = {}
+    for side in engines:
+        outs = [getattr(r, side).output for r in measured]
+        text_items = [getattr(r, side).scores for r in measured]
+        values = scorer.corpus([r.reference for r in measured], outs, items=text_items) if measured else {}
+        values.update(perplexity(likelihoods[side]))
+        corpus[side] = {
+            m: v for m, v in values.items() if m in ("bleu", "chrf", "length_ratio", *PERPLEXITY_METRICS)
+        }
+    custom_names = sorted(
+        {
+            k
+            for r in measured
+            for k in r.candidate.scores
+            if k not in TEXT_METRICS and k not in PERPLEXITY_METRICS
+        }
+    )
+    all_metrics = metrics + custom_names
+    primary = next((m for m in PRIMARY_ORDER if m in all_metrics), all_metrics[0])
+    summaries, regressions = summarise(results, all_metrics, corpus, primary)
+    errors = {
+        "candidate": sum(r.candidate.error is not None for r in results),
+        "baseline": sum(r.baseline.error is not None for r in results),
+        "excluded": sum(r.failed for r in results),
+    }
+    report = DriftReport(
+        golden_set=golden_set.name,
+        candidate=EngineInfo(candidate.name, candidate.precision),
+        baseline=EngineInfo(baseline.name, baseline.precision),
+        started_at=started,
+        finished_at=time.time(),
+        n_items=len(items),
+        primary_metric=primary,
+        metrics=summaries,
+        items=results,
+        errors=errors,
+        regressions=regressions,
+    )
+    log.info(
+        "golden replay %s: %d/%d items measured, %d excluded by engine errors",
+        golden_set.name,
+        len(measured),
+        len(items),
+        errors["excluded"],
+    )
+    return report
+
+
+class _progress:
+    """A rich progress bar (or nothing) whose context value advances it by n."""
+
+    def __init__(self, enabled: bool, label: str, total: int) -> None:
+        self.enabled, self.label, self.total = enabled, label, total
+        self._bar: Any = None
+
+    def __enter__(self) -> Callable[[int], None]:
+        if not self.enabled:
+            return lambda n: None
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            transient=True,
+            console=_stderr_console(),
+        )
+        self._bar.start()
+        task = self._bar.add_task(self.label, total=self.total)
+        return lambda n: self._bar.advance(task, n)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def _stderr_console() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+# --- CLI ------------------------------------------------------------------------------------------
+
+
+def _parse_options(pairs: list[str]) -> dict[str, Any]:
+    """``key=value`` strings; values are parsed as YAML scalars (numbers, booleans, strings)."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"engine option {pair!r} is not key=value")
+        out[key.replace("-", "_")] = yaml.safe_load(value) if value else ""
+    return out
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    try:
+        golden = load_golden_set(find_golden_set(args.set, args.root))
+    except GoldenSetError as exc:
+        for e in exc.errors:
+            print(e, file=sys.stderr)
+        return 2
+    if args.max_items is not None:
+        golden = golden.head(args.max_items)
+    from probes.engines import get_engine
+
+    try:
+        shared = _parse_options(args.option)
+        cand_opts = {**shared, "precision": args.candidate, **_parse_options(args.candidate_option)}
+        base_opts = {**shared, "precision": args.baseline, **_parse_options(args.baseline_option)}
+        candidate = get_engine(args.engine, **cand_opts)
+    except Exception as exc:  # noqa: BLE001 - report, do not trace back
+        print(f"cannot build candidate engine {args.engine!r}: {exc}", file=sys.stderr)
+        return 1
+    try:
+        baseline = get_engine(args.baseline_engine or args.engine, **base_opts)
+    except Exception as exc:  # noqa: BLE001
+        candidate.close()
+        print(f"cannot build baseline engine: {exc}", file=sys.stderr)
+        return 1
+    try:
+        report = replay(
+            golden, candidate, baseline, batch_size=args.batch_size, progress=not args.no_progress
+        )
+    finally:
+        candidate.close()
+        baseline.close()
+    if args.out:
+        path = report.save(args.out)
+        print(f"report written to {path}", file=sys.stderr)
+    if args.json:
+        print(report.to_json())
+    else:
+        from rich.console import Console
+
+        console = Console()
+        for table in report.tables():
+            console.print(table)
+    return 1 if report.measured == 0 else 0
+
+
+def add_replay_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """``replay --set NAME [--candidate fp8 --baseline fp16 --engine KIND ...]``; sets ``func``."""
+    p = subparsers.add_parser("replay", help="replay a golden set through candidate and baseline engines")
+    p.add_argument("--set", required=True, help="golden set name or directory")
+    p.add_argument("--root", default=None, help="directory of golden sets (default: golden_sets)")
+    p.add_argument(
+        "--engine", default="torch", help="engine kind from the registry (torch, openai, tensorrt_llm)"
+    )
+    p.add_argument("--baseline-engine", default=None, help="engine kind of the baseline (default: --engine)")
+    p.add_argument("--candidate", default="fp8", help="candidate precision (default fp8)")
+    p.add_argument("--baseline", default="fp16", help="baseline precision (default fp16)")
+    p.add_argument(
+        "--option",
+        "-o",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="engine option for both engines (repeatable), e.g. model=/models/tiny",
+    )
+    p.add_argument("--candidate-option", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--baseline-option", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--max-items", type=int, default=None, help="replay only the first N items")
+    p.add_argument("--out", default=None, help="directory to save report-*.json, latest.json, summary.txt")
+    p.add_argument("--json", action="store_true", help="print the report as JSON instead of tables")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_cmd_replay)
+    return p
