@@ -141,7 +141,7 @@ def _number(v: Any, name: str) -> float:
     if t is float:
         if not (v >= 0.0 and v != math.inf):  # also false for NaN
             raise _bad_value(name, f"{name} must be a finite number >= 0, got {v!r}")
-        return v  # type: ignore[no-any-return]
+        return v
     if t is int:
         if v < 0:
             raise _bad_value(name, f"{name} must be >= 0, got {v!r}")
@@ -161,7 +161,7 @@ def _count(d: dict[str, Any], name: str) -> int:
     if type(v) is int:
         if v < 0:
             raise _bad_value(name, f"{name} must be >= 0, got {v}")
-        return v  # type: ignore[no-any-return]
+        return v
     if type(v) is float and v.is_integer() and v >= 0:  # 12.0 from some JSON writers
         return int(v)
     raise _bad_type(name, "a non-negative integer", v)
