@@ -1,0 +1,402 @@
+"""In-process engine (kind ``torch``): a Hugging Face causal LM in fp16/bf16 or real FP8.
+
+FP8 swaps every linear layer except ``lm_head`` for ``probes.fp8.Fp8Linear`` with static activation
+scales from ``fp8_calibration.json`` (``llm-watchdog calibrate``). On CUDA cc >= 8.9 the products run
+through ``torch._scaled_mm``; on CPU through an exact emulation of the same numerics.
+
+On CPU the 'fp16' baseline computes in float32 (CPU half-precision matmuls are slow and not what
+serving GPUs do); pass ``dtype='float16'`` to force it.
+
+torch and transformers are imported lazily: the CLI imports this module for its ``calibrate``
+subcommand without paying for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from probes.engines import register
+from probes.engines.base import Generation, ReferenceScore
+
+if TYPE_CHECKING:
+    import torch
+
+    from probes.fp8 import SaturationReport
+
+log = logging.getLogger(__name__)
+
+PRECISIONS = ("fp16", "bf16", "fp32", "fp8")
+
+
+def _resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def _resolve_dtype(precision: str, device: str, dtype: str | None) -> torch.dtype:
+    import torch
+
+    if dtype:
+        return getattr(torch, dtype)
+    if precision == "bf16":
+        return torch.bfloat16
+    if precision == "fp32" or device.startswith("cpu"):
+        return torch.float32
+    return torch.float16
+
+
+def _is_byte_tokenizer(model_path: Path) -> bool:
+    cfg = model_path / "tokenizer_config.json"
+    if cfg.exists():
+        try:
+            return json.loads(cfg.read_text()).get("tokenizer_class") == "ByT5Tokenizer"
+        except (OSError, ValueError):
+            return False
+    return (model_path / "tiny_model.json").exists()
+
+
+def load_tokenizer(model_path: str | Path):
+    path = Path(model_path)
+    if _is_byte_tokenizer(path):
+        from probes.tiny_model import byte_tokenizer
+
+        return byte_tokenizer()
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.padding_side = "left"
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+@register("torch")
+class TorchEngine:
+    """Greedy batched decoding with a KV cache (left padding), logprobs and teacher-forced scoring."""
+
+    def __init__(self, model_path: str | Path | None = None, precision: str = "fp16", *, device: str = "auto",
+                 dtype: str | None = None, batch_size: int = 16, calibration: str | Path | None = None,
+                 fp8_weight_scale: str = "tensor", fp8_activation: str = "static",
+                 scale_multiplier: float = 1.0, max_batch_tokens: int | None = None, name: str | None = None,
+                 model: Any = None, tokenizer: Any = None, track_saturation: bool = True) -> None:
+        import torch
+
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
+        if model is None and model_path is None:
+            raise ValueError("torch engine needs model_path (an HF directory) or a model object")
+        self.precision = precision
+        self.name = name or f"torch:{Path(model_path).name if model_path else 'model'}:{precision}"
+        self.device = _resolve_device(device)
+        self.dtype = _resolve_dtype(precision, self.device, dtype)
+        self.batch_size = max(1, int(batch_size))
+        self.max_batch_tokens = max_batch_tokens
+        self.byte_tokenizer = bool(model_path) and _is_byte_tokenizer(Path(model_path))
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_path)  # type: ignore[arg-type]
+        if tokenizer is not None:
+            self.byte_tokenizer = type(tokenizer).__name__ == "ByT5Tokenizer"
+        self.tokenizer.padding_side = "left"
+        if model is None:
+            from transformers import AutoModelForCausalLM
+
+            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype)
+        self.model = model.to(device=self.device, dtype=self.dtype).eval()
+        self.fp8_layers: list[str] = []
+        if precision == "fp8":
+            from probes.fp8 import calibration_path, load_calibration, quantize_model
+
+            amax = None
+            if fp8_activation == "static":
+                cal = Path(calibration) if calibration else (calibration_path(model_path) if model_path else None)
+                if cal is None or not cal.exists():
+                    raise FileNotFoundError(f"fp8 with static scales needs a calibration file ({cal}); "
+                                            "run `llm-watchdog calibrate --model DIR --set NAME`")
+                amax = load_calibration(cal)
+            self.fp8_layers = quantize_model(self.model, amax, fp8_activation, weight_mode=fp8_weight_scale,
+                                             scale_multiplier=scale_multiplier, track_saturation=track_saturation)
+        eos = {self.tokenizer.eos_token_id}
+        gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        eos.update(gen_eos if isinstance(gen_eos, list) else [gen_eos])
+        self.eos_ids = sorted(e for e in eos if e is not None)
+        self._torch = torch
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+
+    # -- tokenisation -------------------------------------------------------------------------------
+    def encode_prompt(self, text: str) -> list[int]:
+        # the byte tokenizer's special tokens would append EOS; HF tokenizers add BOS, which we want
+        return list(self.tokenizer(text, add_special_tokens=not self.byte_tokenizer)["input_ids"])
+
+    def encode_continuation(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def _batches(self, lengths: Sequence[int], extra: int) -> Iterator[list[int]]:
+        """Indices grouped longest-first, by batch_size and (optionally) max_batch_tokens."""
+        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+        batch: list[int] = []
+        for i in order:
+            width = max([lengths[j] for j in batch] + [lengths[i]]) + extra
+            too_many = self.max_batch_tokens is not None and batch and width * (len(batch) + 1) > self.max_batch_tokens
+            if len(batch) >= self.batch_size or too_many:
+                yield batch
+                batch = []
+            batch.append(i)
+        if batch:
+            yield batch
+
+    def _pad_left(self, rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        torch = self._torch
+        width = max(len(r) for r in rows)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            if r:
+                ids[i, width - len(r):] = torch.tensor(list(r), dtype=torch.long)
+                mask[i, width - len(r):] = 1
+        return ids.to(self.device), mask.to(self.device)
+
+    # -- generation ---------------------------------------------------------------------------------
+    def generate(self, prompts: list[str], max_new_tokens: int) -> list[Generation]:
+        results: list[Generation | None] = [None] * len(prompts)
+        encoded: list[list[int]] = []
+        for i, p in enumerate(prompts):
+            try:
+                encoded.append(self.encode_prompt(p))
+            except Exception as exc:  # a tokenizer failure is one bad item, not a crash
+                encoded.append([])
+                results[i] = Generation("", None, 0.0, error=f"tokenizer: {type(exc).__name__}: {exc}")
+            if not encoded[i] and results[i] is None:
+                results[i] = Generation("", None, 0.0, error="empty prompt after tokenization")
+        todo = [i for i in range(len(prompts)) if results[i] is None]
+        for batch_pos in self._batches([len(encoded[i]) for i in todo], max_new_tokens):
+            batch = [todo[j] for j in batch_pos]
+            start = time.perf_counter()
+            try:
+                outs = self._generate_batch([encoded[i] for i in batch], max_new_tokens)
+                ms = (time.perf_counter() - start) * 1000.0
+                for i, (ids, lps) in zip(batch, outs, strict=True):
+                    results[i] = Generation(text=self.decode(ids), token_logprobs=lps, latency_ms=ms)
+            except Exception as exc:  # errors are data: every prompt of the failed batch gets one
+                ms = (time.perf_counter() - start) * 1000.0
+                log.warning("torch engine %s: batch of %d failed: %s", self.name, len(batch), exc)
+                for i in batch:
+                    results[i] = Generation(text="", token_logprobs=None, latency_ms=ms,
+                                            error=f"{type(exc).__name__}: {exc}")
+        return [r for r in results if r is not None]
+
+    def _generate_batch(self, rows: list[list[int]], max_new_tokens: int) -> list[tuple[list[int], list[float]]]:
+        torch = self._torch
+        from transformers import DynamicCache
+
+        ids, mask = self._pad_left(rows)
+        n = len(rows)
+        tokens: list[list[int]] = [[] for _ in range(n)]
+        logprobs: list[list[float]] = [[] for _ in range(n)]
+        if max_new_tokens <= 0:
+            return list(zip(tokens, logprobs, strict=True))
+        eos = torch.tensor(self.eos_ids or [-1], device=self.device)
+        done = torch.zeros(n, dtype=torch.bool, device=self.device)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        # transformers >= 5.2x renamed past_key_values to cache (the old name warns); the H200 image has 5.17
+        cache_kw = {self._cache_arg: cache}
+        with torch.inference_mode():
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **cache_kw)
+            chosen, chosen_lp = [], []
+            for _step in range(max_new_tokens):
+                lp = torch.log_softmax(out.logits[:, -1, :].float(), dim=-1)
+                nxt = lp.argmax(dim=-1)
+                chosen.append(nxt)
+                chosen_lp.append(lp.gather(1, nxt[:, None])[:, 0])
+                done = done | torch.isin(nxt, eos)
+                if bool(done.all()):
+                    break
+                mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=self.device)], dim=1)
+                pos = pos[:, -1:] + 1
+                out = self.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos, use_cache=True,
+                                 **cache_kw)
+        toks = torch.stack(chosen, dim=1).tolist()
+        lps = torch.stack(chosen_lp, dim=1).tolist()
+        eos_set = set(self.eos_ids)
+        for b in range(n):
+            for t, lpv in zip(toks[b], lps[b], strict=True):
+                if t in eos_set:
+                    break
+                tokens[b].append(t)
+                logprobs[b].append(lpv)
+        return list(zip(tokens, logprobs, strict=True))
+
+    # -- scoring ------------------------------------------------------------------------------------
+    def score(self, prompts: list[str], references: list[str]) -> list[ReferenceScore] | None:
+        if len(prompts) != len(references):
+            raise ValueError("prompts and references must have the same length")
+        results: list[ReferenceScore | None] = [None] * len(prompts)
+        pairs: list[tuple[list[int], list[int]]] = []
+        for i, (p, r) in enumerate(zip(prompts, references, strict=True)):
+            p_ids, r_ids = self.encode_prompt(p), self.encode_continuation(r)
+            pairs.append((p_ids, r_ids))
+            if not r_ids:
+                results[i] = ReferenceScore(0.0, 0, len(r.encode()), error="empty reference")
+            elif not p_ids:
+                results[i] = ReferenceScore(0.0, len(r_ids), len(r.encode()), error="empty prompt")
+        todo = [i for i in range(len(prompts)) if results[i] is None]
+        lengths = [len(pairs[i][0]) + len(pairs[i][1]) for i in todo]
+        for batch_pos in self._batches(lengths, 0):
+            batch = [todo[j] for j in batch_pos]
+            try:
+                sums = self._score_batch([pairs[i] for i in batch])
+                for i, s in zip(batch, sums, strict=True):
+                    results[i] = ReferenceScore(s, len(pairs[i][1]), len(references[i].encode()))
+            except Exception as exc:
+                log.warning("torch engine %s: scoring batch failed: %s", self.name, exc)
+                for i in batch:
+                    results[i] = ReferenceScore(0.0, len(pairs[i][1]), len(references[i].encode()),
+                                                error=f"{type(exc).__name__}: {exc}")
+        return [r for r in results if r is not None]
+
+    def _token_logprobs(self, rows: list[list[int]]) -> list[list[float]]:
+        """For each row, the logprob of token t given tokens < t (t >= 1)."""
+        torch = self._torch
+        ids, mask = self._pad_left(rows)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        with torch.inference_mode():
+            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits
+            lp = torch.log_softmax(logits[:, :-1, :].float(), dim=-1)
+            picked = lp.gather(2, ids[:, 1:, None])[:, :, 0].tolist()
+        width = ids.shape[1]
+        return [picked[b][width - len(r):] for b, r in enumerate(rows)]
+
+    def _score_batch(self, pairs: list[tuple[list[int], list[int]]]) -> list[float]:
+        per_token = self._token_logprobs([p + r for p, r in pairs])
+        return [float(sum(lps[-len(r):])) for lps, (_p, r) in zip(per_token, pairs, strict=True)]
+
+    def prompt_logprobs(self, text: str) -> tuple[list[int], list[float | None]]:
+        """Token ids of ``text`` and each token's logprob given the ones before (None for the first)."""
+        ids = self.encode_prompt(text)
+        if not ids:
+            return [], []
+        if len(ids) == 1:
+            return ids, [None]
+        rest = self._token_logprobs([ids])[0]
+        return ids, [None, *rest]
+
+    # -- fp8 bookkeeping ----------------------------------------------------------------------------
+    def saturation(self) -> SaturationReport | None:
+        if self.precision != "fp8":
+            return None
+        from probes.fp8 import saturation_report
+
+        return saturation_report(self.model)
+
+    def reset_saturation(self) -> None:
+        if self.precision == "fp8":
+            from probes.fp8 import reset_saturation
+
+            reset_saturation(self.model)
+
+    def close(self) -> None:
+        self.model = None
+        if self.device.startswith("cuda"):
+            self._torch.cuda.empty_cache()
+
+
+# -- calibration ------------------------------------------------------------------------------------
+def calibrate_model(model_path: str | Path, prompts: Sequence[str], out: str | Path | None = None, *,
+                    device: str = "auto", dtype: str | None = None, batch_size: int = 16,
+                    meta: dict[str, Any] | None = None) -> Path:
+    """Record each linear layer's activation absmax over ``prompts``; write fp8_calibration.json.
+
+    Pass the texts the FP8 engine will see (prompts, ideally with their references appended, so the
+    decode-time activations are covered too). Returns the path written.
+    """
+    from probes.fp8 import calibrate, calibration_path, save_calibration
+
+    texts = [t for t in prompts if t]
+    if not texts:
+        raise ValueError("calibration needs at least one non-empty prompt")
+    engine = TorchEngine(model_path, "fp16", device=device, dtype=dtype, batch_size=batch_size)
+    encoded = [engine.encode_prompt(t) for t in texts]
+
+    def batches():
+        for batch in engine._batches([len(e) for e in encoded], 0):
+            ids, mask = engine._pad_left([encoded[i] for i in batch])
+            yield {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+                   "use_cache": False}
+
+    amax = calibrate(engine.model, batches())
+    target = Path(out) if out else calibration_path(model_path)
+    info = {"model": str(model_path), "n_texts": len(texts), "dtype": str(engine.dtype),
+            "device": engine.device, "created": time.time(), **(meta or {})}
+    engine.close()
+    return save_calibration(target, amax, info)
+
+
+def load_set_texts(name_or_path: str, golden_dir: str | Path = "golden_sets",
+                   include_references: bool = True) -> list[str]:
+    """Calibration texts from a golden set file (JSONL/JSON/YAML items with 'prompt' [+ 'reference'])."""
+    path = Path(name_or_path)
+    if not path.exists():
+        for ext in (".jsonl", ".json", ".yaml", ".yml"):
+            cand = Path(golden_dir) / f"{name_or_path}{ext}"
+            if cand.exists():
+                path = cand
+                break
+        else:
+            raise FileNotFoundError(f"golden set {name_or_path!r} not found (looked in {golden_dir})")
+    raw = path.read_text(encoding="utf-8")
+    if path.suffix == ".jsonl":
+        items: Any = [json.loads(line) for line in raw.splitlines() if line.strip()]
+    elif path.suffix == ".json":
+        items = json.loads(raw)
+    else:
+        import yaml
+
+        items = yaml.safe_load(raw)
+    if isinstance(items, dict):
+        items = items.get("items") or items.get("prompts") or []
+    texts = []
+    for item in items:
+        if isinstance(item, str):
+            texts.append(item)
+        elif isinstance(item, dict) and "prompt" in item:
+            ref = item.get("reference") if include_references else None
+            texts.append(str(item["prompt"]) + (str(ref) if ref else ""))
+    return texts
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    try:
+        texts = load_set_texts(args.set, args.golden_dir, include_references=not args.prompts_only)
+        path = calibrate_model(args.model, texts, args.out, device=args.device, dtype=args.dtype,
+                               meta={"set": args.set})
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"calibrate: {exc}")
+        return 2
+    print(f"wrote {path} ({len(texts)} texts)")
+    return 0
+
+
+def add_calibrate_command(subparsers: Any) -> None:
+    p = subparsers.add_parser("calibrate", help="record FP8 activation scales for a model over a golden set")
+    p.add_argument("--model", required=True, help="Hugging Face model directory")
+    p.add_argument("--set", required=True, help="golden set name (in --golden-dir) or file path")
+    p.add_argument("--golden-dir", default="golden_sets")
+    p.add_argument("--out", default=None, help="default: MODEL/fp8_calibration.json")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default=None, help="compute dtype for the pass (default: fp16 on GPU, fp32 on CPU)")
+    p.add_argument("--prompts-only", action="store_true", help="do not append references to the prompts")
+    p.set_defaults(func=_cmd_calibrate)

@@ -1,0 +1,144 @@
+"""The torch engine on a tiny trained Llama: greedy decoding, logprobs, scoring, real FP8 drift."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from probes.engines import UnknownEngineError, available_kinds, get_engine  # noqa: E402
+from probes.engines.base import Engine  # noqa: E402
+from probes.engines.torch_engine import add_calibrate_command, calibrate_model  # noqa: E402
+from probes.tiny_model import DEFAULT_PAIRS, ensure_tiny_model  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+PROMPTS = [p for p, _ in DEFAULT_PAIRS]
+REFS = [r for _, r in DEFAULT_PAIRS]
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A trained tiny model with its FP8 calibration, built once per test session."""
+    path = ensure_tiny_model(tmp_path_factory.getbasetemp() / "h6-tiny-cache")
+    if not (path / "fp8_calibration.json").exists():
+        calibrate_model(path, [p + r for p, r in DEFAULT_PAIRS])
+    return path
+
+
+def test_registry_names_and_did_you_mean() -> None:
+    assert {"torch", "openai", "tensorrt_llm"} <= set(available_kinds())
+    with pytest.raises(UnknownEngineError, match="did you mean 'torch'"):
+        get_engine("troch")
+    with pytest.raises(UnknownEngineError, match="known:"):
+        get_engine("zzzzzz")
+
+
+def test_registry_imports_backends_lazily() -> None:
+    code = ("import sys, probes.engines, probes.engines.torch_engine, probes.engines.openai_engine, "
+            "probes.engines.tensorrt_llm_engine; "
+            "bad = [m for m in ('torch', 'transformers', 'tensorrt_llm') if m in sys.modules]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_fp16_reproduces_the_trained_references(tiny_model_dir: Path) -> None:
+    eng = get_engine("torch", model_path=str(tiny_model_dir), precision="fp16", batch_size=3)
+    assert isinstance(eng, Engine)
+    gens = eng.generate(PROMPTS, 16)
+    assert [g.error for g in gens] == [None] * len(PROMPTS)
+    assert sum(g.text == r for g, r in zip(gens, REFS, strict=True)) >= len(REFS) - 1
+    for g in gens:
+        assert g.token_logprobs and all(lp <= 0 for lp in g.token_logprobs)
+        assert len(g.token_logprobs) == len(g.text.encode())  # one byte per token, EOS excluded
+        assert g.latency_ms > 0
+    # left padding is right: batching does not change greedy output
+    single = get_engine("torch", model_path=str(tiny_model_dir), precision="fp16", batch_size=1)
+    assert [g.text for g in single.generate(PROMPTS[:4], 16)] == [g.text for g in gens[:4]]
+    scores = eng.score(PROMPTS, REFS)
+    assert scores is not None and len(scores) == len(REFS)
+    zh = PROMPTS.index("Q: 中国的首都? A:")
+    assert scores[zh].n_bytes == len(REFS[zh].encode()) == scores[zh].n_tokens == 10
+    assert all(s.error is None and -3.0 < s.logprob_sum <= 0 for s in scores)
+    # scoring a wrong reference is much less likely than the trained one
+    wrong = eng.score(PROMPTS[:1], [" Berlin."])[0]
+    assert wrong.logprob_sum < scores[0].logprob_sum - 5
+    # the first token's logprob from generation equals the teacher-forced one
+    first = eng.score(PROMPTS[:1], [gens[0].text[:1]])[0]
+    assert first.logprob_sum == pytest.approx(gens[0].token_logprobs[0], abs=1e-4)
+    eng.close()
+
+
+def test_fp8_calibrated_tracks_fp16_and_stale_scales_drift(tiny_model_dir: Path) -> None:
+    base = get_engine("torch", model_path=str(tiny_model_dir), precision="fp16", batch_size=8)
+    fp8 = get_engine("torch", model_path=str(tiny_model_dir), precision="fp8", batch_size=8)
+    stale = get_engine("torch", model_path=str(tiny_model_dir), precision="fp8", batch_size=8,
+                       scale_multiplier=0.05)
+    assert fp8.fp8_layers and all("lm_head" not in n for n in fp8.fp8_layers)
+    s16 = base.score(PROMPTS, REFS)
+    s8 = fp8.score(PROMPTS, REFS)
+    sbad = stale.score(PROMPTS, REFS)
+    d8 = sum(abs(a.logprob_sum - b.logprob_sum) for a, b in zip(s8, s16, strict=True)) / len(REFS)
+    dbad = sum(abs(a.logprob_sum - b.logprob_sum) for a, b in zip(sbad, s16, strict=True)) / len(REFS)
+    assert 0 < d8 < 0.1  # real quantisation noise, small
+    assert dbad > 1.0 and dbad > 20 * d8
+    g8 = [g.text for g in fp8.generate(PROMPTS, 16)]
+    gbad = [g.text for g in stale.generate(PROMPTS, 16)]
+    assert sum(a == r for a, r in zip(g8, REFS, strict=True)) >= len(REFS) - 1
+    assert sum(a == r for a, r in zip(gbad, REFS, strict=True)) <= len(REFS) // 2
+    sat_ok, sat_bad = fp8.saturation(), stale.saturation()
+    assert sat_ok is not None and sat_bad is not None
+    assert sat_ok.total < 0.01 < 0.1 < sat_bad.total
+    assert base.saturation() is None
+    stale.reset_saturation()
+    assert stale.saturation().n_values == 0
+
+
+def test_dynamic_fp8_and_missing_calibration(tiny_model_dir: Path, tmp_path: Path) -> None:
+    dyn = get_engine("torch", model_path=str(tiny_model_dir), precision="fp8", fp8_activation="dynamic",
+                     fp8_weight_scale="row")
+    assert sum(g.text == r for g, r in zip(dyn.generate(PROMPTS, 16), REFS, strict=True)) >= len(REFS) - 1
+    with pytest.raises(FileNotFoundError, match="calibrate"):
+        get_engine("torch", model_path=str(tiny_model_dir), precision="fp8", calibration=tmp_path / "none.json")
+    with pytest.raises(ValueError):
+        get_engine("torch", model_path=str(tiny_model_dir), precision="int3")
+
+
+def test_errors_are_data(tiny_model_dir: Path) -> None:
+    eng = get_engine("torch", model_path=str(tiny_model_dir), precision="fp16", max_batch_tokens=64)
+    gens = eng.generate(["", PROMPTS[0]], 8)
+    assert gens[0].error and gens[0].text == "" and gens[0].token_logprobs is None
+    assert gens[1].error is None and gens[1].text == REFS[0][:8]
+    scores = eng.score([PROMPTS[0], PROMPTS[1]], ["", REFS[1]])
+    assert scores[0].error == "empty reference" and scores[1].error is None
+    eng.model = None  # a broken model: every prompt reports the failure
+    broken = eng.generate(PROMPTS[:2], 4)
+    assert all(g.error and "NoneType" in g.error for g in broken)
+
+
+def test_calibrate_command_writes_scales(tiny_model_dir: Path, tmp_path: Path) -> None:
+    sets = tmp_path / "golden_sets"
+    sets.mkdir()
+    (sets / "smoke.jsonl").write_text("\n".join(json.dumps({"prompt": p, "reference": r}, ensure_ascii=False)
+                                                for p, r in DEFAULT_PAIRS))
+    parser = argparse.ArgumentParser()
+    add_calibrate_command(parser.add_subparsers())
+    out = tmp_path / "cal.json"
+    args = parser.parse_args(["calibrate", "--model", str(tiny_model_dir), "--set", "smoke",
+                              "--golden-dir", str(sets), "--out", str(out)])
+    assert args.func(args) == 0
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["set"] == "smoke" and doc["meta"]["n_texts"] == len(DEFAULT_PAIRS)
+    assert set(doc["layers"]) == set(json.loads((tiny_model_dir / "fp8_calibration.json").read_text())["layers"])
+    assert all(v > 0 for v in doc["layers"].values())
+    bad = parser.parse_args(["calibrate", "--model", str(tiny_model_dir), "--set", "missing",
+                             "--golden-dir", str(sets)])
+    assert bad.func(bad) == 2
