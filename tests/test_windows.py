@@ -12,7 +12,7 @@ import pytest
 from watchdog.events import InferenceEvent, ShadowResult
 from watchdog.signals import Signal
 from watchdog.sketch import QuantileSketch
-from watchdog.windows import WindowAggregator, shadow_agreement
+from watchdog.windows import WindowAggregator, preload_scorers, shadow_agreement
 
 # --- sketch -----------------------------------------------------------------------------------
 
@@ -293,6 +293,15 @@ def test_skip_before_drops_replayed_events() -> None:
     assert [s.samples for s in agg.close_all()] == [2]
 
 
+def test_events_far_in_the_future_are_dropped() -> None:
+    agg = WindowAggregator(length_s=10.0, max_future_s=60.0)
+    assert agg.add(ev(ts=99999.0))  # no clock seen yet: nothing to compare with
+    agg.close_due(1000.0)
+    assert agg.add(ev(ts=1059.0))
+    assert not agg.add(ev(ts=1061.0))
+    assert (agg.future, agg.folded) == (1, 2)
+
+
 def test_min_open_offsets_follow_window_closes() -> None:
     agg = WindowAggregator(length_s=10.0, grace_s=0.0)
     assert agg.min_open_offsets() == {}
@@ -365,6 +374,7 @@ def test_bad_constructor_arguments(kwargs: dict[str, Any]) -> None:
 
 
 def test_shadow_agreement_helper() -> None:
+    preload_scorers()
     assert shadow_agreement([("a b c", "a b c"), ("x", "y")]) == (0.5, 50.0)
     with pytest.raises(ValueError):
         shadow_agreement([])

@@ -81,6 +81,7 @@ class WindowAggregator:
         shadow_max_pairs: int = 200,
         shadow_max_chars: int = DEFAULT_SHADOW_MAX_CHARS,
         seed: int = 0,
+        max_future_s: float = 300.0,
     ) -> None:
         if length_s <= 0:
             raise ValueError("length_s must be > 0")
@@ -95,6 +96,9 @@ class WindowAggregator:
         self.shadow_sample_rate = shadow_sample_rate
         self.shadow_max_pairs = shadow_max_pairs
         self.shadow_max_chars = shadow_max_chars
+        #: events stamped further than this past the last close_due clock are dropped as ``future``:
+        #: a skewed producer clock would otherwise hold a window (and the Kafka commit) open for long
+        self.max_future_s = max_future_s
         self._rng = random.Random(seed)
         self._sample_below = int(shadow_sample_rate * 2**32)
         #: events with ts < skip_before are dropped as already counted (set after a restart)
@@ -102,6 +106,8 @@ class WindowAggregator:
         self.late = 0
         self.replayed = 0
         self.folded = 0
+        self.future = 0
+        self._now: float | None = None
         self.windows_closed = 0
         # windows with end index <= this are closed; integer indices avoid float drift at boundaries
         self._closed_end: int | None = None
@@ -115,7 +121,7 @@ class WindowAggregator:
         return None if self._closed_end is None else self._closed_end * self.length_s
 
     def add(self, event: InferenceEvent, partition_key: PartitionKey | None = None, offset: int | None = None) -> bool:
-        """Fold ``event`` in; False when it was dropped (late or replayed)."""
+        """Fold ``event`` in; False when it was dropped (replayed, late or future)."""
         ts = event.ts
         if self.skip_before is not None and ts < self.skip_before:
             self.replayed += 1
@@ -123,6 +129,9 @@ class WindowAggregator:
         index = math.floor(ts / self.length_s)
         if self._closed_end is not None and index + 1 <= self._closed_end:
             self.late += 1
+            return False
+        if self._now is not None and ts > self._now + self.max_future_s:
+            self.future += 1
             return False
         key = (index, event.model, event.route, event.precision)
         w = self._open.get(key)
@@ -192,6 +201,8 @@ class WindowAggregator:
 
     def close_due(self, now: float) -> list[Signal]:
         """Close every window with end + grace <= ``now`` (wall clock); one Signal per scope and window."""
+        if self._now is None or now > self._now:
+            self._now = now
         upto = math.floor((now - self.grace_s) / self.length_s)
         if self._closed_end is None or upto > self._closed_end:
             self._closed_end = upto
@@ -306,6 +317,12 @@ def _rouge_scorer() -> Any:
     from rouge_score import rouge_scorer  # lazy: importing it pulls in nltk (~1.8 s)
 
     return rouge_scorer.RougeScorer(["rougeL"], use_stemmer=False)
+
+
+def preload_scorers() -> None:
+    """Import the agreement scorers now (rouge-score pulls in nltk, ~2 s) rather than at the first close."""
+    _rouge_scorer()
+    import sacrebleu  # noqa: F401
 
 
 def _pair_scores(completion: str, shadow: str) -> tuple[float, float]:
