@@ -177,7 +177,10 @@ def _timestamp(v: Any) -> float:
         try:
             dt = datetime.fromisoformat(v)
         except ValueError:
-            raise _bad_value("ts", f"ts is not an RFC 3339 timestamp: {v[:40]!r}") from None
+            try:  # RFC 3339 allows a lower-case 't' and 'z'; fromisoformat does not
+                dt = datetime.fromisoformat(v.upper())
+            except ValueError:
+                raise _bad_value("ts", f"ts is not an RFC 3339 timestamp: {v[:40]!r}") from None
         if dt.tzinfo is None:  # RFC 3339 requires an offset; a naive time is ambiguous
             raise _bad_value("ts", "ts has no UTC offset (RFC 3339 needs 'Z' or '+hh:mm')")
         return dt.timestamp()
