@@ -19,7 +19,7 @@ among runs rolled back within 6). Baselines are tuned fairly: every configuratio
 run on the same data, and the one with the fewest false rollbacks among those whose power at the
 reference size is at least ours (minus 0.005 of Monte-Carlo slack) is reported.
 
-Run:  .venv/bin/python -m bench.decisions            (about 1-2 minutes on 2 cores)
+Run:  .venv/bin/python -m bench.decisions            (~80 s of CPU; 3.2 min wall on a busy 2-core box)
       .venv/bin/python -m bench.decisions --quick    (smaller, for a smoke test)
 """
 
