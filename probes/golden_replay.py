@@ -110,7 +110,6 @@ def replay(
     scorer = scorer or Scorer()
     custom = [CustomMetric(p) for p in golden_set.custom_metric_paths()]
     results: list[ItemResult] = []
-    likelihoods: dict[str, list[Likelihood]] = {k: [] for k in engines}
     for n, item in enumerate(items):
         sides: dict[str, SideResult] = {}
         for side in engines:
@@ -123,33 +122,35 @@ def replay(
             rs = ref_scores[side][n] if want_ppl else None
             if rs is not None and rs.error is not None and sides[side].error is None:
                 sides[side].error = f"score: {rs.error}"
-        result = ItemResult(item.id, item.reference, sides["candidate"], sides["baseline"], list(item.tags))
-        if not result.failed:
-            for side in engines:
-                sr = sides[side]
-                all_scores = scorer.score(item.reference, sr.output)
-                sr.scores = {m: v for m, v in all_scores.items() if m in metrics}
-                for cm in custom:
-                    sr.scores.update(cm.compute([item.reference], [sr.output]))
-                rs = ref_scores[side][n] if want_ppl else None
-                if rs is not None:
-                    lk = _likelihood(rs, item.reference)
-                    likelihoods[side].append(lk)
-                    sr.scores.update({m: v for m, v in perplexity([lk]).items() if m in metrics})
-            if "agreement_rougeL" in metrics:
-                result.agreement = scorer.agreement(sides["candidate"].output, sides["baseline"].output)
-        results.append(result)
+        results.append(
+            ItemResult(item.id, item.reference, sides["candidate"], sides["baseline"], list(item.tags))
+        )
 
-    measured = [r for r in results if not r.failed]
+    # score the items both engines answered: per item, and corpus level from the same statistics
+    ok = [n for n, r in enumerate(results) if not r.failed]
     corpus: dict[str, dict[str, float]] = {}
     for side in engines:
-        outs = [getattr(r, side).output for r in measured]
-        text_items = [getattr(r, side).scores for r in measured]
-        values = scorer.corpus([r.reference for r in measured], outs, items=text_items) if measured else {}
-        values.update(perplexity(likelihoods[side]))
+        outs = [getattr(results[n], side).output for n in ok]
+        batch = scorer.batch([items[n].reference for n in ok], outs)
+        likelihoods = []
+        for n, scores in zip(ok, batch.items, strict=True):
+            sr = getattr(results[n], side)
+            sr.scores = {m: v for m, v in scores.items() if m in metrics}
+            for cm in custom:
+                sr.scores.update(cm.compute([items[n].reference], [sr.output]))
+            rs = ref_scores[side][n] if want_ppl else None
+            if rs is not None:
+                lk = _likelihood(rs, items[n].reference)
+                likelihoods.append(lk)
+                sr.scores.update({m: v for m, v in perplexity([lk]).items() if m in metrics})
+        values = {**scorer.corpus_from(batch), **perplexity(likelihoods)}
         corpus[side] = {
             m: v for m, v in values.items() if m in ("bleu", "chrf", "length_ratio", *PERPLEXITY_METRICS)
         }
+    if "agreement_rougeL" in metrics:
+        for n in ok:
+            results[n].agreement = scorer.agreement(results[n].candidate.output, results[n].baseline.output)
+    measured = [results[n] for n in ok]
     custom_names = sorted(
         {
             k

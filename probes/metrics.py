@@ -82,8 +82,31 @@ def count_words(text: str) -> int:
     return len(re.split(r"\s+", text))
 
 
+@dataclass(slots=True)
+class ScoredBatch:
+    """Per-pair scores plus the sacrebleu segment statistics a corpus score is summed from."""
+
+    items: list[dict[str, float]]
+    bleu_stats: list[list[int]]
+    chrf_stats: list[list[int]]
+    ref_tokens: int
+    pred_tokens: int
+
+    def extend(self, other: ScoredBatch) -> None:
+        self.items += other.items
+        self.bleu_stats += other.bleu_stats
+        self.chrf_stats += other.chrf_stats
+        self.ref_tokens += other.ref_tokens
+        self.pred_tokens += other.pred_tokens
+
+
 class Scorer:
-    """Reusable scorer objects (building a RougeScorer or BLEU object per pair is wasted work)."""
+    """Reusable scorer objects (building a RougeScorer or BLEU object per pair is wasted work).
+
+    Sentence and corpus BLEU/chrF come from one pass: sacrebleu computes both from per-segment
+    n-gram statistics (``corpus_score`` sums them), so each pair's statistics are extracted once,
+    scored alone for the per-item value and summed for the corpus value. Tests check both against
+    the public ``sentence_bleu``/``corpus_bleu``/``sentence_chrf``/``corpus_chrf`` calls."""
 
     def __init__(self) -> None:
         from rouge_score import rouge_scorer
@@ -95,75 +118,74 @@ class Scorer:
         )
         self._rouge_l = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=False)
         self._rouge_l_cjk = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=False, tokenizer=CjkTokenizer())
-        # sentence_bleu defaults: effective order on, smooth exp
+        # sentence_bleu defaults: effective order on, smooth exp; corpus_bleu: effective order off
         self._bleu = BLEU(tokenize="13a", effective_order=True)
         self._bleu_zh = BLEU(tokenize="zh", effective_order=True)
+        self._bleu_corpus = BLEU(tokenize="13a", effective_order=False)
         self._chrf = CHRF()
         self._words = CjkTokenizer()
 
-    def rouge(self, reference: str, prediction: str) -> dict[str, float]:
-        cjk = has_cjk(reference) or has_cjk(prediction)
-        scores = (self._rouge_cjk if cjk else self._rouge).score(reference, prediction)
-        return {name: float(scores[name].fmeasure) for name in ROUGE_TYPES}
-
-    def score(self, reference: str, prediction: str) -> dict[str, float]:
-        """All text metrics for one (reference, prediction) pair."""
+    def _pair(
+        self, reference: str, prediction: str
+    ) -> tuple[dict[str, float], list[int], list[int], int, int]:
         cjk = has_cjk(reference) or has_cjk(prediction)
         scores = (self._rouge_cjk if cjk else self._rouge).score(reference, prediction)
         out = {name: float(scores[name].fmeasure) for name in ROUGE_TYPES}
-        out["bleu"] = float(
-            (self._bleu_zh if cjk else self._bleu).sentence_score(prediction, [reference]).score
-        )
-        out["chrf"] = float(self._chrf.sentence_score(prediction, [reference]).score)
+        bleu = self._bleu_zh if cjk else self._bleu
+        bstats = bleu._extract_corpus_statistics([prediction], [[reference]])
+        out["bleu"] = float(bleu._aggregate_and_compute(bstats).score)
+        cstats = self._chrf._extract_corpus_statistics([prediction], [[reference]])
+        out["chrf"] = float(self._chrf._aggregate_and_compute(cstats).score)
         out["exact_match"] = exact_match(reference, prediction)
         ref_len = len(self._words.tokenize(reference))
+        pred_len = len(self._words.tokenize(prediction))
         if ref_len:
-            out["length_ratio"] = len(self._words.tokenize(prediction)) / ref_len
+            out["length_ratio"] = pred_len / ref_len
+        return out, bstats[0], cstats[0], ref_len, pred_len
+
+    def score(self, reference: str, prediction: str) -> dict[str, float]:
+        """All text metrics for one (reference, prediction) pair."""
+        return self._pair(reference, prediction)[0]
+
+    def batch(self, references: Sequence[str], predictions: Sequence[str]) -> ScoredBatch:
+        _check_lengths(references, predictions)
+        out = ScoredBatch([], [], [], 0, 0)
+        for r, p in zip(references, predictions, strict=True):
+            item, bstats, cstats, rl, pl = self._pair(r, p)
+            out.items.append(item)
+            out.bleu_stats.append(bstats)
+            out.chrf_stats.append(cstats)
+            out.ref_tokens += rl
+            out.pred_tokens += pl
         return out
 
     def score_pairs(self, references: Sequence[str], predictions: Sequence[str]) -> list[dict[str, float]]:
-        _check_lengths(references, predictions)
-        return [self.score(r, p) for r, p in zip(references, predictions, strict=True)]
+        return self.batch(references, predictions).items
 
     def agreement(self, a: str, b: str) -> float:
         """ROUGE-L F-measure between two outputs (symmetric): FP8-vs-FP16 agreement."""
         cjk = has_cjk(a) or has_cjk(b)
         return float((self._rouge_l_cjk if cjk else self._rouge_l).score(a, b)["rougeL"].fmeasure)
 
-    def corpus(
-        self,
-        references: Sequence[str],
-        predictions: Sequence[str],
-        items: Sequence[dict[str, float]] | None = None,
-    ) -> dict[str, float]:
-        """Corpus-level scores: mean ROUGE F-measure and exact match, ``corpus_bleu`` and corpus
-        chrF with ``evaluate``'s defaults, and total predicted / total reference tokens.
-        ``items`` are this pair list's ``score_pairs`` results when the caller already has them."""
-        import sacrebleu
-        from sacrebleu.metrics import CHRF
-
-        _check_lengths(references, predictions)
-        if not references:
+    def corpus_from(self, batch: ScoredBatch) -> dict[str, float]:
+        """Corpus-level scores of a scored batch: mean ROUGE F-measure and exact match,
+        corpus BLEU and chrF with ``evaluate``'s defaults (summed segment statistics), and total
+        predicted / total reference tokens as the length ratio."""
+        if not batch.items:
             return {}
-        if items is None:
-            items = self.score_pairs(references, predictions)
-        _check_lengths(references, [""] * len(items))
-        out = {
-            name: sum(i[name] for i in items) / len(items)
-            for name in (*ROUGE_TYPES, "exact_match")
-            if all(name in i for i in items)
-        }
-        cjk = any(has_cjk(t) for t in (*references, *predictions))
-        out["bleu"] = float(
-            sacrebleu.corpus_bleu(
-                list(predictions), [list(references)], tokenize="zh" if cjk else "13a"
-            ).score
-        )
-        out["chrf"] = float(CHRF().corpus_score(list(predictions), [list(references)]).score)
-        ref_tokens = sum(len(self._words.tokenize(r)) for r in references)
-        if ref_tokens:
-            out["length_ratio"] = sum(len(self._words.tokenize(p)) for p in predictions) / ref_tokens
+        n = len(batch.items)
+        out = {name: sum(i[name] for i in batch.items) / n for name in (*ROUGE_TYPES, "exact_match")}
+        out["bleu"] = float(self._bleu_corpus._aggregate_and_compute(batch.bleu_stats).score)
+        out["chrf"] = float(self._chrf._aggregate_and_compute(batch.chrf_stats).score)
+        if batch.ref_tokens:
+            out["length_ratio"] = batch.pred_tokens / batch.ref_tokens
         return out
+
+    def corpus(self, references: Sequence[str], predictions: Sequence[str]) -> dict[str, float]:
+        """Corpus-level scores of pairs (see ``corpus_from``). Each segment is tokenised for BLEU
+        like its per-item score (``zh`` when the pair has CJK, else ``13a``); on a corpus without
+        CJK this is exactly ``sacrebleu.corpus_bleu`` with its defaults."""
+        return self.corpus_from(self.batch(references, predictions))
 
 
 def _check_lengths(references: Sequence[str], predictions: Sequence[str]) -> None:
@@ -174,11 +196,35 @@ def _check_lengths(references: Sequence[str], predictions: Sequence[str]) -> Non
 _worker_scorer: Scorer | None = None
 
 
-def _score_chunk(chunk: tuple[list[str], list[str]]) -> list[dict[str, float]]:
+def _score_chunk(chunk: tuple[list[str], list[str]]) -> ScoredBatch:
     global _worker_scorer
     if _worker_scorer is None:
         _worker_scorer = Scorer()
-    return _worker_scorer.score_pairs(*chunk)
+    return _worker_scorer.batch(*chunk)
+
+
+def score_batch(
+    references: Sequence[str],
+    predictions: Sequence[str],
+    *,
+    scorer: Scorer | None = None,
+    workers: int = 1,
+) -> ScoredBatch:
+    """Score every pair (one scorer object for the whole batch); ``workers > 1`` splits the
+    batch into contiguous chunks over a process pool and joins them in order (same scores)."""
+    _check_lengths(references, predictions)
+    if workers <= 1 or len(references) < 2 * workers:
+        return (scorer or Scorer()).batch(references, predictions)
+    size = math.ceil(len(references) / workers)
+    chunks = [
+        (list(references[i : i + size]), list(predictions[i : i + size]))
+        for i in range(0, len(references), size)
+    ]
+    out = ScoredBatch([], [], [], 0, 0)
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        for part in pool.map(_score_chunk, chunks):
+            out.extend(part)
+    return out
 
 
 def score_pairs(
@@ -188,18 +234,8 @@ def score_pairs(
     scorer: Scorer | None = None,
     workers: int = 1,
 ) -> list[dict[str, float]]:
-    """Text metrics for each pair, in order. One scorer object serves the whole batch;
-    ``workers > 1`` splits the batch into contiguous chunks over a process pool (same scores)."""
-    _check_lengths(references, predictions)
-    if workers <= 1 or len(references) < 2 * workers:
-        return (scorer or Scorer()).score_pairs(references, predictions)
-    size = math.ceil(len(references) / workers)
-    chunks = [
-        (list(references[i : i + size]), list(predictions[i : i + size]))
-        for i in range(0, len(references), size)
-    ]
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        return [row for part in pool.map(_score_chunk, chunks) for row in part]
+    """Text metrics for each pair, in order (see ``score_batch``)."""
+    return score_batch(references, predictions, scorer=scorer, workers=workers).items
 
 
 # --- perplexity (lm-evaluation-harness definitions) ---------------------------------------------

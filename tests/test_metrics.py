@@ -19,6 +19,7 @@ from probes.metrics import (
     has_cjk,
     normalize_for_exact_match,
     perplexity,
+    score_batch,
     score_pairs,
 )
 
@@ -155,11 +156,35 @@ def test_agreement_is_rougeL_between_outputs(scorer: Scorer) -> None:
     assert scorer.agreement(a, b) == scorer.agreement(b, a)
 
 
-def test_process_pool_gives_identical_scores() -> None:
+def test_process_pool_gives_identical_scores(scorer: Scorer) -> None:
     refs = REFS * 8
     preds = PREDS[1:] + PREDS[:1]
     preds = preds * 8
     assert score_pairs(refs, preds, workers=2) == score_pairs(refs, preds)
+    two, one = score_batch(refs, preds, workers=2), score_batch(refs, preds)
+    assert scorer.corpus_from(two) == scorer.corpus_from(one) == scorer.corpus(refs, preds)
+
+
+def test_corpus_bleu_on_chinese_is_zh_tokenised(scorer: Scorer) -> None:
+    refs = [
+        "员工每年享有十五天带薪年假。",
+        "临时权限的最长有效期为二十四小时。",
+        "先关闭电源，等待三十秒后重新启动。",
+    ]
+    preds = [
+        "员工每年享有十天带薪年假。",
+        "临时权限的有效期为二十四小时。",
+        "先关闭电源，等待三十秒后重新启动。",
+    ]
+    corpus = scorer.corpus(refs, preds)
+    assert corpus["bleu"] == sacrebleu.corpus_bleu(preds, [refs], tokenize="zh").score
+    assert 0 < corpus["bleu"] < 100
+    assert corpus["chrf"] == sacrebleu.corpus_chrf(preds, [refs]).score
+    # a mixed corpus: each segment tokenised like its per-item score (13a == zh on these English)
+    mixed = scorer.corpus(REFS + refs, PREDS + preds)
+    assert mixed["bleu"] == pytest.approx(
+        sacrebleu.corpus_bleu(PREDS + preds, [REFS + refs], tokenize="zh").score
+    )
 
 
 def test_perplexity_lm_eval_definitions() -> None:
