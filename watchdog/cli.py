@@ -57,7 +57,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    signal.signal(signal.SIGHUP, lambda *_: daemon.loader.request_reload())
+    signal.signal(signal.SIGHUP, lambda *_: daemon.request_reload())
     try:
         daemon.run()
     finally:

@@ -44,6 +44,8 @@ class RedisConfig(_Section):
     url: str = "redis://127.0.0.1:6379/0"
     prefix: str = "llmwd"
     socket_timeout_s: float = Field(2.0, gt=0)
+    #: closed live windows kept in the ``{prefix}:windows`` stream (history for backtests, audits)
+    windows_maxlen: int = Field(100_000, ge=0)
 
 
 class WindowConfig(_Section):
@@ -67,6 +69,37 @@ class AlertsConfig(_Section):
     channels: list[AlertChannelConfig] = Field(default_factory=list)
 
 
+class GoldenJobConfig(_Section):
+    """One scheduled golden replay: a set, the engines to compare, the routes it guards."""
+
+    name: str
+    set: str
+    model: str
+    routes: list[str]
+    #: engine options for probes.engines.get_engine, e.g. {kind: torch, model_path: ..., precision: fp8}
+    candidate: dict[str, Any]
+    baseline: dict[str, Any]
+    every_s: float | None = Field(3600.0, gt=0)
+    cron: str | None = None
+    jitter_s: float = Field(30.0, ge=0)
+    max_items: int | None = Field(None, ge=1)
+    on_suspicion: bool = True
+
+
+class GoldenConfig(_Section):
+    jobs: list[GoldenJobConfig] = Field(default_factory=list)
+    reports_dir: str | None = None
+    #: minimum seconds between two suspicion-triggered replays of one job
+    debounce_s: float = Field(60.0, ge=0)
+
+
+class GpuConfig(_Section):
+    enabled: bool = False
+    interval_s: float = Field(1.0, gt=0)
+    #: GPU UUID (or MIG instance UUID) -> the "model/route" entries (globs allowed) it serves
+    routes: dict[str, list[str]] = Field(default_factory=dict)
+
+
 class ServerConfig(_Section):
     host: str = "127.0.0.1"
     port: int = Field(9464, ge=0, le=65535)
@@ -85,6 +118,8 @@ class Config(BaseSettings):
     windows: WindowConfig = Field(default_factory=WindowConfig)
     alerts: AlertsConfig = Field(default_factory=AlertsConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
+    golden: GoldenConfig = Field(default_factory=GoldenConfig)
+    gpu: GpuConfig = Field(default_factory=GpuConfig)
     #: seconds between checks of the policy files for edits
     policy_poll_s: float = Field(1.0, gt=0)
 

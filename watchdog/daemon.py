@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from watchdog.config import Config
 from watchdog.ingest import Ingest, make_consumer, make_producer
 from watchdog.keys import Keys
 from watchdog.metrics import Metrics
-from watchdog.policy import PolicyEngine, PolicyLoader
+from watchdog.policy import PolicyEngine, PolicyError, PolicyLoader
 from watchdog.routing import RoutingFlags
 from watchdog.signals import Action, Signal
 from watchdog.windows import WindowAggregator
@@ -58,10 +59,13 @@ class Daemon:
             socket_connect_timeout=cfg.redis.socket_timeout_s, decode_responses=True)
         self.store = FlagStore(self.redis, self.keys)
         self.actuator = Actuator(self.store)
-        self.flags = RoutingFlags(self.redis, self.keys, default_precision=cfg.default_precision)
+        self.flags = RoutingFlags(cfg.redis.url, self.keys, default_precision=cfg.default_precision)
         self.alerter = alerter or Alerter.from_config([c.model_dump() for c in cfg.alerts.channels])
-        self.loader = PolicyLoader(cfg.policies, on_error=self._policy_rejected)
-        self.engine = PolicyEngine(self.loader.current)
+        self.loader = PolicyLoader(cfg.policies)
+        if self.loader.last_errors:
+            raise PolicyError(self.loader.last_errors)
+        self.loader.on_error = self._policy_rejected
+        self.engine = PolicyEngine(self.loader.policy_set)
         self.sources = list(sources or [])
         self.aggregator = self._new_aggregator()
         self.ingest: Ingest | None = None
@@ -71,7 +75,13 @@ class Daemon:
         self._stop = threading.Event()
         self._last_policy_check = 0.0
         self._last_persist_try = 0.0
-        self.metrics.policies_loaded.set(len(self.loader.current.policies))
+        self._reload_requested = threading.Event()
+        self._max_event_ts = 0.0
+        #: closed live windows not yet recorded in Redis (written with the state, atomically)
+        self._unsaved: list[Signal] = []
+        #: (model, route) -> end of the window that caused the pending flip (reaction metric)
+        self._decided_at: dict[tuple[str, str], float] = {}
+        self.metrics.policies_loaded.set(len(self.loader.policy_set.policies))
 
     # -- construction helpers --------------------------------------------------------------
     def _new_aggregator(self) -> WindowAggregator:
@@ -93,6 +103,8 @@ class Daemon:
                              sink=self._fold, on_revoked=self._on_revoked)
 
     def _fold(self, event: Any, pkey: tuple[str, int], offset: int) -> None:
+        if event.ts > self._max_event_ts:
+            self._max_event_ts = event.ts
         self.aggregator.add(event, pkey, offset)
 
     @property
@@ -124,7 +136,7 @@ class Daemon:
         self.restore()
         self.alerter.start()
         log.info("llm-watchdog running: topic %s, %d policies", self.cfg.kafka.topic,
-                 len(self.loader.current.policies))
+                 len(self.loader.policy_set.policies))
         try:
             while not self._stop.is_set():
                 self.step()
@@ -134,9 +146,17 @@ class Daemon:
     def step(self, poll_ms: int = 200) -> None:
         t0 = time.monotonic()
         assert self.ingest is not None
-        self.ingest.poll(poll_ms)
+        seen = self.ingest.poll(poll_ms)
         now = self.clock()
-        signals = self.aggregator.close_due(now)
+        # Windows close on event time (the newest event read, capped at our clock) so that a backlog
+        # read after a restart or a stall is never cut short. Only when a poll of assigned
+        # partitions finds nothing waiting does wall-clock time close the windows of quiet routes.
+        signals: list[Signal] = []
+        if seen:
+            signals = self.aggregator.close_due(min(now, self._max_event_ts))
+        elif self.aggregator.open_windows() and self.ingest.assigned():
+            signals = self.aggregator.close_due(now)
+        self._unsaved.extend(signals)
         if signals:
             self.metrics.windows_closed.inc(len(signals))
             self.stats.windows_closed += len(signals)
@@ -170,18 +190,19 @@ class Daemon:
                  " (dry run)" if action.dry_run else "", action.reason)
         if action.kind in ("rollback", "promote") and not action.dry_run:
             self.actuator.submit(action)
+            self._decided_at[(action.model, action.route)] = action.at or self.clock()
         self.alerter.handle(action)
 
     def _act(self, now: float) -> None:
         for result in self.actuator.pump(now):
             self.metrics.flips.labels("applied" if result.applied else "refused").inc()
-            action = getattr(result, "action", None)
-            if result.applied and action is not None and action.kind == "rollback" and action.at:
-                self.metrics.reaction_seconds.observe(max(0.0, now - action.at))
-            if result.refused and action is not None:
-                self.alerter.ops_alert(f"refused/{action.model}/{action.route}",
-                                       f"{action.kind} of {action.model}/{action.route} refused: {result.refused}",
-                                       "warning", {"policy": action.policy})
+            decided = self._decided_at.pop((result.model, result.route), None)
+            if result.applied and decided is not None:
+                self.metrics.reaction_seconds.observe(max(0.0, now - decided))
+            if result.refused:
+                self.alerter.ops_alert(f"refused/{result.model}/{result.route}",
+                                       f"switch of {result.model}/{result.route} to {result.precision} refused: "
+                                       f"{result.refused}", "warning", {"policy": result.policy})
         self.metrics.pending.set(self.actuator.pending())
         self._set_redis_health(self.actuator.healthy, self.actuator.last_error)
 
@@ -192,11 +213,18 @@ class Daemon:
         blob = json.dumps({"schema": 1, "closed_until": self._closed_until, "engine": self.engine.export_state(),
                            "saved_at": now, "instance": self.cfg.instance})
         try:
-            self.store.save_state(self._state_name, blob)
-            self.redis.set(self.keys.heartbeat(self.cfg.instance), str(now), ex=60)
-        except redis.RedisError as exc:
+            # state, the closed windows' records and the heartbeat land together or not at all
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.set(self.keys.state(self._state_name), blob)
+            for sig in self._unsaved:
+                pipe.xadd(self.keys.windows, {"json": json.dumps(_window_record(sig))},
+                          maxlen=self.cfg.redis.windows_maxlen, approximate=True)
+            pipe.set(self.keys.heartbeat(self.cfg.instance), json.dumps({"at": now, "pid": os.getpid()}), ex=60)
+            pipe.execute()
+        except (redis.RedisError, OSError) as exc:
             self._set_redis_health(False, f"saving state failed: {exc}")
             return
+        self._unsaved.clear()
         self._state_dirty = False
         self._set_redis_health(self.actuator.healthy, self.actuator.last_error)
 
@@ -211,11 +239,19 @@ class Daemon:
             self.ingest.lag()
 
     def _check_policies(self, now: float) -> None:
+        if self._reload_requested.is_set():
+            self._reload_requested.clear()
+            self.reload_policies()
+            return
         if now - self._last_policy_check < self.cfg.policy_poll_s:
             return
         self._last_policy_check = now
         if self.loader.check():
             self._apply_policies()
+
+    def request_reload(self) -> None:
+        """Safe from a signal handler: the main loop re-reads the policy files next iteration."""
+        self._reload_requested.set()
 
     def reload_policies(self) -> None:
         """SIGHUP: re-read the policy files now."""
@@ -223,11 +259,11 @@ class Daemon:
             self._apply_policies()
 
     def _apply_policies(self) -> None:
-        self.engine.update(self.loader.current)
+        self.engine.set_policy_set(self.loader.policy_set)
         self.metrics.policy_reloads.labels("ok").inc()
-        self.metrics.policies_loaded.set(len(self.loader.current.policies))
+        self.metrics.policies_loaded.set(len(self.loader.policy_set.policies))
         self.alerter.ops_resolve("policy-reload")
-        log.info("policies reloaded: %d in force", len(self.loader.current.policies))
+        log.info("policies reloaded: %d in force", len(self.loader.policy_set.policies))
 
     def _policy_rejected(self, errors: list[str]) -> None:
         self.metrics.policy_reloads.labels("rejected").inc()
@@ -251,6 +287,7 @@ class Daemon:
         now = self.clock()
         try:
             signals = self.aggregator.close_all()
+            self._unsaved.extend(signals)
             if signals:
                 self._closed_until = max(self._closed_until, max(s.end for s in signals))
                 self._decide(signals, now)
@@ -287,7 +324,7 @@ class Daemon:
             "uptime_s": round(time.time() - self.stats.started_at, 1),
             "ready": not self.problems(),
             "problems": self.problems(),
-            "policies": [p.name for p in self.loader.current.policies],
+            "policies": [p.name for p in self.loader.policy_set.policies],
             "flags": {f"{m}/{r}": p for (m, r), p in self.flags.snapshot().items()},
             "verdicts": self.engine.snapshot(),
             "pending_decisions": self.actuator.pending(),
@@ -297,6 +334,11 @@ class Daemon:
             "incidents": self.alerter.open_incidents(),
             "alerts": self.alerter.stats(),
         }
+
+
+def _window_record(sig: Signal) -> dict[str, Any]:
+    return {"schema": 1, "source": sig.source, "model": sig.model, "route": sig.route, "precision": sig.precision,
+            "start": sig.start, "end": sig.end, "samples": sig.samples, "values": sig.values}
 
 
 def _action_dict(a: Action) -> dict[str, Any]:

@@ -142,6 +142,9 @@ class Ingest:
             self._fail(f"commit failed: {exc}")
             return False
 
+    def assigned(self) -> bool:
+        return bool(self.consumer.assignment())
+
     def lag(self) -> dict[int, int]:
         out = {}
         for tp in self.consumer.assignment():

@@ -1,0 +1,164 @@
+"""End to end on real services: Tansu (Kafka protocol), redis-server, an HTTP alert sink."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+from kafka import KafkaConsumer, KafkaProducer
+
+from tests.daemon_harness import MODEL, make_config, running_daemon, traffic, wait_until, write_policy
+from watchdog.actuator import FlagStore
+from watchdog.alertsink import AlertSink
+from watchdog.keys import Keys
+
+pytestmark = pytest.mark.services
+
+
+@pytest.fixture
+def sink():
+    s = AlertSink()
+    url = s.start()
+    yield s, url
+    s.stop()
+
+
+def _alerts_for(sink: AlertSink, route: str) -> list[dict]:
+    return [r.body for r in sink.received if r.path.endswith("webhook") and route in json.dumps(r.body)]
+
+
+def test_regression_rolls_back_once_and_healthy_route_never_flips(kafka_service, redis_service, redis_client,
+                                                                  topic, tmp_path, sink):
+    s, url = sink
+    cfg = make_config(kafka_service.address, redis_service.port, topic, write_policy(tmp_path / "p.yaml"), url)
+    with running_daemon(cfg) as (daemon, server), \
+            traffic(kafka_service.address, topic, ["legal/contracts", "support/chat"],
+                    daemon.flags.precision_for) as gen:
+        assert wait_until(lambda: daemon.stats.windows_closed >= 8, 30), "windows do not close"
+        gen.inject(MODEL, "legal/contracts", "quality")
+        assert wait_until(lambda: daemon.flags.precision_for(MODEL, "legal/contracts") == "fp16", 30)
+        # keep running: more failing windows must not page again nor write again
+        closed = daemon.stats.windows_closed
+        assert wait_until(lambda: daemon.stats.windows_closed >= closed + 16, 30)
+        status = httpx.get(f"{server.url}/status").json()
+
+    store = FlagStore(redis_client, Keys())
+    flag = store.get(MODEL, "legal/contracts")
+    assert flag is not None and flag.precision == "fp16" and flag.policy == "e2e"
+    audit = [r for r in store.audit(100) if r.get("route") == "legal/contracts"]
+    assert len(audit) == 1, audit
+    firing = [b for b in _alerts_for(s, "legal/contracts") if b.get("status") == "firing"]
+    assert len(firing) == 1, firing
+    # the healthy route served FP8 for the whole run and was judged many times
+    assert store.get(MODEL, "support/chat") is None
+    healthy_windows = [json.loads(v["json"]) for _id, v in redis_client.xrange("llmwd:windows")]
+    n = sum(1 for w in healthy_windows if w["route"] == "support/chat" and w["precision"] == "fp8")
+    assert n >= 10
+    assert "legal/contracts" in json.dumps(status["flags"])
+
+
+def test_poison_events_go_to_dead_letters_and_daemon_stays_up(kafka_service, redis_service, redis_client, topic,
+                                                              tmp_path):
+    cfg = make_config(kafka_service.address, redis_service.port, topic, write_policy(tmp_path / "p.yaml"), None,
+                      windows={"length_s": 1.0, "grace_s": 0.3, "max_event_bytes": 4096})
+    good = {"request_id": "r1", "ts": time.time(), "model": MODEL, "route": "a", "precision": "fp8",
+            "status": "ok", "latency_ms": 12.5}
+    poison = [b"not json at all", b"\xff\xfe\xfa", b"[1, 2, 3]", json.dumps({**good, "route": None}).encode(),
+              json.dumps({**good, "latency_ms": "fast"}).encode(), json.dumps({**good, "pad": "x" * 5000}).encode()]
+    producer = KafkaProducer(bootstrap_servers=kafka_service.address)
+    with running_daemon(cfg) as (daemon, server):
+        for i, bad in enumerate(poison):
+            producer.send(topic, value=json.dumps({**good, "request_id": f"ok{i}", "ts": time.time()}).encode())
+            producer.send(topic, key=b"k%d" % i, value=bad)
+        producer.flush()
+        assert wait_until(lambda: daemon.metrics.events.labels("invalid")._value.get() >= len(poison), 30)
+        assert wait_until(lambda: daemon.metrics.events.labels("ok")._value.get() >= len(poison), 10)
+        assert httpx.get(f"{server.url}/healthz").status_code == 200
+    producer.close()
+    consumer = KafkaConsumer(f"{topic}.dlq", bootstrap_servers=kafka_service.address, group_id=f"dlq-{topic}",
+                             auto_offset_reset="earliest", consumer_timeout_ms=15000, session_timeout_ms=6000,
+                             heartbeat_interval_ms=1000)
+    dead = []
+    for rec in consumer:
+        dead.append(rec)
+        if len(dead) == len(poison):
+            break
+    consumer.close()
+    assert sorted(r.value for r in dead) == sorted(poison)
+    reasons = {dict(r.headers)["llmwd.reason"].decode() for r in dead}
+    assert {"not_json", "bad_utf8", "not_object", "too_large"} <= {r.split(":")[0] for r in reasons}
+    assert all(dict(r.headers)["llmwd.source.topic"].decode() == topic for r in dead)
+
+
+def test_invalid_policy_edit_is_rejected_and_old_policy_keeps_acting(kafka_service, redis_service, redis_client,
+                                                                     topic, tmp_path, sink):
+    s, url = sink
+    policy = write_policy(tmp_path / "p.yaml")
+    cfg = make_config(kafka_service.address, redis_service.port, topic, policy, url)
+    with running_daemon(cfg) as (daemon, _server), \
+            traffic(kafka_service.address, topic, ["legal/contracts"], daemon.flags.precision_for) as gen:
+        policy.write_text(policy.read_text().replace('fail_if: "candidate < 0.85"', 'fail_if: "candidate <<< 0.85"'))
+        assert wait_until(lambda: any("rejected" in json.dumps(r.body) for r in s.received), 15)
+        gen.inject(MODEL, "legal/contracts", "quality")
+        assert wait_until(lambda: daemon.flags.precision_for(MODEL, "legal/contracts") == "fp16", 30)
+    rejected = [r.body for r in s.received if "rejected" in json.dumps(r.body)]
+    assert "p.yaml:" in json.dumps(rejected[0])  # the alert names file:line:col
+
+
+def test_dry_run_alerts_would_roll_back_but_never_flips(kafka_service, redis_service, redis_client, topic,
+                                                        tmp_path, sink):
+    s, url = sink
+    cfg = make_config(kafka_service.address, redis_service.port, topic,
+                      write_policy(tmp_path / "p.yaml", dry_run=True), url)
+    with running_daemon(cfg) as (daemon, _server), \
+            traffic(kafka_service.address, topic, ["legal/contracts"], daemon.flags.precision_for) as gen:
+        gen.inject(MODEL, "legal/contracts", "quality")
+        assert wait_until(lambda: any("would roll back" in json.dumps(b).lower()
+                                      for b in _alerts_for(s, "legal/contracts")), 30)
+        time.sleep(2)
+    assert redis_client.exists("llmwd:route:%s:legal/contracts" % MODEL) == 0
+    assert redis_client.xlen("llmwd:audit") == 0
+
+
+def test_pin_wins_over_policy_until_it_expires(kafka_service, redis_service, redis_client, topic, tmp_path, sink):
+    s, url = sink
+    cfg = make_config(kafka_service.address, redis_service.port, topic, write_policy(tmp_path / "p.yaml"), url)
+    store = FlagStore(redis_client, Keys())
+    store.pin(MODEL, "legal/contracts", "fp8", 6.0, reason="incident drill", changed_by="test")
+    pinned_at = time.time()
+    with running_daemon(cfg) as (daemon, _server), \
+            traffic(kafka_service.address, topic, ["legal/contracts"], daemon.flags.precision_for) as gen:
+        gen.inject(MODEL, "legal/contracts", "quality")
+        assert wait_until(lambda: any("refused" in json.dumps(r.body) for r in s.received), 20)
+        flag = store.get(MODEL, "legal/contracts")
+        assert flag is not None and flag.precision == "fp8" and time.time() < pinned_at + 6.0
+        assert wait_until(lambda: daemon.flags.precision_for(MODEL, "legal/contracts") == "fp16", 30)
+    assert time.time() >= pinned_at + 6.0
+    flips = [r for r in store.audit(50) if r.get("route") == "legal/contracts"]
+    assert [r["precision"] for r in reversed(flips)][-1] == "fp16"
+
+
+def test_redis_outage_keeps_decision_pending_then_applies_it_once(kafka_service, own_redis, topic, tmp_path, sink):
+    s, url = sink
+    cfg = make_config(kafka_service.address, own_redis.port, topic, write_policy(tmp_path / "p.yaml"), url)
+    with running_daemon(cfg) as (daemon, server), \
+            traffic(kafka_service.address, topic, ["legal/contracts"], daemon.flags.precision_for) as gen:
+        assert wait_until(lambda: daemon.stats.windows_closed >= 2, 30)
+        own_redis.kill()
+        gen.inject(MODEL, "legal/contracts", "quality")
+        assert wait_until(lambda: daemon.actuator.pending() == 1, 30), "no pending decision during the outage"
+        ready = httpx.get(f"{server.url}/readyz")
+        assert ready.status_code == 503 and "redis" in ready.text
+        assert wait_until(lambda: any("Redis unreachable" in json.dumps(r.body) for r in s.received), 10)
+        own_redis.start()
+        assert wait_until(lambda: daemon.actuator.pending() == 0, 40)
+        assert wait_until(lambda: httpx.get(f"{server.url}/readyz").status_code == 200, 20)
+    client = redis.Redis(port=own_redis.port, decode_responses=True)
+    store = FlagStore(client, Keys())
+    assert store.get(MODEL, "legal/contracts").precision == "fp16"
+    assert len([r for r in store.audit(50) if r.get("route") == "legal/contracts"]) == 1
+    client.close()

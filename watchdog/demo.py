@@ -1,0 +1,182 @@
+"""The embedded default: everything on this machine, and a real rollback to watch.
+
+Starts a Tansu broker and a redis-server on free ports, a local alert sink standing in for
+on-call, the daemon with the shipped default policy, and a traffic generator that routes like a
+gateway (it reads the flags the daemon writes). After a healthy phase it injects an FP8 quality
+regression on one route; the daemon rolls that route back to FP16. Then, when torch is installed,
+a golden replay with the in-process engine (a tiny model, real FP8 numerics) catches a stale FP8
+calibration on another route and rolls it back too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from watchdog.alertsink import AlertSink
+from watchdog.config import load_config
+from watchdog.daemon import Daemon
+from watchdog.embedded import free_port, start_redis, start_tansu
+from watchdog.server import StatusServer
+from watchdog.traffic import Route, TrafficGenerator
+
+log = logging.getLogger(__name__)
+
+MODEL = "llama-3.1-8b-instruct"
+ROUTES = ["support/chat", "legal/contracts", "medical/triage", "code/assist"]
+REGRESSED = "legal/contracts"
+GOLDEN_ROUTE = "code/assist"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _wait(cond: Callable[[], bool], timeout: float, tick: Callable[[], None] | None = None) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        if tick:
+            tick()
+        time.sleep(0.5)
+    return cond()
+
+
+def _flag_table(daemon: Daemon) -> Table:
+    table = Table("route", "precision", "epoch", "changed by", "reason", title="Redis routing flags")
+    flags = {(f.model, f.route): f for f in daemon.store.list()}
+    for route in ROUTES:
+        f = flags.get((MODEL, route))
+        if f is None:
+            table.add_row(route, f"{daemon.cfg.default_precision} (default)", "-", "-", "-")
+        else:
+            style = "bold red" if f.precision != daemon.cfg.default_precision else "green"
+            table.add_row(route, f"[{style}]{f.precision}[/]", str(f.epoch), f.changed_by, f.reason[:70])
+    return table
+
+
+def run_demo(duration_s: float | None = None, golden: bool = True, workdir: Path | None = None) -> int:
+    console = Console()
+    workdir = workdir or ROOT / ".demo"
+    workdir.mkdir(parents=True, exist_ok=True)
+    console.rule("[bold]llm-watchdog embedded default")
+    kafka = start_tansu(workdir=workdir / "tansu")
+    redis_svc = start_redis(workdir=workdir / "redis", appendonly=False)
+    sink = AlertSink(echo=False)
+    sink_url = sink.start()
+    console.print(f"Kafka-protocol broker (Tansu) on {kafka.address}, redis-server on {redis_svc.address}, "
+                  f"on-call sink on {sink_url}")
+    topic = "llm.inference.logs"
+    cfg = load_config(
+        None,
+        policies=[str(ROOT / "policies" / "default.yaml")],
+        kafka={"bootstrap_servers": kafka.address, "topic": topic, "group_id": "llm-watchdog-demo",
+               "session_timeout_ms": 6000, "heartbeat_interval_ms": 1000},
+        redis={"url": f"redis://{redis_svc.address}/0"},
+        windows={"length_s": 2.0, "grace_s": 0.5},
+        alerts={"channels": [{"kind": "webhook", "url": f"{sink_url}/webhook"},
+                             {"kind": "slack", "url": f"{sink_url}/slack"}]},
+        server={"port": free_port()},
+    )
+    sources = []
+    golden_probe = None
+    if golden:
+        golden_probe = _golden_probe(console, workdir)
+        if golden_probe is not None:
+            sources.append(golden_probe.drain)
+    daemon = Daemon(cfg, sources=sources)
+    server = StatusServer(cfg.server.host, cfg.server.port, daemon.metrics.registry, daemon.status,
+                          daemon.problems, daemon.alive).start()
+    console.print(f"daemon: /metrics /healthz /readyz /status on {server.url}")
+    thread = threading.Thread(target=daemon.run, name="llmwd-daemon", daemon=True)
+    thread.start()
+
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=kafka.address, linger_ms=20)
+    traffic = TrafficGenerator([Route(MODEL, r, rate=40.0) for r in ROUTES], precision_of=daemon.flags.precision_for)
+    traffic.start(producer, topic)
+    started = time.monotonic()
+    code = 0
+    try:
+        console.print(f"[bold]1. Healthy traffic[/] on {len(ROUTES)} routes (FP8 + a FP16 baseline slice + shadows); "
+                      "windows of 2 s")
+        _wait(lambda: daemon.stats.windows_closed >= 4 * len(ROUTES) * 2, 40)
+        console.print(f"   {traffic.sent} events sent, {daemon.stats.windows_closed} windows closed, "
+                      f"actions so far: {daemon.stats.actions}")
+        console.print(_flag_table(daemon))
+
+        console.print(f"[bold]2. Injecting an FP8 quality regression[/] on {REGRESSED}: FP8 answers drift from "
+                      "their FP16 shadows, token log-probabilities drop")
+        t_inject = time.monotonic()
+        traffic.inject(MODEL, REGRESSED, "quality")
+        flipped = _wait(lambda: daemon.flags.precision_for(MODEL, REGRESSED) == "fp16", 90)
+        if not flipped:
+            console.print("[red]the route was not rolled back within 90 s[/]")
+            code = 1
+        else:
+            console.print(f"   [bold red]ROLLED BACK[/] {MODEL}/{REGRESSED} to FP16 "
+                          f"{time.monotonic() - t_inject:.1f} s after the regression began")
+            _show_evidence(console, daemon, sink, REGRESSED)
+
+        if golden_probe is not None:
+            console.print(f"[bold]3. Golden replay[/] with the in-process engine on {GOLDEN_ROUTE}: a healthy FP8 "
+                          "calibration, then a stale one (real FP8 numerics)")
+            if not golden_probe.run_phase(console, daemon):
+                code = 1
+            else:
+                _show_evidence(console, daemon, sink, GOLDEN_ROUTE)
+
+        if duration_s is not None:
+            remaining = duration_s - (time.monotonic() - started)
+            if remaining > 0:
+                time.sleep(remaining)
+        console.print(_flag_table(daemon))
+        stats = daemon.status()
+        console.print(f"Status: ready={stats['ready']} windows_closed={stats['windows_closed']} "
+                      f"incidents={len(stats['incidents'])} alerts={json.dumps(stats['alerts'].get('sent', stats['alerts']))}")
+    finally:
+        traffic.stop()
+        producer.close(timeout=5)
+        daemon.stop()
+        thread.join(timeout=20)
+        server.stop()
+        sink.stop()
+        kafka.stop()
+        redis_svc.stop()
+    console.rule("[bold green]demo finished" if code == 0 else "[bold red]demo failed")
+    return code
+
+
+def _show_evidence(console: Console, daemon: Daemon, sink: AlertSink, route: str) -> None:
+    flag = daemon.store.get(MODEL, route)
+    if flag is not None:
+        console.print(f"   Redis hash {daemon.keys.route(MODEL, route)}: precision={flag.precision} epoch={flag.epoch} "
+                      f"policy={flag.policy} changed_by={flag.changed_by}")
+        console.print(f"     reason: {flag.reason}")
+    for rec in daemon.store.audit(count=20):
+        if rec.get("route") == route:
+            console.print(f"   audit stream {daemon.keys.audit}: {rec.get('old_precision', '?')} -> {rec.get('precision')}"
+                          f" epoch {rec.get('epoch')} by {rec.get('changed_by')}")
+            break
+    _wait(lambda: any(route in json.dumps(r.body) for r in sink.received), 10)
+    for r in sink.received:
+        if r.path.endswith("webhook") and route in json.dumps(r.body):
+            body: Any = r.body
+            console.print(f"   on-call alert received at {r.path}: [{body.get('severity')}] {body.get('summary')}")
+            break
+
+
+def _golden_probe(console: Console, workdir: Path) -> Any:
+    try:
+        from watchdog.demo_golden import GoldenDemo
+    except ImportError as exc:  # torch extra missing
+        console.print(f"[yellow]golden replay part skipped: {exc}[/]")
+        return None
+    return GoldenDemo(MODEL, GOLDEN_ROUTE, workdir)
