@@ -121,6 +121,11 @@ class GoldenSet:
         context = "\n".join(f"[{n}] {p}" for n, p in enumerate(item.context, 1))
         return template.replace("{context}", context).replace("{prompt}", item.prompt)
 
+    def pairs(self) -> list[tuple[str, str]]:
+        """(rendered prompt, reference) pairs: exactly what replay sends and scores (use these to
+        train a tiny test model, e.g. ``probes.tiny_model --pairs``)."""
+        return [(self.render(i), i.reference) for i in self.items]
+
     def head(self, n: int) -> GoldenSet:
         """The first ``n`` items (a quick smoke replay)."""
         return GoldenSet(path=self.path, manifest=self.manifest, items=self.items[: max(0, n)])
@@ -406,8 +411,21 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    try:
+        gs = load_golden_set(find_golden_set(args.name, args.root))
+    except GoldenSetError as exc:
+        for e in exc.errors:
+            print(e, file=sys.stderr)
+        return 2
+    for item, (prompt, reference) in zip(gs.items, gs.pairs(), strict=True):
+        print(json.dumps({"id": item.id, "prompt": prompt, "reference": reference}, ensure_ascii=False))
+    return 0
+
+
 def add_golden_commands(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """``golden validate [PATH...]`` and ``golden list``; each sets ``func(args) -> exit code``."""
+    """``golden validate [PATH...]``, ``golden list`` and ``golden export NAME``; each sets
+    ``func(args) -> exit code``."""
     golden = subparsers.add_parser("golden", help="golden prompt sets")
     golden.add_argument("--root", default=None, help="directory of golden sets (default: golden_sets)")
     sub = golden.add_subparsers(dest="golden_command", required=True)
@@ -417,4 +435,7 @@ def add_golden_commands(subparsers: argparse._SubParsersAction) -> argparse.Argu
     ls = sub.add_parser("list", help="list golden sets")
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=_cmd_list)
+    ex = sub.add_parser("export", help="print a set's rendered (prompt, reference) pairs as JSONL")
+    ex.add_argument("name", help="set name or directory")
+    ex.set_defaults(func=_cmd_export)
     return golden

@@ -147,3 +147,8 @@ def test_cli_validate_and_list(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert cli(["golden", "--root", str(REPO_SETS), "list", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert {r["name"]: r["items"] for r in rows}["legal-clauses"] >= 50
+    assert cli(["golden", "--root", str(REPO_SETS), "export", "code"]) == 0
+    exported = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    code = load_golden_set(REPO_SETS / "code")
+    assert [(e["prompt"], e["reference"]) for e in exported] == code.pairs()
+    assert exported[0]["prompt"] == f"Task: {code.items[0].prompt}\nAnswer:\n"
