@@ -104,6 +104,7 @@ class Fp8Linear(nn.Module):
         aligned = self.in_features % 16 == 0 and self.out_features % 16 == 0
         self.backend = "scaled_mm" if aligned and scaled_mm_supported(weight.device) else "emulated"
         self._w_dequant: torch.Tensor | None = None
+        self._scale_cache: dict[torch.dtype, torch.Tensor] = {}
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, act_amax: float | None, **kwargs: Any) -> Fp8Linear:
@@ -114,7 +115,7 @@ class Fp8Linear(nn.Module):
         """Returns (x_fp8 [M, K], scale_a float32: [1] static, [M, 1] dynamic)."""
         if self.activation_mode == "static":
             # divide in the activation dtype: one pass over x, no float32 copy on the GPU path
-            scaled = x2d / self.act_scale.to(x2d.dtype)
+            scaled = x2d / self._scale_in(x2d.dtype)
             if self.track_saturation:
                 self._n_values += scaled.numel()
                 self._n_saturated += (scaled.abs() > E4M3_MAX).sum()
@@ -126,6 +127,13 @@ class Fp8Linear(nn.Module):
         if self.track_saturation:
             self._n_values += x2d.numel()
         return x_fp8, scale
+
+    def _scale_in(self, dtype: torch.dtype) -> torch.Tensor:
+        # cached cast: a per-call .to() would be one more kernel per GEMM at decode
+        cached = self._scale_cache.get(dtype)
+        if cached is None or cached.device != self.act_scale.device:
+            cached = self._scale_cache[dtype] = self.act_scale.to(dtype)
+        return cached
 
     def _matmul_scaled_mm(self, x_fp8: torch.Tensor, scale_a: torch.Tensor) -> torch.Tensor:
         m = x_fp8.shape[0]

@@ -18,7 +18,7 @@ import inspect
 import json
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -85,7 +85,8 @@ class TorchEngine:
     """Greedy batched decoding with a KV cache (left padding), logprobs and teacher-forced scoring."""
 
     def __init__(self, model_path: str | Path | None = None, precision: str = "fp16", *, device: str = "auto",
-                 dtype: str | None = None, batch_size: int = 16, calibration: str | Path | None = None,
+                 dtype: str | None = None, batch_size: int = 16,
+                 calibration: str | Path | Mapping[str, float] | None = None,
                  fp8_weight_scale: str = "tensor", fp8_activation: str = "static",
                  scale_multiplier: float = 1.0, max_batch_tokens: int | None = None, name: str | None = None,
                  model: Any = None, tokenizer: Any = None, track_saturation: bool = True) -> None:
@@ -116,7 +117,9 @@ class TorchEngine:
             from probes.fp8 import calibration_path, load_calibration, quantize_model
 
             amax = None
-            if fp8_activation == "static":
+            if fp8_activation == "static" and isinstance(calibration, Mapping):
+                amax = {str(k): float(v) for k, v in calibration.items()}
+            elif fp8_activation == "static":
                 cal = Path(calibration) if calibration else (calibration_path(model_path) if model_path else None)
                 if cal is None or not cal.exists():
                     raise FileNotFoundError(f"fp8 with static scales needs a calibration file ({cal}); "
@@ -323,21 +326,13 @@ def calibrate_model(model_path: str | Path, prompts: Sequence[str], out: str | P
     Pass the texts the FP8 engine will see (prompts, ideally with their references appended, so the
     decode-time activations are covered too). Returns the path written.
     """
-    from probes.fp8 import calibrate, calibration_path, save_calibration
+    from probes.fp8 import calibration_path, save_calibration
 
     texts = [t for t in prompts if t]
     if not texts:
         raise ValueError("calibration needs at least one non-empty prompt")
     engine = TorchEngine(model_path, "fp16", device=device, dtype=dtype, batch_size=batch_size)
-    encoded = [engine.encode_prompt(t) for t in texts]
-
-    def batches():
-        for batch in engine._batches([len(e) for e in encoded], 0):
-            ids, mask = engine._pad_left([encoded[i] for i in batch])
-            yield {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
-                   "use_cache": False}
-
-    amax = calibrate(engine.model, batches())
+    amax = calibrate_engine(engine, texts)
     target = Path(out) if out else calibration_path(model_path)
     info = {"model": str(model_path), "n_texts": len(texts), "dtype": str(engine.dtype),
             "device": engine.device, "created": time.time(), **(meta or {})}
@@ -345,45 +340,41 @@ def calibrate_model(model_path: str | Path, prompts: Sequence[str], out: str | P
     return save_calibration(target, amax, info)
 
 
-def load_set_texts(name_or_path: str, golden_dir: str | Path = "golden_sets",
-                   include_references: bool = True) -> list[str]:
-    """Calibration texts from a golden set file (JSONL/JSON/YAML items with 'prompt' [+ 'reference'])."""
-    path = Path(name_or_path)
-    if not path.exists():
-        for ext in (".jsonl", ".json", ".yaml", ".yml"):
-            cand = Path(golden_dir) / f"{name_or_path}{ext}"
-            if cand.exists():
-                path = cand
-                break
-        else:
-            raise FileNotFoundError(f"golden set {name_or_path!r} not found (looked in {golden_dir})")
-    raw = path.read_text(encoding="utf-8")
-    if path.suffix == ".jsonl":
-        items: Any = [json.loads(line) for line in raw.splitlines() if line.strip()]
-    elif path.suffix == ".json":
-        items = json.loads(raw)
-    else:
-        import yaml
+def calibrate_engine(engine: TorchEngine, texts: Sequence[str]) -> dict[str, float]:
+    """Activation absmax per linear layer of a (high-precision) engine's model over ``texts``."""
+    from probes.fp8 import calibrate
 
-        items = yaml.safe_load(raw)
-    if isinstance(items, dict):
-        items = items.get("items") or items.get("prompts") or []
-    texts = []
-    for item in items:
-        if isinstance(item, str):
-            texts.append(item)
-        elif isinstance(item, dict) and "prompt" in item:
-            ref = item.get("reference") if include_references else None
-            texts.append(str(item["prompt"]) + (str(ref) if ref else ""))
-    return texts
+    encoded = [e for e in (engine.encode_prompt(t) for t in texts) if e]
+    if not encoded:
+        raise ValueError("calibration needs at least one non-empty text")
+
+    def batches():
+        for batch in engine._batches([len(e) for e in encoded], 0):
+            ids, mask = engine._pad_left([encoded[i] for i in batch])
+            yield {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+                   "use_cache": False}
+
+    with engine._torch.inference_mode():
+        return calibrate(engine.model, batches())
+
+
+def load_set_texts(name_or_path: str, golden_dir: str | Path | None = None,
+                   include_references: bool = True) -> list[str]:
+    """Calibration texts from a golden set (rendered prompts, plus their references by default)."""
+    from probes.golden import find_golden_set, load_golden_set
+
+    gs = load_golden_set(find_golden_set(name_or_path, golden_dir))
+    return [gs.render(item) + (item.reference if include_references else "") for item in gs.items]
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from probes.golden import GoldenSetError
+
     try:
         texts = load_set_texts(args.set, args.golden_dir, include_references=not args.prompts_only)
         path = calibrate_model(args.model, texts, args.out, device=args.device, dtype=args.dtype,
                                meta={"set": args.set})
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError, GoldenSetError) as exc:
         print(f"calibrate: {exc}")
         return 2
     print(f"wrote {path} ({len(texts)} texts)")
@@ -394,7 +385,7 @@ def add_calibrate_command(subparsers: Any) -> None:
     p = subparsers.add_parser("calibrate", help="record FP8 activation scales for a model over a golden set")
     p.add_argument("--model", required=True, help="Hugging Face model directory")
     p.add_argument("--set", required=True, help="golden set name (in --golden-dir) or file path")
-    p.add_argument("--golden-dir", default="golden_sets")
+    p.add_argument("--golden-dir", default=None, help="root of the golden sets (default: golden_sets/)")
     p.add_argument("--out", default=None, help="default: MODEL/fp8_calibration.json")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default=None, help="compute dtype for the pass (default: fp16 on GPU, fp32 on CPU)")
