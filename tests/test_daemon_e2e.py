@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -120,7 +119,7 @@ def test_dry_run_alerts_would_roll_back_but_never_flips(kafka_service, redis_ser
         assert wait_until(lambda: any("would roll back" in json.dumps(b).lower()
                                       for b in _alerts_for(s, "legal/contracts")), 30)
         time.sleep(2)
-    assert redis_client.exists("llmwd:route:%s:legal/contracts" % MODEL) == 0
+    assert redis_client.exists(f"llmwd:route:{MODEL}:legal/contracts") == 0
     assert redis_client.xlen("llmwd:audit") == 0
 
 

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-import redis
 import yaml
 from kafka import KafkaProducer
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from watchdog.actuator import Actuator, FlagStore
 from watchdog.alerts import Alerter
 from watchdog.config import Config
 from watchdog.ingest import Ingest, make_consumer, make_producer
-from watchdog.keys import Keys
+from watchdog.keys import Keys, client_from_url
 from watchdog.metrics import Metrics
 from watchdog.policy import PolicyEngine, PolicyError, PolicyLoader
 from watchdog.routing import RoutingFlags
@@ -54,19 +55,21 @@ class Daemon:
         self.metrics = metrics or Metrics()
         self.stats = DaemonStats()
         self.keys = Keys(cfg.redis.prefix)
-        self.redis = redis_client or redis.Redis.from_url(
-            cfg.redis.url, socket_timeout=cfg.redis.socket_timeout_s,
-            socket_connect_timeout=cfg.redis.socket_timeout_s, decode_responses=True)
+        self.redis = redis_client or client_from_url(cfg.redis.url, timeout_s=cfg.redis.socket_timeout_s)
         self.store = FlagStore(self.redis, self.keys)
         self.actuator = Actuator(self.store)
         self.flags = RoutingFlags(cfg.redis.url, self.keys, default_precision=cfg.default_precision)
-        self.alerter = alerter or Alerter.from_config([c.model_dump() for c in cfg.alerts.channels])
+        self.alerter = alerter or Alerter.from_config(
+            [c.model_dump() for c in cfg.alerts.channels],
+            status_url=f"http://{cfg.server.host}:{cfg.server.port}/status")
         self.loader = PolicyLoader(cfg.policies)
         if self.loader.last_errors:
             raise PolicyError(self.loader.last_errors)
         self.loader.on_error = self._policy_rejected
         self.engine = PolicyEngine(self.loader.policy_set)
         self.sources = list(sources or [])
+        self.golden = self._golden_scheduler()
+        self.gpu = self._gpu_monitor()
         self.aggregator = self._new_aggregator()
         self.ingest: Ingest | None = None
         self._state_dirty = False
@@ -84,6 +87,40 @@ class Daemon:
         self.metrics.policies_loaded.set(len(self.loader.policy_set.policies))
 
     # -- construction helpers --------------------------------------------------------------
+    def _golden_scheduler(self) -> Any:
+        g = self.cfg.golden
+        if not g.jobs:
+            return None
+        from watchdog.golden_source import GoldenJob, GoldenScheduler
+
+        jobs = [GoldenJob(name=j.name, set_path=j.set, model=j.model, routes=j.routes, candidate=j.candidate,
+                          baseline=j.baseline, every_s=j.every_s, cron=j.cron, jitter_s=j.jitter_s,
+                          max_items=j.max_items, on_suspicion=j.on_suspicion) for j in g.jobs]
+        scheduler = GoldenScheduler(jobs, reports_dir=g.reports_dir, debounce_s=g.debounce_s)
+        self.sources.append(scheduler.drain)
+        return scheduler
+
+    def _gpu_monitor(self) -> Any:
+        g = self.cfg.gpu
+        if not g.enabled:
+            return None
+        # probes.gpu_* import pynvml lazily; without NVML the monitor reports "unavailable"
+        from probes.gpu_metrics import GpuGauges
+        from probes.gpu_monitor import GpuMonitor
+
+        mapping = {gpu: [tuple(entry.split("/", 1)) for entry in entries] for gpu, entries in g.routes.items()}
+        monitor = GpuMonitor(interval_s=g.interval_s, mapping=mapping, gauges=GpuGauges(self.metrics.registry))
+        last = [0.0]
+
+        def gpu_source(now: float) -> list[Signal]:
+            if now - last[0] < g.interval_s:
+                return []
+            last[0] = now
+            return monitor.signals()
+
+        self.sources.append(gpu_source)
+        return monitor
+
     def _new_aggregator(self) -> WindowAggregator:
         w = self.cfg.windows
         agg = WindowAggregator(length_s=w.length_s, grace_s=w.grace_s, shadow_sample_rate=w.shadow_sample_rate,
@@ -135,6 +172,10 @@ class Daemon:
             self.connect_kafka()
         self.restore()
         self.alerter.start()
+        if self.golden is not None:
+            self.golden.start()
+        if self.gpu is not None:
+            self.gpu.start()
         log.info("llm-watchdog running: topic %s, %d policies", self.cfg.kafka.topic,
                  len(self.loader.policy_set.policies))
         try:
@@ -188,6 +229,8 @@ class Daemon:
         self.stats.last_actions = (self.stats.last_actions + [_action_dict(action)])[-50:]
         log.info("action %s %s/%s by %s%s: %s", action.kind, action.model, action.route, action.policy,
                  " (dry run)" if action.dry_run else "", action.reason)
+        if self.golden is not None and (action.detail or {}).get("request_replay"):
+            self.golden.request(action.model, action.route, action.reason, self.clock())
         if action.kind in ("rollback", "promote") and not action.dry_run:
             self.actuator.submit(action)
             self._decided_at[(action.model, action.route)] = action.at or self.clock()
@@ -195,7 +238,8 @@ class Daemon:
 
     def _act(self, now: float) -> None:
         for result in self.actuator.pump(now):
-            self.metrics.flips.labels("applied" if result.applied else "refused").inc()
+            self.metrics.flips.labels("applied" if result.applied else "unchanged" if result.unchanged
+                                      else str(result.refused)).inc()
             decided = self._decided_at.pop((result.model, result.route), None)
             if result.applied and decided is not None:
                 self.metrics.reaction_seconds.observe(max(0.0, now - decided))
@@ -298,6 +342,10 @@ class Daemon:
             self._persist(self.clock())
             self._maybe_commit(self.clock(), force=True)
         finally:
+            if self.golden is not None:
+                self.golden.stop()
+            if self.gpu is not None:
+                self.gpu.stop()
             if self.ingest is not None:
                 self.ingest.close()
             self.flags.close()
@@ -333,6 +381,10 @@ class Daemon:
             "recent_actions": self.stats.last_actions[-20:],
             "incidents": self.alerter.open_incidents(),
             "alerts": self.alerter.stats(),
+            "golden": self.golden.status() if self.golden is not None else [],
+            "gpu": [h.to_dict() for h in self.gpu.latest()] if self.gpu is not None else [],
+            "heavy_modules_loaded": sorted(m for m in ("torch", "transformers", "evaluate", "pynvml")
+                                           if m in sys.modules),
         }
 
 
