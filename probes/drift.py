@@ -280,7 +280,7 @@ class DriftReport:
                 else f"[{self._fmt(m.ci_low, m.metric)}, {self._fmt(m.ci_high, m.metric)}]"
             )
             mark = ""
-            if m.ci_high is not None and m.ci_low is not None:
+            if m.diff_mean is not None and m.ci_high is not None and m.ci_low is not None:
                 worse = m.ci_high < 0 if m.higher_is_better else m.ci_low > 0
                 better = m.ci_low > 0 if m.higher_is_better else m.ci_high < 0
                 mark = "[red]worse[/red]" if worse else "[green]better[/green]" if better else ""
@@ -358,7 +358,7 @@ def summarise(
             continue
         diffs = [d for d in (i.diff(metric) for i in measured) if d is not None]
         stats = paired_bootstrap_ci(diffs)
-        values = {}
+        values: dict[str, float | None] = {}
         for side in ("candidate", "baseline"):
             if metric in corpus.get(side, {}):
                 values[side] = corpus[side][metric]

@@ -372,7 +372,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for p in list_golden_sets(args.root):
         try:
             gs = load_golden_set(p)

@@ -131,9 +131,9 @@ def replay(
     corpus: dict[str, dict[str, float]] = {}
     for side in engines:
         outs = [getattr(results[n], side).output for n in ok]
-        batch = scorer.batch([items[n].reference for n in ok], outs)
+        scored = scorer.batch([items[n].reference for n in ok], outs)
         likelihoods = []
-        for n, scores in zip(ok, batch.items, strict=True):
+        for n, scores in zip(ok, scored.items, strict=True):
             sr = getattr(results[n], side)
             sr.scores = {m: v for m, v in scores.items() if m in metrics}
             for cm in custom:
@@ -143,7 +143,7 @@ def replay(
                 lk = _likelihood(rs, items[n].reference)
                 likelihoods.append(lk)
                 sr.scores.update({m: v for m, v in perplexity([lk]).items() if m in metrics})
-        values = {**scorer.corpus_from(batch), **perplexity(likelihoods)}
+        values = {**scorer.corpus_from(scored), **perplexity(likelihoods)}
         corpus[side] = {
             m: v for m, v in values.items() if m in ("bleu", "chrf", "length_ratio", *PERPLEXITY_METRICS)
         }

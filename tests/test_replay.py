@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 from pathlib import Path
@@ -328,3 +329,39 @@ def test_replay_cli_through_engine_registry(capsys: pytest.CaptureFixture[str], 
     assert bad.func(bad) == 2
     unknown = parser.parse_args(["replay", "--set", "code", "--root", str(REPO_SETS), "--engine", "h5-nope"])
     assert unknown.func(unknown) == 1
+
+
+@pytest.mark.skipif(importlib.util.find_spec("evaluate") is None, reason="evaluate not installed")
+def test_custom_evaluate_metric_in_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_EVALUATE_OFFLINE", "1")
+    d = tmp_path / "mini"
+    (d / "metrics").mkdir(parents=True)
+    (d / "metrics" / "char_len_ratio.py").write_text(
+        "import datasets\n"
+        "import evaluate\n\n\n"
+        "class CharLenRatio(evaluate.Metric):\n"
+        "    def _info(self):\n"
+        "        return evaluate.MetricInfo(description='d', citation='', inputs_description='',\n"
+        "            features=datasets.Features({'predictions': datasets.Value('string'),\n"
+        "                                        'references': datasets.Value('string')}))\n\n"
+        "    def _compute(self, predictions, references):\n"
+        "        return {'char_len_ratio': sum(map(len, predictions)) / sum(map(len, references))}\n"
+    )
+    (d / "manifest.yaml").write_text(
+        "schema: 1\nname: mini\ndomain: d\ndescription: d\nlanguages: [en]\nroutes: ['*']\n"
+        "generation: {max_new_tokens: 8, stop: [Question]}\n"
+        "metrics: [exact_match, 'evaluate:metrics/char_len_ratio.py']\n"
+    )
+    (d / "items.jsonl").write_text(
+        '{"id": "a", "prompt": "q1", "reference": "abcd"}\n{"id": "b", "prompt": "q2", "reference": "xy"}\n'
+    )
+    gs = load_golden_set(d)
+    report = replay(
+        gs,
+        TableEngine("fp8", {"q1": "ab", "q2": "xy"}),
+        TableEngine("fp16", {"q1": "abcd", "q2": "xy"}),
+        progress=False,
+    )
+    assert report.summary("char_len_ratio").candidate == pytest.approx(0.75)
+    assert report.summary("char_len_ratio").baseline == pytest.approx(1.0)
+    assert report.to_signals("m", "r")[0].paired["char_len_ratio"] == [pytest.approx(-0.5), 0.0]
