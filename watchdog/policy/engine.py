@@ -8,96 +8,34 @@ See docs/POLICIES.md for the behaviour in words.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
-from watchdog.policy.evaluate import Verdict, evaluate_rule
+from watchdog.policy.causes import attribute_rule, gpu_problems, gpu_reading
+from watchdog.policy.evaluate import Verdict, combine_window, evaluate_rule
 from watchdog.policy.loader import PolicySet
 from watchdog.policy.schema import Policy, Rule
+from watchdog.policy.state import STATE_VERSION, RuleState, ScopeState, rule_fingerprint
 from watchdog.signals import Action, Signal
+
+__all__ = ["STATE_VERSION", "PolicyEngine", "RuleState", "ScopeState", "rule_fingerprint"]
 
 log = logging.getLogger(__name__)
 
-STATE_VERSION = 1
 _SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 ScopeKey = tuple[str, str, str]  # (policy, model, route)
 
 
-def rule_fingerprint(rule: Rule) -> str:
-    return hashlib.sha256(rule.model_dump_json(by_alias=True).encode()).hexdigest()[:16]
-
-
-@dataclass(slots=True)
-class RuleState:
-    fingerprint: str
-    fails: int = 0
-    errors: int = 0
-    last: Verdict | None = None
-
-    def tripped(self, rule: Rule) -> bool:
-        if self.fails >= rule.for_:
-            return True
-        return rule.errors_trip_after is not None and self.errors >= rule.errors_trip_after
-
-
-@dataclass(slots=True)
-class ScopeState:
-    rules: dict[str, RuleState] = field(default_factory=dict)
-    last_end: dict[str, float] = field(default_factory=dict)
-    healthy: int = 0
-    serving: str | None = None
-    serving_since: float | None = None
-    last_flip: float | None = None
-    flip_day: str = ""
-    flips_today: int = 0
-    #: a flip we asked for that the flags do not show yet: {"kind", "precision", "at"}
-    pending: dict[str, Any] | None = None
-    open_alerts: set[str] = field(default_factory=set)
-    promote_ready_alerted: bool = False
-    promote_ready: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "rules": {n: {"fingerprint": r.fingerprint, "fails": r.fails, "errors": r.errors,
-                          "last": r.last.to_dict() if r.last else None} for n, r in self.rules.items()},
-            "last_end": dict(self.last_end),
-            "healthy": self.healthy,
-            "serving": self.serving,
-            "serving_since": self.serving_since,
-            "last_flip": self.last_flip,
-            "flip_day": self.flip_day,
-            "flips_today": self.flips_today,
-            "pending": self.pending,
-            "open_alerts": sorted(self.open_alerts),
-            "promote_ready_alerted": self.promote_ready_alerted,
-        }
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> ScopeState:
-        st = cls()
-        for name, r in d.get("rules", {}).items():
-            last = Verdict.from_dict(r["last"]) if r.get("last") else None
-            st.rules[name] = RuleState(r["fingerprint"], int(r["fails"]), int(r["errors"]), last)
-        st.last_end = {k: float(v) for k, v in d.get("last_end", {}).items()}
-        st.healthy = int(d.get("healthy", 0))
-        st.serving = d.get("serving")
-        st.serving_since = d.get("serving_since")
-        st.last_flip = d.get("last_flip")
-        st.flip_day = d.get("flip_day", "")
-        st.flips_today = int(d.get("flips_today", 0))
-        st.pending = d.get("pending")
-        st.open_alerts = set(d.get("open_alerts", []))
-        st.promote_ready_alerted = bool(d.get("promote_ready_alerted", False))
-        return st
-
-
 def _utc_day(now: float) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime(now))
+
+
+def _finite(d: dict[str, Any]) -> dict[str, Any]:
+    """NaN/inf -> None, so alert payloads are strict JSON."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
 
 
 def _ago(seconds: float) -> str:
@@ -191,6 +129,10 @@ class PolicyEngine:
         """Evaluate every new window in time order. Returns the latest window end, or None."""
         sources = {r.source for r in policy.rules}
         windows: dict[tuple[str, float, float], list[Signal]] = {}
+        for s in sorted((s for s in sigs if s.source == "gpu"), key=lambda s: s.end):
+            reading = gpu_reading(policy, s)
+            if reading is not None and (st.gpu is None or s.end >= float(st.gpu["at"])):
+                st.gpu = reading
         for s in sigs:
             if s.source in sources and s.end > st.last_end.get(s.source, -math.inf):
                 windows.setdefault((s.source, s.start, s.end), []).append(s)
@@ -201,9 +143,10 @@ class PolicyEngine:
             if cand is None:
                 cand = next((s for s in group if s.precision is None), None)
             base = next((s for s in group if s.precision == policy.baseline), None)
-            window = [self._apply(rule, st, evaluate_rule(rule, cand, base))
-                      for rule in policy.rules if rule.source == source]
-            self._count_healthy(policy, st, window)
+            judged = [(rule, evaluate_rule(rule, cand, base)) for rule in policy.rules if rule.source == source]
+            combine_window(policy, judged)
+            window = [self._apply(rule, st, v) for rule, v in judged]
+            self._count_healthy(policy, st, source, window)
             st.last_end[source] = max(st.last_end.get(source, -math.inf), end)
             latest = end if latest is None else max(latest, end)
         return latest
@@ -212,6 +155,10 @@ class PolicyEngine:
     def _apply(rule: Rule, st: ScopeState, v: Verdict) -> Verdict:
         rs = st.rules[rule.name]
         if v.status == "pass":
+            rs.fails = rs.errors = 0
+            if v.candidate is not None and v.baseline is not None:
+                rs.ref = {"candidate": v.candidate, "baseline": v.baseline}
+        elif v.status == "marginal":  # measured, not clearly bad: breaks the streaks, not healthy
             rs.fails = rs.errors = 0
         elif v.status == "fail":
             rs.fails += 1
@@ -222,10 +169,13 @@ class PolicyEngine:
         return v
 
     @staticmethod
-    def _count_healthy(policy: Policy, st: ScopeState, window: list[Verdict]) -> None:
-        if any(v.status in ("fail", "error") for v in window):
+    def _count_healthy(policy: Policy, st: ScopeState, source: str, window: list[Verdict]) -> None:
+        """Restore hysteresis: fail, error, marginal or a false ``restore_if`` resets the count;
+        only windows of ``promote.healthy_sources`` count up."""
+        counted = policy.promote.healthy_sources is None or source in policy.promote.healthy_sources
+        if any(v.status in ("fail", "error", "marginal") or v.restore is False for v in window):
             st.healthy = 0
-        elif any(v.status == "pass" for v in window) and all(
+        elif counted and any(v.status == "pass" for v in window) and all(
             st.rules[r.name].fails == 0 and st.rules[r.name].errors == 0 for r in policy.rules
         ):
             st.healthy += 1
@@ -240,9 +190,10 @@ class PolicyEngine:
                     f"(max_flips_per_day: {policy.max_flips_per_day})")
         if st.last_flip is not None and now - st.last_flip < policy.cooldown:
             return f"cooldown: last flip {_ago(now - st.last_flip)} ago, cooldown {_ago(policy.cooldown)}"
-        if st.serving_since is not None and now - st.serving_since < policy.min_time_in_state:
+        least = policy.min_time_in_state.of(st.serving, policy.candidate)
+        if st.serving_since is not None and now - st.serving_since < least:
             return (f"min_time_in_state: serving {st.serving} for {_ago(now - st.serving_since)}, "
-                    f"minimum {_ago(policy.min_time_in_state)}")
+                    f"minimum {_ago(least)}")
         return None
 
     def _decide(self, policy: Policy, st: ScopeState, model: str, route: str, serving: str,
@@ -258,24 +209,36 @@ class PolicyEngine:
             return a
 
         tripped = [r for r in policy.rules if st.rules[r.name].tripped(r)]
-        tripped_rb = [r for r in tripped if r.action == "rollback"]
+        on_candidate = serving == policy.candidate
 
         # alert rules: one alert per incident, cleared when the rule no longer trips
         for rule in tripped:
             if rule.action == "alert" and f"rule:{rule.name}" not in st.open_alerts:
                 st.open_alerts.add(f"rule:{rule.name}")
-                act("alert", self._why(rule, st), rule.severity, detail={"rule": rule.name,
+                act("alert", self._why(rule, st), rule.severity, detail={"rule": rule.name, "source": rule.source,
                     "verdict": self._last(st, rule)})
+
+        notes: dict[str, str] = {}
+        candidates = self._confirmed(policy, st, tripped, on_candidate, notes, act)
+        tripped_rb, inhibited = self._inhibit(policy, st, candidates, now, on_candidate, act)
+
+        still = ({f"rule:{r.name}" for r in tripped if r.action == "alert"}
+                 | {f"suspect:{r.name}" for r in tripped if r.action == "rollback" and r.confirm_with}
+                 | {f"inhibited:{a.cause}" for _, a in inhibited})
         for key in list(st.open_alerts):
-            if key.startswith("rule:") and key[5:] not in {r.name for r in tripped if r.action == "alert"}:
+            if key.split(":", 1)[0] in ("rule", "suspect", "inhibited") and key not in still:
                 st.open_alerts.discard(key)
 
         flipped = False
         if tripped_rb and serving == policy.candidate:
             severity = max((r.severity for r in tripped_rb), key=_SEVERITY_RANK.__getitem__)
-            why = "; ".join(self._why(r, st) for r in tripped_rb)
-            detail = {"rules": [r.name for r in tripped_rb],
-                      "verdicts": [self._last(st, r) for r in tripped_rb]}
+            why = "; ".join(self._why(r, st) + (f" ({notes[r.name]})" if r.name in notes else "")
+                            for r in tripped_rb)
+            detail: dict[str, Any] = {"rule": tripped_rb[0].name, "source": tripped_rb[0].source,
+                                      "rules": [r.name for r in tripped_rb], "cause": "candidate",
+                                      "verdicts": [self._last(st, r) for r in tripped_rb]}
+            if inhibited:
+                detail["inhibited"] = {r.name: a.cause for r, a in inhibited}
             if policy.dry_run:
                 if "dry_run_rollback" not in st.open_alerts:
                     st.open_alerts.add("dry_run_rollback")
@@ -326,6 +289,72 @@ class PolicyEngine:
         if had_open and not st.open_alerts and not flipped:
             act("resolve", "recovered: no rule trips any more", "info")
         return out
+
+    def _confirmed(self, policy: Policy, st: ScopeState, tripped: list[Rule], on_candidate: bool,
+                   notes: dict[str, str], act: Any) -> list[Rule]:
+        """Tripped rollback rules that may roll back now. A ``confirm_with`` rule is only a
+        suspicion: one alert asking for a golden replay (``detail.request_replay``); it rolls back
+        when a rule of the confirming source trips too, or when it keeps failing
+        ``confirm_timeout`` more windows."""
+        out: list[Rule] = []
+        for rule in tripped:
+            if rule.action != "rollback":
+                continue
+            if rule.confirm_with is None:
+                out.append(rule)
+                continue
+            rs = st.rules[rule.name]
+            confirm = [r.name for r in tripped if r.source == rule.confirm_with]
+            by_fails = rs.fails >= rule.for_
+            streak = rs.fails if by_fails else rs.errors
+            limit = (rule.for_ if by_fails else rule.errors_trip_after or 0) + rule.confirm_timeout
+            if confirm:
+                notes[rule.name] = f"confirmed by {rule.confirm_with} rule(s) {', '.join(confirm)}"
+                out.append(rule)
+            elif streak >= limit:
+                notes[rule.name] = (f"not confirmed by {rule.confirm_with}, still failing after "
+                                    f"{rule.confirm_timeout} more window(s)")
+                out.append(rule)
+            elif on_candidate and f"suspect:{rule.name}" not in st.open_alerts:
+                st.open_alerts.add(f"suspect:{rule.name}")
+                act("alert", f"suspected: {self._why(rule, st)}; {rule.confirm_with} replay requested to confirm "
+                    f"before rolling back", rule.severity,
+                    detail={"request_replay": True, "rule": rule.name, "source": rule.source,
+                            "confirm_with": rule.confirm_with, "confirm_timeout": rule.confirm_timeout,
+                            "verdict": self._last(st, rule)})
+        return out
+
+    def _inhibit(self, policy: Policy, st: ScopeState, rules: list[Rule], now: float, on_candidate: bool,
+                 act: Any) -> tuple[list[Rule], list[tuple[Rule, Any]]]:
+        """Split rollback rules into those blamed on the candidate and those an input shift or GPU
+        health explains. Only when none is blamed on the candidate: one alert with the cause."""
+        if not rules:
+            return [], []
+        problems = gpu_problems(policy, st, now)
+        blame: list[Rule] = []
+        inhibited: list[tuple[Rule, Any]] = []
+        for rule in rules:
+            if rule.source == "gpu":  # a GPU rule is about the GPU itself
+                blame.append(rule)
+                continue
+            a = attribute_rule(policy, rule, st.rules[rule.name], problems)
+            if a.inhibit_rollback:
+                inhibited.append((rule, a))
+            else:
+                blame.append(rule)
+        if blame or not inhibited or not on_candidate:
+            return blame, inhibited
+        rule, a = inhibited[0]
+        key = f"inhibited:{a.cause}"
+        if key not in st.open_alerts:
+            st.open_alerts.add(key)
+            severity = max((r.severity for r, _ in inhibited), key=_SEVERITY_RANK.__getitem__)
+            why = "; ".join(self._why(r, st) for r, _ in inhibited)
+            act("alert", f"not rolling back to {policy.baseline}: {a.message}: {why}", severity,
+                detail={"cause": a.cause, "rule": rule.name, "source": rule.source,
+                        "rules": [r.name for r, _ in inhibited], "attribution": _finite(a.to_dict()),
+                        "verdicts": [self._last(st, r) for r, _ in inhibited]})
+        return blame, inhibited
 
     @staticmethod
     def _retry(policy: Policy, st: ScopeState, precision: str, now: float) -> bool:
@@ -423,6 +452,7 @@ class PolicyEngine:
             statuses = [rs.last.status for rs in st.rules.values() if rs.last]
             tripped = [n for n, rs in st.rules.items() if policy and (r := policy.rule(n)) and rs.tripped(r)]
             overall = ("fail" if tripped else "error" if "error" in statuses else
+                       "marginal" if "marginal" in statuses else
                        "pass" if "pass" in statuses else "inconclusive")
             scopes.append({"policy": pname, "model": model, "route": route, "status": overall,
                            "tripped": tripped, **st.to_json()})

@@ -1,12 +1,20 @@
-"""One rule against one window: candidate and baseline signals in, a ``Verdict`` out. Pure."""
+"""One rule against one window: candidate and baseline signals in, a ``Verdict`` out. Pure.
+
+A rule with ``fail_if`` only is a plain threshold. A rule with ``judge`` runs a statistical test
+of watchdog/judge.py (paired, mann_whitney, rate); with both, the judge decides and a judged fail
+whose ``fail_if`` is false is only ``marginal``. ``combine_window`` Holm-adjusts the non-critical
+judged verdicts of one window of one policy.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from watchdog.policy.schema import Rule
+from watchdog.judge import Judgement, combine, judge_paired, judge_rate, judge_unpaired
+from watchdog.policy.schema import RATE_COUNTS, Policy, Rule
 from watchdog.signals import Signal, VerdictStatus
 
 
@@ -24,13 +32,18 @@ class Verdict:
     samples: int | None = None
     baseline_samples: int | None = None
     extra: dict[str, float] = field(default_factory=dict)
+    #: ``restore_if`` evaluated on this window (None: the rule has none, or it could not be read)
+    restore: bool | None = None
+    #: the judge's result (watchdog.judge.Judgement.to_dict()) for judged rules
+    judgement: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Verdict:
-        return cls(**d)
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in d.items() if k in known})
 
 
 def _fmt(x: float) -> str:
@@ -49,18 +62,42 @@ def _paired_stats(values: list[float]) -> dict[str, float]:
     return out
 
 
+def _unavailable(sig: Signal | None) -> str | None:
+    """Why a signal's source could not look at all (NVML missing on a CI machine), or None."""
+    if sig is not None and sig.error and sig.detail.get("state") == "unavailable":
+        return f"{sig.source} telemetry unavailable: {sig.detail.get('reason') or sig.error}"
+    return None
+
+
 def evaluate_rule(rule: Rule, candidate: Signal | None, baseline: Signal | None) -> Verdict:
-    """The verdict of ``rule`` for one window. ``fail`` when its ``fail_if`` condition is true."""
-    cond = rule.condition
+    """The verdict of ``rule`` for one window: a plain ``fail_if`` threshold, a judge, or both."""
     ref = candidate or baseline
     v = Verdict(rule.name, "inconclusive", "", rule.source, rule.metric,
                 start=ref.start if ref else 0.0, end=ref.end if ref else 0.0)
+    for sig in (candidate, baseline):
+        why = _unavailable(sig)
+        if why is not None:  # never an error: a machine without NVML must not trip anything
+            v.reason = why
+            return v
+    if rule.judge is not None:
+        return _evaluate_judged(rule, candidate, baseline, v)
+    return _evaluate_condition(rule, candidate, baseline, v)
+
+
+def _evaluate_condition(rule: Rule, candidate: Signal | None, baseline: Signal | None, v: Verdict) -> Verdict:
+    cond = rule.condition
+    assert cond is not None  # validated: a rule has fail_if, judge or both
+    restore = rule.restore_condition
+    names = cond.names | (restore.names if restore is not None else set())
     needs_base = "baseline" in cond.names
     needs_cand = "candidate" in cond.names or not needs_base
     paired_names = {n for n in cond.names if n.startswith("paired_")}
 
     for role, sig, needed in (("candidate", candidate, needs_cand), ("baseline", baseline, needs_base)):
-        if not needed:
+        if not needed:  # not read by fail_if: kept for restore_if and cause attribution if there
+            raw = None if sig is None or sig.error else sig.values.get(rule.metric)
+            if raw is not None and not math.isnan(float(raw)):
+                setattr(v, role, float(raw))
             continue
         if sig is None:
             v.reason = f"no {role} signal in this window"
@@ -85,17 +122,11 @@ def evaluate_rule(rule: Rule, candidate: Signal | None, baseline: Signal | None)
             return v
         setattr(v, role, x)
 
-    env: dict[str, float] = {}
-    if v.candidate is not None:
-        env["candidate"] = v.candidate
-    if v.baseline is not None:
-        env["baseline"] = v.baseline
+    env = _env(v)
+    items = _paired_items(rule, candidate, baseline) if any(n.startswith("paired_") for n in names) else None
+    if not paired_names and items:
+        env.update(_paired_stats(items))
     if paired_names:
-        items: list[float] | None = None
-        for sig in (candidate, baseline):
-            if sig is not None and sig.paired and sig.paired.get(rule.metric):
-                items = [float(x) for x in sig.paired[rule.metric]]
-                break
         if not items:
             v.reason = f"no paired values for {rule.metric}"
             return v
@@ -112,4 +143,175 @@ def evaluate_rule(rule: Rule, candidate: Signal | None, baseline: Signal | None)
         v.status, v.reason = "fail", f"{rule.metric}: {cond.text} ({shown})"
     else:
         v.status, v.reason = "pass", f"{rule.metric}: not ({cond.text}) ({shown})"
+    _restore(rule, v, env)
     return v
+
+
+def _env(v: Verdict) -> dict[str, float]:
+    env: dict[str, float] = {}
+    if v.candidate is not None:
+        env["candidate"] = v.candidate
+    if v.baseline is not None:
+        env["baseline"] = v.baseline
+    return env
+
+
+def _restore(rule: Rule, v: Verdict, env: Mapping[str, float]) -> None:
+    cond = rule.restore_condition
+    if cond is not None and cond.names <= env.keys():
+        v.restore = cond.evaluate(env)
+
+
+def _paired_items(rule: Rule, candidate: Signal | None, baseline: Signal | None) -> list[float] | None:
+    for sig in (candidate, baseline):
+        if sig is not None and sig.paired and sig.paired.get(rule.metric):
+            return [float(x) for x in sig.paired[rule.metric]]
+    return None
+
+
+# --- judged rules ------------------------------------------------------------------------------
+
+
+def _plain(x: Any) -> Any:
+    """numpy scalars and containers -> plain Python, so verdicts stay JSON-able."""
+    if isinstance(x, dict):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_plain(v) for v in x]
+    if hasattr(x, "item") and callable(x.item):
+        return x.item()
+    return x
+
+
+def sketch_histograms(cand: Mapping[str, Any], base: Mapping[str, Any]) -> tuple[dict[int, int], dict[int, int], float]:
+    """Two ``QuantileSketch.to_dict()`` exports -> (candidate histogram, baseline histogram, gamma)
+    in the form ``judge_unpaired`` takes; the zero buckets go to one index below all others."""
+    acc = float(cand["relative_accuracy"])
+    if acc != float(base["relative_accuracy"]) or float(cand["min_value"]) != float(base["min_value"]):
+        raise ValueError("latency sketches have different accuracy")
+    hc = {int(i): int(c) for i, c in cand.get("bins", [])}
+    hb = {int(i): int(c) for i, c in base.get("bins", [])}
+    zc, zb = int(cand.get("zero_count", 0)), int(base.get("zero_count", 0))
+    if zc or zb:
+        zero = min([*hc, *hb], default=0) - 1
+        if zc:
+            hc[zero] = zc
+        if zb:
+            hb[zero] = zb
+    return hc, hb, (1.0 + acc) / (1.0 - acc)
+
+
+def _rate_counts(rule: Rule, sig: Signal) -> tuple[int, int] | None:
+    keys, total = RATE_COUNTS[rule.metric]
+    d = sig.detail
+    if total not in d or any(k not in d for k in keys):
+        return None
+    return int(sum(int(d[k]) for k in keys)), int(d[total])
+
+
+def _run_judge(rule: Rule, cand: Signal | None, base: Signal | None) -> Judgement | str:
+    """The judge's verdict, or why it could not run (an inconclusive reason)."""
+    j = rule.judge
+    assert j is not None
+    if j.test == "paired":
+        items = _paired_items(rule, cand, base)
+        if not items:
+            return f"no paired values for {rule.metric}"
+        return judge_paired(items, direction=j.harm_direction, effect_threshold=j.effect,
+                            marginal_threshold=j.marginal, alpha=j.alpha, min_items=j.min_n, method=j.method,
+                            max_ci_width=j.max_ci_width, metric=rule.metric)
+    assert cand is not None and base is not None
+    if j.test == "mann_whitney":
+        hists = [s.detail.get("latency_hist") for s in (cand, base)]
+        if not all(isinstance(h, Mapping) for h in hists):
+            return "no latency_hist in the window's detail"
+        try:
+            hc, hb, gamma = sketch_histograms(hists[0], hists[1])  # type: ignore[arg-type]
+        except (KeyError, TypeError, ValueError) as exc:
+            return f"unreadable latency_hist: {exc}"
+        if not hc or not hb:
+            return "no latencies in the window"
+        return judge_unpaired(hc, hb, direction=j.harm_direction, effect_threshold=j.effect,
+                              marginal_threshold=j.marginal, alpha=j.alpha, min_samples=j.min_n,
+                              max_ci_width=j.max_ci_width, gamma=gamma, metric=rule.metric)
+    counts = [_rate_counts(rule, s) for s in (cand, base)]
+    if counts[0] is None or counts[1] is None:
+        return f"no {rule.metric} counts in the window's detail"
+    return judge_rate(counts[0][0], counts[0][1], counts[1][0], counts[1][1], effect_threshold=j.effect,
+                      marginal_threshold=j.marginal, alpha=j.alpha, min_samples=j.min_n,
+                      max_ci_width=j.max_ci_width, metric=rule.metric)
+
+
+def _evaluate_judged(rule: Rule, candidate: Signal | None, baseline: Signal | None, v: Verdict) -> Verdict:
+    j = rule.judge
+    assert j is not None
+    cond = rule.condition
+    needs_base = j.test != "paired" or (cond is not None and "baseline" in cond.names)
+    for role, sig, needed in (("candidate", candidate, True), ("baseline", baseline, needs_base)):
+        if sig is None:
+            if needed:
+                v.reason = f"no {role} signal in this window"
+                return v
+            continue
+        if sig.error:
+            if needed:
+                v.status, v.reason = "error", f"{role} source failed: {sig.error}"
+                return v
+            continue
+        if role == "candidate":
+            v.samples = sig.samples
+        else:
+            v.baseline_samples = sig.samples
+        if needed and sig.samples < rule.min_samples:
+            v.reason = f"too few {role} samples: {sig.samples} < min_samples {rule.min_samples}"
+            return v
+        raw = sig.values.get(rule.metric)
+        if raw is not None and not math.isnan(float(raw)):
+            setattr(v, role, float(raw))
+    result = _run_judge(rule, candidate, baseline)
+    if isinstance(result, str):
+        v.reason = f"{rule.metric}: {result}"
+        return v
+    v.judgement = _plain(result.to_dict())
+    v.status, v.reason = result.status, result.message
+    v.extra = {k: float(x) for k, x in (("estimate", result.estimate), ("ci_low", result.ci_low),
+                                        ("ci_high", result.ci_high), ("p_value", result.p_value))
+               if x is not None and math.isfinite(x)}
+    env = _env(v)
+    if cond is not None and v.status == "fail":
+        if not cond.names <= env.keys():
+            v.status = "inconclusive"
+            v.reason += f"; fail_if ({cond.text}) cannot be read: {rule.metric} not measured"
+        elif not cond.evaluate(env):
+            v.status = "marginal"
+            v.reason += f"; significant, but fail_if ({cond.text}) is false"
+    _restore(rule, v, env)
+    return v
+
+
+def combine_window(policy: Policy, verdicts: list[tuple[Rule, Verdict]]) -> Judgement | None:
+    """Holm-adjust the non-critical judged verdicts of one window (in place): a fail that is not
+    significant after the adjustment, or that fails with fewer than ``combine.k`` others, becomes
+    marginal. Critical rules and plain thresholds are left alone. Returns combine's result."""
+    judged = [(r, v) for r, v in verdicts if r.judge is not None and not r.critical and v.judgement is not None]
+    if not judged or (policy.combine.method == "none" and policy.combine.k == 1):
+        return None
+    items = [Judgement(metric=r.name, status=v.status, reason="", message=v.reason,
+                       p_value=(v.judgement or {}).get("p_value")) for r, v in judged]
+    out = combine(items, method=policy.combine.method, alpha=policy.combine.alpha, k=policy.combine.k,
+                  metric=policy.name)
+    statuses, adjusted = out.detail["statuses"], out.detail["adjusted_p"]
+    failed = out.detail["failed"]
+    for r, v in judged:
+        p_adj = adjusted.get(r.name)
+        if p_adj is not None and math.isfinite(p_adj):
+            v.extra["adjusted_p"] = float(p_adj)
+        if v.status != "fail":
+            continue
+        if statuses.get(r.name) == "marginal":
+            v.status = "marginal"
+            v.reason += f"; not significant after Holm over {len(judged)} judged rules (adjusted p={p_adj:.3g})"
+        elif len(failed) < policy.combine.k:
+            v.status = "marginal"
+            v.reason += f"; {len(failed)} judged rule(s) fail, combine.k is {policy.combine.k}"
+    return out

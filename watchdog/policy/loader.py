@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from watchdog.policy.conditions import ConditionError, parse_condition
-from watchdog.policy.schema import LIVE_METRICS, Policy, PolicyFile
+from watchdog.policy.schema import LATENCY_METRICS, LIVE_METRICS, RATE_COUNTS, Policy, PolicyFile
 from watchdog.policy.yamlpos import Pos, PosDoc, YamlSyntaxError, load_with_positions
 
 log = logging.getLogger(__name__)
@@ -160,17 +160,62 @@ def _semantic_checks(data: dict[str, Any], doc: PosDoc) -> list[tuple[Pos, str]]
                 hint = difflib.get_close_matches(metric, LIVE_METRICS, n=1)
                 msg = f"unknown live metric '{metric}'" + (f" (did you mean '{hint[0]}'?)" if hint else "")
                 out.append((doc.pos((*rpath, "metric")), msg + f"; live metrics: {', '.join(LIVE_METRICS)}"))
-            text = rule.get("fail_if")
-            if text is None:
-                continue
-            try:
-                cond = parse_condition(text)
-            except ConditionError as exc:
-                pos = _condition_pos(doc.pos((*rpath, "fail_if")), exc.offset)
-                out.append((pos, f"fail_if: {exc.message}"))
-                continue
-            if source == "gpu" and "baseline" in cond.names:
-                out.append((doc.pos((*rpath, "fail_if")), "fail_if: gpu signals have no baseline"))
+            if rule.get("fail_if") is None and rule.get("judge") is None:
+                out.append((doc.pos(rpath), f"rule '{name}' needs fail_if, judge or both"))
+            for key in ("fail_if", "restore_if"):
+                text = rule.get(key)
+                if not isinstance(text, str):
+                    continue
+                try:
+                    cond = parse_condition(text)
+                except ConditionError as exc:
+                    pos = _condition_pos(doc.pos((*rpath, key)), exc.offset)
+                    out.append((pos, f"{key}: {exc.message}"))
+                    continue
+                if source == "gpu" and "baseline" in cond.names:
+                    out.append((doc.pos((*rpath, key)), f"{key}: gpu signals have no baseline"))
+            out += _judge_checks(rule, rpath, source, metric, doc)
+            confirm = rule.get("confirm_with")
+            if confirm is not None:
+                if source != "live":
+                    out.append((doc.pos((*rpath, "confirm_with")), "confirm_with: only live rules wait for confirmation"))
+                if rule.get("action", "alert") != "rollback":
+                    out.append((doc.pos((*rpath, "confirm_with")),
+                                "confirm_with: only a rule with action: rollback has a rollback to confirm"))
+                if isinstance(confirm, str) and not any(isinstance(r, dict) and r.get("source") == confirm
+                                                        for r in rules):
+                    out.append((doc.pos((*rpath, "confirm_with")),
+                                f"confirm_with: policy '{pol.get('name')}' has no {confirm} rule to confirm with"))
+    return out
+
+
+def _judge_checks(rule: dict[str, Any], rpath: tuple[str | int, ...], source: object, metric: object,
+                  doc: PosDoc) -> list[tuple[Pos, str]]:
+    """Which judge test fits which source and metric (pydantic checks the keys and types)."""
+    judge = rule.get("judge")
+    if not isinstance(judge, dict):
+        return []
+    jpath = (*rpath, "judge")
+    out: list[tuple[Pos, str]] = []
+    test = judge.get("test")
+    where = doc.pos((*jpath, "test"))
+    if source == "gpu":
+        out.append((doc.pos(jpath), "judge: gpu signals have no baseline to judge against"))
+    elif test == "paired" and source != "golden":
+        out.append((where, "judge: test paired needs per-item values: use it on source: golden"))
+    elif test == "mann_whitney" and (source != "live" or metric not in LATENCY_METRICS):
+        out.append((where, f"judge: test mann_whitney compares live latency sketches: metric must be one of "
+                           f"{', '.join(LATENCY_METRICS)} on source: live"))
+    elif test == "rate" and (source != "live" or metric not in RATE_COUNTS):
+        out.append((where, f"judge: test rate needs live counts: metric must be one of {', '.join(RATE_COUNTS)}"))
+    if test == "rate" and judge.get("direction") == "higher_is_better":
+        out.append((doc.pos((*jpath, "direction")), "judge: a rate (errors, timeouts) is lower_is_better"))
+    effect, marginal = judge.get("effect"), judge.get("marginal")
+    if isinstance(effect, int | float) and isinstance(marginal, int | float) and marginal > effect:
+        out.append((doc.pos((*jpath, "marginal")), f"judge: marginal ({marginal}) must not exceed effect ({effect})"))
+    if test == "mann_whitney" and judge.get("direction") == "higher_is_better" and isinstance(effect, int | float) \
+            and effect >= 1:
+        out.append((doc.pos((*jpath, "effect")), "judge: a relative drop must be below 1 (100 %)"))
     return out
 
 

@@ -28,6 +28,28 @@ LIVE_METRICS = (
     "shadow_bleu",
 )
 
+#: live metrics a ``rate`` judge can test, and where their counts sit in ``Signal.detail``:
+#: metric -> (detail keys summed into the numerator, detail key of the denominator)
+RATE_COUNTS: dict[str, tuple[tuple[str, ...], str]] = {
+    "error_rate": (("errors", "timeouts"), "events"),
+    "timeout_rate": (("timeouts",), "events"),
+    "empty_rate": (("empty",), "completions"),
+}
+#: live metrics a ``mann_whitney`` judge can test (it compares the windows' latency sketches)
+LATENCY_METRICS = ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms")
+#: default minimum number of items/requests per judge test
+JUDGE_MIN_ITEMS = {"paired": 30, "mann_whitney": 50, "rate": 100}
+#: GPU signal values that, when > 0, explain a candidate's drop better than the precision does
+DEFAULT_GPU_CAUSES = ("critical", "xid_critical", "thermal_slowdown", "hw_slowdown", "gpu_lost")
+
+_LOWER_HINTS = ("latency", "ttft", "_rate", "perplexity", "ppl", "_ms", "error", "timeout")
+
+
+def metric_direction(metric: str) -> Literal["higher_is_better", "lower_is_better"]:
+    """Best guess of a metric's direction for cause attribution when a rule does not say."""
+    return "lower_is_better" if any(h in metric for h in _LOWER_HINTS) else "higher_is_better"
+
+
 # Parsing is pure, so one parse per distinct condition text is enough.
 _parse_cached = functools.lru_cache(maxsize=4096)(parse_condition)
 
@@ -87,13 +109,52 @@ class Scope(_Strict):
         )
 
 
+class Judge(_Strict):
+    """A statistical test of candidate vs baseline (watchdog/judge.py) in place of, or on top of,
+    a plain ``fail_if`` threshold."""
+
+    test: Literal["paired", "mann_whitney", "rate"]
+    #: default: higher_is_better for paired, lower_is_better for mann_whitney and rate
+    direction: Literal["higher_is_better", "lower_is_better"] | None = None
+    #: largest harmful drift tolerated: metric units (paired), relative (mann_whitney: 0.10 = 10 %
+    #: slower), absolute rate points (rate: 0.01 = 1 point)
+    effect: Annotated[float, Field(ge=0)]
+    #: drift above which a significant harm within ``effect`` is marginal (default 0)
+    marginal: Annotated[float, Field(ge=0)] | None = None
+    alpha: Annotated[float, Field(gt=0, lt=0.5)] = 0.01
+    #: fewer items (paired) / requests per precision (mann_whitney, rate) -> inconclusive
+    min_items: Annotated[int, Field(ge=1)] | None = None
+    method: Literal["bootstrap", "signed_rank"] = "bootstrap"
+    #: interval wider than this -> inconclusive (thin evidence)
+    max_ci_width: Annotated[float, Field(gt=0)] | None = None
+
+    @property
+    def harm_direction(self) -> Literal["higher_is_better", "lower_is_better"]:
+        if self.direction is not None:
+            return self.direction
+        return "higher_is_better" if self.test == "paired" else "lower_is_better"
+
+    @property
+    def min_n(self) -> int:
+        return self.min_items if self.min_items is not None else JUDGE_MIN_ITEMS[self.test]
+
+
 class Rule(_Strict):
     name: Name
     description: str = ""
     source: Literal["live", "golden", "gpu"] = "live"
     metric: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_.:-]*$")]
-    #: the rule FAILS when this condition is true
-    fail_if: str
+    #: the rule FAILS when this condition is true (with ``judge``: a fail also needs it true)
+    fail_if: str | None = None
+    judge: Judge | None = None
+    #: a failing critical judged rule is not Holm-adjusted with the others: it fails alone
+    critical: bool = False
+    #: while rolled back, a window counts toward the restore only when this is true as well
+    restore_if: str | None = None
+    #: suspicion -> confirm: a trip asks for a golden replay and rolls back only when a golden
+    #: rule then trips, or when this rule keeps failing ``confirm_timeout`` more windows
+    confirm_with: Literal["golden"] | None = None
+    confirm_timeout: Annotated[int, Field(ge=1)] = 6
     min_samples: Annotated[int, Field(ge=0)] = 1
     for_: Annotated[int, Field(alias="for", ge=1)] = 1
     #: consecutive error verdicts (the source failed) that count as a trip; null = errors never trip
@@ -102,8 +163,16 @@ class Rule(_Strict):
     action: Literal["rollback", "alert"] = "alert"
 
     @property
-    def condition(self) -> Condition:
-        return _parse_cached(self.fail_if)
+    def condition(self) -> Condition | None:
+        return None if self.fail_if is None else _parse_cached(self.fail_if)
+
+    @property
+    def restore_condition(self) -> Condition | None:
+        return None if self.restore_if is None else _parse_cached(self.restore_if)
+
+    @property
+    def direction(self) -> Literal["higher_is_better", "lower_is_better"]:
+        return self.judge.harm_direction if self.judge is not None else metric_direction(self.metric)
 
 
 class Promote(_Strict):
@@ -111,6 +180,48 @@ class Promote(_Strict):
     healthy_windows: Annotated[int, Field(ge=1)] = 10
     #: time since the rollback before an automatic promote may happen
     after: Duration = 1800.0
+    #: only windows of these sources count as healthy (e.g. [golden]: N passing replays); a
+    #: failing window of any source still resets the count. Default: every source
+    healthy_sources: list[Literal["live", "golden", "gpu"]] | None = None
+
+
+def _per_state(value: object) -> object:
+    if isinstance(value, dict):
+        return value
+    return {"candidate": value, "baseline": value}
+
+
+class MinTime(_Strict):
+    """Least time a route stays at a precision before the engine flips it again."""
+
+    candidate: Duration = 0.0
+    baseline: Duration = 0.0
+
+    def of(self, serving: str | None, policy_candidate: str) -> float:
+        return self.candidate if serving == policy_candidate else self.baseline
+
+
+class Combine(_Strict):
+    """How the non-critical judged rules of one window are combined (watchdog.judge.combine)."""
+
+    method: Literal["holm", "none"] = "holm"
+    alpha: Annotated[float, Field(gt=0, lt=0.5)] = 0.01
+    #: this many non-critical judged rules must fail together for any of them to fail
+    k: Annotated[int, Field(ge=1)] = 1
+
+
+class Inhibit(_Strict):
+    """Cause-aware inhibition: alert with the cause instead of rolling back."""
+
+    #: the baseline degraded too in the same window (vs the last passing window): input shift
+    input_shift: bool = True
+    #: the baseline's degradation must be at least this fraction of the candidate's
+    shared_fraction: Annotated[float, Field(gt=0)] = 0.5
+    #: a GPU signal of the route shows a problem: gpu_health
+    gpu: bool = True
+    gpu_metrics: list[str] = Field(default_factory=lambda: list(DEFAULT_GPU_CAUSES))
+    #: a GPU reading older than this no longer explains anything
+    gpu_max_age: Duration = 600.0
 
 
 class Actions(_Strict):
@@ -137,9 +248,12 @@ class Policy(_Strict):
     actions: Actions = Field(default_factory=Actions)
     dry_run: bool = False
     cooldown: Duration = 300.0
-    min_time_in_state: Duration = 0.0
+    #: a duration for both states, or {candidate: 5m, baseline: 30m}
+    min_time_in_state: Annotated[MinTime, BeforeValidator(_per_state)] = Field(default_factory=MinTime)
     max_flips_per_day: Annotated[int, Field(ge=0)] = 6
     promote: Promote = Field(default_factory=Promote)
+    combine: Combine = Field(default_factory=Combine)
+    inhibit: Inhibit = Field(default_factory=Inhibit)
 
     def rule(self, name: str) -> Rule | None:
         return next((r for r in self.rules if r.name == name), None)

@@ -1,0 +1,94 @@
+"""Per (policy, model, route) engine state: rule streaks, flip history, open incidents, the last
+GPU reading. JSON-able through ``to_json`` / ``from_json`` (older saved states load: new fields
+have defaults)."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from watchdog.policy.evaluate import Verdict
+from watchdog.policy.schema import Rule
+
+STATE_VERSION = 1
+
+
+def rule_fingerprint(rule: Rule) -> str:
+    return hashlib.sha256(rule.model_dump_json(by_alias=True).encode()).hexdigest()[:16]
+
+
+@dataclass(slots=True)
+class RuleState:
+    fingerprint: str
+    fails: int = 0
+    errors: int = 0
+    last: Verdict | None = None
+    #: candidate and baseline values of the last passing window: the "before" of cause attribution
+    ref: dict[str, float] | None = None
+
+    def tripped(self, rule: Rule) -> bool:
+        if self.fails >= rule.for_:
+            return True
+        return rule.errors_trip_after is not None and self.errors >= rule.errors_trip_after
+
+    def to_json(self) -> dict[str, Any]:
+        return {"fingerprint": self.fingerprint, "fails": self.fails, "errors": self.errors,
+                "last": self.last.to_dict() if self.last else None, "ref": self.ref}
+
+    @classmethod
+    def from_json(cls, r: dict[str, Any]) -> RuleState:
+        last = Verdict.from_dict(r["last"]) if r.get("last") else None
+        return cls(r["fingerprint"], int(r["fails"]), int(r["errors"]), last, r.get("ref"))
+
+
+@dataclass(slots=True)
+class ScopeState:
+    rules: dict[str, RuleState] = field(default_factory=dict)
+    last_end: dict[str, float] = field(default_factory=dict)
+    healthy: int = 0
+    serving: str | None = None
+    serving_since: float | None = None
+    last_flip: float | None = None
+    flip_day: str = ""
+    flips_today: int = 0
+    #: a flip we asked for that the flags do not show yet: {"kind", "precision", "at"}
+    pending: dict[str, Any] | None = None
+    open_alerts: set[str] = field(default_factory=set)
+    promote_ready_alerted: bool = False
+    promote_ready: bool = False
+    #: the latest usable GPU reading of the route: {"at": end, "problems": ["xid_critical=1", ...]}
+    gpu: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rules": {n: r.to_json() for n, r in self.rules.items()},
+            "last_end": dict(self.last_end),
+            "healthy": self.healthy,
+            "serving": self.serving,
+            "serving_since": self.serving_since,
+            "last_flip": self.last_flip,
+            "flip_day": self.flip_day,
+            "flips_today": self.flips_today,
+            "pending": self.pending,
+            "open_alerts": sorted(self.open_alerts),
+            "promote_ready_alerted": self.promote_ready_alerted,
+            "gpu": self.gpu,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ScopeState:
+        st = cls()
+        st.rules = {name: RuleState.from_json(r) for name, r in d.get("rules", {}).items()}
+        st.last_end = {k: float(v) for k, v in d.get("last_end", {}).items()}
+        st.healthy = int(d.get("healthy", 0))
+        st.serving = d.get("serving")
+        st.serving_since = d.get("serving_since")
+        st.last_flip = d.get("last_flip")
+        st.flip_day = d.get("flip_day", "")
+        st.flips_today = int(d.get("flips_today", 0))
+        st.pending = d.get("pending")
+        st.open_alerts = set(d.get("open_alerts", []))
+        st.promote_ready_alerted = bool(d.get("promote_ready_alerted", False))
+        st.gpu = d.get("gpu")
+        return st
