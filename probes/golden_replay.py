@@ -133,9 +133,9 @@ def replay(
         outs = [getattr(results[n], side).output for n in ok]
         scored = scorer.batch([items[n].reference for n in ok], outs)
         likelihoods = []
-        for n, scores in zip(ok, scored.items, strict=True):
+        for n, item_scores in zip(ok, scored.items, strict=True):
             sr = getattr(results[n], side)
-            sr.scores = {m: v for m, v in scores.items() if m in metrics}
+            sr.scores = {m: v for m, v in item_scores.items() if m in metrics}
             for cm in custom:
                 sr.scores.update(cm.compute([items[n].reference], [sr.output]))
             rs = ref_scores[side][n] if want_ppl else None
