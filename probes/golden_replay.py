@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -120,8 +121,12 @@ def replay(
                 latency_ms=g.latency_ms,
             )
             rs = ref_scores[side][n] if want_ppl else None
-            if rs is not None and rs.error is not None and sides[side].error is None:
-                sides[side].error = f"score: {rs.error}"
+            if rs is not None and sides[side].error is None:
+                if rs.error is not None:
+                    sides[side].error = f"score: {rs.error}"
+                elif not math.isfinite(rs.logprob_sum):
+                    # NaN/inf logits (e.g. FP8 overflow) are an engine failure, not a score
+                    sides[side].error = f"score: non-finite log-likelihood ({rs.logprob_sum})"
         results.append(
             ItemResult(item.id, item.reference, sides["candidate"], sides["baseline"], list(item.tags))
         )

@@ -43,6 +43,7 @@ class TableEngine:
         self.perturb = perturb or {}
         self.fail, self.raise_on, self.nll = fail, raise_on, nll
         self.batches: list[int] = []
+        self.nan_on: set[str] = set()
         self.closed = False
 
     def generate(self, prompts: list[str], max_new_tokens: int) -> list[Generation]:
@@ -64,8 +65,13 @@ class TableEngine:
         if self.nll is None:
             return None
         return [
-            ReferenceScore(-self.nll * len(r.split()), len(r.split()), len(r.encode()), None)
-            for r in references
+            ReferenceScore(
+                math.nan if p in self.nan_on else -self.nll * len(r.split()),
+                len(r.split()),
+                len(r.encode()),
+                None,
+            )
+            for p, r in zip(prompts, references, strict=True)
         ]
 
     def close(self) -> None:
@@ -162,6 +168,17 @@ def test_engine_errors_are_counted_and_excluded(rag: GoldenSet) -> None:
     assert base_sig.values["error_rate"] == 0.0
     assert cand_sig.samples == report.measured and len(cand_sig.paired["rougeL"]) == report.measured
     assert cand_sig.error is None
+
+
+def test_non_finite_likelihood_is_an_engine_error(rag: GoldenSet) -> None:
+    small = rag.head(6)
+    cand = TableEngine("fp8", answers_for(small))
+    cand.nan_on = {small.render(small.items[2])}
+    report = replay(small, cand, TableEngine("fp16", answers_for(small)), progress=False)
+    assert report.errors == {"candidate": 1, "baseline": 0, "excluded": 1}
+    assert report.items[2].candidate.error == "score: non-finite log-likelihood (nan)"
+    assert math.isfinite(report.summary("ppl").candidate)
+    json.loads(report.to_json())  # strict JSON: no NaN leaks into the report
 
 
 def test_all_items_failing_is_an_error_signal(rag: GoldenSet) -> None:
