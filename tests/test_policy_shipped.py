@@ -14,10 +14,25 @@ HEALTHY = {"error_rate": 0.01, "timeout_rate": 0.0, "latency_p50_ms": 60.0, "lat
            "shadow_rougeL": 0.97, "perplexity": 5.0, "empty_rate": 0.0}
 
 
+def counts(values: dict[str, float], n: int = 1000) -> dict[str, int]:
+    """The detail counts windows.py writes, consistent with the rates (judged rate rules read them)."""
+    timeouts = round(values["timeout_rate"] * n)
+    return {"events": n, "timeouts": timeouts, "errors": round(values["error_rate"] * n) - timeouts}
+
+
 def live(route: str, t: float, **fp8: float) -> list[Signal]:
     base = dict(HEALTHY, latency_p50_ms=100.0)
-    return [Signal("live", M, route, "fp8", t - 60, t, 1000, dict(HEALTHY, **fp8)),
-            Signal("live", M, route, "fp16", t - 60, t, 1000, base)]
+    cand = dict(HEALTHY, **fp8)
+    return [Signal("live", M, route, "fp8", t - 60, t, 1000, cand, detail=counts(cand)),
+            Signal("live", M, route, "fp16", t - 60, t, 1000, base, detail=counts(base))]
+
+
+def golden(route: str, t: float, n: int = 100) -> list[Signal]:
+    """A passing golden replay: FP8 and FP16 answer every item the same."""
+    values = {"rougeL": 0.7, "exact_match": 0.5}
+    return [Signal("golden", M, route, "fp8", t - 30, t, n, dict(values),
+                   paired={k: [0.0] * n for k in values}),
+            Signal("golden", M, route, "fp16", t - 30, t, n, dict(values))]
 
 
 def run(engine: PolicyEngine, flags: dict[tuple[str, str], str], signals: list[Signal], now: float) -> list[Action]:
@@ -37,11 +52,14 @@ def test_legal_route_rolls_back_at_once_and_stays_on_fp16() -> None:
     assert (a.kind, a.policy, a.precision, a.severity) == ("rollback", "fp8-strict-legal-medical", "fp16", "critical")
     assert flags[(M, route)] == "fp16"
     t, kinds = T0 + 60, []
-    for _ in range(40):  # 40 healthy minutes, past the default policy's 30m and 10 windows
+    for i in range(40):  # 40 healthy minutes, past the default policy's 30m and 10 windows
         t += 60
-        kinds += [(x.kind, x.policy) for x in run(engine, flags, live(route, t), t)]
-    assert ("promote", "fp8-default") not in kinds and flags[(M, route)] == "fp16"
-    assert ("alert", "fp8-strict-legal-medical") in kinds  # "promote manually"
+        sigs = live(route, t) + (golden(route, t) if i % 10 == 9 else [])
+        kinds += [(x.kind, x.policy, x.reason) for x in run(engine, flags, sigs, t)]
+    assert not [k for k in kinds if k[0] == "promote"] and flags[(M, route)] == "fp16"
+    # the strict policy counts passing golden replays only: the hint comes after the third
+    hints = [(k, t) for k in kinds if k[0] == "alert" and "promote manually" in k[2]]
+    assert [k[1] for k, _ in hints] == ["fp8-strict-legal-medical"] and "healthy for 3 windows" in hints[0][0][2]
 
 
 def test_chat_route_rolls_back_after_two_windows_and_auto_promotes() -> None:
@@ -51,6 +69,9 @@ def test_chat_route_rolls_back_after_two_windows_and_auto_promotes() -> None:
     assert run(engine, flags, live(route, T0, error_rate=0.09), T0) == []
     (a,) = run(engine, flags, live(route, T0 + 60, error_rate=0.09), T0 + 60)
     assert (a.kind, a.policy, a.detail["channels"]) == ("rollback", "fp8-default", ["slack", "pagerduty"])
+    assert a.detail["rules"] == ["error-rate", "error-rate-absolute"]
+    judged = a.detail["verdicts"][0]["judgement"]
+    assert judged["status"] == "fail" and judged["ci_low"] > 0.02
     t, promoted_at = T0 + 60, None
     while promoted_at is None and t < T0 + 7200:
         t += 60

@@ -7,6 +7,7 @@ integer it returns.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Any
 
@@ -20,6 +21,19 @@ def add_policy_commands(subparsers: Any) -> argparse.ArgumentParser:
     validate = sub.add_parser("validate", help="check policy files; prints file:line:col errors")
     validate.add_argument("files", nargs="+", metavar="FILE", help="policy YAML files or directories")
     validate.set_defaults(func=cmd_validate)
+    bt = sub.add_parser("backtest", help="replay recorded events (and golden reports) through policies")
+    bt.add_argument("--policy", action="append", required=True, metavar="FILE",
+                    help="policy YAML file or directory (repeatable)")
+    bt.add_argument("--events", required=True, metavar="FILE", help="recorded events, JSON lines (.gz ok)")
+    bt.add_argument("--golden-reports", metavar="DIR", help="golden drift report JSON files (a file or a tree)")
+    bt.add_argument("--golden-scope", metavar="MODEL/ROUTE",
+                    help="(model, route) of reports that do not name theirs (default: every route)")
+    bt.add_argument("--window", default="10s", help="window length (default 10s)")
+    bt.add_argument("--grace", default=None, help="lateness allowed past a window's end (default min(2s, window/2))")
+    bt.add_argument("--metric", help="metric to plot (default: the first rule's)")
+    bt.add_argument("--png", metavar="OUT.png", help="write a timeline plot")
+    bt.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    bt.set_defaults(func=cmd_backtest)
     return policy
 
 
@@ -43,6 +57,57 @@ def cmd_validate(args: argparse.Namespace) -> int:
             for msg in exc.messages:
                 print(msg, file=sys.stderr)
     return 1 if failed else 0
+
+
+def cmd_backtest(args: argparse.Namespace) -> int:
+    from watchdog.backtest import load_golden_reports, read_lines, run_backtest
+    from watchdog.policy.backtest_report import render_png, render_table
+    from watchdog.policy.schema import parse_duration
+
+    try:
+        ps = load_policy_files(args.policy)
+    except PolicyError as exc:
+        for msg in exc.messages:
+            print(msg, file=sys.stderr)
+        return 2
+    try:
+        window = parse_duration(args.window)
+        grace = None if args.grace is None else parse_duration(args.grace)
+    except ValueError as exc:
+        print(f"llm-watchdog policy backtest: {exc}", file=sys.stderr)
+        return 2
+    if window <= 0:
+        print("llm-watchdog policy backtest: --window must be > 0", file=sys.stderr)
+        return 2
+    scope = None
+    if args.golden_scope:
+        model, sep, route = args.golden_scope.partition("/")
+        if not sep or not model or not route:
+            print("llm-watchdog policy backtest: --golden-scope is MODEL/ROUTE", file=sys.stderr)
+            return 2
+        scope = (model, route)
+    golden, bad = ([], [])
+    if args.golden_reports:
+        golden, bad = load_golden_reports(args.golden_reports, scope)
+    try:
+        result = run_backtest(ps, read_lines(args.events), golden, window_s=window, grace_s=grace)
+    except OSError as exc:
+        print(f"llm-watchdog policy backtest: cannot read events: {exc}", file=sys.stderr)
+        return 2
+    result.golden_bad = bad
+    metric = None
+    if args.png:
+        metric = render_png(result, ps, args.png, args.metric)
+    if args.json:
+        out = result.to_dict()
+        if args.png:
+            out["png"] = {"path": args.png, "metric": metric}
+        print(json.dumps(out, indent=2))
+    else:
+        render_table(result)
+        if args.png:
+            print(f"timeline of {metric} written to {args.png}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

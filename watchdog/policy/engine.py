@@ -170,10 +170,13 @@ class PolicyEngine:
 
     @staticmethod
     def _count_healthy(policy: Policy, st: ScopeState, source: str, window: list[Verdict]) -> None:
-        """Restore hysteresis: fail, error, marginal or a false ``restore_if`` resets the count;
-        only windows of ``promote.healthy_sources`` count up."""
+        """Restore hysteresis: a fail or error of any source resets the count; in a window of
+        ``promote.healthy_sources`` (default: all) a marginal verdict or a false ``restore_if``
+        resets it too, and a clean window counts up."""
         counted = policy.promote.healthy_sources is None or source in policy.promote.healthy_sources
-        if any(v.status in ("fail", "error", "marginal") or v.restore is False for v in window):
+        if any(v.status in ("fail", "error") for v in window):
+            st.healthy = 0
+        elif counted and any(v.status == "marginal" or v.restore is False for v in window):
             st.healthy = 0
         elif counted and any(v.status == "pass" for v in window) and all(
             st.rules[r.name].fails == 0 and st.rules[r.name].errors == 0 for r in policy.rules
