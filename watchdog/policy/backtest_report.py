@@ -40,15 +40,20 @@ def render_table(result: BacktestResult, console: Any | None = None) -> None:
                   + f", {result.late} late), {result.windows} windows, {result.golden_reports} golden reports"
                   + (f" ({len(result.golden_bad)} unreadable)" if result.golden_bad else ""))
     table = Table(show_lines=False)
-    for col in ("time (UTC)", "route", "policy", "action", "severity", "cause", "reason", "numbers"):
-        table.add_column(col, overflow="fold")
+    table.add_column("time (UTC)", no_wrap=True)
+    table.add_column("route", no_wrap=True)
+    table.add_column("policy")
+    table.add_column("action", no_wrap=True)
+    table.add_column("cause")
+    table.add_column("reason", ratio=3, overflow="fold")
+    table.add_column("numbers", ratio=1, overflow="fold")
     for a in result.actions:
-        action = a.kind + (f" -> {a.precision}" if a.kind in ("rollback", "promote") else "")
+        action = a.kind + (f" -> {a.precision}" if a.kind in ("rollback", "promote") else "") + f" ({a.severity})"
         if a.dry_run:
-            action += " (dry run)"
+            action += " dry run"
         style = "bold red" if a.kind == "rollback" else "green" if a.kind == "promote" else None
-        table.add_row(iso(a.at), f"{a.model}/{a.route}", a.policy, action, a.severity, a.cause or "",
-                      a.reason, _fmt_numbers(a.numbers), style=style)
+        table.add_row(iso(a.at)[5:-1].replace("T", " "), f"{a.model}/{a.route}", a.policy, action,
+                      a.cause or "", a.reason, _fmt_numbers(a.numbers), style=style)
     console.print(table)
     flips = result.flips
     console.print(f"[bold]{flips} flip{'s' if flips != 1 else ''}[/bold], "
