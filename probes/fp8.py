@@ -47,6 +47,21 @@ def scaled_mm_supported(device: torch.device | str) -> bool:
     return (major, minor) >= (8, 9)
 
 
+def _static_quant(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return (x / scale).clamp(-E4M3_MAX, E4M3_MAX).to(FP8_DTYPE)
+
+
+_FUSED_QUANT: Any = None
+
+
+def fused_static_quant() -> Any:
+    """``_static_quant`` through torch.compile: divide, clamp and cast in one kernel (built on first use)."""
+    global _FUSED_QUANT
+    if _FUSED_QUANT is None:
+        _FUSED_QUANT = torch.compile(_static_quant, dynamic=False, fullgraph=True)
+    return _FUSED_QUANT
+
+
 def quantize_weight(weight: torch.Tensor, mode: str = "tensor") -> tuple[torch.Tensor, torch.Tensor]:
     """Quantise a [N, K] weight to e4m3. Returns (w_fp8 [N, K], scale float32 [1] or [N])."""
     if mode not in WEIGHT_MODES:
@@ -77,6 +92,7 @@ class Fp8Linear(nn.Module):
         scale_multiplier: float = 1.0,
         out_dtype: torch.dtype | None = None,
         track_saturation: bool = True,
+        fuse_quant: bool = False,
         name: str = "",
     ) -> None:
         super().__init__()
@@ -90,6 +106,8 @@ class Fp8Linear(nn.Module):
         self.activation_mode = activation_mode
         self.out_dtype = out_dtype or weight.dtype
         self.track_saturation = track_saturation
+        #: static scales without saturation counting: quantise in one compiled kernel (torch.compile)
+        self.fuse_quant = fuse_quant
         w_fp8, w_scale = quantize_weight(weight, weight_mode)
         self.register_buffer("weight_fp8", w_fp8)
         self.register_buffer("weight_scale", w_scale)
@@ -113,6 +131,8 @@ class Fp8Linear(nn.Module):
     # -- quantisation -----------------------------------------------------------------------------
     def _quantize_input(self, x2d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (x_fp8 [M, K], scale_a float32: [1] static, [M, 1] dynamic)."""
+        if self.activation_mode == "static" and self.fuse_quant and not self.track_saturation:
+            return fused_static_quant()(x2d, self._scale_in(x2d.dtype)), self.act_scale
         if self.activation_mode == "static":
             # divide in the activation dtype: one pass over x, no float32 copy on the GPU path
             scaled = x2d / self._scale_in(x2d.dtype)
