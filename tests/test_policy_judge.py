@@ -449,5 +449,5 @@ def test_new_keys_validated_with_positions() -> None:
         "bad.yaml:19:16: judge: gpu signals have no baseline to judge against",
     ]
     assert len(errors) == len(expected), errors
-    for got, want in zip(errors, expected):
+    for got, want in zip(errors, expected, strict=True):
         assert got.startswith(want), (got, want)

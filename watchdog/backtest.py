@@ -20,7 +20,7 @@ import os
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ GoldenFeed = list[tuple[float, list[Signal]]]
 
 
 def iso(t: float) -> str:
-    return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(t, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(slots=True)
@@ -113,8 +113,7 @@ def read_lines(path: str | os.PathLike[str]) -> Iterator[bytes]:
     """The non-empty lines of a JSON-lines file; gzip is recognised by its magic bytes."""
     with open(path, "rb") as probe:
         gz = probe.read(2) == b"\x1f\x8b"
-    opener = gzip.open if gz else open
-    with opener(path, "rb") as fh:  # type: ignore[operator]
+    with (gzip.open(path, "rb") if gz else open(path, "rb")) as fh:
         for raw in fh:
             line = raw.strip()
             if line:

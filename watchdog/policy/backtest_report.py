@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from watchdog.policy.loader import PolicySet
@@ -136,10 +136,10 @@ def render_png(result: BacktestResult, policy_set: PolicySet, path: str | os.Pat
     fig, axes = plt.subplots(len(routes), 1, figsize=(11, 2.8 * len(routes)), sharex=True, squeeze=False)
 
     def dt(t: float) -> datetime:
-        return datetime.fromtimestamp(t, tz=timezone.utc)
+        return datetime.fromtimestamp(t, tz=UTC)
 
     end = result.end or 0.0
-    for ax, (model, route) in zip(axes[:, 0], routes):
+    for ax, (model, route) in zip(axes[:, 0], routes, strict=True):
         pts = [p for p in result.timeline if metric in p["values"]
                and (p["model"], p["route"]) in ((model, route), ("*", "*"), (model, "*"))]
         series: dict[str, list[tuple[float, float]]] = {}
@@ -175,7 +175,7 @@ def render_png(result: BacktestResult, policy_set: PolicySet, path: str | os.Pat
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7, loc="upper left")
-    axes[-1, 0].xaxis.set_major_formatter(mdates.DateFormatter("%H:%M", tz=timezone.utc))
+    axes[-1, 0].xaxis.set_major_formatter(mdates.DateFormatter("%H:%M", tz=UTC))
     axes[-1, 0].set_xlabel("time (UTC); shaded: serving the baseline; red/green lines: rollback/promote; "
                            "orange dotted: alerts", fontsize=8)
     fig.tight_layout()

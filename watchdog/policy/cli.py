@@ -86,7 +86,8 @@ def cmd_backtest(args: argparse.Namespace) -> int:
             print("llm-watchdog policy backtest: --golden-scope is MODEL/ROUTE", file=sys.stderr)
             return 2
         scope = (model, route)
-    golden, bad = ([], [])
+    golden: list[Any] = []
+    bad: list[str] = []
     if args.golden_reports:
         golden, bad = load_golden_reports(args.golden_reports, scope)
     try:

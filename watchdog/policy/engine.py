@@ -174,9 +174,8 @@ class PolicyEngine:
         ``promote.healthy_sources`` (default: all) a marginal verdict or a false ``restore_if``
         resets it too, and a clean window counts up."""
         counted = policy.promote.healthy_sources is None or source in policy.promote.healthy_sources
-        if any(v.status in ("fail", "error") for v in window):
-            st.healthy = 0
-        elif counted and any(v.status == "marginal" or v.restore is False for v in window):
+        bad = any(v.status in ("fail", "error") for v in window)
+        if bad or (counted and any(v.status == "marginal" or v.restore is False for v in window)):
             st.healthy = 0
         elif counted and any(v.status == "pass" for v in window) and all(
             st.rules[r.name].fails == 0 and st.rules[r.name].errors == 0 for r in policy.rules

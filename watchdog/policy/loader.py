@@ -183,7 +183,7 @@ def _semantic_checks(data: dict[str, Any], doc: PosDoc) -> list[tuple[Pos, str]]
                     out.append((doc.pos((*rpath, "confirm_with")),
                                 "confirm_with: only a rule with action: rollback has a rollback to confirm"))
                 if isinstance(confirm, str) and not any(isinstance(r, dict) and r.get("source") == confirm
-                                                        for r in rules):
+                                                        for r in rules or []):
                     out.append((doc.pos((*rpath, "confirm_with")),
                                 f"confirm_with: policy '{pol.get('name')}' has no {confirm} rule to confirm with"))
     return out
