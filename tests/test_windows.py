@@ -378,3 +378,45 @@ def test_shadow_agreement_helper() -> None:
     assert shadow_agreement([("a b c", "a b c"), ("x", "y")]) == (0.5, 50.0)
     with pytest.raises(ValueError):
         shadow_agreement([])
+
+
+# --- CJK shadow agreement (scored through probes.metrics) ------------------------------------
+
+ZH_REF = "合同的通知期为三十天。"
+ZH_CLOSE = "合同的通知期为九十天。"  # one character of ten differs
+ZH_OTHER = "患者按到达时间分诊。"  # no character in common with ZH_REF
+
+
+def test_chinese_pairs_score_per_character() -> None:
+    import sacrebleu
+
+    from probes.metrics import Scorer
+
+    rouge_l, bleu = shadow_agreement([(ZH_CLOSE, ZH_REF)])
+    # LCS of 9 CJK characters over 10 and 10: P = R = F = 0.9 (the old [a-z0-9] tokenizer gave 0)
+    assert rouge_l == pytest.approx(0.9)
+    assert rouge_l == pytest.approx(Scorer().agreement(ZH_REF, ZH_CLOSE))
+    assert bleu == pytest.approx(sacrebleu.sentence_bleu(ZH_CLOSE, [ZH_REF], tokenize="zh").score)
+    assert 30.0 < bleu < 100.0
+    other_rouge, other_bleu = shadow_agreement([(ZH_OTHER, ZH_REF)])
+    assert other_rouge == 0.0 and other_bleu < 10.0  # only the final "。" is shared (smoothed BLEU)
+
+
+def test_mixed_chinese_english_pair() -> None:
+    rouge_l, bleu = shadow_agreement([("使用 VPN token 重置", "使用 VPN token 重新设置")])
+    # tokens: 使 用 vpn token 重 置  vs  使 用 vpn token 重 新 设 置 -> LCS 6, P 6/6, R 6/8
+    assert rouge_l == pytest.approx(2 * 1.0 * 0.75 / 1.75)
+    assert 0.0 < bleu < 100.0
+
+
+def test_chinese_regression_shows_in_the_window() -> None:
+    healthy = [ev(request_id=f"h{i}", completion=ZH_CLOSE if i % 4 == 0 else ZH_REF, shadow=ZH_REF)
+               for i in range(40)]
+    broken = [ev(request_id=f"b{i}", completion=ZH_OTHER if i % 2 else ZH_REF, shadow=ZH_REF)
+              for i in range(40)]
+    good, bad = one_signal(healthy), one_signal(broken)
+    assert good.values["shadow_rougeL"] == pytest.approx((30 * 1.0 + 10 * 0.9) / 40)
+    assert bad.values["shadow_rougeL"] == pytest.approx(0.5)
+    assert good.values["shadow_bleu"] > bad.values["shadow_bleu"]
+    # the shipped policy's shadow rule (value < 0.80) trips on the broken window only
+    assert good.values["shadow_rougeL"] >= 0.80 > bad.values["shadow_rougeL"]

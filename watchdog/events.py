@@ -48,6 +48,8 @@ STATUSES = frozenset({"ok", "error", "timeout"})
 #: Engines report logprobs through float32; tiny positive values are rounding noise, clamped to 0.
 _LOGPROB_TOLERANCE = 1e-4
 _NEG_INF = -math.inf
+_INF = math.inf
+_NUMBER_TYPES = frozenset({float, int})
 
 _KNOWN_FIELDS = frozenset(
     {
@@ -196,13 +198,10 @@ def _logprobs(v: Any, name: str) -> list[float] | None:
         raise _bad_type(name, "a list of numbers", v)
     if not v:
         return v
-    # fast path in C: a list of numbers that are all strictly negative and finite needs no more checks
-    # (max/min raise TypeError on mixed types; a 0 could be a JSON false, so it takes the slow path)
-    try:
-        if max(v) < 0.0 and min(v) > _NEG_INF:
-            return v
-    except TypeError:
-        pass
+    # fast path in C: a list of plain numbers (no bools: type() is exact) that are all <= 0 and
+    # finite needs no more checks; engines often report exact 0.0 for confident tokens
+    if _NUMBER_TYPES.issuperset(map(type, v)) and max(v) <= 0.0 and min(v) > _NEG_INF:
+        return v
     out = v
     for i, x in enumerate(v):
         t = type(x)
@@ -284,25 +283,57 @@ def decode_event(raw: bytes, max_bytes: int = MAX_EVENT_BYTES) -> InferenceEvent
     if completion is not None and type(completion) is not str:
         raise _bad_type("completion", "a string", completion)
 
+    # Each field is checked inline for its common valid form and only handed to its helper (which
+    # raises the precise error, or normalises an unusual valid form) otherwise: a function call per
+    # field costs as much as the rest of the decoding. Fields are checked in the same order as the
+    # constructor's arguments, so the first bad field reported does not change.
+    get = d.get
+    request_id = get("request_id")
+    if type(request_id) is not str or not request_id:
+        request_id = _req_str(d, "request_id")
+    ts = get("ts")
+    if not (type(ts) is float and 0.0 <= ts < _INF):
+        ts = _timestamp(ts)
+    model = get("model")
+    if type(model) is not str or not model:
+        model = _req_str(d, "model")
+    route = get("route")
+    if type(route) is not str or not route:
+        route = _req_str(d, "route")
+    precision = get("precision")
+    if type(precision) is not str or not precision:
+        precision = _req_str(d, "precision")
+    if not (type(latency) is float and 0.0 <= latency < _INF):
+        latency = _number(latency, "latency_ms")
+    prompt_tokens = get("prompt_tokens")
+    if type(prompt_tokens) is not int or prompt_tokens < 0:
+        prompt_tokens = _count(d, "prompt_tokens")
+    completion_tokens = get("completion_tokens")
+    if type(completion_tokens) is not int or completion_tokens < 0:
+        completion_tokens = _count(d, "completion_tokens")
+    engine = get("engine")
+    if engine is not None and type(engine) is not str:
+        _opt_str(d, "engine")
+    gpu_uuid = get("gpu_uuid")
+    if gpu_uuid is not None and type(gpu_uuid) is not str:
+        _opt_str(d, "gpu_uuid")
+    ttft = get("ttft_ms")
+    if ttft is not None and not (type(ttft) is float and 0.0 <= ttft < _INF):
+        ttft = _number(ttft, "ttft_ms")
+    prompt = get("prompt")
+    if prompt is not None and type(prompt) is not str:
+        _opt_str(d, "prompt")
+    logprobs = get("completion_logprobs")
+    if logprobs is not None:
+        logprobs = _logprobs(logprobs, "completion_logprobs")
+    shadow = get("shadow")
+    if shadow is not None:
+        shadow = _shadow(shadow)
+
     # positional arguments: noticeably cheaper than 17 keywords on the hot path
     event = InferenceEvent(
-        _req_str(d, "request_id"),
-        _timestamp(d.get("ts")),
-        _req_str(d, "model"),
-        _req_str(d, "route"),
-        _req_str(d, "precision").lower(),
-        status,
-        _number(latency, "latency_ms"),
-        _count(d, "prompt_tokens"),
-        _count(d, "completion_tokens"),
-        schema,
-        _opt_str(d, "engine"),
-        _opt_str(d, "gpu_uuid"),
-        _opt_number(d, "ttft_ms"),
-        _opt_str(d, "prompt"),
-        completion,
-        _logprobs(d.get("completion_logprobs"), "completion_logprobs"),
-        _shadow(d.get("shadow")),
+        request_id, ts, model, route, precision.lower(), status, latency, prompt_tokens, completion_tokens,
+        schema, engine, gpu_uuid, ttft, prompt, completion, logprobs, shadow,
     )
     if not _KNOWN_FIELDS.issuperset(d):
         event.extra = {k: v for k, v in d.items() if k not in _KNOWN_FIELDS}

@@ -20,6 +20,10 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+_INF = math.inf
+_ceil = math.ceil
+_log = math.log
+
 
 class QuantileSketch:
     """Relative-accuracy quantile sketch for non-negative values (latencies in ms)."""
@@ -53,15 +57,16 @@ class QuantileSketch:
 
     def add(self, x: float, n: int = 1) -> None:
         """Add value ``x`` (>= 0) ``n`` times."""
-        if not x >= 0.0 or x == math.inf:
+        if not 0.0 <= x < _INF:  # also catches NaN
             raise ValueError(f"sketch values must be finite and >= 0, got {x!r}")
         if x < self.min_value:
             self.zero_count += n
         else:
-            i = math.ceil(math.log(x) * self._inv_log_gamma)
+            i = _ceil(_log(x) * self._inv_log_gamma)
             b = self.buckets
-            if i in b:
-                b[i] += n
+            c = b.get(i)
+            if c is not None:
+                b[i] = c + n
             else:
                 b[i] = n
                 if len(b) > self.max_buckets:

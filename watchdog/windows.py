@@ -36,6 +36,8 @@ PartitionKey = tuple[str, int]
 DEFAULT_SHADOW_MAX_CHARS = 4000
 #: exp() argument cap so an absurd mean log-probability cannot overflow to inf
 _MAX_NLL = 700.0
+_floor = math.floor
+_fsum = math.fsum
 
 
 class _Window:
@@ -126,7 +128,7 @@ class WindowAggregator:
         if self.skip_before is not None and ts < self.skip_before:
             self.replayed += 1
             return False
-        index = math.floor(ts / self.length_s)
+        index = _floor(ts / self.length_s)
         if self._closed_end is not None and index + 1 <= self._closed_end:
             self.late += 1
             return False
@@ -139,9 +141,10 @@ class WindowAggregator:
             w = self._open[key] = _Window(index)
         self._fold(w, event)
         if partition_key is not None and offset is not None:
-            prev = w.offsets.get(partition_key)
+            offsets = w.offsets
+            prev = offsets.get(partition_key)
             if prev is None or offset < prev:
-                w.offsets[partition_key] = offset
+                offsets[partition_key] = offset
         self.folded += 1
         return True
 
@@ -157,13 +160,15 @@ class WindowAggregator:
             return
         # content and speed metrics are over successful requests only
         w.ok += 1
-        w.latency.add(e.latency_ms)
-        w.ok_latency_s += e.latency_ms / 1000.0
+        latency = e.latency_ms
+        w.latency.add(latency)
+        w.ok_latency_s += latency / 1000.0
         w.ok_completion_tokens += e.completion_tokens
-        if e.ttft_ms is not None:
+        ttft = e.ttft_ms
+        if ttft is not None:
             if w.ttft is None:
                 w.ttft = QuantileSketch()
-            w.ttft.add(e.ttft_ms)
+            w.ttft.add(ttft)
         completion = e.completion
         if completion is not None:
             w.with_completion += 1
@@ -171,11 +176,11 @@ class WindowAggregator:
                 w.empty += 1
         lps = e.completion_logprobs
         if lps:
-            w.lp_sum += math.fsum(lps)
+            w.lp_sum += _fsum(lps)
             w.lp_tokens += len(lps)
             w.lp_events += 1
         shadow = e.shadow
-        if shadow is not None and shadow.completion is not None and completion is not None:
+        if shadow is not None and completion is not None and shadow.completion is not None:
             self._offer_pair(w, e.request_id, completion, shadow.completion, shadow.precision)
 
     def _offer_pair(self, w: _Window, request_id: str, completion: str, shadow: str, precision: str | None) -> None:
@@ -308,21 +313,40 @@ class WindowAggregator:
 
 
 # --- shadow agreement scoring -----------------------------------------------------------------
-# Kept private and simple here; it should delegate to probes/metrics.py (CJK-aware tokenisation)
-# once that module lands.
+# Delegates to probes/metrics.py so CJK text is tokenised per character (rouge-score's default
+# tokenizer keeps only [a-z0-9], so Chinese would score ~0) and BLEU uses sacrebleu's ``zh``
+# tokenizer on CJK pairs, exactly as golden replays score them. Built once, on first use.
+
+
+class _AgreementScorer:
+    """ROUGE-L F-measure and sentence BLEU of a completion against its shadow (the reference)."""
+
+    def __init__(self) -> None:
+        from sacrebleu.metrics import BLEU
+
+        from probes.metrics import Scorer, has_cjk
+
+        self._scorer = Scorer()
+        self._has_cjk = has_cjk
+        # sacrebleu.sentence_bleu's defaults (13a, smooth exp, effective order), and its zh variant
+        self._bleu = BLEU(tokenize="13a", effective_order=True)
+        self._bleu_zh = BLEU(tokenize="zh", effective_order=True)
+
+    def pair(self, completion: str, shadow: str) -> tuple[float, float]:
+        cjk = self._has_cjk(completion) or self._has_cjk(shadow)
+        rouge_l = self._scorer.agreement(shadow, completion)  # F-measure: symmetric in its arguments
+        bleu = (self._bleu_zh if cjk else self._bleu).sentence_score(completion, [shadow]).score
+        return float(rouge_l), min(max(float(bleu), 0.0), 100.0)
 
 
 @functools.lru_cache(maxsize=1)
-def _rouge_scorer() -> Any:
-    from rouge_score import rouge_scorer  # lazy: importing it pulls in nltk (~1.8 s)
-
-    return rouge_scorer.RougeScorer(["rougeL"], use_stemmer=False)
+def _agreement_scorer() -> _AgreementScorer:
+    return _AgreementScorer()  # lazy: importing rouge-score pulls in nltk (~2 s)
 
 
 def preload_scorers() -> None:
     """Import the agreement scorers now (rouge-score pulls in nltk, ~2 s) rather than at the first close."""
-    _rouge_scorer()
-    import sacrebleu  # noqa: F401
+    _agreement_scorer()
 
 
 def _pair_scores(completion: str, shadow: str) -> tuple[float, float]:
@@ -332,17 +356,14 @@ def _pair_scores(completion: str, shadow: str) -> tuple[float, float]:
         return 1.0, 100.0
     if not a or not b:
         return 0.0, 0.0
-    import sacrebleu
-
-    rouge_l = _rouge_scorer().score(b, a)["rougeL"].fmeasure
-    bleu = sacrebleu.sentence_bleu(a, [b]).score
-    return float(rouge_l), min(max(float(bleu), 0.0), 100.0)
+    return _agreement_scorer().pair(a, b)
 
 
 def shadow_agreement(pairs: list[tuple[str, str]]) -> tuple[float, float]:
     """Mean ROUGE-L F-measure and mean sentence BLEU of (completion, shadow completion) pairs.
 
-    The shadow completion is the reference. Pairs must be non-empty.
+    The shadow completion is the reference. Pairs must be non-empty. CJK pairs are tokenised per
+    character (see ``probes.metrics``).
     """
     if not pairs:
         raise ValueError("no pairs to score")

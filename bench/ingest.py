@@ -1,0 +1,201 @@
+"""Benchmark: events/s through the daemon's full ingest pipeline vs raw consume + json.loads.
+
+One Tansu broker and one Redis on free ports; one topic pre-produced with realistic ~600-byte
+events (``watchdog.traffic.TrafficGenerator``) with explicit timestamps spread over many 10 s
+windows and ~50 routes. Each repetition then reads the whole topic with a fresh consumer group in
+every mode, interleaved, and the timer runs from the first non-empty poll to the last event:
+
+* ``raw``       kafka-python consume only (values untouched)
+* ``json``      consume + ``json.loads`` of each value  (the **baseline**)
+* ``decode``    consume + ``decode_event`` (orjson + validation)
+* ``pipeline``  ``watchdog.daemon.Daemon.step()`` in a loop: consume -> decode/validate -> DLQ check
+                -> ``WindowAggregator`` -> close windows -> ``PolicyEngine.observe`` (policies/default.yaml)
+                -> actuator -> persist window records + state to Redis -> offset commits
+
+All consumers use the daemon's own ``make_consumer`` settings (max_poll_records 2000). The result
+is the ratio pipeline / json per repetition, reported as the median of the repetitions.
+
+    .venv/bin/python bench/ingest.py [--events 200000] [--routes 50] [--repeats 3] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import ROOT, machine_note, median, produce_events, services, table  # noqa: E402
+
+from watchdog.config import Config, KafkaConfig, load_config  # noqa: E402
+from watchdog.daemon import Daemon  # noqa: E402
+from watchdog.events import decode_event  # noqa: E402
+from watchdog.ingest import make_consumer  # noqa: E402
+
+MODES = ("raw", "json", "decode", "pipeline")
+
+
+def kafka_cfg(address: str, topic: str, group: str) -> KafkaConfig:
+    return KafkaConfig(bootstrap_servers=address, topic=topic, group_id=group, session_timeout_ms=6000,
+                       heartbeat_interval_ms=1000)
+
+
+def consume(address: str, topic: str, n: int, mode: str, timeout_s: float) -> tuple[float, float]:
+    """(wall, process CPU) seconds from the first non-empty poll to the n-th record, in a raw mode."""
+    consumer = make_consumer(kafka_cfg(address, topic, f"bench-{mode}-{uuid.uuid4().hex[:8]}"))
+    consumer.subscribe([topic])
+    loads = json.loads
+    seen = 0
+    t0 = None
+    deadline = time.monotonic() + timeout_s
+    try:
+        while seen < n:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{mode}: read {seen} of {n} events in {timeout_s:.0f} s")
+            batches = consumer.poll(timeout_ms=200)
+            if not batches:
+                continue
+            if t0 is None:
+                t0 = time.perf_counter()
+                c0 = time.process_time()
+            for records in batches.values():
+                if mode == "json":
+                    for rec in records:
+                        loads(rec.value)
+                elif mode == "decode":
+                    for rec in records:
+                        decode_event(rec.value)
+                seen += len(records)
+        assert t0 is not None
+        return time.perf_counter() - t0, time.process_time() - c0
+    finally:
+        consumer.close(autocommit=False)
+
+
+def daemon_config(address: str, topic: str, redis_url: str) -> Config:
+    group = f"bench-pipeline-{uuid.uuid4().hex[:8]}"
+    return load_config(None, **{
+        "policies": [str(ROOT / "policies" / "default.yaml")],
+        "kafka": kafka_cfg(address, topic, group).model_dump(),
+        "redis": {"url": redis_url, "prefix": f"bench{uuid.uuid4().hex[:6]}"},
+        "windows": {"length_s": 10.0, "grace_s": 2.0},
+        "server": {"port": 0},
+        "instance": "bench",
+    })
+
+
+def pipeline(address: str, topic: str, redis_url: str, n: int, timeout_s: float,
+             profile: str | None = None) -> tuple[float, float, dict[str, Any]]:
+    """(wall, process CPU) seconds for the daemon's main loop (``Daemon.step``) to take in ``n`` events."""
+    daemon = Daemon(daemon_config(address, topic, redis_url))
+    daemon.connect_kafka()
+    assert daemon.ingest is not None
+    ingest = daemon.ingest
+    real_poll = ingest.poll
+    state: dict[str, Any] = {"seen": 0, "t0": None, "c0": 0.0}
+
+    def counted_poll(timeout_ms: int = 200) -> int:
+        got = real_poll(timeout_ms)
+        if got and state["t0"] is None:
+            state["t0"] = time.perf_counter()
+            state["c0"] = time.process_time()
+        state["seen"] += got
+        return got
+
+    ingest.poll = counted_poll  # type: ignore[method-assign]
+    prof = None
+    deadline = time.monotonic() + timeout_s
+    try:
+        while state["seen"] < n:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"pipeline: read {state['seen']} of {n} events in {timeout_s:.0f} s")
+            if prof is None and profile and state["t0"] is not None:
+                import cProfile
+
+                prof = cProfile.Profile()
+                prof.enable()
+            daemon.step()
+        elapsed = time.perf_counter() - state["t0"]
+        cpu = time.process_time() - state["c0"]
+        if prof is not None:
+            prof.disable()
+            prof.dump_stats(profile)  # type: ignore[arg-type]
+        info = {"windows_closed": daemon.stats.windows_closed, "actions": daemon.stats.actions,
+                "folded": daemon.aggregator.folded, "late": daemon.aggregator.late}
+        return elapsed, cpu, info
+    finally:
+        daemon.stop()
+        daemon.shutdown()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--events", type=int, default=200_000)
+    ap.add_argument("--routes", type=int, default=50)
+    ap.add_argument("--windows", type=int, default=20, help="10 s windows the event timestamps span")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--modes", default=None, help=f"comma list of {','.join(MODES)} (default: all)")
+    ap.add_argument("--profile", help="write a cProfile of the first pipeline run to this file")
+    ap.add_argument("--quick", action="store_true", help="40k events, 3 repeats, json+pipeline only (< 60 s)")
+    args = ap.parse_args()
+    if args.quick:
+        args.events, args.windows = 40_000, 8
+    modes = [m for m in (args.modes or ("json,pipeline" if args.quick else ",".join(MODES))).split(",") if m]
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        import crc32c  # noqa: F401
+    except ImportError:
+        print("WARNING: crc32c is not installed: kafka-python checks CRCs in pure Python (~10x slower)")
+
+    times: dict[str, list[float]] = {m: [] for m in modes}
+    cpus: dict[str, list[float]] = {m: [] for m in modes}
+    info: dict[str, Any] = {}
+    with services() as svc:
+        topic = f"bench.ingest.{uuid.uuid4().hex[:8]}"
+        span_s = args.windows * 10.0
+        nbytes, prod_s = produce_events(svc.kafka_address, topic, args.events, args.routes,
+                                        events_per_s=args.events / span_s, end_ts=time.time() - 3.0)
+        print(f"produced {args.events:,} events ({nbytes / args.events:.0f} B avg) over {args.routes} routes, "
+              f"{args.windows} windows, in {prod_s:.1f} s")
+        timeout = max(60.0, args.events / 2000.0)
+        for rep in range(args.repeats):
+            for mode in modes:
+                if mode == "pipeline":
+                    t, cpu, info = pipeline(svc.kafka_address, topic, svc.redis_url, args.events, timeout,
+                                            args.profile if rep == 0 else None)
+                else:
+                    t, cpu = consume(svc.kafka_address, topic, args.events, mode, timeout)
+                times[mode].append(t)
+                cpus[mode].append(cpu)
+                print(f"  rep {rep + 1} {mode:<9} {args.events / t:>10,.0f} ev/s  "
+                      f"{1e6 * cpu / args.events:6.1f} us CPU/event", flush=True)
+
+    base = times.get("json")
+    rows = []
+    for mode in modes:
+        rates = [args.events / t for t in times[mode]]
+        ratios = [b / t for b, t in zip(base, times[mode], strict=True)] if base else []
+        cpu_us = [1e6 * c / args.events for c in cpus[mode]]
+        cpu_ratio = [c / b for c, b in zip(cpus[mode], cpus["json"], strict=True)] if base else []
+        rows.append([mode, median(rates), min(rates), max(rates), median(ratios) if ratios else float("nan"),
+                     median(cpu_us), median(cpu_ratio) if cpu_ratio else float("nan")])
+    print()
+    print(table(["mode", "median ev/s", "min ev/s", "max ev/s", "rate ratio vs json", "CPU us/event",
+                 "CPU vs json"], rows))
+    print("(ratios: median over repetitions of the per-repetition ratio; CPU: this process, all threads)")
+    print(f"\npipeline: {info}")
+    print(f"machine: {machine_note()}")
+    if "pipeline" in times and base:
+        ratio = median([b / t for b, t in zip(base, times["pipeline"], strict=True)])
+        print(f"pipeline / (consume + json.loads) = {ratio:.2f} (target >= 0.8): {'PASS' if ratio >= 0.8 else 'MISS'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
