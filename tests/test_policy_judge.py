@@ -296,6 +296,20 @@ def test_input_shift_alerts_with_cause_instead_of_rolling_back() -> None:
     assert (b.kind, b.detail["cause"]) == ("rollback", "candidate") and sim.flags[(M, R)] == "fp16"
 
 
+def test_pairwise_agreement_drop_is_not_taken_for_an_input_shift() -> None:
+    # the FP16 window's shadow is the FP8 answer: when FP8 breaks, both windows' agreement drops
+    sim = Sim(policy("""\
+      - name: agree
+        metric: shadow_rougeL
+        fail_if: candidate < 0.8
+        severity: critical
+        action: rollback
+"""))
+    assert sim.step(live_values(T0, "shadow_rougeL", 0.98, 0.98), T0) == []
+    (a,) = sim.step(live_values(T0 + 60, "shadow_rougeL", 0.35, 0.40), T0 + 60)
+    assert (a.kind, a.detail["cause"]) == ("rollback", "candidate") and sim.flags[(M, R)] == "fp16"
+
+
 def test_input_shift_can_be_switched_off() -> None:
     sim = Sim(policy(PLAIN_ERR, head="    inhibit: {input_shift: false}\n"))
     sim.step(live_values(T0, "error_rate", 0.01, 0.01), T0)

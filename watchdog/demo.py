@@ -73,6 +73,11 @@ def run_demo(duration_s: float | None = None, golden: bool = True, workdir: Path
     console.print(f"Kafka-protocol broker (Tansu) on {kafka.address}, redis-server on {redis_svc.address}, "
                   f"on-call sink on {sink_url}")
     topic = "llm.inference.logs"
+    golden_probe = _golden_probe(console, workdir) if golden else None
+    golden_cfg: dict[str, Any] = {}
+    if golden_probe is not None:
+        golden_probe.prepare(console)
+        golden_cfg = {"jobs": [golden_probe.job_config()], "reports_dir": str(golden_probe.reports)}
     cfg = load_config(
         None,
         policies=[str(ROOT / "policies" / "default.yaml")],
@@ -83,14 +88,9 @@ def run_demo(duration_s: float | None = None, golden: bool = True, workdir: Path
         alerts={"channels": [{"kind": "webhook", "url": f"{sink_url}/webhook"},
                              {"kind": "slack", "url": f"{sink_url}/slack"}]},
         server={"port": free_port()},
+        golden=golden_cfg,
     )
-    sources = []
-    golden_probe = None
-    if golden:
-        golden_probe = _golden_probe(console, workdir)
-        if golden_probe is not None:
-            sources.append(golden_probe.drain)
-    daemon = Daemon(cfg, sources=sources)
+    daemon = Daemon(cfg)
     server = StatusServer(cfg.server.host, cfg.server.port, daemon.metrics.registry, daemon.status,
                           daemon.problems, daemon.alive).start()
     console.print(f"daemon: /metrics /healthz /readyz /status on {server.url}")
@@ -100,7 +100,7 @@ def run_demo(duration_s: float | None = None, golden: bool = True, workdir: Path
     from kafka import KafkaProducer
 
     producer = KafkaProducer(bootstrap_servers=kafka.address, linger_ms=20)
-    traffic = TrafficGenerator([Route(MODEL, r, rate=40.0) for r in ROUTES], precision_of=daemon.flags.precision_for)
+    traffic = TrafficGenerator([Route(MODEL, r, rate=70.0) for r in ROUTES], precision_of=daemon.flags.precision_for)
     traffic.start(producer, topic)
     started = time.monotonic()
     code = 0
@@ -162,7 +162,7 @@ def _show_evidence(console: Console, daemon: Daemon, sink: AlertSink, route: str
         console.print(f"     reason: {flag.reason}")
     for rec in daemon.store.audit(count=20):
         if rec.get("route") == route:
-            console.print(f"   audit stream {daemon.keys.audit}: {rec.get('old_precision', '?')} -> {rec.get('precision')}"
+            console.print(f"   audit stream {daemon.keys.audit}: {rec.get('previous') or 'default'} -> {rec.get('precision')}"
                           f" epoch {rec.get('epoch')} by {rec.get('changed_by')}")
             break
     _wait(lambda: any(route in json.dumps(r.body) for r in sink.received), 10)

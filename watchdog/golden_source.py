@@ -22,7 +22,8 @@ from watchdog.signals import Signal
 
 log = logging.getLogger(__name__)
 
-#: runs one replay: (job) -> a report object with ``to_signals(model, route)`` and ``save(dir)``
+#: runs one replay: (job) -> a report with ``to_signals(model, route)`` and ``save(dir)``, or a
+#: (report, extra candidate values) pair
 ReplayFn = Callable[["GoldenJob"], Any]
 
 
@@ -49,16 +50,22 @@ class GoldenJob:
 def default_replay(job: GoldenJob) -> Any:
     """Build both engines from the job's options, replay the set, close the engines."""
     from probes.engines import get_engine
-    from probes.golden import load_golden_set
+    from probes.golden import find_golden_set, load_golden_set
     from probes.golden_replay import replay
 
-    golden = load_golden_set(job.set_path)
+    golden = load_golden_set(find_golden_set(job.set_path))
     if job.max_items is not None:
         golden = golden.head(job.max_items)
     candidate = get_engine(**job.candidate)
     baseline = get_engine(**job.baseline)
     try:
-        return replay(golden, candidate, baseline, progress=False)
+        report = replay(golden, candidate, baseline, progress=False)
+        extra: dict[str, float] = {}
+        saturation = getattr(candidate, "saturation", lambda: None)()
+        if saturation is not None:
+            # share of FP8 activations clipped at +-448: rising means the calibration went stale
+            extra["fp8_saturation"] = float(saturation.total)
+        return report, extra
     finally:
         candidate.close()
         baseline.close()
@@ -119,11 +126,14 @@ class GoldenScheduler:
             return False
         started = time.time()
         try:
-            report = self.replay_fn(job)
+            result = self.replay_fn(job)
+            report, extra = result if isinstance(result, tuple) else (result, {})
             if self.reports_dir is not None:
                 report.save(self.reports_dir / name)
             for route in job.routes:
                 for sig in report.to_signals(job.model, route):
+                    if sig.precision == job.candidate.get("precision"):
+                        sig.values.update(extra)
                     self._done.put(sig)
             job.last_error = None
             return True

@@ -11,6 +11,11 @@ from watchdog.policy.schema import Policy, Rule
 from watchdog.policy.state import RuleState, ScopeState
 from watchdog.signals import Signal
 
+#: metrics that compare the two precisions' outputs with each other: a broken candidate drags the
+#: baseline's value down with it (the FP16 window's shadow is the FP8 answer), so a "baseline drop"
+#: there is no evidence of an input shift
+PAIRWISE_METRICS = frozenset({"shadow_rougeL", "shadow_bleu", "agreement_rougeL"})
+
 
 def gpu_reading(policy: Policy, sig: Signal) -> dict[str, Any] | None:
     """The problems a GPU signal shows, or None when it carries no usable reading (an error, or
@@ -45,7 +50,8 @@ def attribute_rule(policy: Policy, rule: Rule, rs: RuleState, problems: list[str
     ref = rs.ref or {}
     before_c, before_b = ref.get("candidate"), ref.get("baseline")
     numbers = (now_c, before_c, now_b, before_b)
-    usable = policy.inhibit.input_shift and all(x is not None for x in numbers)
+    usable = (policy.inhibit.input_shift and rule.metric not in PAIRWISE_METRICS
+              and all(x is not None for x in numbers))
     if not usable and not problems:
         return Attribution("candidate", False, "no earlier passing window to compare with",
                            math.nan, math.nan, [])
