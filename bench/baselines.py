@@ -40,11 +40,13 @@ class FlaggerConfig:
     reset_on_success: bool = False
 
 
-def flagger_rollbacks(failed: np.ndarray, cfg: FlaggerConfig, *, restart: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def flagger_rollbacks(failed: np.ndarray, cfg: FlaggerConfig, *, restart: bool = True, start: int = 0
+                      ) -> tuple[np.ndarray, np.ndarray]:
     """Run the counter over ``failed`` (runs x windows, bool: did the check fail).
 
-    Returns (number of rollbacks per run, window index of the first rollback or -1). With
-    ``restart`` the counter starts afresh after a rollback (the next revision is analysed)."""
+    Returns (number of rollbacks per run, window index of the first rollback at or after
+    ``start``, or -1). With ``restart`` the counter starts afresh after a rollback (the next
+    revision is analysed)."""
     runs, windows = failed.shape
     count = np.zeros(runs, dtype=np.int64)
     pos = np.zeros(runs, dtype=np.int64)
@@ -58,7 +60,8 @@ def flagger_rollbacks(failed: np.ndarray, cfg: FlaggerConfig, *, restart: bool =
         pos += 1
         hit = count >= cfg.failure_threshold
         rollbacks += hit
-        first = np.where(hit & (first < 0), w, first)
+        if w >= start:
+            first = np.where(hit & (first < 0), w, first)
         done = hit | (pos >= cfg.iterations)
         count = np.where(done, 0, count)
         pos = np.where(done, 0, pos)
@@ -111,6 +114,48 @@ def _pairwise_shift_ci(x: np.ndarray, y: np.ndarray, conf: float) -> tuple[np.nd
     return est, lo, hi
 
 
+def pairwise_shift_ci_screened(x: np.ndarray, y: np.ndarray, conf: float, direction: str
+                               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``_pairwise_shift_ci`` for the rows whose interval can be significant in ``direction``;
+    the other rows get est = lo = hi = 0 (not significant; the exact values are not needed for
+    the Kayenta classification, which only asks whether the interval clears the band)."""
+    cand = _excludes_zero(x, y, conf, direction)
+    est = np.zeros(x.shape[0])
+    lo = np.zeros(x.shape[0])
+    hi = np.zeros(x.shape[0])
+    idx = np.flatnonzero(cand)
+    if idx.size:
+        est[idx], lo[idx], hi[idx] = _pairwise_shift_ci(x[idx], y[idx], conf)
+    return est, lo, hi
+
+
+def _excludes_zero(x: np.ndarray, y: np.ndarray, conf: float, direction: str) -> np.ndarray:
+    """Exact, cheap pre-test per row: does the Mann-Whitney interval of x - y lie wholly above 0
+    ("increase") or wholly below 0 ("decrease")? Counts the pairs x_i > y_j (x_i < y_j) with a
+    binary search of the sorted x in the sorted y instead of forming all n1 * n2 differences;
+    NaNs are left out, as ``_pairwise_shift_ci`` does. Since the tolerance band is >= 0, a row
+    where this is False can never be High/Low, so the O(n1 n2) interval is only needed for the
+    others."""
+    xs = np.sort(x, axis=1)  # NaNs sort last
+    ys = np.sort(y, axis=1)
+    nx = np.isfinite(x).sum(axis=1)
+    ny = np.isfinite(y).sum(axis=1)
+    m = nx * ny
+    z = NormalDist().inv_cdf(0.5 + conf / 2)
+    k = np.floor(m / 2 - z * np.sqrt(m * (nx + ny + 1) / 12.0))
+    k = np.clip(k, 0, np.maximum(m - 1, 0))
+    count = np.zeros(x.shape[0])
+    for r in range(x.shape[0]):
+        yr, xr = ys[r, : ny[r]], xs[r, : nx[r]]
+        if direction == "increase":
+            # lo = d_(k) > 0  <=>  #(x_i > y_j) >= m - k
+            count[r] = np.searchsorted(yr, xr, side="left").sum()
+        else:
+            # hi = d_(m-1-k) < 0  <=>  #(x_i < y_j) >= m - k
+            count[r] = (ny[r] - np.searchsorted(yr, xr, side="right")).sum()
+    return (m > 0) & (count >= m - k)
+
+
 def kayenta_classify(
     canary: np.ndarray,
     baseline: np.ndarray,
@@ -123,20 +168,34 @@ def kayenta_classify(
 
     ``direction`` "increase" (harm is higher canary values, allowance = allowedIncrease >= 1) or
     "decrease" (allowance = allowedDecrease <= 1). Effect size is the mean ratio canary/baseline."""
-    est, lo, hi = _pairwise_shift_ci(canary, baseline, KAYENTA_CONFIDENCE)
+    return kayenta_classify_many(canary, baseline, direction=direction, allowed_ratios=[allowed_ratio],
+                                 min_points=min_points)[allowed_ratio]
+
+
+def kayenta_classify_many(
+    canary: np.ndarray,
+    baseline: np.ndarray,
+    *,
+    direction: str,
+    allowed_ratios: list[float],
+    min_points: int = KAYENTA_MIN_POINTS,
+) -> dict[float, np.ndarray]:
+    """``kayenta_classify`` for several allowances; the interval is computed once."""
+    est, lo, hi = pairwise_shift_ci_screened(canary, baseline, KAYENTA_CONFIDENCE, direction)
     band = KAYENTA_TOLERANCE * np.abs(est)
     with np.errstate(invalid="ignore", divide="ignore"):
         ratio = np.nanmean(canary, axis=1) / np.nanmean(baseline, axis=1)
-    if direction == "increase":
-        sig = lo > band
-        effect_ok = np.where(np.isfinite(ratio), ratio >= allowed_ratio, True)
-    else:
-        sig = hi < -band
-        effect_ok = np.where(np.isfinite(ratio), ratio <= allowed_ratio, True)
-    harmful = sig & effect_ok
+    sig = lo > band if direction == "increase" else hi < -band
     points = np.minimum(np.isfinite(canary).sum(axis=1), np.isfinite(baseline).sum(axis=1))
-    out = harmful.astype(np.int8)
-    out[points < min_points] = -1
+    out = {}
+    for a in allowed_ratios:
+        if direction == "increase":
+            effect_ok = np.where(np.isfinite(ratio), ratio >= a, True)
+        else:
+            effect_ok = np.where(np.isfinite(ratio), ratio <= a, True)
+        cls = (sig & effect_ok).astype(np.int8)
+        cls[points < min_points] = -1
+        out[a] = cls
     return out
 
 

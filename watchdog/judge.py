@@ -160,6 +160,60 @@ def judge_paired(
     )
 
 
+def judge_paired_replays(
+    replays: Sequence[Samples],
+    *,
+    direction: Direction,
+    effect_threshold: float,
+    marginal_threshold: float | None = None,
+    alpha: float = 0.01,
+    first_look_share: float = 0.1,
+    min_items: int = 30,
+    max_ci_width: float | None = None,
+    seed: int | None = 0,
+    n_boot: int = 2000,
+    metric: str = "",
+) -> Judgement:
+    """Judge the latest golden replays of the same items (oldest first) with two looks.
+
+    Look 1 is the latest replay alone at level ``alpha * first_look_share``; look 2 is the
+    per-item mean of the latest two replays (same prompts in the same order, which halves the
+    flip noise) at ``alpha * (1 - first_look_share)``. Fail if either look fails, otherwise the
+    pooled look decides. The error budget is split, not doubled (alpha spending): at a true
+    drift of exactly ``effect_threshold`` the chance of a fail per evaluation stays <= alpha / 2,
+    as for one ``judge_paired`` call at ``alpha``. Most of it goes to the pooled look because it
+    carries twice the information (an O'Brien-Fleming-like split).
+
+    With one replay, or when the latest two differ in length (the prompt set changed), it is
+    ``judge_paired`` on the latest replay at the full ``alpha``. An item missing (NaN) in one
+    replay takes the other's value. ``detail['looks']`` holds both looks."""
+    if not replays:
+        return _inconclusive(metric, "bootstrap_replays", "too_few_items", "no replays", 0, effect_threshold)
+    if not 0.0 <= first_look_share < 1.0:
+        return _error(metric, "bootstrap_replays", "first_look_share must be in [0, 1)", effect_threshold)
+    common = dict(direction=direction, effect_threshold=effect_threshold, marginal_threshold=marginal_threshold,
+                  min_items=min_items, max_ci_width=max_ci_width, seed=seed, n_boot=n_boot, metric=metric)
+    latest = np.asarray(replays[-1], dtype=float).ravel()
+    prev = np.asarray(replays[-2], dtype=float).ravel() if len(replays) >= 2 else None
+    if prev is None or prev.size != latest.size:
+        j = judge_paired(latest, alpha=alpha, **common)  # type: ignore[arg-type]
+        j.detail["pooled_replays"] = 1
+        return j
+    pooled = st.average_replays([prev[None, :], latest[None, :]])[0]
+    looks = []
+    if first_look_share > 0:
+        looks.append(("latest", judge_paired(latest, alpha=alpha * first_look_share, **common)))  # type: ignore[arg-type]
+    looks.append(("pooled2", judge_paired(pooled, alpha=alpha * (1 - first_look_share), **common)))  # type: ignore[arg-type]
+    failed = [j for _, j in looks if j.status == "fail"]
+    chosen = failed[0] if failed else looks[-1][1]
+    chosen.detail["pooled_replays"] = 2 if chosen is looks[-1][1] else 1
+    chosen.detail["looks"] = {name: {"status": j.status, "reason": j.reason, "estimate": j.estimate,
+                                     "ci_low": j.ci_low, "ci_high": j.ci_high,
+                                     "alpha": j.detail.get("alpha"), "n": j.n} for name, j in looks}
+    chosen.method = "bootstrap_replays"
+    return chosen
+
+
 # --- unpaired ----------------------------------------------------------------------------------
 
 
@@ -321,6 +375,123 @@ def judge_rate(
         detail={"candidate_rate": candidate_errors / candidate_n, "baseline_rate": baseline_errors / baseline_n,
                 "alpha": alpha},
     )
+
+
+# --- pooling live windows ----------------------------------------------------------------------
+
+#: a QuantileSketch.to_dict() export, or a plain {bucket_index: count}
+SketchLike = Mapping[Any, Any]
+
+
+def _last(windows: Iterable[Any], pool_windows: int | None) -> list[Any]:
+    items = list(windows)
+    if pool_windows is not None:
+        if pool_windows < 1:
+            raise ValueError("pool_windows must be >= 1")
+        items = items[-pool_windows:]
+    return [w for w in items if w is not None]
+
+
+def _sketch_gamma(d: Mapping[str, Any]) -> tuple[float, float]:
+    a = float(d["relative_accuracy"])
+    return (1.0 + a) / (1.0 - a), float(d.get("min_value", 1e-3))
+
+
+def pool_histograms(windows: Iterable[SketchLike | None], *, pool_windows: int | None = None
+                    ) -> tuple[dict[int, int], float | None]:
+    """Merge the latency histograms of the last ``pool_windows`` windows (oldest first; None =
+    all; None entries, windows without data, are skipped) into one ``{bucket_index: count}``.
+
+    Entries are ``QuantileSketch.to_dict()`` exports (``watchdog/sketch.py``: ``bins`` and
+    ``zero_count``) or plain ``{bucket_index: count}`` mappings. Returns (histogram, gamma);
+    gamma comes from the sketches' ``relative_accuracy`` (None for plain mappings). The zero
+    bucket goes to the index just below the lowest possible bucket of that accuracy, the same
+    for every sketch, so a pooled candidate and baseline stay comparable. Sketches of different
+    accuracy cannot be pooled (ValueError)."""
+    out: dict[int, int] = {}
+    gamma: float | None = None
+    params: tuple[float, float] | None = None
+    for w in _last(windows, pool_windows):
+        if "bins" in w:
+            p = _sketch_gamma(w)
+            if params is not None and p != params:
+                raise ValueError("cannot pool sketches of different relative_accuracy/min_value")
+            params, gamma = p, p[0]
+            for i, c in w["bins"]:
+                out[int(i)] = out.get(int(i), 0) + int(c)
+            zero = int(w.get("zero_count", 0))
+            if zero:
+                z = zero_bucket_index(*p)
+                out[z] = out.get(z, 0) + zero
+        else:
+            for i, c in w.items():
+                out[int(i)] = out.get(int(i), 0) + int(c)
+    return out, gamma
+
+
+def zero_bucket_index(gamma: float, min_value: float) -> int:
+    """Index for a sketch's zero bucket: below every bucket a value >= ``min_value`` can use."""
+    return math.ceil(math.log(min_value) / math.log(gamma)) - 1
+
+
+def pool_counts(windows: Iterable[tuple[int, int] | None], *, pool_windows: int | None = None) -> tuple[int, int]:
+    """Sum (errors, requests) over the last ``pool_windows`` windows (oldest first; None
+    entries are skipped)."""
+    errors = total = 0
+    for e, n in _last(windows, pool_windows):
+        errors += int(e)
+        total += int(n)
+    return errors, total
+
+
+def judge_unpaired_pooled(
+    candidate_windows: Sequence[SketchLike | None],
+    baseline_windows: Sequence[SketchLike | None],
+    *,
+    pool_windows: int = 3,
+    gamma: float | None = None,
+    metric: str = "",
+    **kwargs: Any,
+) -> Judgement:
+    """``judge_unpaired`` on the latency histograms of the last ``pool_windows`` windows of each
+    side (sequences aligned by window, oldest first). Pooling assumes both precisions got a
+    similar share of each window's traffic (true for a fixed split); pass only windows since the
+    last flip. ``gamma`` is taken from the sketches when they carry it. Other keyword arguments
+    go to ``judge_unpaired``; ``detail['pooled_windows']`` says how many windows were used."""
+    try:
+        cand, g1 = pool_histograms(candidate_windows, pool_windows=pool_windows)
+        base, g2 = pool_histograms(baseline_windows, pool_windows=pool_windows)
+    except (ValueError, KeyError, TypeError) as exc:
+        return _error(metric, "mann_whitney", f"cannot pool windows: {exc}", kwargs.get("effect_threshold"))
+    if g1 is not None and g2 is not None and g1 != g2:
+        return _error(metric, "mann_whitney", "candidate and baseline sketches differ in accuracy",
+                      kwargs.get("effect_threshold"))
+    g = gamma if gamma is not None else (g1 if g1 is not None else g2)
+    j = judge_unpaired(cand, base, gamma=g, metric=metric, **kwargs)
+    j.detail["pooled_windows"] = min(len(_last(candidate_windows, pool_windows)),
+                                     len(_last(baseline_windows, pool_windows)))
+    return j
+
+
+def judge_rate_pooled(
+    candidate_windows: Sequence[tuple[int, int] | None],
+    baseline_windows: Sequence[tuple[int, int] | None],
+    *,
+    pool_windows: int = 3,
+    metric: str = "error_rate",
+    **kwargs: Any,
+) -> Judgement:
+    """``judge_rate`` on (errors, requests) summed over the last ``pool_windows`` windows of each
+    side (oldest first). Same caveats as ``judge_unpaired_pooled``."""
+    try:
+        ce, cn = pool_counts(candidate_windows, pool_windows=pool_windows)
+        be, bn = pool_counts(baseline_windows, pool_windows=pool_windows)
+    except (ValueError, TypeError) as exc:
+        return _error(metric, "newcombe", f"cannot pool windows: {exc}", kwargs.get("effect_threshold"))
+    j = judge_rate(ce, cn, be, bn, metric=metric, **kwargs)
+    j.detail["pooled_windows"] = min(len(_last(candidate_windows, pool_windows)),
+                                     len(_last(baseline_windows, pool_windows)))
+    return j
 
 
 # --- combining metrics -------------------------------------------------------------------------

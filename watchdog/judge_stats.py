@@ -128,6 +128,34 @@ def bootstrap_mean_ci(
     return est, lo, hi
 
 
+def bootstrap_mean_quantiles(
+    diffs: np.ndarray, qs: list[float], *, n_boot: int = 2000, seed: int | None = 0, chunk: int = 2048
+) -> tuple[np.ndarray, np.ndarray]:
+    """Mean of each row and the ``qs`` quantiles of its bootstrap distribution (rows x len(qs)).
+
+    The same resampling plan as ``bootstrap_mean_ci`` (which is the special case
+    ``qs = [alpha / 2, 1 - alpha / 2]``); several levels cost one pass."""
+    x = np.atleast_2d(np.asarray(diffs, dtype=float))
+    est = x.mean(axis=1)
+    w = bootstrap_weights(x.shape[1], n_boot, seed)
+    out = np.empty((x.shape[0], len(qs)))
+    for s in range(0, x.shape[0], chunk):
+        means = x[s : s + chunk] @ w.T
+        out[s : s + chunk] = np.quantile(means, qs, axis=1).T
+    return est, out
+
+
+def average_replays(replays: list[np.ndarray]) -> np.ndarray:
+    """Per-item mean over replays of the same items (rows x items each); an item missing
+    (NaN/inf) in one replay takes the mean of the others, NaN if missing everywhere."""
+    stack = np.stack([np.where(np.isfinite(r), r, np.nan) for r in replays])
+    ok = np.isfinite(stack)
+    total = np.where(ok, stack, 0.0).sum(axis=0)
+    count = ok.sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+
 # --- unpaired: Mann-Whitney U -----------------------------------------------------------------
 
 
@@ -203,6 +231,42 @@ def shift_ci_counts(cx: np.ndarray, cy: np.ndarray, alpha: float) -> tuple[float
 
     med = (order_stat((m - 1) // 2) + order_stat(m // 2)) / 2.0
     return med, order_stat(k), order_stat(m - 1 - k)
+
+
+def shift_ci_counts_rows(cx: np.ndarray, cy: np.ndarray, alpha: float, *, chunk: int = 4096
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``shift_ci_counts`` for many rows at once (rows x bins, same bins in both arrays).
+
+    The pairwise-difference distribution of every row is one batched FFT convolution (counts are
+    integers, so rounding the FFT result is exact while n1 * n2 stays far below 2**52). Rows
+    with an empty side give NaN."""
+    cx = np.atleast_2d(np.asarray(cx, dtype=float))
+    cy = np.atleast_2d(np.asarray(cy, dtype=float))
+    used = np.flatnonzero((cx + cy).any(axis=0))
+    if used.size:  # bins empty in every row change no difference count: trim them
+        cx, cy = cx[:, used[0] : used[-1] + 1], cy[:, used[0] : used[-1] + 1]
+    rows, bins = cx.shape
+    n1, n2 = cx.sum(axis=1), cy.sum(axis=1)
+    m = n1 * n2
+    z = z_quantile(1 - alpha / 2)
+    k = np.floor(m / 2.0 - z * np.sqrt(m * (n1 + n2 + 1) / 12.0))
+    k = np.clip(k, 0, np.maximum(m - 1, 0))
+    ranks = np.stack([k, np.floor((m - 1) / 2), np.floor(m / 2), m - 1 - k], axis=1)  # rows x 4
+    size = 1 << int(math.ceil(math.log2(max(2 * bins - 1, 2))))
+    offset = bins - 1
+    out = np.full((rows, 4), np.nan)
+    for s in range(0, rows, chunk):
+        e = min(s + chunk, rows)
+        fx = np.fft.rfft(cx[s:e], size, axis=1)
+        fy = np.fft.rfft(cy[s:e, ::-1], size, axis=1)
+        dist = np.rint(np.fft.irfft(fx * fy, size, axis=1)[:, : 2 * bins - 1])
+        cum = np.cumsum(dist, axis=1)
+        for c in range(4):
+            # 0-based rank r sits at the first difference whose cumulative count reaches r + 1
+            out[s:e, c] = (cum < ranks[s:e, c : c + 1] + 0.5).sum(axis=1) - offset
+    empty = m <= 0
+    out[empty] = np.nan
+    return (out[:, 1] + out[:, 2]) / 2.0, out[:, 0], out[:, 3]
 
 
 # --- rates --------------------------------------------------------------------------------------
