@@ -9,7 +9,21 @@ import pytest
 import scipy.stats as ss
 
 from watchdog import judge_stats as st
-from watchdog.judge import Judgement, attribute, combine, judge_paired, judge_rate, judge_unpaired
+from watchdog.judge import (
+    Judgement,
+    attribute,
+    combine,
+    judge_paired,
+    judge_paired_replays,
+    judge_rate,
+    judge_rate_pooled,
+    judge_unpaired,
+    judge_unpaired_pooled,
+    pool_counts,
+    pool_histograms,
+    zero_bucket_index,
+)
+from watchdog.sketch import QuantileSketch
 
 
 def _golden_like(seed: int, n: int = 200, shift: float = 0.0) -> np.ndarray:
@@ -251,3 +265,196 @@ def test_attribute_lower_is_better_and_nan() -> None:
     a = attribute(400.0, 300.0, 390.0, 300.0, direction="lower_is_better")
     assert a.cause == "input_shift"
     assert attribute(math.nan, 1, 1, 1).cause == "candidate"
+
+
+# --- batched statistics used by the benchmark ----------------------------------------------------
+
+
+def test_shift_ci_counts_rows_equals_one_row_version() -> None:
+    rng = np.random.default_rng(20)
+    cx = rng.integers(0, 30, (12, 200)).astype(float)
+    cy = rng.integers(0, 30, (12, 200)).astype(float)
+    cx[:, :60] = 0  # shifted supports, leading/trailing empty bins
+    cy[:, 150:] = 0
+    cx[4] = 0  # an empty side gives NaN
+    est, lo, hi = st.shift_ci_counts_rows(cx, cy, 0.01)
+    for i in range(12):
+        if i == 4:
+            assert math.isnan(est[i]) and math.isnan(lo[i])
+            continue
+        assert (est[i], lo[i], hi[i]) == st.shift_ci_counts(cx[i], cy[i], 0.01)
+
+
+def test_bootstrap_quantiles_match_bootstrap_ci() -> None:
+    d = np.stack([_golden_like(s, shift=-0.01) for s in (21, 22, 23)])
+    est, q = st.bootstrap_mean_quantiles(d, [0.005, 0.995, 0.0005, 0.9995], seed=3)
+    e2, lo, hi = st.bootstrap_mean_ci(d, alpha=0.01, seed=3)
+    assert np.array_equal(est, e2) and np.array_equal(q[:, 0], lo) and np.array_equal(q[:, 1], hi)
+    assert (q[:, 2] <= q[:, 0]).all() and (q[:, 3] >= q[:, 1]).all()
+
+
+def test_average_replays_fills_missing_items_from_the_other_replay() -> None:
+    a = np.array([[0.1, np.nan, 0.3, np.nan]])
+    b = np.array([[0.3, 0.2, np.inf, np.nan]])
+    out = st.average_replays([a, b])[0]
+    assert out[:3] == pytest.approx([0.2, 0.2, 0.3]) and math.isnan(out[3])
+
+
+# --- sequential judge over golden replays -----------------------------------------------------------
+
+
+def _replay(seed: int, base_shift: float, n: int = 200) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    d = rng.standard_t(3, n) * 0.06
+    d[rng.random(n) < 0.7] = 0.0
+    return d + base_shift * (rng.random(n) < 0.5) * 2
+
+
+@pytest.mark.parametrize(
+    ("replays", "status", "pooled", "reason"),
+    [
+        # one replay: plain judge_paired at the full alpha
+        ([_replay(30, -0.06)], "fail", 1, "significant_regression"),
+        # the prompt set changed: only the latest replay counts
+        ([_replay(31, -0.06, 150), _replay(32, 0.0)], "pass", 1, "within_effect_threshold"),
+        # FP8 noise only: the pooled look passes
+        ([_replay(33, 0.0), _replay(34, 0.0)], "pass", 2, "within_effect_threshold"),
+        # a clear regression fails already on the latest replay
+        ([_replay(35, -0.06), _replay(36, -0.06)], "fail", 1, "significant_regression"),
+    ],
+)
+def test_paired_replays_table(replays: list, status: str, pooled: int, reason: str) -> None:
+    j = judge_paired_replays(replays, direction="higher_is_better", effect_threshold=0.0075, seed=1)
+    assert (j.status, j.reason, j.detail["pooled_replays"]) == (status, reason, pooled)
+
+
+def test_paired_replays_pooled_look_catches_what_single_replays_miss() -> None:
+    rng = np.random.default_rng(37)
+    r1 = rng.normal(-0.03, 0.2, 200)
+    r2 = -0.06 - r1 + rng.normal(0.0, 0.04, 200)  # noise anti-correlated across replays
+    singles = [judge_paired(r, direction="higher_is_better", effect_threshold=0.0075, alpha=0.001, seed=1)
+               for r in (r1, r2)]
+    assert [s.status for s in singles] == ["marginal", "marginal"]
+    j = judge_paired_replays([r1, r2], direction="higher_is_better", effect_threshold=0.0075, seed=1)
+    assert (j.status, j.detail["pooled_replays"]) == ("fail", 2)
+    looks = j.detail["looks"]
+    assert looks["latest"]["alpha"] == pytest.approx(0.001) and looks["pooled2"]["alpha"] == pytest.approx(0.009)
+    # the pooled look's bootstrap interval agrees with the t interval at its level (scipy)
+    avg = (r1 + r2) / 2
+    half = ss.t.ppf(1 - 0.009 / 2, avg.size - 1) * avg.std(ddof=1) / math.sqrt(avg.size)
+    assert looks["pooled2"]["ci_low"] == pytest.approx(avg.mean() - half, abs=0.25 * half)
+    assert looks["pooled2"]["ci_high"] == pytest.approx(avg.mean() + half, abs=0.25 * half)
+
+
+def test_paired_replays_edge_cases() -> None:
+    assert judge_paired_replays([], direction="higher_is_better", effect_threshold=0.01).reason == "too_few_items"
+    bad = judge_paired_replays([[0.0] * 50], direction="higher_is_better", effect_threshold=0.01,
+                               first_look_share=1.0)
+    assert bad.status == "error"
+    # first_look_share=0: the pooled look alone, at the full alpha
+    j = judge_paired_replays([_replay(38, 0.0), _replay(39, 0.0)], direction="higher_is_better",
+                             effect_threshold=0.01, first_look_share=0.0)
+    assert list(j.detail["looks"]) == ["pooled2"] and j.detail["looks"]["pooled2"]["alpha"] == 0.01
+
+
+# --- pooled live windows ----------------------------------------------------------------------------
+
+
+def _sketch(values: np.ndarray, zeros: int = 0, accuracy: float = 0.01) -> QuantileSketch:
+    sk = QuantileSketch(accuracy)
+    for v in values:
+        sk.add(float(v))
+    for _ in range(zeros):
+        sk.add(0.0)
+    return sk
+
+
+def test_pool_histograms_equals_merged_sketch() -> None:
+    rng = np.random.default_rng(40)
+    sketches = [_sketch(rng.lognormal(5.5, 0.5, 300), zeros=z) for z in (0, 3, 1)]
+    merged = QuantileSketch(0.01)
+    for sk in sketches[1:]:
+        merged.merge(sk)
+    hist, gamma = pool_histograms([s.to_dict() for s in sketches], pool_windows=2)
+    assert gamma == pytest.approx(merged.gamma)
+    z = zero_bucket_index(merged.gamma, merged.min_value)
+    assert hist.pop(z) == 4 and z < min(merged.buckets)
+    assert hist == merged.buckets
+    # None windows are skipped, plain {index: count} mappings pool too
+    assert pool_histograms([None, {1: 2}, {1: 3, 2: 1}]) == ({1: 5, 2: 1}, None)
+    with pytest.raises(ValueError):
+        pool_histograms([sketches[0].to_dict(), _sketch(np.array([5.0]), accuracy=0.02).to_dict()])
+    with pytest.raises(ValueError):
+        pool_histograms([{1: 1}], pool_windows=0)
+
+
+@pytest.mark.parametrize(
+    ("pool", "status"),
+    [(1, "marginal"), (3, "fail")],
+)
+def test_pooled_latency_table(pool: int, status: str) -> None:
+    # +25 % latency on windows of 150 requests: one window straddles a 5 % threshold, three fail
+    rng = np.random.default_rng(46)
+    cand = [_sketch(rng.lognormal(math.log(300 * 1.25), 0.6, 150)).to_dict() for _ in range(3)]
+    base = [_sketch(rng.lognormal(math.log(300), 0.6, 150)).to_dict() for _ in range(3)]
+    j = judge_unpaired_pooled(cand, base, pool_windows=pool, effect_threshold=0.05, metric="latency_ms")
+    assert j.status == status and j.detail["pooled_windows"] == pool
+    ch, g = pool_histograms(cand, pool_windows=pool)
+    bh, _ = pool_histograms(base, pool_windows=pool)
+    assert j.n == min(sum(ch.values()), sum(bh.values()))
+    # the p-value is Mann-Whitney on the pooled bucket values (scipy)
+    xs = np.repeat(list(ch), list(ch.values())).astype(float)
+    ys = np.repeat(list(bh), list(bh.values())).astype(float)
+    ref = ss.mannwhitneyu(xs, ys, method="asymptotic", use_continuity=True)
+    assert j.p_value == pytest.approx(ref.pvalue, rel=1e-9)
+
+
+def test_pooled_latency_errors_are_data() -> None:
+    a = _sketch(np.array([5.0] * 60)).to_dict()
+    b = _sketch(np.array([5.0] * 60), accuracy=0.02).to_dict()
+    assert judge_unpaired_pooled([a], [b], effect_threshold=0.05).status == "error"
+    assert judge_unpaired_pooled([{"bins": "x"}], [a], effect_threshold=0.05).status == "error"
+
+
+@pytest.mark.parametrize(
+    ("windows_c", "windows_b", "pool", "status", "reason"),
+    [
+        ([(2, 80), (3, 90), (2, 70)], [(1, 80), (0, 90), (1, 70)], 1, "inconclusive", "too_few_items"),
+        ([(2, 80), (3, 90), (2, 70)], [(1, 80), (0, 90), (1, 70)], 3, "marginal", "straddles_threshold"),
+        # +1.7 pts on 600-request windows: one window straddles a 0.5 pt threshold, three fail
+        ([(15, 600), (15, 600), (15, 600)], [(5, 600), (5, 600), (5, 600)], 1, "marginal", "straddles_threshold"),
+        ([(15, 600), (15, 600), (15, 600)], [(5, 600), (5, 600), (5, 600)], 3, "fail", "significant_regression"),
+        # a missing window (None) is skipped: only two windows pool
+        ([None, (15, 600), (15, 600)], [None, (5, 600), (5, 600)], 3, "marginal", "straddles_threshold"),
+        ([(0, 600), (15, 600), (15, 600)], [(0, 600), (5, 600), (5, 600)], 3, "marginal", "straddles_threshold"),
+    ],
+)
+def test_pooled_rate_table(windows_c: list, windows_b: list, pool: int, status: str, reason: str) -> None:
+    j = judge_rate_pooled(windows_c, windows_b, pool_windows=pool, effect_threshold=0.005)
+    assert (j.status, j.reason) == (status, reason)
+    ce, cn = pool_counts(windows_c, pool_windows=pool)
+    be, bn = pool_counts(windows_b, pool_windows=pool)
+    if j.p_value is not None:
+        assert j.p_value == judge_rate(ce, cn, be, bn, effect_threshold=0.005).p_value
+        ref = ss.chi2_contingency(np.array([[ce, cn - ce], [be, bn - be]]), correction=False).pvalue
+        assert j.p_value == pytest.approx(ref, rel=1e-9)
+
+
+# --- the benchmark's exact Kayenta screen ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("direction", ["increase", "decrease"])
+def test_kayenta_screen_is_exact(direction: str) -> None:
+    from bench import baselines as bl
+
+    rng = np.random.default_rng(42)
+    x = np.round(rng.normal(0.0, 1.0, (300, 60)) + rng.normal(0, 0.5, (300, 1)), 1)  # ties
+    y = np.round(rng.normal(0.0, 1.0, (300, 60)), 1)
+    x[:40, :10] = np.nan
+    y[30:70, 5:30] = np.nan
+    _, lo, hi = bl._pairwise_shift_ci(x, y, 0.98)
+    screened = bl._excludes_zero(x, y, 0.98, direction)
+    exact = lo > 0 if direction == "increase" else hi < 0
+    assert exact.sum() > 10 and np.array_equal(screened, exact)
+    full = bl.kayenta_classify_many(x, y, direction=direction, allowed_ratios=[1.0])[1.0]
+    assert np.array_equal(full == 1, bl.kayenta_classify(x, y, direction=direction, allowed_ratio=1.0) == 1)
