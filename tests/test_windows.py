@@ -420,3 +420,31 @@ def test_chinese_regression_shows_in_the_window() -> None:
     assert good.values["shadow_bleu"] > bad.values["shadow_bleu"]
     # the shipped policy's shadow rule (value < 0.80) trips on the broken window only
     assert good.values["shadow_rougeL"] >= 0.80 > bad.values["shadow_rougeL"]
+
+
+def test_rouge_l_equals_rouge_score_on_random_and_real_pairs() -> None:
+    import random
+
+    from rouge_score import rouge_scorer
+
+    from probes.metrics import CjkTokenizer, Scorer
+    from watchdog.windows import lcs_length, rouge_l
+
+    reference = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=False, tokenizer=CjkTokenizer())
+    scorer = Scorer()
+    rng = random.Random(3)
+    vocab = ["a", "b", "c", "d", "e", "合", "同", "天"]
+    for _ in range(300):
+        t = [rng.choice(vocab) for _ in range(rng.randrange(0, 90))]
+        p = [rng.choice(vocab) for _ in range(rng.randrange(0, 90))]
+        assert rouge_l(t, p) == reference.score(" ".join(t), " ".join(p))["rougeL"].fmeasure
+        # plain DP as a second reference for the bit-parallel LCS
+        dp = [[0] * (len(p) + 1) for _ in range(len(t) + 1)]
+        for i, x in enumerate(t):
+            for j, y in enumerate(p):
+                dp[i + 1][j + 1] = dp[i][j] + 1 if x == y else max(dp[i][j + 1], dp[i + 1][j])
+        assert lcs_length(t, p) == dp[-1][-1]
+    for a, b in [("The notice period is thirty days.", "The notice period is ninety days!"),
+                 (ZH_CLOSE, ZH_REF), ("使用 VPN token 重置", "使用 VPN token 重新设置"),
+                 ("Café déjà vu 42", "cafe deja vu 42")]:
+        assert shadow_agreement([(a, b)])[0] == pytest.approx(scorer.agreement(b, a), abs=1e-12)
