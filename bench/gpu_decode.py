@@ -48,6 +48,7 @@ from probes.fp8 import E4M3_MAX, quantize_weight  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
 EPS = 1e-5
+AUTOTUNE = "max-autotune-no-cudagraphs"
 LINES: list[str] = []
 OUT_PATH: Path | None = None
 
@@ -161,6 +162,7 @@ class Variant:
     fp8_kv: bool = False
     compiled: bool = True
     form: str = "bmm"
+    mode: str = "default"  # torch.compile mode of the layer function
 
 
 @dataclass
@@ -254,6 +256,12 @@ def build_model(dec: StaticDecoder, var: Variant, batch: int, amax: dict[str, fl
     return Model(layers, dec.embed.weight, dec.norm, head, kc, vc, ks, vs, dec.cos, dec.sin, dec.key_pos)
 
 
+def _compile(fn: Callable[..., Any], mode: str) -> Callable[..., Any]:
+    if mode == "default":
+        return torch.compile(fn, dynamic=False, fullgraph=True)
+    return torch.compile(fn, mode=mode, dynamic=False, fullgraph=True)
+
+
 class Runner:
     """The decode step of one Model: eager functions or compiled ones; tokens/pos advance in place."""
 
@@ -261,10 +269,18 @@ class Runner:
                  compiled: dict[str, Callable[..., Any]]) -> None:
         self.m, self.var, self.tokens, self.pos = m, var, tokens, pos
         lay = functools.partial(layer, form=var.form)
-        self.layer_fn = compiled.setdefault(f"layer/{var.form}", torch.compile(lay, dynamic=False, fullgraph=True)) \
+        self.layer_fn = compiled.setdefault(f"layer/{var.form}/{var.mode}", _compile(lay, var.mode)) \
             if var.compiled else lay
-        self.first_fn = compiled.setdefault("first", torch.compile(first, dynamic=False, fullgraph=True)) \
-            if var.compiled else first
+        self.first_fn = compiled.setdefault("first", _compile(first, "default")) if var.compiled else first
+
+    def layer0_update(self) -> torch.Tensor:
+        """What layer 0 adds to the residual stream (one layer: no amplification through depth)."""
+        m = self.m
+        x, h = self.first_fn(self.tokens, m.embed, m.layers[0]["ln1"], m.layers[0]["qkv_sx"])
+        nxt = m.layers[1] if len(m.layers) > 1 else {"ln1": m.final_ln, "qkv_sx": m.head[2]}
+        out, _ = self.layer_fn(x, h, m.layers[0], m.kc[0], m.vc[0], m.ks[0], m.vs[0], self.pos, m.cos, m.sin,
+                               m.key_pos, nxt["ln1"], nxt["qkv_sx"])
+        return (out - x).float()
 
     def logits(self) -> torch.Tensor:
         m = self.m
@@ -285,14 +301,18 @@ class Runner:
 
 # -- timing ----------------------------------------------------------------------------------------
 def time_fn(fn: Callable[[], Any], device: str, reset: Callable[[], None], reps: int = 40,
-            rounds: int = 3) -> float:
-    """Median ms per call: CUDA graph replays timed with events (GPU); plain calls on CPU."""
+            rounds: int = 3, spread: list[float] | None = None) -> float:
+    """Median ms per call: CUDA graph replays timed with events (GPU); plain calls on CPU.
+    ``spread`` receives every round's ms."""
     if device != "cuda":
         reset()
         fn()
         t0 = time.perf_counter()
         fn()
-        return (time.perf_counter() - t0) * 1000
+        ms = (time.perf_counter() - t0) * 1000
+        if spread is not None:
+            spread.append(ms)
+        return ms
     reset()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -315,11 +335,14 @@ def time_fn(fn: Callable[[], Any], device: str, reset: Callable[[], None], reps:
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) / reps)
     del graph
+    if spread is not None:
+        spread.extend(times)
     return statistics.median(times)
 
 
 # -- the benchmark ---------------------------------------------------------------------------------
-def run(device: str, shape: Shape, batches: list[int], prompt_len: int, steps: int, reps: int) -> None:
+def run(device: str, shape: Shape, batches: list[int], prompt_len: int, steps: int, reps: int,
+        autotune: bool) -> None:
     dtype = torch.float16  # on CPU too: the smoke run takes the GPU's code paths
     cache_len = prompt_len + steps
     say(f"## Decode step, Llama shape {shape.params() / 1e9:.2f}B params (hidden {shape.hidden}, {shape.layers} "
@@ -362,6 +385,12 @@ def run(device: str, shape: Shape, batches: list[int], prompt_len: int, steps: i
         for form, model in (("bmm", base16), ("reduce", base16)):
             attn_ms[form] = time_attention(model, q, pos, form, compiled, device, reset, reps)
         form16 = min(attn_ms, key=attn_ms.__getitem__)
+        if autotune:
+            try:
+                attn_ms["bmm, max-autotune"] = time_attention(base16, q, pos, "bmm", compiled, device, reset, reps,
+                                                              mode=AUTOTUNE)
+            except Exception as exc:
+                say(f"attention with max-autotune failed: {type(exc).__name__}: {exc}")
         kv8 = build_model(dec, Variant("kv8", fp8_kv=True), b, amax, cache16, kv_amax, fp8_weights)
         attn_ms["reduce, fp8 KV"] = time_attention(kv8, q, pos, "reduce", compiled, device, reset, reps)
         del kv8
@@ -374,6 +403,10 @@ def run(device: str, shape: Shape, batches: list[int], prompt_len: int, steps: i
                     Variant("fp8 linears + lm_head", fp8_linears=True, fp8_head=True, form=form16),
                     Variant("fp8 linears + lm_head + fp8 KV", fp8_linears=True, fp8_head=True, fp8_kv=True,
                             form="reduce")]
+        if autotune:  # last: the slowest to compile; a run cut short keeps the rows above
+            variants += [Variant("fp16, max-autotune", form=form16, mode=AUTOTUNE),
+                         Variant("fp8 linears + lm_head, max-autotune", fp8_linears=True, fp8_head=True,
+                                 form=form16, mode=AUTOTUNE)]
         for var in variants:
             t0 = time.perf_counter()
             try:
@@ -382,20 +415,26 @@ def run(device: str, shape: Shape, batches: list[int], prompt_len: int, steps: i
                 check = ""
                 with torch.no_grad():
                     if var.compiled:  # same state, same inputs: the compiled step must match the eager one
+                        eager = Runner(model, replace(var, compiled=False), tokens, pos, {})
                         reset()
-                        got = runner.logits().float()
+                        got1, got = runner.layer0_update(), runner.logits().float()
                         reset()
-                        want = Runner(model, replace(var, compiled=False), tokens, pos, {}).logits().float()
-                        check = f" | compiled vs eager logits rel err {rel_err(got, want):.1e}"
-                    step_ms = time_fn(runner.step, device, reset, reps)
+                        want1, want = eager.layer0_update(), eager.logits().float()
+                        check = (f" | compiled vs eager rel err: layer-0 update {rel_err(got1, want1):.1e}, "
+                                 f"logits {rel_err(got, want):.1e}")
+                    rounds: list[float] = []
+                    step_ms = time_fn(runner.step, device, reset, reps, spread=rounds)
                     if var.compiled:
                         attn = attn_ms["reduce, fp8 KV"] if var.fp8_kv else attn_ms[form16]
+                        if var.mode != "default":
+                            attn = time_attention(model, q, pos, var.form, compiled, device, reset, reps, var.mode)
                     else:
                         attn = time_attention(model, q, pos, var.form, None, device, reset, reps)
                     parts = components(model, b, dtype, device, reset, reps, attn)
                 parts["other"] = step_ms - sum(parts.values())
                 rows.append((b, var.name, step_ms, parts))
-                say(f"batch {b} | {var.name} | step {step_ms:.3f} ms | {b / step_ms * 1000:,.0f} tok/s | "
+                say(f"batch {b} | {var.name} | step {step_ms:.3f} ms (rounds {min(rounds):.3f}-{max(rounds):.3f}) | "
+                    f"{b / step_ms * 1000:,.0f} tok/s | "
                     + ", ".join(f"{k} {v:.3f}" for k, v in parts.items())
                     + check + f" | {time.perf_counter() - t0:.0f} s incl. compile")
                 del model, runner
@@ -408,11 +447,11 @@ def run(device: str, shape: Shape, batches: list[int], prompt_len: int, steps: i
 
 def time_attention(m: Model, q: torch.Tensor, pos: torch.Tensor, form: str,
                    compiled: dict[str, Callable[..., Any]] | None, device: str, reset: Callable[[], None],
-                   reps: int) -> float:
+                   reps: int, mode: str = "default") -> float:
     """ms of attention alone over all layers' caches; ``compiled`` None runs the eager function."""
     fn: Callable[..., Any] = functools.partial(attend, form=form)
     if compiled is not None:
-        fn = compiled.setdefault(f"attend/{form}", torch.compile(fn, dynamic=False, fullgraph=True))
+        fn = compiled.setdefault(f"attend/{form}/{mode}", _compile(fn, mode))
 
     def all_layers() -> None:
         for i in range(len(m.kc)):
@@ -451,7 +490,8 @@ def table(rows: list[tuple[int, str, float, dict[str, float]]]) -> None:
     say("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     base = {(b, name): ms for b, name, ms, _ in rows if name.startswith("fp16")}
     for b, name, ms, parts in rows:
-        ref = base.get((b, "fp16, not compiled" if "not compiled" in name else "fp16"))
+        key = "fp16, not compiled" if "not compiled" in name else "fp16, max-autotune" if "autotune" in name else "fp16"
+        ref = base.get((b, key))
         ratio = f"{ref / ms:.2f}x" if ref else "n/a"
         say(f"| {b} | {name} | {ms:.3f} | {b / ms * 1000:,.0f} | {ratio} | {parts['layer GEMMs']:.3f} | "
             f"{parts['attention']:.3f} | {parts['lm_head+argmax']:.3f} | {parts['other']:.3f} |")
@@ -465,6 +505,7 @@ def accuracy(dec: StaticDecoder, amax: dict[str, float], fp8_weights: dict[str, 
     b = 4
     tokens = torch.randint(0, dec.s.vocab, (b,), device=device)
     out: dict[str, torch.Tensor] = {}
+    upd: dict[str, torch.Tensor] = {}
     for var in (Variant("fp16", compiled=False), Variant("fp16 reduce", compiled=False, form="reduce"),
                 Variant("fp8", fp8_linears=True, compiled=False),
                 Variant("fp8+head", fp8_linears=True, fp8_head=True, compiled=False),
@@ -472,7 +513,9 @@ def accuracy(dec: StaticDecoder, amax: dict[str, float], fp8_weights: dict[str, 
                         form="reduce")):
         m = build_model(dec, var, b, amax, cache16, kv_amax, fp8_weights)
         pos = torch.tensor([prompt_len], device=device)
-        out[var.name] = Runner(m, var, tokens.clone(), pos, {}).logits().float()
+        runner = Runner(m, var, tokens.clone(), pos, {})
+        upd[var.name] = runner.layer0_update()
+        out[var.name] = runner.logits().float()
         del m
     # reference: the checked StaticDecoder on a copy of its cache rows (its forward writes the cache)
     saved = (dec.k_cache[:, :b].clone(), dec.v_cache[:, :b].clone())
@@ -482,6 +525,9 @@ def accuracy(dec: StaticDecoder, amax: dict[str, float], fp8_weights: dict[str, 
     ref = ref.float()
     say(f"functional decode step vs StaticDecoder (itself checked against transformers): rel err of logits "
         f"{rel_err(out['fp16'], ref):.2e} (bmm attention), {rel_err(out['fp16 reduce'], ref):.2e} (reduce)")
+    say("one layer (layer 0's update of the residual stream) vs fp16: " + ", ".join(
+        f"{k} {rel_err(v, upd['fp16']):.4f}" for k, v in upd.items() if k != "fp16")
+        + "  (random weights amplify any perturbation through 32 layers; compare one layer)")
     top = ref.argmax(-1)
     say("logits vs fp16 (rel err / same greedy token of " + str(b) + "): " + ", ".join(
         f"{k} {rel_err(v, ref):.4f} / {int((v.argmax(-1) == top).sum())}"
@@ -514,6 +560,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default="16,64")
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--steps", type=int, default=128)
+    ap.add_argument("--no-autotune", action="store_true", help="skip the max-autotune-no-cudagraphs rows")
     args = ap.parse_args(argv)
     OUT_PATH = Path(args.out) if args.out else None
     for knob in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
@@ -530,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
     say(f"torch {torch.__version__}; torch.compile (inductor, default mode, static shapes) per layer; "
         f"whole step in one CUDA graph" if device == "cuda" else f"torch {torch.__version__}; CPU: no graphs")
     try:
-        run(device, shape, batches, prompt, steps, reps)
+        run(device, shape, batches, prompt, steps, reps, not args.no_autotune)
     except Exception:
         say(f"FAILED:\n{traceback.format_exc()}")
         return 1
