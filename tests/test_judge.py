@@ -181,7 +181,7 @@ def test_signed_rank_method_uses_walsh_interval() -> None:
 
 def _hist(values: np.ndarray, gamma: float) -> dict[int, int]:
     idx, counts = np.unique(np.ceil(np.log(values) / math.log(gamma)).astype(int), return_counts=True)
-    return {int(i): int(c) for i, c in zip(idx, counts)}
+    return {int(i): int(c) for i, c in zip(idx, counts, strict=True)}
 
 
 def test_unpaired_latency_regression_samples_and_histogram_agree() -> None:

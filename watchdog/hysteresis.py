@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ def initial_state(now: float, mode: Mode = "candidate") -> dict[str, Any]:
 
 
 def _day(now: float) -> str:
-    return datetime.fromtimestamp(now, tz=timezone.utc).date().isoformat()
+    return datetime.fromtimestamp(now, tz=UTC).date().isoformat()
 
 
 class Hysteresis:

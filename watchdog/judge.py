@@ -527,10 +527,10 @@ def combine(
     if method == "holm":
         present = [i for i, p in enumerate(pvals) if p is not None and math.isfinite(p)]
         adj = st.holm([float(pvals[i]) for i in present])  # type: ignore[arg-type]
-        for i, a in zip(present, adj):
-            adjusted[i] = a
+        for i, adj_p in zip(present, adj, strict=True):
+            adjusted[i] = adj_p
     statuses: dict[str, str] = {}
-    for j, a in zip(items, adjusted):
+    for j, a in zip(items, adjusted, strict=True):
         s = j.status
         if s == "fail" and a is not None and a > alpha:
             s = "marginal"
@@ -538,7 +538,7 @@ def combine(
     fails = [m for m, s in statuses.items() if s == "fail"]
     crit_fails = [m for m in fails if m in crit]
     detail: dict[str, Any] = {
-        "statuses": statuses, "adjusted_p": {j.metric: a for j, a in zip(items, adjusted)},
+        "statuses": statuses, "adjusted_p": {j.metric: a for j, a in zip(items, adjusted, strict=True)},
         "original": {j.metric: j.status for j in items}, "failed": fails, "k": k, "method": method,
     }
     if crit_fails:

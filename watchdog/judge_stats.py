@@ -272,7 +272,7 @@ def shift_ci_counts_rows(cx: np.ndarray, cy: np.ndarray, alpha: float, *, chunk:
 # --- rates --------------------------------------------------------------------------------------
 
 
-def wilson(k: np.ndarray, n: np.ndarray, z: float) -> tuple[np.ndarray, np.ndarray]:
+def wilson(k: np.ndarray | float, n: np.ndarray | float, z: float) -> tuple[np.ndarray, np.ndarray]:
     k = np.asarray(k, dtype=float)
     n = np.asarray(n, dtype=float)
     p = k / n
@@ -283,7 +283,7 @@ def wilson(k: np.ndarray, n: np.ndarray, z: float) -> tuple[np.ndarray, np.ndarr
 
 
 def rate_diff_ci(
-    k1: np.ndarray, n1: np.ndarray, k2: np.ndarray, n2: np.ndarray, alpha: float
+    k1: np.ndarray | float, n1: np.ndarray | float, k2: np.ndarray | float, n2: np.ndarray | float, alpha: float
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Difference p1 - p2 with Newcombe's hybrid score interval (from two Wilson intervals) and
     the pooled two-proportion z-test p-value. Returns (diff, low, high, p)."""
