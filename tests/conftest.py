@@ -49,3 +49,18 @@ def kafka_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]
 def topic() -> str:
     """A topic name no other test uses (Tansu creates topics on first use)."""
     return f"llm.inference.logs.{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama trained offline on ``probes.tiny_model.DEFAULT_PAIRS``, with its FP8
+    calibration; built once per test session (needs the torch extra)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from probes.engines.torch_engine import calibrate_model
+    from probes.tiny_model import DEFAULT_PAIRS, ensure_tiny_model
+
+    path = ensure_tiny_model(tmp_path_factory.getbasetemp() / "tiny-cache")
+    if not (path / "fp8_calibration.json").exists():
+        calibrate_model(path, [p + r for p, r in DEFAULT_PAIRS])
+    return path

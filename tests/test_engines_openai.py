@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -12,9 +13,9 @@ pytest.importorskip("transformers")
 
 from probes.engines import get_engine  # noqa: E402
 from probes.engines.openai_engine import parse_echo_score  # noqa: E402
-from probes.engines.torch_engine import TorchEngine, calibrate_model  # noqa: E402
+from probes.engines.torch_engine import TorchEngine  # noqa: E402
 from probes.openai_server import OpenAIServer  # noqa: E402
-from probes.tiny_model import DEFAULT_PAIRS, ensure_tiny_model  # noqa: E402
+from probes.tiny_model import DEFAULT_PAIRS  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -23,11 +24,8 @@ REFS = [r for _, r in DEFAULT_PAIRS]
 
 
 @pytest.fixture(scope="module")
-def torch_engine(tmp_path_factory: pytest.TempPathFactory) -> TorchEngine:
-    path = ensure_tiny_model(tmp_path_factory.getbasetemp() / "h6-tiny-cache")
-    if not (path / "fp8_calibration.json").exists():
-        calibrate_model(path, [p + r for p, r in DEFAULT_PAIRS])
-    return TorchEngine(path, "fp16", batch_size=8)
+def torch_engine(tiny_model_dir: Path) -> TorchEngine:
+    return TorchEngine(tiny_model_dir, "fp16", batch_size=8)
 
 
 @pytest.fixture(scope="module")

@@ -15,22 +15,13 @@ pytest.importorskip("transformers")
 
 from probes.engines import UnknownEngineError, available_kinds, get_engine  # noqa: E402
 from probes.engines.base import Engine  # noqa: E402
-from probes.engines.torch_engine import add_calibrate_command, calibrate_model  # noqa: E402
-from probes.tiny_model import DEFAULT_PAIRS, ensure_tiny_model  # noqa: E402
+from probes.engines.torch_engine import add_calibrate_command  # noqa: E402
+from probes.tiny_model import DEFAULT_PAIRS  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
 PROMPTS = [p for p, _ in DEFAULT_PAIRS]
 REFS = [r for _, r in DEFAULT_PAIRS]
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A trained tiny model with its FP8 calibration, built once per test session."""
-    path = ensure_tiny_model(tmp_path_factory.getbasetemp() / "h6-tiny-cache")
-    if not (path / "fp8_calibration.json").exists():
-        calibrate_model(path, [p + r for p, r in DEFAULT_PAIRS])
-    return path
 
 
 def test_registry_names_and_did_you_mean() -> None:

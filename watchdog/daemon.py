@@ -204,7 +204,10 @@ class Daemon:
             self._closed_until = max(self._closed_until, max(s.end for s in signals))
         for source in self.sources:
             try:
-                signals.extend(source(now))
+                found = source(now)
+                signals.extend(found)
+                # golden reports join the recorded history; GPU samples are too frequent for it
+                self._unsaved.extend(sig for sig in found if sig.source == "golden")
             except Exception as exc:  # noqa: BLE001 - a broken probe must not stop the daemon
                 log.exception("signal source failed")
                 self.alerter.ops_alert("source-failed", f"a signal source failed: {exc}", "warning", {})
