@@ -71,8 +71,8 @@ def make_config(kafka_address: str, redis_port: int, topic: str, policy: Path, s
 
 
 @contextmanager
-def running_daemon(cfg: Config) -> Iterator[tuple[Daemon, StatusServer]]:
-    daemon = Daemon(cfg)
+def running_daemon(cfg: Config, **daemon_kwargs: Any) -> Iterator[tuple[Daemon, StatusServer]]:
+    daemon = Daemon(cfg, **daemon_kwargs)
     server = StatusServer(cfg.server.host, cfg.server.port, daemon.metrics.registry, daemon.status,
                           daemon.problems, daemon.alive).start()
     thread = threading.Thread(target=daemon.run, daemon=True)

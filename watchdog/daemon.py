@@ -49,7 +49,7 @@ class DaemonStats:
 class Daemon:
     def __init__(self, cfg: Config, *, redis_client: redis.Redis | None = None, alerter: Alerter | None = None,
                  metrics: Metrics | None = None, clock: Callable[[], float] = time.time,
-                 sources: list[SignalSource] | None = None) -> None:
+                 sources: list[SignalSource] | None = None, gpu_nvml: Any = None) -> None:
         self.cfg = cfg
         self.clock = clock
         self.metrics = metrics or Metrics()
@@ -69,7 +69,7 @@ class Daemon:
         self.engine = PolicyEngine(self.loader.policy_set)
         self.sources = list(sources or [])
         self.golden = self._golden_scheduler()
-        self.gpu = self._gpu_monitor()
+        self.gpu = self._gpu_monitor(gpu_nvml)
         self.aggregator = self._new_aggregator()
         self.ingest: Ingest | None = None
         self._state_dirty = False
@@ -100,7 +100,8 @@ class Daemon:
         self.sources.append(scheduler.drain)
         return scheduler
 
-    def _gpu_monitor(self) -> Any:
+    def _gpu_monitor(self, nvml: Any) -> Any:
+        """``nvml`` replaces the pynvml module (tests replay readings recorded on an H200)."""
         g = self.cfg.gpu
         if not g.enabled:
             return None
@@ -109,7 +110,8 @@ class Daemon:
         from probes.gpu_monitor import GpuMonitor
 
         mapping = {gpu: [tuple(entry.split("/", 1)) for entry in entries] for gpu, entries in g.routes.items()}
-        monitor = GpuMonitor(interval_s=g.interval_s, mapping=mapping, gauges=GpuGauges(self.metrics.registry))
+        monitor = GpuMonitor(interval_s=g.interval_s, mapping=mapping, gauges=GpuGauges(self.metrics.registry),
+                             nvml=nvml)
         last = [0.0]
 
         def gpu_source(now: float) -> list[Signal]:
