@@ -111,8 +111,12 @@ def _train(model, tok, pairs, max_seconds, max_steps, lr, target_loss) -> dict[s
 
 
 def build_tiny_model(out_dir: str | Path, pairs: Sequence[tuple[str, str]] | None = None, *,
-                     train_seconds: float = 10.0, seed: int = 0, **config_kwargs) -> Path:
-    """Build (and train on ``pairs`` unless ``train_seconds`` is 0) a tiny Llama; save it as an HF dir."""
+                     train_seconds: float = 10.0, seed: int = 0, max_steps: int = 400,
+                     **config_kwargs) -> Path:
+    """Build (and train on ``pairs`` unless ``train_seconds`` is 0) a tiny Llama; save it as an HF dir.
+
+    Training stops at ``max_steps``, a tiny loss or ``train_seconds``, whichever comes first; give a
+    generous time budget to get the same model on any machine (the step count then decides)."""
     from transformers import LlamaForCausalLM
 
     out = Path(out_dir)
@@ -125,7 +129,7 @@ def build_tiny_model(out_dir: str | Path, pairs: Sequence[tuple[str, str]] | Non
         pairs = DEFAULT_PAIRS
     if train_seconds > 0 and pairs:
         with torch.enable_grad():
-            stats = train(model, tok, pairs, max_seconds=train_seconds)
+            stats = train(model, tok, pairs, max_seconds=train_seconds, max_steps=max_steps)
         log.info("tiny model trained: %s", stats)
     model.save_pretrained(out)
     tok.save_pretrained(out)
@@ -135,17 +139,17 @@ def build_tiny_model(out_dir: str | Path, pairs: Sequence[tuple[str, str]] | Non
 
 
 def ensure_tiny_model(cache_root: str | Path, pairs: Sequence[tuple[str, str]] | None = None, *,
-                      train_seconds: float = 30.0, seed: int = 0) -> Path:
+                      train_seconds: float = 30.0, seed: int = 0, max_steps: int = 400) -> Path:
     """A trained tiny model under ``cache_root``, built once per (pairs, seed) and reused after."""
     import hashlib
 
     pairs = list(pairs if pairs is not None else DEFAULT_PAIRS)
-    key = hashlib.sha256(json.dumps([pairs, seed], ensure_ascii=False).encode()).hexdigest()[:12]
+    key = hashlib.sha256(json.dumps([pairs, seed, max_steps], ensure_ascii=False).encode()).hexdigest()[:12]
     target = Path(cache_root) / f"tiny-{key}"
     if (target / "tiny_model.json").exists():
         return target
     tmp = Path(cache_root) / f".tiny-{key}-{os.getpid()}"
-    build_tiny_model(tmp, pairs, train_seconds=train_seconds, seed=seed)
+    build_tiny_model(tmp, pairs, train_seconds=train_seconds, seed=seed, max_steps=max_steps)
     try:
         tmp.rename(target)
     except OSError:  # another process finished first: use its copy

@@ -44,6 +44,8 @@ class GoldenJob:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     last_run: float | None = None
     last_error: str | None = None
+    #: extra candidate values of the last run (e.g. fp8_saturation)
+    last_extra: dict[str, float] = field(default_factory=dict)
     runs: int = 0
 
 
@@ -128,6 +130,7 @@ class GoldenScheduler:
         try:
             result = self.replay_fn(job)
             report, extra = result if isinstance(result, tuple) else (result, {})
+            job.last_extra = dict(extra)
             if self.reports_dir is not None:
                 report.save(self.reports_dir / name)
             for route in job.routes:
@@ -160,4 +163,4 @@ class GoldenScheduler:
 
     def status(self) -> list[dict[str, Any]]:
         return [{"job": j.name, "set": j.set_path, "routes": j.routes, "runs": j.runs, "last_run": j.last_run,
-                 "running": j.lock.locked(), "last_error": j.last_error} for j in self.jobs.values()]
+                 "running": j.lock.locked(), "last_error": j.last_error, **j.last_extra} for j in self.jobs.values()]
