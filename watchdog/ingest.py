@@ -46,7 +46,7 @@ def make_producer(cfg: KafkaConfig, **extra: Any) -> KafkaProducer:
                          client_id=f"llm-watchdog-{cfg.group_id}-dlq", **cfg.security, **extra)
 
 
-class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+class _Rebalance(ConsumerRebalanceListener):
     def __init__(self, on_revoked: Callable[[], None]) -> None:
         self._on_revoked = on_revoked
 

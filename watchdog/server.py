@@ -73,7 +73,7 @@ class StatusServer:
     @property
     def url(self) -> str:
         host, port = self.httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host!s}:{port}"
 
     def start(self) -> StatusServer:
         self._thread.start()
