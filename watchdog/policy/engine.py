@@ -123,6 +123,7 @@ class PolicyEngine:
         elif serving != st.serving and st.serving is not None:
             st.serving_since = now  # changed by someone else
             st.pending = None
+            st.reset_pools()
         st.serving = serving
 
     def _process_windows(self, policy: Policy, st: ScopeState, sigs: list[Signal]) -> float | None:
@@ -143,7 +144,8 @@ class PolicyEngine:
             if cand is None:
                 cand = next((s for s in group if s.precision is None), None)
             base = next((s for s in group if s.precision == policy.baseline), None)
-            judged = [(rule, evaluate_rule(rule, cand, base)) for rule in policy.rules if rule.source == source]
+            judged = [(rule, evaluate_rule(rule, cand, base, st.rules[rule.name].pool))
+                      for rule in policy.rules if rule.source == source]
             combine_window(policy, judged)
             window = [self._apply(rule, st, v) for rule, v in judged]
             self._count_healthy(policy, st, source, window)
@@ -422,6 +424,7 @@ class PolicyEngine:
             st.flip_day, st.flips_today = _utc_day(now), 0
         st.flips_today += 1
         st.last_flip = now
+        st.reset_pools()
         st.serving_since = now
         st.pending = {"kind": a.kind, "precision": a.precision, "at": now}
         st.healthy = 0
@@ -456,8 +459,11 @@ class PolicyEngine:
             overall = ("fail" if tripped else "error" if "error" in statuses else
                        "marginal" if "marginal" in statuses else
                        "pass" if "pass" in statuses else "inconclusive")
+            state = st.to_json()
+            for r in state["rules"].values():  # sketches and diffs stay out of /status: only their count
+                r["pooled"] = len(r.pop("pool"))
             scopes.append({"policy": pname, "model": model, "route": route, "status": overall,
-                           "tripped": tripped, **st.to_json()})
+                           "tripped": tripped, **state})
         return {
             "policies": [{"name": p.name, "dry_run": p.dry_run, "candidate": p.candidate,
                           "baseline": p.baseline, "rules": [r.name for r in p.rules],

@@ -2,8 +2,10 @@
 
 A rule with ``fail_if`` only is a plain threshold. A rule with ``judge`` runs a statistical test
 of watchdog/judge.py (paired, mann_whitney, rate); with both, the judge decides and a judged fail
-whose ``fail_if`` is false is only ``marginal``. ``combine_window`` Holm-adjusts the non-critical
-judged verdicts of one window of one policy.
+whose ``fail_if`` is false is only ``marginal``. A judged rule with ``pool: k`` (live) or
+``replays: 2`` (golden) judges this window together with the previous ones kept in the rule's
+``pool`` (a list of JSON-able entries the engine stores; see ``watchdog/policy/pooling.py``).
+``combine_window`` Holm-adjusts the non-critical judged verdicts of one window of one policy.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from watchdog.judge import Judgement, combine, judge_paired, judge_rate, judge_unpaired
-from watchdog.policy.schema import RATE_COUNTS, Policy, Rule
+from watchdog.policy.pooling import Pool, judge_pool, rate_counts
+from watchdog.policy.schema import Policy, Rule
 from watchdog.signals import Signal, VerdictStatus
 
 
@@ -69,8 +72,13 @@ def _unavailable(sig: Signal | None) -> str | None:
     return None
 
 
-def evaluate_rule(rule: Rule, candidate: Signal | None, baseline: Signal | None) -> Verdict:
-    """The verdict of ``rule`` for one window: a plain ``fail_if`` threshold, a judge, or both."""
+def evaluate_rule(rule: Rule, candidate: Signal | None, baseline: Signal | None,
+                  pool: Pool | None = None) -> Verdict:
+    """The verdict of ``rule`` for one window: a plain ``fail_if`` threshold, a judge, or both.
+
+    ``pool`` is the rule's history for a pooled judge (``judge.pool`` / ``judge.replays`` > 1):
+    this window's entry is appended to it (and the list trimmed) when the window is readable, and
+    the judge sees the whole pool. Without it a pooled rule judges this window alone."""
     ref = candidate or baseline
     v = Verdict(rule.name, "inconclusive", "", rule.source, rule.metric,
                 start=ref.start if ref else 0.0, end=ref.end if ref else 0.0)
@@ -80,7 +88,7 @@ def evaluate_rule(rule: Rule, candidate: Signal | None, baseline: Signal | None)
             v.reason = why
             return v
     if rule.judge is not None:
-        return _evaluate_judged(rule, candidate, baseline, v)
+        return _evaluate_judged(rule, candidate, baseline, v, pool)
     return _evaluate_condition(rule, candidate, baseline, v)
 
 
@@ -201,18 +209,12 @@ def sketch_histograms(cand: Mapping[str, Any], base: Mapping[str, Any]) -> tuple
     return hc, hb, (1.0 + acc) / (1.0 - acc)
 
 
-def _rate_counts(rule: Rule, sig: Signal) -> tuple[int, int] | None:
-    keys, total = RATE_COUNTS[rule.metric]
-    d = sig.detail
-    if total not in d or any(k not in d for k in keys):
-        return None
-    return int(sum(int(d[k]) for k in keys)), int(d[total])
-
-
-def _run_judge(rule: Rule, cand: Signal | None, base: Signal | None) -> Judgement | str:
+def _run_judge(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool | None) -> Judgement | str:
     """The judge's verdict, or why it could not run (an inconclusive reason)."""
     j = rule.judge
     assert j is not None
+    if pool is not None and j.history > 1:
+        return judge_pool(rule, cand, base, pool, _paired_items(rule, cand, base))
     if j.test == "paired":
         items = _paired_items(rule, cand, base)
         if not items:
@@ -234,7 +236,7 @@ def _run_judge(rule: Rule, cand: Signal | None, base: Signal | None) -> Judgemen
         return judge_unpaired(hc, hb, direction=j.harm_direction, effect_threshold=j.effect,
                               marginal_threshold=j.marginal, alpha=j.alpha, min_samples=j.min_n,
                               max_ci_width=j.max_ci_width, gamma=gamma, metric=rule.metric)
-    counts = [_rate_counts(rule, s) for s in (cand, base)]
+    counts = [rate_counts(rule, s) for s in (cand, base)]
     if counts[0] is None or counts[1] is None:
         return f"no {rule.metric} counts in the window's detail"
     return judge_rate(counts[0][0], counts[0][1], counts[1][0], counts[1][1], effect_threshold=j.effect,
@@ -242,9 +244,12 @@ def _run_judge(rule: Rule, cand: Signal | None, base: Signal | None) -> Judgemen
                       max_ci_width=j.max_ci_width, metric=rule.metric)
 
 
-def _evaluate_judged(rule: Rule, candidate: Signal | None, baseline: Signal | None, v: Verdict) -> Verdict:
+def _evaluate_judged(rule: Rule, candidate: Signal | None, baseline: Signal | None, v: Verdict,
+                     pool: Pool | None) -> Verdict:
     j = rule.judge
     assert j is not None
+    # a pooled live rule applies min_samples to the pool's events (judge_pool), not to one window
+    pooled_live = pool is not None and j.history > 1 and j.test != "paired"
     cond = rule.condition
     needs_base = j.test != "paired" or (cond is not None and "baseline" in cond.names)
     for role, sig, needed in (("candidate", candidate, True), ("baseline", baseline, needs_base)):
@@ -262,13 +267,13 @@ def _evaluate_judged(rule: Rule, candidate: Signal | None, baseline: Signal | No
             v.samples = sig.samples
         else:
             v.baseline_samples = sig.samples
-        if needed and sig.samples < rule.min_samples:
+        if needed and not pooled_live and sig.samples < rule.min_samples:
             v.reason = f"too few {role} samples: {sig.samples} < min_samples {rule.min_samples}"
             return v
         raw = sig.values.get(rule.metric)
         if raw is not None and not math.isnan(float(raw)):
             setattr(v, role, float(raw))
-    result = _run_judge(rule, candidate, baseline)
+    result = _run_judge(rule, candidate, baseline, pool)
     if isinstance(result, str):
         v.reason = f"{rule.metric}: {result}"
         return v
@@ -277,6 +282,8 @@ def _evaluate_judged(rule: Rule, candidate: Signal | None, baseline: Signal | No
     v.extra = {k: float(x) for k, x in (("estimate", result.estimate), ("ci_low", result.ci_low),
                                         ("ci_high", result.ci_high), ("p_value", result.p_value))
                if x is not None and math.isfinite(x)}
+    if isinstance(result.detail.get("pool_size"), int):
+        v.extra["pooled"] = float(result.detail["pool_size"])
     env = _env(v)
     if cond is not None and v.status == "fail":
         if not cond.names <= env.keys():

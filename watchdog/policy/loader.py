@@ -208,6 +208,12 @@ def _judge_checks(rule: dict[str, Any], rpath: tuple[str | int, ...], source: ob
                            f"{', '.join(LATENCY_METRICS)} on source: live"))
     elif test == "rate" and (source != "live" or metric not in RATE_COUNTS):
         out.append((where, f"judge: test rate needs live counts: metric must be one of {', '.join(RATE_COUNTS)}"))
+    if judge.get("pool") is not None and test == "paired":
+        out.append((doc.pos((*jpath, "pool")), "judge: pool sums live windows (mann_whitney, rate); a paired "
+                                               "golden rule pools replays with replays: 2"))
+    if judge.get("replays") is not None and test != "paired":
+        out.append((doc.pos((*jpath, "replays")), "judge: replays pools golden replays (test: paired); a live "
+                                                  "rule pools windows with pool: N"))
     if test == "rate" and judge.get("direction") == "higher_is_better":
         out.append((doc.pos((*jpath, "direction")), "judge: a rate (errors, timeouts) is lower_is_better"))
     effect, marginal = judge.get("effect"), judge.get("marginal")

@@ -39,6 +39,10 @@ RATE_COUNTS: dict[str, tuple[tuple[str, ...], str]] = {
 LATENCY_METRICS = ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms")
 #: default minimum number of items/requests per judge test
 JUDGE_MIN_ITEMS = {"paired": 30, "mann_whitney": 50, "rate": 100}
+#: most live windows a judged rule may pool (the engine keeps this many sketches/counts per rule)
+MAX_POOL_WINDOWS = 24
+#: most golden replays a paired rule may pool (judge_paired_replays looks at the latest two)
+MAX_REPLAYS = 2
 #: GPU signal values that, when > 0, explain a candidate's drop better than the precision does
 DEFAULT_GPU_CAUSES = ("critical", "xid_critical", "thermal_slowdown", "hw_slowdown", "gpu_lost")
 
@@ -127,6 +131,12 @@ class Judge(_Strict):
     method: Literal["bootstrap", "signed_rank"] = "bootstrap"
     #: interval wider than this -> inconclusive (thin evidence)
     max_ci_width: Annotated[float, Field(gt=0)] | None = None
+    #: live rules (mann_whitney, rate): judge the sum of the last ``pool`` windows' latency sketches
+    #: or counts (judge_unpaired_pooled / judge_rate_pooled); a fresh pool starts after every flip
+    pool: Annotated[int, Field(ge=1, le=MAX_POOL_WINDOWS)] | None = None
+    #: golden rules (paired): judge the latest ``replays`` replays of the same items with two looks
+    #: (judge_paired_replays: the latest alone, then the per-item mean of the latest two)
+    replays: Annotated[int, Field(ge=1, le=MAX_REPLAYS)] | None = None
 
     @property
     def harm_direction(self) -> Literal["higher_is_better", "lower_is_better"]:
@@ -137,6 +147,11 @@ class Judge(_Strict):
     @property
     def min_n(self) -> int:
         return self.min_items if self.min_items is not None else JUDGE_MIN_ITEMS[self.test]
+
+    @property
+    def history(self) -> int:
+        """How many windows (live) or replays (golden) the rule judges together; 1 = this one alone."""
+        return (self.replays if self.test == "paired" else self.pool) or 1
 
 
 class Rule(_Strict):

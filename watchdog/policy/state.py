@@ -26,6 +26,9 @@ class RuleState:
     last: Verdict | None = None
     #: candidate and baseline values of the last passing window: the "before" of cause attribution
     ref: dict[str, float] | None = None
+    #: pooled judge history (watchdog/policy/pooling.py): the last ``pool`` windows' sketches or
+    #: counts, or the last ``replays`` golden replays' per-item differences; emptied by a flip
+    pool: list[dict[str, Any]] = field(default_factory=list)
 
     def tripped(self, rule: Rule) -> bool:
         if self.fails >= rule.for_:
@@ -34,12 +37,15 @@ class RuleState:
 
     def to_json(self) -> dict[str, Any]:
         return {"fingerprint": self.fingerprint, "fails": self.fails, "errors": self.errors,
-                "last": self.last.to_dict() if self.last else None, "ref": self.ref}
+                "last": self.last.to_dict() if self.last else None, "ref": self.ref, "pool": list(self.pool)}
 
     @classmethod
     def from_json(cls, r: dict[str, Any]) -> RuleState:
         last = Verdict.from_dict(r["last"]) if r.get("last") else None
-        return cls(r["fingerprint"], int(r["fails"]), int(r["errors"]), last, r.get("ref"))
+        pool = r.get("pool") or []  # absent in states saved before pooled rules
+        if not isinstance(pool, list) or not all(isinstance(e, dict) for e in pool):
+            pool = []
+        return cls(r["fingerprint"], int(r["fails"]), int(r["errors"]), last, r.get("ref"), list(pool))
 
 
 @dataclass(slots=True)
@@ -59,6 +65,11 @@ class ScopeState:
     promote_ready: bool = False
     #: the latest usable GPU reading of the route: {"at": end, "problems": ["xid_critical=1", ...]}
     gpu: dict[str, Any] | None = None
+
+    def reset_pools(self) -> None:
+        """Start every pooled rule afresh: evidence from before a flip is not about after it."""
+        for rs in self.rules.values():
+            rs.pool.clear()
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -1,0 +1,113 @@
+"""Pooled judged rules: the last k live windows (``judge: {pool: k}``) or the last golden replays
+(``judge: {replays: 2}``) of one rule on one route, judged together. Pure.
+
+A rule's pool is a plain list of JSON-able entries, oldest first, kept in the engine state
+(``RuleState.pool``) so that a restarted daemon continues it. It is bounded: at most ``pool``
+entries of live windows, each one the window's latency sketch bins or its (errors, requests)
+counts, and at most ``replays`` golden replays, each one the per-item differences. The engine
+empties it after every flip: windows from before a precision change say nothing about after it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from watchdog.judge import Judgement, judge_paired_replays, judge_rate_pooled, judge_unpaired_pooled
+from watchdog.policy.schema import RATE_COUNTS, Rule
+from watchdog.signals import Signal
+
+#: a rule's pooled history, oldest first (JSON-able)
+Pool = list[dict[str, Any]]
+
+#: the part of a QuantileSketch.to_dict() export that pooling needs
+_SKETCH_KEYS = ("relative_accuracy", "min_value", "zero_count", "bins")
+
+
+def rate_counts(rule: Rule, sig: Signal) -> tuple[int, int] | None:
+    """(numerator, denominator) of a rate metric from a live window's detail, or None."""
+    keys, total = RATE_COUNTS[rule.metric]
+    d = sig.detail
+    if total not in d or any(k not in d for k in keys):
+        return None
+    return int(sum(int(d[k]) for k in keys)), int(d[total])
+
+
+def _sketch(h: Mapping[str, Any]) -> dict[str, Any]:
+    out = {k: h[k] for k in _SKETCH_KEYS if k in h}
+    out["bins"] = [[int(i), int(c)] for i, c in h.get("bins", [])]
+    return out
+
+
+def _push_window(pool: Pool, entry: dict[str, Any], k: int) -> None:
+    """Append a live window and keep the windows of the last ``k`` window lengths: a gap (no
+    traffic, a restart) shrinks the pool instead of pooling old windows with new ones."""
+    length = max(entry["end"] - entry["start"], 0.0)
+    oldest = entry["end"] - (k - 0.5) * length
+    pool[:] = [e for e in pool if float(e.get("end", -math.inf)) > oldest and e["end"] < entry["end"]][-(k - 1):] \
+        if k > 1 else []
+    pool.append(entry)
+
+
+def _push_replay(pool: Pool, entry: dict[str, Any], k: int) -> None:
+    """Append a golden replay; replays of another golden set (or none named) start afresh."""
+    pool[:] = [e for e in pool if e.get("set") == entry["set"] and e["end"] < entry["end"]][-(k - 1):] \
+        if k > 1 else []
+    pool.append(entry)
+
+
+def _plain_diffs(items: list[float]) -> list[float | None]:
+    return [x if math.isfinite(x) else None for x in items]
+
+
+def _diffs(entry: Mapping[str, Any]) -> list[float]:
+    return [math.nan if x is None else float(x) for x in entry.get("diffs", [])]
+
+
+def judge_pool(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool,
+               paired_items: list[float] | None) -> Judgement | str:
+    """Add this window (or replay) to ``pool`` and judge the pool; a string is an inconclusive
+    reason (this window is unreadable, or the pool holds too few events for ``min_samples``)."""
+    j = rule.judge
+    assert j is not None and cand is not None
+    k = j.history
+    if j.test == "paired":
+        if not paired_items:
+            return f"no paired values for {rule.metric}"
+        golden_set = cand.detail.get("golden_set") or (base.detail.get("golden_set") if base else None)
+        _push_replay(pool, {"start": cand.start, "end": cand.end, "set": golden_set,
+                            "diffs": _plain_diffs(paired_items)}, k)
+        out = judge_paired_replays([_diffs(e) for e in pool], direction=j.harm_direction, effect_threshold=j.effect,
+                                   marginal_threshold=j.marginal, alpha=j.alpha, min_items=j.min_n,
+                                   max_ci_width=j.max_ci_width, metric=rule.metric)
+        out.detail["pool_size"] = len(pool)
+        return out
+    assert base is not None
+    entry: dict[str, Any] = {"start": cand.start, "end": cand.end, "samples": [cand.samples, base.samples]}
+    if j.test == "mann_whitney":
+        hists = [s.detail.get("latency_hist") for s in (cand, base)]
+        if not all(isinstance(h, Mapping) and "relative_accuracy" in h for h in hists):
+            return "no latency_hist in the window's detail"
+        entry["candidate"], entry["baseline"] = _sketch(hists[0]), _sketch(hists[1])  # type: ignore[arg-type]
+    else:
+        counts = [rate_counts(rule, s) for s in (cand, base)]
+        if counts[0] is None or counts[1] is None:
+            return f"no {rule.metric} counts in the window's detail"
+        entry["candidate"], entry["baseline"] = list(counts[0]), list(counts[1])
+    _push_window(pool, entry, k)
+    n_cand = sum(int(e["samples"][0]) for e in pool)
+    n_base = sum(int(e["samples"][1]) for e in pool)
+    if min(n_cand, n_base) < rule.min_samples:
+        return (f"too few samples in the pool of {len(pool)} window(s): {n_cand}/{n_base} "
+                f"< min_samples {rule.min_samples}")
+    common: dict[str, Any] = dict(pool_windows=k, effect_threshold=j.effect, marginal_threshold=j.marginal,
+                                  alpha=j.alpha, max_ci_width=j.max_ci_width, metric=rule.metric)
+    if j.test == "mann_whitney":
+        out = judge_unpaired_pooled([e["candidate"] for e in pool], [e["baseline"] for e in pool],
+                                    direction=j.harm_direction, min_samples=j.min_n, **common)
+    else:
+        out = judge_rate_pooled([tuple(e["candidate"]) for e in pool], [tuple(e["baseline"]) for e in pool],
+                                min_samples=j.min_n, **common)
+    out.detail["pool_size"] = len(pool)
+    return out
