@@ -22,6 +22,7 @@ Per-component time comes from CUDA graphs of the parts alone (layer GEMMs, atten
 
     python bench/gpu_decode.py --out decode.txt        # on the GPU
     python bench/gpu_decode.py --smoke                 # tiny shape on CPU: every code path, compiled too
+    python bench/gpu_decode.py --numerics              # CPU: compiled vs eager FP8 rounding (see numerics_check)
 """
 
 from __future__ import annotations
@@ -374,9 +375,9 @@ def run(device: str, shape: Shape, batches: list[int], prompt_len: int, steps: i
         pos = torch.tensor([prompt_len], device=device)
         start_tokens = tokens.clone()
 
-        def reset() -> None:
+        def reset(pos: torch.Tensor = pos, tokens: torch.Tensor = tokens, start: torch.Tensor = start_tokens) -> None:
             pos.fill_(prompt_len)
-            tokens.copy_(start_tokens)
+            tokens.copy_(start)
 
         # attention alone (32 layers) on FP16 KV, both forms; the faster one is used for every row
         base16 = build_model(dec, Variant("fp16"), b, amax, cache16, kv_amax, fp8_weights)
@@ -542,6 +543,40 @@ def accuracy(dec: StaticDecoder, amax: dict[str, float], fp8_weights: dict[str, 
         f"fp8 {rel_err(gemm(quant(x, sx), w8, sw, sx), ref64):.4f}")
 
 
+@torch.no_grad()
+def numerics_check() -> None:
+    """CPU: why compiled FP8 differs from eager FP8. Inductor keeps fused intermediates in float32
+    (``emulate_precision_casts`` off), so a value eager rounds to fp16 before the e4m3 cast can land
+    on the other side of an e4m3 rounding boundary. With the casts emulated the two must be identical."""
+    import torch._inductor.config as inductor_config
+
+    torch.manual_seed(0)
+    s, prompt, b = Shape(1024, 3584, 2, 16, 4, 1024), 64, 4
+    dec = StaticDecoder(s, b, prompt + 16, "cpu", torch.float16)
+    for prm in dec.parameters():
+        if prm.dim() == 2:
+            prm.normal_(0.0, 0.02)
+    amax = calibrate_step(dec, b, prompt, "cpu")
+    w8 = {n: fp8_weight(m.weight) for n, m in dec.named_modules() if isinstance(m, torch.nn.Linear)}
+    kv = (dec.k_cache[:, :, :, :prompt].abs().amax(dim=(1, 3, 4)).float(),
+          dec.v_cache[:, :, :, :prompt].abs().amax(dim=(1, 3, 4)).float())
+    tokens = torch.randint(0, s.vocab, (b,))
+    for emulate in (False, True):
+        inductor_config.emulate_precision_casts = emulate
+        torch._dynamo.reset()
+        upd = {}
+        for var in (Variant("fp16"), Variant("fp8", fp8_linears=True)):
+            m = build_model(dec, var, b, amax, (dec.k_cache, dec.v_cache), kv, w8)
+            for comp in (False, True):
+                runner = Runner(m, replace(var, compiled=comp), tokens.clone(), torch.tensor([prompt]), {})
+                upd[(var.name, comp)] = runner.layer0_update()
+        say(f"emulate_precision_casts={emulate}: layer-0 update rel err, compiled vs eager: fp16 "
+            f"{rel_err(upd[('fp16', True)], upd[('fp16', False)]):.1e}, fp8 "
+            f"{rel_err(upd[('fp8', True)], upd[('fp8', False)]):.1e}; fp8 vs fp16: eager "
+            f"{rel_err(upd[('fp8', False)], upd[('fp16', False)]):.4f}, compiled "
+            f"{rel_err(upd[('fp8', True)], upd[('fp16', True)]):.4f}")
+
+
 def _sliced(dec: StaticDecoder, b: int) -> StaticDecoder:
     import copy
 
@@ -561,6 +596,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--steps", type=int, default=128)
     ap.add_argument("--no-autotune", action="store_true", help="skip the max-autotune-no-cudagraphs rows")
+    ap.add_argument("--numerics", action="store_true", help="only the CPU compiled-vs-eager FP8 rounding check")
     args = ap.parse_args(argv)
     OUT_PATH = Path(args.out) if args.out else None
     for knob in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
@@ -568,6 +604,9 @@ def main(argv: list[str] | None = None) -> int:
         if hasattr(torch._dynamo.config, knob):
             setattr(torch._dynamo.config, knob, 256)
     start = time.perf_counter()
+    if args.numerics:
+        numerics_check()
+        return 0
     if args.smoke:
         device, shape, batches, prompt, steps, reps = "cpu", Shape(128, 256, 2, 4, 2, 512), [2, 4], 16, 16, 2
     else:

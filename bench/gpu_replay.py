@@ -7,7 +7,9 @@ be downloaded there), so quality numbers measure FP8-vs-FP16 agreement, not task
    reference, and which backend ran (``scaled_mm`` = real FP8 tensor cores).
 2. Decode tokens/s at a Llama-3-8B shape, batch 16 and 64: a small static-KV-cache decoder
    (checked against transformers' LlamaForCausalLM), eager and one decode step captured in a CUDA
-   graph; FP8 = Fp8Linear with static calibrated per-tensor scales, lm_head kept in FP16.
+   graph; FP8 = Fp8Linear with static calibrated per-tensor scales, lm_head kept in FP16. This is
+   the UNFUSED decoder (per-op kernels); bench/gpu_decode.py measures the same step compiled and
+   fused, with per-component times (the numbers to quote for FP8 decode speed).
 3. A 256-prompt golden replay (probes/golden_replay.replay, the real replay code) through the torch
    engine at a ~1.2B Llama shape: FP8 (calibrated) and FP8 with stale scales vs FP16; wall time,
    drift metrics and the FP8 saturation rate.
