@@ -140,6 +140,9 @@ def main() -> int:
     ap.add_argument("--routes", type=int, default=50)
     ap.add_argument("--windows", type=int, default=20, help="10 s windows the event timestamps span")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--partitions", type=int, default=1,
+                    help="topic partitions (events keyed by route); with more than one, a backlog is read "
+                         "partition by partition and the daemon's event-time closing matters")
     ap.add_argument("--modes", default=None, help=f"comma list of {','.join(MODES)} (default: all)")
     ap.add_argument("--profile", help="write a cProfile of the first pipeline run to this file")
     ap.add_argument("--quick", action="store_true", help="40k events, 3 repeats, json+pipeline only (< 60 s)")
@@ -160,9 +163,10 @@ def main() -> int:
         topic = f"bench.ingest.{uuid.uuid4().hex[:8]}"
         span_s = args.windows * 10.0
         nbytes, prod_s = produce_events(svc.kafka_address, topic, args.events, args.routes,
-                                        events_per_s=args.events / span_s, end_ts=time.time() - 3.0)
+                                        events_per_s=args.events / span_s, end_ts=time.time() - 3.0,
+                                        partitions=args.partitions)
         print(f"produced {args.events:,} events ({nbytes / args.events:.0f} B avg) over {args.routes} routes, "
-              f"{args.windows} windows, in {prod_s:.1f} s")
+              f"{args.windows} windows, {args.partitions} partition(s), in {prod_s:.1f} s")
         timeout = max(60.0, args.events / 2000.0)
         for rep in range(args.repeats):
             for mode in modes:

@@ -2,7 +2,7 @@
 
 A real ``Daemon`` runs in a thread against Tansu + Redis (free ports) with 1 s windows, 0.2 s grace
 and a one-rule policy that rolls a route back on its first failing window (``for: 1``). Healthy
-background traffic (~100 events/s on two routes) keeps event time moving, as in production. Each
+background traffic (~100 events/s on two routes by default, ``--background-routes``) keeps event time moving, as in production. Each
 trial sends a burst of failing FP8 events on a fresh route and measures, per trial:
 
 * **close -> flip** (the target, <= 1 s p99): from the instant ``WindowAggregator.close_due``
@@ -48,7 +48,7 @@ from watchdog.windows import WindowAggregator  # noqa: E402
 POLICY = """\
 policies:
   - name: bench-reaction
-    scope: {models: ["*"], routes: ["trial-*"]}
+    scope: {models: ["*"], routes: ["*"]}
     cooldown: 0s
     max_flips_per_day: 1000
     promote: {mode: manual}
@@ -125,6 +125,9 @@ def bad_events(gen: TrafficGenerator, route: str, n: int) -> list[bytes]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=40)
+    ap.add_argument("--background-routes", type=int, default=2,
+                    help="routes of healthy background traffic (each closes a window per second)")
+    ap.add_argument("--background-rate", type=float, default=100.0, help="background events/s in total")
     ap.add_argument("--quick", action="store_true", help="20 trials, tighter spacing (< 60 s)")
     args = ap.parse_args()
     trials = 20 if args.quick else args.trials
@@ -152,7 +155,9 @@ def main() -> int:
         watcher.start()
         client = redis.Redis.from_url(svc.redis_url, decode_responses=True)
         producer = KafkaProducer(bootstrap_servers=svc.kafka_address, linger_ms=5)
-        background = TrafficGenerator([Route(MODEL, "steady-a", rate=50.0), Route(MODEL, "steady-b", rate=50.0)])
+        n_bg = max(1, args.background_routes)
+        background = TrafficGenerator([Route(MODEL, f"steady-{i:04d}", rate=args.background_rate / n_bg)
+                                       for i in range(n_bg)])
         daemon = Daemon(cfg)
         thread = threading.Thread(target=daemon.run, name="bench-daemon", daemon=True)
         try:
@@ -225,7 +230,8 @@ def main() -> int:
               f"{GRACE_S:.1f} s grace): count {int(hist[0])}, mean {1000 * hist[1] / max(hist[0], 1):.0f} ms, "
               f"p50 <= {1000 * hist[2]:.0f} ms, p99 <= {1000 * hist[3]:.0f} ms (bucket bounds)")
     p99 = percentile([r["close_to_flip"] for r in rows], 99)
-    print(f"events dropped as late by the daemon: {late}")
+    print(f"background: {args.background_routes} routes, {args.background_rate:.0f} events/s; "
+          f"events dropped as late by the daemon: {late}")
     print(f"machine: {machine_note()}")
     print(f"close -> flip p99 = {1000 * p99:.1f} ms (target <= 1000 ms): {'PASS' if p99 <= 1.0 else 'MISS'}"
           f"; trials with a flip: {len(rows)}/{trials}")
