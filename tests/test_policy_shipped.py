@@ -1,11 +1,20 @@
-"""The shipped policies driven through realistic window sequences."""
+"""The shipped policies driven through realistic window sequences, the embedded demo's traffic and
+the golden replays the demo and docs/POLICIES.md quote."""
 
 from __future__ import annotations
 
+import json
+import random
 from pathlib import Path
+from statistics import NormalDist
 
+import numpy as np
+import pytest
+
+from watchdog.backtest import run_backtest
 from watchdog.policy import PolicyEngine, load_policy_files
 from watchdog.signals import Action, Signal
+from watchdog.traffic import Route, TrafficGenerator
 
 REPO = Path(__file__).resolve().parents[1]
 M = "llama-3-8b"
@@ -93,3 +102,111 @@ def test_fp8_no_faster_alerts_without_flipping() -> None:
         acts += run(engine, flags, live("chat/x", T0 + 60 * i, latency_p50_ms=98.0), T0 + 60 * i)
     assert [(a.kind, a.detail.get("rule")) for a in acts] == [("alert", "fp8-no-faster")]
     assert flags == {}
+
+
+# --- the embedded demo's traffic through the default policy ------------------------------------
+# Events from watchdog/traffic.py (15 % FP16 baseline slice, 30 % shadows, FP8 1.6x faster) at
+# 60 requests/s per route, folded into windows and judged by policies/default.yaml exactly as the
+# daemon does (watchdog.backtest: WindowAggregator + PolicyEngine, flags simulated).
+
+DEMO_MODEL = "llama-3.1-8b-instruct"
+DEMO_ROUTE, OTHER_ROUTE = "legal/contracts", "support/chat"
+
+
+def demo_lines(regression: str | None, inject_at: float, seconds: float, rate: float = 60.0) -> list[bytes]:
+    routes = [Route(DEMO_MODEL, DEMO_ROUTE, rate=rate), Route(DEMO_MODEL, OTHER_ROUTE, rate=rate)]
+    gen, arrivals = TrafficGenerator(routes, seed=3), random.Random(4)
+    events = []
+    for r in routes:
+        t = T0
+        while (t := t + arrivals.expovariate(r.rate)) < T0 + seconds:
+            r.regression = regression if r.route == DEMO_ROUTE and t >= T0 + inject_at else None  # type: ignore[assignment]
+            events.append(gen.event(r, now=round(t, 3)))
+    events.sort(key=lambda e: e["ts"])
+    return [json.dumps(e).encode() for e in events]
+
+
+@pytest.mark.parametrize(("regression", "window_s", "seconds", "rule", "within_s"), [
+    # the demo: 2 s windows; shadow agreement trips after 3 windows, asks for a golden replay,
+    # and (no golden job guards this route) rolls back after confirm_timeout 6 more windows
+    ("quality", 2.0, 60.0, "shadow-agreement", 30.0),
+    (None, 2.0, 60.0, None, None),
+    # 10 s windows: the pooled error and timeout judges have enough FP16 requests (3 x ~90)
+    ("errors", 10.0, 120.0, "error-rate", 30.0),
+    ("timeouts", 10.0, 120.0, "timeout-rate", 30.0),
+    (None, 10.0, 120.0, None, None),
+])
+def test_demo_traffic_through_the_default_policy(regression: str | None, window_s: float, seconds: float,
+                                                 rule: str | None, within_s: float | None) -> None:
+    inject_at = seconds / 3
+    r = run_backtest(load_policy_files([REPO / "policies" / "default.yaml"]),
+                     demo_lines(regression, inject_at, seconds), window_s=window_s, grace_s=0.5)
+    assert r.bad_lines == 0 and r.late == 0
+    assert not [a for a in r.actions if a.route == OTHER_ROUTE], "the healthy route must be left alone"
+    flips = [a for a in r.actions if a.flip]
+    if rule is None:
+        assert r.actions == [] and r.flips == 0
+        return
+    assert within_s is not None
+    first = flips[0]
+    assert (first.kind, first.route, first.rule) == ("rollback", DEMO_ROUTE, rule)
+    assert T0 + inject_at < first.at <= T0 + inject_at + within_s, first.at - T0 - inject_at
+    assert not [a for a in r.actions if a.at <= T0 + inject_at]
+    if regression == "quality":
+        # realistic signals: FP8 answers agree ~0.35-0.45 with their FP16 shadows, perplexity ~3x
+        fp8 = [p for p in r.timeline if p["route"] == DEMO_ROUTE and p["precision"] == "fp8"
+               and T0 + inject_at + window_s < p["t"] <= first.at]
+        fp16 = {p["t"]: p for p in r.timeline if p["route"] == DEMO_ROUTE and p["precision"] == "fp16"}
+        agree = [p["values"]["shadow_rougeL"] for p in fp8]
+        ratio = [p["values"]["perplexity"] / fp16[p["t"]]["values"]["perplexity"] for p in fp8 if p["t"] in fp16]
+        assert 0.25 < float(np.median(agree)) < 0.5 and 2.0 < float(np.median(ratio)) < 4.0, (agree, ratio)
+        kinds = [(a.kind, a.rule) for a in r.actions if a.at <= first.at]
+        assert kinds[0] == ("alert", "shadow-agreement")  # the suspicion, asking for a golden replay
+
+
+# --- how the default golden rule judges a 32-item replay (numbers quoted in docs/POLICIES.md) ---
+
+GOLDEN_N = 32
+
+
+def golden_replay(t: float, diffs: list[float], route: str = "code/assist") -> list[Signal]:
+    values = {"rougeL": 0.7}
+    return [Signal("golden", M, route, "fp8", t - 30, t, len(diffs), dict(values), paired={"rougeL": list(diffs)},
+                   detail={"golden_set": "code"}),
+            Signal("golden", M, route, "fp16", t - 30, t, len(diffs), dict(values), detail={"golden_set": "code"})]
+
+
+#: a stale FP8 calibration: every item drops, -0.4 +- 0.2 (normal quantiles, clipped to [-1, 0])
+STALE = [min(0.0, -0.4 + 0.2 * NormalDist().inv_cdf((i + 0.5) / GOLDEN_N)) for i in range(GOLDEN_N)]
+
+
+@pytest.mark.parametrize(("name", "diffs", "status", "ci"), [
+    ("5 items at -0.5", [-0.5] * 5 + [0.0] * 27, "marginal", (-0.1719, -0.0155)),
+    ("10 items at -0.3", [-0.3] * 10 + [0.0] * 22, "fail", (-0.1594, -0.0375)),
+    ("3 items at -0.5", [-0.5] * 3 + [0.0] * 29, "marginal", (-0.1250, 0.0)),
+    ("stale calibration, -0.4 +- 0.2", STALE, "fail", (-0.4944, -0.3168)),
+    ("identical", [0.0] * GOLDEN_N, "pass", (0.0, 0.0)),
+])
+def test_default_golden_rule_on_a_32_item_replay(name: str, diffs: list[float], status: str,
+                                                 ci: tuple[float, float]) -> None:
+    engine = PolicyEngine(load_policy_files([REPO / "policies" / "default.yaml"]))
+    flags: dict[tuple[str, str], str] = {}
+    acts = run(engine, flags, golden_replay(T0, diffs), T0)
+    v = engine.states[("fp8-default", M, "code/assist")].rules["golden-rougeL"].last
+    assert v is not None and v.status == status, (name, v.reason)
+    assert [a.kind for a in acts] == (["rollback"] if status == "fail" else [])
+    assert (v.extra["ci_low"], v.extra["ci_high"]) == pytest.approx(ci, abs=1e-4)
+
+
+def test_default_golden_rule_demo_sequence() -> None:
+    """The demo: a healthy replay (5 of 32 items differ) stays on FP8, replaying it unchanged
+    stays on FP8, then a stale calibration rolls back on the first look (latest replay alone)."""
+    engine = PolicyEngine(load_policy_files([REPO / "policies" / "default.yaml"]))
+    flags: dict[tuple[str, str], str] = {}
+    healthy = [-0.5] * 5 + [0.0] * 27
+    assert run(engine, flags, golden_replay(T0, healthy), T0) == []
+    assert run(engine, flags, golden_replay(T0 + 600, healthy), T0 + 600) == []
+    (a,) = run(engine, flags, golden_replay(T0 + 1200, STALE), T0 + 1200)
+    j = a.detail["verdicts"][0]["judgement"]
+    assert (a.kind, a.detail["rule"]) == ("rollback", "golden-rougeL")
+    assert j["detail"]["looks"]["latest"]["status"] == "fail" and j["detail"]["looks"]["latest"]["alpha"] == 0.001
