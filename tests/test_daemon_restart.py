@@ -89,3 +89,35 @@ def test_killed_daemon_resumes_without_loss_or_double_counting(kafka_service, re
     diff = {k: (seen.get(k, 0), n) for k, n in sorted(expected.items()) if seen.get(k, 0) != n}
     assert sum(seen.values()) == sum(expected.values()), (sum(seen.values()), sum(expected.values()), diff)
     assert seen == expected
+
+
+def test_a_backlog_spread_over_partitions_is_counted_in_full(kafka_service, redis_service, redis_client, topic,
+                                                            tmp_path):
+    """Events published before the daemon starts, keyed by route over several partitions, are read
+    unevenly across partitions; windows must close on the slowest partition's event time."""
+    from tests.daemon_harness import make_config, running_daemon
+
+    gen = TrafficGenerator([Route(MODEL, f"r{i}", rate=50.0) for i in range(8)])
+    producer = KafkaProducer(bootstrap_servers=kafka_service.address, linger_ms=20)
+    expected: collections.Counter[tuple[str, str, float]] = collections.Counter()
+    start = time.time() - 30.0
+    for step in range(30 * 50):  # 30 s of history at 50 events/s per route
+        now = start + step / 50.0
+        for r in gen.routes:
+            key, value = gen.encoded(r, now=now)
+            ev = json.loads(value)
+            expected[(ev["route"], ev["precision"], float(int(ev["ts"])))] += 1
+            producer.send(topic, key=key, value=value)
+    producer.flush()
+    producer.close()
+    cfg = make_config(kafka_service.address, redis_service.port, topic, write_policy(tmp_path / "p.yaml"), None)
+    with running_daemon(cfg) as (daemon, _server):
+        assert wait_until(lambda: daemon.metrics.events.labels("ok")._value.get() >= sum(expected.values()), 60)
+        assert wait_until(lambda: daemon.aggregator.open_windows() == 0, 20)
+        late = daemon.aggregator.late
+    seen: collections.Counter[tuple[str, str, float]] = collections.Counter()
+    for _id, fields in redis_client.xrange("llmwd:windows"):
+        w = json.loads(fields["json"])
+        seen[(w["route"], w["precision"], float(w["start"]))] += w["samples"]
+    assert late == 0
+    assert seen == expected

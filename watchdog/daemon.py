@@ -32,6 +32,9 @@ from watchdog.windows import WindowAggregator
 
 log = logging.getLogger(__name__)
 
+#: seconds between two saves of the engine state while windows keep closing
+PERSIST_EVERY_S = 0.5
+
 #: a source of signals other than Kafka (golden replays, GPU health): called every loop
 SignalSource = Callable[[float], list[Signal]]
 
@@ -80,6 +83,9 @@ class Daemon:
         self._last_persist_try = 0.0
         self._reload_requested = threading.Event()
         self._max_event_ts = 0.0
+        #: newest event time read per (topic, partition): windows close on the slowest partition
+        #: that still has a backlog, so a backlog read partition by partition is not dropped as late
+        self._partition_ts: dict[tuple[str, int], float] = {}
         #: closed live windows not yet recorded in Redis (written with the state, atomically)
         self._unsaved: list[Signal] = []
         #: (model, route) -> end of the window that caused the pending flip (reaction metric)
@@ -134,6 +140,7 @@ class Daemon:
         # Open windows hold uncommitted events of partitions that may now move to another
         # replica; drop them: whoever owns each partition next re-reads it from the commit.
         self.aggregator = self._new_aggregator()
+        self._partition_ts.clear()
 
     def connect_kafka(self) -> None:
         k = self.cfg.kafka
@@ -142,9 +149,27 @@ class Daemon:
                              sink=self._fold, on_revoked=self._on_revoked)
 
     def _fold(self, event: Any, pkey: tuple[str, int], offset: int) -> None:
-        if event.ts > self._max_event_ts:
-            self._max_event_ts = event.ts
+        ts = event.ts
+        if ts > self._max_event_ts:
+            self._max_event_ts = ts
+        if ts > self._partition_ts.get(pkey, 0.0):
+            self._partition_ts[pkey] = ts
         self.aggregator.add(event, pkey, offset)
+
+    def _event_watermark(self) -> float | None:
+        """Event time every partition has reached: the newest event read from the slowest partition
+        that still has a backlog (caught-up or idle partitions do not hold it back); None while a
+        partition with a backlog has not been read at all. Closing windows on the newest event of
+        *any* partition instead drops the slower partitions' events as late when a backlog is read
+        (measured: 59 % of a 4-partition backlog)."""
+        assert self.ingest is not None
+        marks = []
+        for pk in self.ingest.behind():
+            ts = self._partition_ts.get(pk)
+            if ts is None:
+                return None
+            marks.append(ts)
+        return min(marks) if marks else self._max_event_ts
 
     @property
     def _state_name(self) -> str:
@@ -196,7 +221,9 @@ class Daemon:
         # partitions finds nothing waiting does wall-clock time close the windows of quiet routes.
         signals: list[Signal] = []
         if seen:
-            signals = self.aggregator.close_due(min(now, self._max_event_ts))
+            mark = self._event_watermark()
+            if mark is not None:
+                signals = self.aggregator.close_due(min(now, mark))
         elif self.aggregator.open_windows() and self.ingest.assigned():
             signals = self.aggregator.close_due(now)
         self._unsaved.extend(signals)
@@ -255,8 +282,12 @@ class Daemon:
         self.metrics.pending.set(self.actuator.pending())
         self._set_redis_health(self.actuator.healthy, self.actuator.last_error)
 
-    def _persist(self, now: float) -> None:
-        if not self._state_dirty or now - self._last_persist_try < (0 if self._redis_ok else 1.0):
+    def _persist(self, now: float, force: bool = False) -> None:
+        # While windows close batch after batch (a backlog), save at most every PERSIST_EVERY_S: the
+        # engine state is a few ms per hundred routes, and offsets are committed only after a save
+        # anyway, so coalescing loses nothing. Flips do not wait for it (they go through the actuator).
+        wait = PERSIST_EVERY_S if self._redis_ok else 1.0
+        if not self._state_dirty or (not force and now - self._last_persist_try < wait):
             return
         self._last_persist_try = now
         blob = json.dumps({"schema": 1, "closed_until": self._closed_until, "engine": self.engine.export_state(),
@@ -344,7 +375,7 @@ class Daemon:
             while self.actuator.pending() and time.monotonic() < deadline:
                 self._act(self.clock())
                 time.sleep(0.1)
-            self._persist(self.clock())
+            self._persist(self.clock(), force=True)
             self._maybe_commit(self.clock(), force=True)
         finally:
             if self.golden is not None:

@@ -145,6 +145,17 @@ class Ingest:
     def assigned(self) -> bool:
         return bool(self.consumer.assignment())
 
+    def behind(self) -> set[PartitionKey]:
+        """Assigned partitions whose position is behind the high watermark their last fetch
+        reported (local metadata, no request); one with no fetch reported yet counts as behind."""
+        out = set()
+        for tp in self.consumer.assignment():
+            high = self.consumer.highwater(tp)
+            pos = self.consumer.position(tp) if high is not None else None
+            if high is None or pos is None or pos < high:
+                out.add((tp.topic, tp.partition))
+        return out
+
     def lag(self) -> dict[int, int]:
         out = {}
         for tp in self.consumer.assignment():
