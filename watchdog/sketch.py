@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import logging
 import math
+from functools import reduce
+from operator import add as _plus
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -77,6 +79,36 @@ class QuantileSketch:
             self.min = x
         if x > self.max:
             self.max = x
+
+    def add_many(self, xs: list[float]) -> None:
+        """Add every value of ``xs`` once, in order: the same state as ``add(x)`` for each.
+
+        The common case (all values finite and >= ``min_value``, no collapse needed) costs about half
+        of one ``add`` call per value; anything else (zeros, invalid values, a collapse) goes
+        through ``add`` one value at a time, which raises at the same value, after adding the ones
+        before it."""
+        if not xs:
+            return
+        lo = min(xs)
+        total = reduce(_plus, xs, self.sum)  # the same left-to-right sum ``add`` builds
+        b = self.buckets
+        # NaN or inf make total NaN or inf; at most len(xs) new buckets cannot need a collapse
+        if lo >= self.min_value and total < _INF and len(b) + len(xs) <= self.max_buckets:
+            get = b.get
+            inv = self._inv_log_gamma
+            for x in xs:
+                i = _ceil(_log(x) * inv)
+                b[i] = get(i, 0) + 1
+            self.count += len(xs)
+            self.sum = total
+            if lo < self.min:
+                self.min = lo
+            hi = max(xs)
+            if hi > self.max:
+                self.max = hi
+            return
+        for x in xs:
+            self.add(x)
 
     def _collapse(self) -> None:
         """Fold the lowest buckets into one so at most ``max_buckets`` remain."""
