@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import socket
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -166,7 +167,7 @@ def channel_config(raw: ChannelConfig | Mapping[str, Any] | Any) -> ChannelConfi
     return ChannelConfig(**data)
 
 
-class Channel:
+class Channel(ABC):
     """Base class: turns an alert into one HTTP POST. Subclasses set ``kind`` and ``payload``."""
 
     kind: ClassVar[str] = ""
@@ -191,8 +192,9 @@ class Channel:
     def headers(self) -> dict[str, str]:
         return {"Content-Type": "application/json", "User-Agent": "llm-watchdog", **self.config.headers}
 
+    @abstractmethod
     def payload(self, alert: Alert) -> Any:
-        raise NotImplementedError
+        """The request body this channel's receiver expects for ``alert``."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, url={self.endpoint()!r})"

@@ -10,6 +10,7 @@ calibration on another route and rolls it back too.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import threading
@@ -174,9 +175,11 @@ def _show_evidence(console: Console, daemon: Daemon, sink: AlertSink, route: str
 
 
 def _golden_probe(console: Console, workdir: Path) -> Any:
-    try:
-        from watchdog.demo_golden import GoldenDemo
-    except ImportError as exc:  # torch extra missing
-        console.print(f"[yellow]golden replay part skipped: {exc}[/]")
+    missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
+    if missing:
+        console.print(f"[yellow]golden replay part skipped: {', '.join(missing)} not installed "
+                      "(pip install 'llm-watchdog[torch]')[/]")
         return None
+    from watchdog.demo_golden import GoldenDemo
+
     return GoldenDemo(MODEL, GOLDEN_ROUTE, workdir)

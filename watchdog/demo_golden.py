@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch  # noqa: F401 - ImportError here means the torch extra is missing; the demo skips this part
 from rich.console import Console
 
 from probes.drift import DriftReport
