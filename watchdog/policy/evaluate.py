@@ -10,12 +10,14 @@ whose ``fail_if`` is false is only ``marginal``. A judged rule with ``pool: k`` 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from watchdog.judge import Judgement, combine, judge_paired, judge_rate, judge_unpaired
+from watchdog.policy.conditions import Condition
 from watchdog.policy.pooling import Pool, judge_pool, rate_counts
 from watchdog.policy.schema import Policy, Rule
 from watchdog.signals import Signal, VerdictStatus
@@ -101,14 +103,46 @@ def evaluate_rule(rule: Rule, candidate: Signal | None, baseline: Signal | None,
     return _evaluate_condition(rule, candidate, baseline, v)
 
 
-def _evaluate_condition(rule: Rule, candidate: Signal | None, baseline: Signal | None, v: Verdict) -> Verdict:
+@dataclass(frozen=True, slots=True)
+class _ConditionPlan:
+    """What a ``fail_if`` rule reads, worked out once per rule object (rules are frozen)."""
+
+    cond: Condition
+    needs_base: bool
+    needs_cand: bool
+    paired_names: frozenset[str]
+    #: fail_if or restore_if read a paired_* statistic
+    any_paired: bool
+
+
+#: id(rule) -> (rule, plan); holding the rule keeps its id from being reused
+_PLANS: dict[int, tuple[Rule, _ConditionPlan]] = {}
+
+
+def _condition_plan(rule: Rule) -> _ConditionPlan:
+    hit = _PLANS.get(id(rule))
+    if hit is not None and hit[0] is rule:
+        return hit[1]
     cond = rule.condition
     assert cond is not None  # validated: a rule has fail_if, judge or both
     restore = rule.restore_condition
     names = cond.names | (restore.names if restore is not None else set())
     needs_base = "baseline" in cond.names
-    needs_cand = "candidate" in cond.names or not needs_base
-    paired_names = {n for n in cond.names if n.startswith("paired_")}
+    plan = _ConditionPlan(cond, needs_base, "candidate" in cond.names or not needs_base,
+                          frozenset(n for n in cond.names if n.startswith("paired_")),
+                          any(n.startswith("paired_") for n in names))
+    if len(_PLANS) >= 4096:  # policy reloads leave old rules behind
+        _PLANS.clear()
+    _PLANS[id(rule)] = (rule, plan)
+    return plan
+
+
+def _evaluate_condition(rule: Rule, candidate: Signal | None, baseline: Signal | None, v: Verdict) -> Verdict:
+    plan = _condition_plan(rule)
+    cond = plan.cond
+    needs_base = plan.needs_base
+    needs_cand = plan.needs_cand
+    paired_names = plan.paired_names
 
     for role, sig, needed in (("candidate", candidate, needs_cand), ("baseline", baseline, needs_base)):
         if not needed:  # not read by fail_if: kept for restore_if and cause attribution if there
@@ -140,7 +174,7 @@ def _evaluate_condition(rule: Rule, candidate: Signal | None, baseline: Signal |
         setattr(v, role, x)
 
     env = _env(v)
-    items = _paired_items(rule, candidate, baseline) if any(n.startswith("paired_") for n in names) else None
+    items = _paired_items(rule, candidate, baseline) if plan.any_paired else None
     if not paired_names and items:
         env.update(_paired_stats(items))
     if paired_names:
@@ -189,15 +223,32 @@ def _paired_items(rule: Rule, candidate: Signal | None, baseline: Signal | None)
 # --- judged rules ------------------------------------------------------------------------------
 
 
+_SCALARS = frozenset({float, int, str, bool, type(None)})
+
+
 def _plain(x: Any) -> Any:
-    """numpy scalars and containers -> plain Python, so verdicts stay JSON-able."""
+    """numpy scalars and containers (and dataclasses, as ``asdict`` would) -> plain Python, so
+    verdicts stay JSON-able. Containers are copied."""
+    t = type(x)
+    if t in _SCALARS:  # the common case, and none of them has ``item``
+        return x
     if isinstance(x, dict):
         return {str(k): _plain(v) for k, v in x.items()}
     if isinstance(x, list | tuple):
         return [_plain(v) for v in x]
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return _plain(dataclasses.asdict(x))
     if hasattr(x, "item") and callable(x.item):
         return x.item()
     return x
+
+
+def _judgement_dict(j: Judgement) -> dict[str, Any]:
+    """``_plain(j.to_dict())`` without ``asdict``'s deep copy (``_plain`` copies the containers)."""
+    return _plain({name: getattr(j, name) for name in _JUDGEMENT_FIELDS})
+
+
+_JUDGEMENT_FIELDS = tuple(f.name for f in dataclasses.fields(Judgement))
 
 
 def sketch_histograms(cand: Mapping[str, Any], base: Mapping[str, Any]) -> tuple[dict[int, int], dict[int, int], float]:
@@ -286,7 +337,7 @@ def _evaluate_judged(rule: Rule, candidate: Signal | None, baseline: Signal | No
     if isinstance(result, str):
         v.reason = f"{rule.metric}: {result}"
         return v
-    v.judgement = _plain(result.to_dict())
+    v.judgement = _judgement_dict(result)
     v.status, v.reason = result.status, result.message
     v.extra = {k: float(x) for k, x in (("estimate", result.estimate), ("ci_low", result.ci_low),
                                         ("ci_high", result.ci_high), ("p_value", result.p_value))
