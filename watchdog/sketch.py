@@ -190,7 +190,7 @@ class QuantileSketch:
             "min": self.min if self.count else None,
             "max": self.max if self.count else None,
             "zero_count": self.zero_count,
-            "bins": [[i, self.buckets[i]] for i in sorted(self.buckets)],
+            "bins": list(map(list, sorted(self.buckets.items()))),  # keys are unique: sorted by index
         }
 
     @classmethod

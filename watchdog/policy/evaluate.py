@@ -45,11 +45,13 @@ class Verdict:
     def to_dict(self) -> dict[str, Any]:
         # shallow on purpose: called for every rule of every route at each state save, where
         # dataclasses.asdict's recursive deep copy dominated (measured 0.67 s per save at 1,000 routes)
-        d = {name: getattr(self, name) for name in _VERDICT_FIELDS}
-        d["extra"] = dict(self.extra)
-        if self.judgement is not None:
-            d["judgement"] = dict(self.judgement)
-        return d
+        # (and spelled out: a comprehension over the field names costs twice as much)
+        judgement = self.judgement
+        return {"rule": self.rule, "status": self.status, "reason": self.reason, "source": self.source,
+                "metric": self.metric, "start": self.start, "end": self.end, "candidate": self.candidate,
+                "baseline": self.baseline, "samples": self.samples, "baseline_samples": self.baseline_samples,
+                "extra": dict(self.extra), "restore": self.restore,
+                "judgement": None if judgement is None else dict(judgement)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Verdict:
@@ -58,6 +60,8 @@ class Verdict:
 
 
 _VERDICT_FIELDS = tuple(Verdict.__dataclass_fields__)
+# to_dict spells the fields out: it must list every one, in order
+assert tuple(Verdict("", "pass", "", "", "").to_dict()) == _VERDICT_FIELDS
 
 
 def _fmt(x: float) -> str:
