@@ -21,6 +21,7 @@ is the ratio pipeline / json per repetition, reported as the median of the repet
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import sys
@@ -109,6 +110,10 @@ def pipeline(address: str, topic: str, redis_url: str, n: int, timeout_s: float,
         return got
 
     ingest.poll = counted_poll  # type: ignore[method-assign]
+    # what Daemon.run() does right before its loop, in a daemon that has it
+    freeze = getattr(daemon, "freeze_startup_heap", None)
+    if freeze is not None:
+        freeze()
     prof = None
     deadline = time.monotonic() + timeout_s
     try:
@@ -132,6 +137,8 @@ def pipeline(address: str, topic: str, redis_url: str, n: int, timeout_s: float,
     finally:
         daemon.stop()
         daemon.shutdown()
+        if freeze is not None:
+            gc.unfreeze()  # the other modes run in this process too
 
 
 def main() -> int:
