@@ -7,6 +7,7 @@ they fed are closed and what those windows decided is durably in Redis.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -205,11 +206,20 @@ class Daemon:
             self.gpu.start()
         log.info("llm-watchdog running: topic %s, %d policies", self.cfg.kafka.topic,
                  len(self.loader.policy_set.policies))
+        self.freeze_startup_heap()
         try:
             while not self._stop.is_set():
                 self.step()
         finally:
             self.shutdown()
+
+    @staticmethod
+    def freeze_startup_heap() -> None:
+        """Start-up is over: move what it allocated (modules, policies, clients: ~80k objects) out
+        of the cyclic collector's reach, so the collections the loop triggers scan only what the
+        loop allocates (measured: full collections were half of the daemon's GC time)."""
+        gc.collect()
+        gc.freeze()
 
     def step(self, poll_ms: int = 200) -> None:
         t0 = time.monotonic()
@@ -290,8 +300,9 @@ class Daemon:
         if not self._state_dirty or (not force and now - self._last_persist_try < wait):
             return
         self._last_persist_try = now
+        # check_circular=False: the state is a tree; the check costs ~20 % of the encoding
         blob = json.dumps({"schema": 1, "closed_until": self._closed_until, "engine": self.engine.export_state(),
-                           "saved_at": now, "instance": self.cfg.instance})
+                           "saved_at": now, "instance": self.cfg.instance}, check_circular=False)
         try:
             # state, the closed windows' records and the heartbeat land together or not at all
             pipe = self.redis.pipeline(transaction=True)
