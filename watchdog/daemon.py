@@ -397,6 +397,7 @@ class Daemon:
                 self.ingest.close()
             self.flags.close()
             self.alerter.stop(timeout=5)
+            gc.unfreeze()  # let whatever this daemon held be collected (tests run several per process)
             log.info("llm-watchdog stopped")
 
     # -- surface -------------------------------------------------------------------------------
