@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -207,16 +208,6 @@ def test_custom_metric_through_evaluate(tmp_path, monkeypatch) -> None:
 
     monkeypatch.setenv("HF_EVALUATE_OFFLINE", "1")
     script = tmp_path / "char_len_ratio.py"
-    script.write_text(
-        "import datasets\n"
-        "import evaluate\n\n\n"
-        "class CharLenRatio(evaluate.Metric):\n"
-        "    def _info(self):\n"
-        "        return evaluate.MetricInfo(description='d', citation='', inputs_description='',\n"
-        "            features=datasets.Features({'predictions': datasets.Value('string'),\n"
-        "                                        'references': datasets.Value('string')}))\n\n"
-        "    def _compute(self, predictions, references):\n"
-        "        return {'char_len_ratio': sum(map(len, predictions)) / sum(map(len, references))}\n"
-    )
+    script.write_text((Path(__file__).parent / "data" / "char_len_ratio.py").read_text())
     metric = CustomMetric(script)
     assert metric.compute(["abcd"], ["ab"]) == {"char_len_ratio": 0.5}

@@ -353,17 +353,7 @@ def test_custom_evaluate_metric_in_manifest(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setenv("HF_EVALUATE_OFFLINE", "1")
     d = tmp_path / "mini"
     (d / "metrics").mkdir(parents=True)
-    (d / "metrics" / "char_len_ratio.py").write_text(
-        "import datasets\n"
-        "import evaluate\n\n\n"
-        "class CharLenRatio(evaluate.Metric):\n"
-        "    def _info(self):\n"
-        "        return evaluate.MetricInfo(description='d', citation='', inputs_description='',\n"
-        "            features=datasets.Features({'predictions': datasets.Value('string'),\n"
-        "                                        'references': datasets.Value('string')}))\n\n"
-        "    def _compute(self, predictions, references):\n"
-        "        return {'char_len_ratio': sum(map(len, predictions)) / sum(map(len, references))}\n"
-    )
+    (d / "metrics" / "char_len_ratio.py").write_text((Path(__file__).parent / "data" / "char_len_ratio.py").read_text())
     (d / "manifest.yaml").write_text(
         "schema: 1\nname: mini\ndomain: d\ndescription: d\nlanguages: [en]\nroutes: ['*']\n"
         "generation: {max_new_tokens: 8, stop: [Question]}\n"
