@@ -75,6 +75,7 @@ class Ingest:
         self.healthy = False
         self.last_error: str | None = None
         self._dlq_pending = 0
+        self._last_polled: set[PartitionKey] = set()
         consumer.subscribe([topic], listener=_Rebalance(on_revoked))
 
     def poll(self, timeout_ms: int = 200) -> int:
@@ -88,6 +89,7 @@ class Ingest:
         self.metrics.kafka_up.set(1)
         seen = 0
         ok = 0
+        self._last_polled = {(tp.topic, tp.partition) for tp, records in batches.items() if records}
         for tp, records in batches.items():
             pkey = (tp.topic, tp.partition)
             for rec in records:
@@ -146,9 +148,11 @@ class Ingest:
         return bool(self.consumer.assignment())
 
     def behind(self) -> set[PartitionKey]:
-        """Assigned partitions whose position is behind the high watermark their last fetch
-        reported (local metadata, no request); one with no fetch reported yet counts as behind."""
-        out = set()
+        """Assigned partitions that may still hold unread records: behind the high watermark their
+        last fetch reported (local metadata, no request), never fetched yet, or returning records in
+        the last poll. The last case matters because a broker may report the high watermark at the
+        start of its last batch (Tansu does), so "position >= high" can be seen with a batch left."""
+        out = set(self._last_polled)
         for tp in self.consumer.assignment():
             high = self.consumer.highwater(tp)
             pos = self.consumer.position(tp) if high is not None else None
