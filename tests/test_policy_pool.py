@@ -11,25 +11,15 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
+from tests.test_policy_judge import T0, M, R, policies, policy
+from tests.test_policy_judge import Sim as TextSim
 from watchdog.policy import PolicyEngine, PolicySet, parse_policy_text
-from watchdog.signals import Action, Signal
+from watchdog.signals import Signal
 from watchdog.sketch import QuantileSketch
-
-M, R = "llama-3-8b", "chat/general"
-T0 = 1_800_000_000.0
 
 
 def policy_set(rules: str, head: str = "") -> PolicySet:
-    text = f"""\
-policies:
-  - name: p
-    cooldown: 0s
-    promote: {{mode: auto, healthy_windows: 2, after: 0s}}
-{head}    rules:
-{rules}"""
-    found, errors = parse_policy_text(text, "t.yaml")
-    assert errors == []
-    return PolicySet(tuple(found))
+    return policies(policy(rules, head=head))
 
 
 def rate_rule(pool: int | None, for_: int = 1, min_samples: int = 1) -> str:
@@ -65,17 +55,10 @@ def golden_rule(replays: int | None, effect: float = 0.02) -> str:
 """
 
 
-class Sim:
+class Sim(TextSim):
     def __init__(self, ps: PolicySet) -> None:
         self.engine = PolicyEngine(ps)
         self.flags: dict[tuple[str, str], str] = {}
-
-    def step(self, signals: list[Signal], now: float) -> list[Action]:
-        acts = self.engine.observe(signals, now, self.flags)
-        for a in acts:
-            if a.kind in ("rollback", "promote") and not a.dry_run:
-                self.flags[(a.model, a.route)] = a.precision or ""
-        return acts
 
     def rule(self, name: str):
         return self.engine.states[("p", M, R)].rules[name]
