@@ -178,7 +178,7 @@ def _golden_probe(console: Console, workdir: Path) -> Any:
     missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
     if missing:
         console.print(f"[yellow]golden replay part skipped: {', '.join(missing)} not installed "
-                      "(pip install 'llm-watchdog[torch]')[/]")
+                      "(pip install 'fp8-watchdog[torch]')[/]")
         return None
     from watchdog.demo_golden import GoldenDemo
 
