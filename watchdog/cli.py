@@ -20,7 +20,14 @@ import sys
 import threading
 from typing import Any
 
-from watchdog.argtypes import Parser, add_log_level_everywhere, log_level, positive_float, setup_logging
+from watchdog.argtypes import (
+    Parser,
+    add_log_level_everywhere,
+    existing_file,
+    log_level,
+    positive_float,
+    setup_logging,
+)
 
 log = logging.getLogger("watchdog")
 
@@ -48,12 +55,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config)
     except (ConfigError, OSError) as exc:
-        print(f"llm-watchdog: invalid configuration:\n{exc}", file=sys.stderr)
+        print(f"{args.prog}: invalid configuration: {exc}", file=sys.stderr)
         return 2
     try:
         daemon = Daemon(cfg)
     except PolicyError as exc:
-        print(f"llm-watchdog: invalid policies:\n{exc}", file=sys.stderr)
+        print(f"{args.prog}: invalid policies: {exc}", file=sys.stderr)
         return 2
     server = StatusServer(cfg.server.host, cfg.server.port, daemon.metrics.registry, daemon.status,
                           daemon.problems, daemon.alive).start()
@@ -115,7 +122,7 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config)
     except (ConfigError, OSError) as exc:
-        print(f"{args.config or '<env>'}: invalid configuration:\n{exc}", file=sys.stderr)
+        print(f"{args.prog}: invalid configuration: {exc}", file=sys.stderr)
         return 2
     problems: list[str] = []
     try:
@@ -202,7 +209,7 @@ def _port(value: str) -> int:
 
 
 def _config_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", default=os.environ.get("LLMWD_CONFIG") or None, metavar="FILE",
+    p.add_argument("--config", default=os.environ.get("LLMWD_CONFIG") or None, metavar="FILE", type=existing_file,
                    help="YAML config file (default $LLMWD_CONFIG; LLMWD_* variables override it)")
 
 

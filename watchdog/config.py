@@ -299,7 +299,7 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         data, marks = read_config_file(path, env)
         _resolve_paths(data, Path(path).parent)
     data.update(overrides)
-    from_env: dict[tuple[str, ...], str] = {}
+    from_env: dict[tuple[Any, ...], str] = {}
     for key_path, value, var in env_overrides(env)[0]:
         _apply(data, key_path, value, var)
         from_env[key_path] = var
@@ -309,9 +309,9 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         lines = []
         for err in exc.errors():
             loc = tuple(err["loc"])
-            var = next((from_env[loc[:i]] for i in range(len(loc), 0, -1) if loc[:i] in from_env), None)
+            env_var = next((from_env[loc[:i]] for i in range(len(loc), 0, -1) if loc[:i] in from_env), None)
             pos = next((marks[loc[:i]] for i in range(len(loc), 0, -1) if loc[:i] in marks), None)
-            where = f"${var}" if var else f"{name}:{pos[0]}:{pos[1]}" if pos else name
+            where = f"${env_var}" if env_var else f"{name}:{pos[0]}:{pos[1]}" if pos else name
             lines.append(f"{where}: {'.'.join(str(p) for p in loc) or 'config'}: {err['msg']}")
         raise ConfigError("\n".join(lines)) from exc
 

@@ -48,10 +48,10 @@ def init_dir(target: str | Path, *, force: bool = False) -> list[Path]:
     existing = [dst for dst, _ in plan if dst.exists()]
     if existing and not force:
         raise InitError(f"{existing[0]} exists ({len(existing)} file(s) would be overwritten; use --force)")
-    for dst, src in plan:
+    for dst, origin in plan:
         dst.parent.mkdir(parents=True, exist_ok=True)
-        if src is None:
+        if origin is None:
             dst.write_text(starter_config())
         else:
-            shutil.copyfile(src, dst)
+            shutil.copyfile(origin, dst)
     return [dst for dst, _ in plan]
