@@ -87,8 +87,24 @@ def _print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-#: a reason column never gets narrower than its longest word (up to this), so no token is cut
-_MAX_TOKEN_WIDTH = 48
+#: a reason column is never narrower than its longest word up to this width, so numbers and names
+#: stay whole; a longer word (a URL) folds onto the next line, nothing is hidden
+_MAX_TOKEN_WIDTH = 30
+
+
+_NARROW = {"time", "changed at", "pinned until", "op", "precision", "previous", "epoch"}
+
+
+def shorten(text: str, width: int) -> str:
+    """``text`` cut to at most ``width`` characters at a word boundary, ending in "…" when cut;
+    a number or name is never split (for one-line displays such as the demo's flag table)."""
+    text = " ".join(text.split())
+    if len(text) <= width:
+        return text
+    cut = text[: max(width - 1, 1)]
+    if text[len(cut)] != " " and " " in cut:
+        cut = cut[: cut.rindex(" ")]
+    return cut.rstrip(" ,;:(") + "…"
 
 
 def _table(*columns: str, reasons: Sequence[str] = ()) -> Table:
@@ -98,9 +114,9 @@ def _table(*columns: str, reasons: Sequence[str] = ()) -> Table:
     longest = max((len(w) for r in reasons for w in r.split()), default=10)
     for name in columns:
         if name == "reason":
-            table.add_column(name, overflow="fold", min_width=min(max(longest, 20), _MAX_TOKEN_WIDTH), ratio=3)
-        else:
-            table.add_column(name, overflow="fold")
+            table.add_column(name, overflow="fold", min_width=min(max(longest, 20), _MAX_TOKEN_WIDTH))
+        else:  # identifiers fold (every character shown) within a bounded width
+            table.add_column(name, overflow="fold", max_width=16 if name not in _NARROW else 12)
     return table
 
 
