@@ -266,7 +266,10 @@ def main(argv: list[str] | None = None) -> int:
     if prog not in ("fp8-watchdog", "llm-watchdog"):
         prog = "fp8-watchdog"
     parser = build_parser(prog)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2), already printed
+        return int(exc.code or 0)
     setup_logging(args.log_level or ("INFO" if args.command in _CHATTY else "WARNING"))
     try:
         return int(args.func(args) or 0)

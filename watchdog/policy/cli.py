@@ -141,7 +141,10 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = Parser(prog="llm-watchdog")
     add_policy_commands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # usage errors: exit code 2, already printed
+        return int(exc.code or 0)
     return int(args.func(args))
 
 
