@@ -113,3 +113,29 @@ def test_a_real_process_prints_one_line_and_no_traceback(tmp_path: Path) -> None
     out = subprocess.run([sys.executable, "-m", "watchdog.cli", "flags", "set", "m", "r", "FP9"], cwd=tmp_path,
                          env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr
+
+
+@pytest.mark.services
+def test_embedded_prints_sourceable_exports_and_stops_on_sigterm(tmp_path: Path) -> None:
+    import signal
+
+    import redis
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "watchdog.cli", "embedded", "--redis-port", "0",
+                             "--kafka-port", "0"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        exports = dict(proc.stdout.readline().strip().removeprefix("export ").split("=", 1) for _ in range(2))
+        assert redis.Redis.from_url(exports["LLMWD_REDIS__URL"]).ping()
+        host, port = exports["LLMWD_KAFKA__BOOTSTRAP_SERVERS"].split(":")
+        import socket
+
+        socket.create_connection((host, int(port)), timeout=2).close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

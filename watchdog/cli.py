@@ -131,6 +131,9 @@ def cmd_config_check(args: argparse.Namespace) -> int:
         problems.extend(exc.messages)
     for var in env_overrides(os.environ)[1]:
         print(f"warning: ${var} matches no config key and is ignored", file=sys.stderr)
+    if cfg.alerts.channels and not cfg.server.external_url:
+        print(f"warning: alerts will link to {cfg.server.status_url}; set server.external_url to the address "
+              "on-call can open", file=sys.stderr)
     dump = redacted(cfg.model_dump(mode="json"))
     if args.json:
         print(json.dumps(dump, indent=2, sort_keys=True))
