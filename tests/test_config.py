@@ -107,3 +107,14 @@ def test_init_writes_a_starter_that_checks_clean(tmp_path: Path, monkeypatch: py
     assert "wd/policies/default.yaml" in capsys.readouterr().out
     assert main(["init", "wd"]) == 2 and "--force" in capsys.readouterr().err
     assert main(["init", "wd", "--force"]) == 0
+
+
+def test_an_alias_bomb_is_refused_quickly(tmp_path: Path) -> None:
+    import time
+
+    lines = ['a0: &a0 ["${X:-lol}"]'] + [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)]
+    path = write(tmp_path, "\n".join(lines) + "\n")
+    start = time.monotonic()
+    with pytest.raises(ConfigError):
+        load_config(path, env={})
+    assert time.monotonic() - start < 5

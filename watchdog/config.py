@@ -18,6 +18,7 @@ Errors name the file, line and column of the bad value (or the environment varia
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -193,47 +194,68 @@ def expand(value: str, env: Mapping[str, str], where: str) -> str:
     return _VAR_RE.sub(sub, value)
 
 
-def _expand_nodes(node: yaml.Node, loader: yaml.SafeLoader, name: str, env: Mapping[str, str]) -> None:
-    if isinstance(node, yaml.ScalarNode):
-        if "${" not in node.value:
-            return
-        where = f"{name}:{node.start_mark.line + 1}:{node.start_mark.column + 1}"
-        node.value = expand(node.value, env, where)
-        if node.style is None and node.tag == "tag:yaml.org,2002:str":  # plain: type the result
-            node.tag = loader.resolve(yaml.ScalarNode, node.value, (True, False))
-    elif isinstance(node, yaml.MappingNode):
-        for _key, value in node.value:
-            _expand_nodes(value, loader, name, env)
-    elif isinstance(node, yaml.SequenceNode):
-        for item in node.value:
-            _expand_nodes(item, loader, name, env)
+def _expand_nodes(root: yaml.Node, loader: yaml.SafeLoader, name: str, env: Mapping[str, str]) -> None:
+    seen: set[int] = set()  # an alias shares its node: visit each once (no alias-bomb walk)
+    work = [root]
+    while work:
+        node = work.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.ScalarNode):
+            if "${" not in node.value:
+                continue
+            where = f"{name}:{node.start_mark.line + 1}:{node.start_mark.column + 1}"
+            node.value = expand(node.value, env, where)
+            if node.style is None and node.tag == "tag:yaml.org,2002:str":  # plain: type the result
+                node.tag = loader.resolve(yaml.ScalarNode, node.value, (True, False))
+        elif isinstance(node, yaml.MappingNode):
+            work.extend(value for _key, value in node.value)
+        elif isinstance(node, yaml.SequenceNode):
+            work.extend(node.value)
 
 
-def _line_index(node: yaml.Node, path: tuple[Any, ...] = ()) -> Marks:
-    marks = {path: (node.start_mark.line + 1, node.start_mark.column + 1)}
-    if isinstance(node, yaml.MappingNode):
-        for key, value in node.value:
-            marks.update(_line_index(value, (*path, key.value)))
-            marks[(*path, key.value)] = (key.start_mark.line + 1, key.start_mark.column + 1)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            marks.update(_line_index(item, (*path, i)))
+def _line_index(root: yaml.Node) -> Marks:
+    """``path -> (line, col)``; a node reached again through an alias is not walked again."""
+    marks: Marks = {}
+    seen: set[int] = set()
+    work: list[tuple[yaml.Node, tuple[Any, ...]]] = [(root, ())]
+    while work:
+        node, path = work.pop()
+        marks.setdefault(path, (node.start_mark.line + 1, node.start_mark.column + 1))
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                marks[(*path, key.value)] = (key.start_mark.line + 1, key.start_mark.column + 1)
+                work.append((value, (*path, key.value)))
+        elif isinstance(node, yaml.SequenceNode):
+            work.extend((item, (*path, i)) for i, item in enumerate(node.value))
     return marks
+
+
+def _safe_yaml() -> Any:
+    """hostile8's bounded loader (size, depth, alias expansion, core tags only) when present."""
+    try:
+        return importlib.import_module("watchdog.safe_yaml")
+    except ImportError:
+        return None
 
 
 def read_config_file(path: str | Path, env: Mapping[str, str] | None = None) -> tuple[dict[str, Any], Marks]:
     """The file's mapping with placeholders expanded, and ``path -> (line, col)`` of every value."""
     name = str(path)
     env = os.environ if env is None else env
-    text = Path(path).read_text()
-    # hostile8's bounded loader (watchdog/safe_yaml.py) should replace yaml.SafeLoader here
-    loader = yaml.SafeLoader(text)
+    safe = _safe_yaml()
+    text = safe.read_text(path) if safe else Path(path).read_text()
+    loader = yaml.SafeLoader("")  # resolves the type of expanded plain scalars, builds the data
     try:
-        node = loader.get_single_node()
+        node = safe.compose(text) if safe else yaml.compose(text, Loader=yaml.SafeLoader)
         if node is None:
             return {}, {}
         _expand_nodes(node, loader, name, env)
-        data = loader.construct_document(node)
+        data = safe.to_python(node) if safe else loader.construct_document(node)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark else name
