@@ -154,7 +154,8 @@ def cmd_init(args: argparse.Namespace) -> int:
         return 2
     cfg = os.path.join(args.dir, "config.yaml")
     print(f"wrote {len(written)} files under {args.dir}: config.yaml, policies/, golden_sets/\n"
-          f"next:\n  {args.prog} embedded              # local Redis + broker (another terminal)\n"
+          f"next:\n  {args.prog} embedded --redis-port 0 --kafka-port 0 > services.env &   "
+          "# local Redis + broker\n  until [ -s services.env ]; do sleep 0.5; done; . ./services.env\n"
           f"  {args.prog} config check --config {cfg}\n  {args.prog} run --config {cfg}")
     return 0
 
