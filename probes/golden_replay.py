@@ -294,7 +294,16 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 def add_replay_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """``replay --set NAME [--candidate fp8 --baseline fp16 --engine KIND ...]``; sets ``func``."""
-    p = subparsers.add_parser("replay", help="replay a golden set through candidate and baseline engines")
+    from watchdog.argtypes import positive_int
+
+    p = subparsers.add_parser(
+        "replay", help="replay a golden set through candidate and baseline engines",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+               "  replay --set code --engine torch -o model_path=/models/llama-8b\n"
+               "  replay --set rag-enterprise --engine openai -o model=llama-8b \\\n"
+               "      --candidate-option base_url=http://fp8:8000/v1 --baseline-option base_url=http://fp16:8000/v1\n"
+               "  replay --set legal-clauses --engine tensorrt_llm -o model_path=/models/llama-8b")
     p.add_argument("--set", required=True, help="golden set name or directory")
     p.add_argument("--root", default=None, help="directory of golden sets (default: golden_sets)")
     p.add_argument(
@@ -309,12 +318,13 @@ def add_replay_command(subparsers: argparse._SubParsersAction) -> argparse.Argum
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="engine option for both engines (repeatable), e.g. model=/models/tiny",
+        help="engine option for both engines (repeatable): torch and tensorrt_llm take "
+             "model_path=DIR; openai takes base_url=URL and model=NAME",
     )
     p.add_argument("--candidate-option", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--baseline-option", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--max-items", type=int, default=None, help="replay only the first N items")
+    p.add_argument("--batch-size", type=positive_int, default=16)
+    p.add_argument("--max-items", type=positive_int, default=None, help="replay only the first N items")
     p.add_argument("--out", default=None, help="directory to save report-*.json, latest.json, summary.txt")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of tables")
     p.add_argument("--no-progress", action="store_true")

@@ -17,6 +17,7 @@ from typing import Any
 from probes.gpu import GpuHealth, decode_reading
 from probes.gpu_read import init_nvml, read_all
 from probes.xid import XidListener, XidLog
+from watchdog.argtypes import non_negative_float, non_negative_int, output_file, positive_float
 
 log = logging.getLogger(__name__)
 
@@ -34,11 +35,11 @@ def add_gpu_commands(subparsers: Any) -> argparse.ArgumentParser:
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--watch", action="store_true", help="repeat every --interval seconds until Ctrl-C")
-    p.add_argument("--interval", type=float, default=2.0, help="seconds between readings with --watch")
-    p.add_argument("--count", type=int, default=0, help="with --watch: stop after this many readings")
+    p.add_argument("--interval", type=positive_float, default=2.0, help="seconds between readings with --watch")
+    p.add_argument("--count", type=non_negative_int, default=0, help="with --watch: stop after this many readings")
     p.add_argument("--raw", action="store_true", help="include the raw NVML reading in the JSON")
-    p.add_argument("--record", metavar="PATH", help="also write the raw NVML reading to PATH (JSON)")
-    p.add_argument("--listen", type=float, default=0.0, metavar="SECONDS",
+    p.add_argument("--record", metavar="PATH", type=output_file, help="also write the raw NVML reading to PATH (JSON)")
+    p.add_argument("--listen", type=non_negative_float, default=0.0, metavar="SECONDS",
                    help="register for XID events and wait this long for them before reading")
 
 
@@ -145,7 +146,9 @@ def run_gpu_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m probes.gpu_cli", description="GPU health via NVML")
+    from watchdog.argtypes import Parser
+
+    parser = Parser(prog="python -m probes.gpu_cli", description="GPU health via NVML")
     _add_arguments(parser)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     return run_gpu_command(parser.parse_args(argv))

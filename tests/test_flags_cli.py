@@ -109,3 +109,76 @@ def test_unreachable_redis_is_a_message_not_a_traceback(capsys: pytest.CaptureFi
     err = capsys.readouterr().err
     assert err.startswith("error: redis at") and "hunter2" not in err
     assert redact(dead) == dead.replace("hunter2", "***")
+
+
+def test_precision_comes_from_the_configured_set(url: str, redis_client: Any, tmp_path: Any,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(url, "set", "llama", "chat", "FP9") == 2
+    assert "did you mean 'fp8'" in capsys.readouterr().err and redis_client.exists("llmwd:route:llama:chat") == 0
+    assert run(url, "set", "llama", "chat", "FP16", "--json") == 0  # case does not matter; stored lower-case
+    assert redis_client.hget("llmwd:route:llama:chat", "precision") == "fp16"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("precisions: [fp8, fp16, bf16]\nalerts: {announce_manual_changes: false}\n")
+    assert run(url, "set", "llama", "chat", "bf16", "--config", str(cfg)) == 0
+    assert run(url, "set", "llama", "chat", "bf16") == 2  # not in the default set
+
+
+def test_manual_changes_are_announced_with_the_external_link(url: str, tmp_path: Any,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from watchdog.alertsink import AlertSink
+
+    with AlertSink() as sink:
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(f"alerts:\n  channels: [{{kind: webhook, url: '{sink.url}/hook'}}]\n"
+                       "server: {external_url: 'https://wd.example.com'}\n")
+        assert run(url, "pin", "llama", "chat", "fp16", "--ttl", "30m", "--reason", "INC-42 judge flaky",
+                   "--config", str(cfg)) == 0
+        body = sink.wait_for(1)[0].body
+        assert body["severity"] == "info" and body["url"] == "https://wd.example.com/status"
+        assert "llama/chat pinned to FP16" in body["summary"] and "INC-42 judge flaky" in body["summary"]
+        assert body["detail"]["changed_by"] == who()
+        assert run(url, "unpin", "llama", "chat", "--config", str(cfg), "--no-announce") == 0
+        assert run(url, "set", "llama", "chat", "fp16", "--config", str(cfg)) == 0  # unchanged: no message
+        assert run(url, "set", "llama", "chat", "fp8", "--config", str(cfg)) == 0
+        assert [r.body["summary"].split(" by ")[0] for r in sink.wait_for(2)] == [
+            "manual change: llama/chat pinned to FP16 until " + body["summary"].split(" until ")[1].split(" by ")[0],
+            "manual change: llama/chat set to FP8"]
+    capsys.readouterr()
+
+
+def test_reasons_wrap_at_words_and_are_never_cut(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    reason = ("shadow_rougeL mean 0.7412 over 3 windows < 0.80 (paired bootstrap CI [0.71, 0.77], n=412) "
+              "on fp8 vs fp16; p=0.0031 budget 2/3 left; see runbook https://wiki.example.com/llmwd/rollback")
+    assert run(url, "set", "llama-3-8b-instruct-long-model-name", "legal/contracts/long-route-name", "fp16",
+               "--reason", reason) == 0
+    capsys.readouterr()
+    from rich.console import Console
+
+    from watchdog.flags_cli import _flags_table
+    from watchdog.keys import Flag
+
+    flag = Flag("llama-3-8b-instruct-long-model-name", "legal/contracts/long-route-name", "fp16", 1, reason=reason,
+                policy="quality-floor", changed_at=time.time(), changed_by="cli:someone@host-with-long-name")
+    for width in (160,):
+        console = Console(width=width, record=True)
+        console.print(_flags_table([flag], time.time()))
+        text = console.export_text()
+        assert "…" not in text and all(len(line) <= width for line in text.splitlines())
+        for token in reason.split():
+            if len(token) <= 30:  # numbers and words stay whole; a longer URL folds, nothing hidden
+                assert any(token in line for line in text.splitlines()), (width, token)
+        assert "".join(line.split("│")[-2].strip() for line in text.splitlines() if "│" in line).count(
+            "wiki.example.com/llmwd/rollback") == 1
+
+
+@pytest.mark.parametrize(("text", "width", "expected"), [
+    ("mean 0.7412 < 0.80 over 3 windows", 16, "mean 0.7412 <…"),
+    ("mean 0.7412 < 0.80 over 3 windows", 19, "mean 0.7412 < 0.80…"),
+    ("short", 70, "short"),
+    ("value   <  0.80\n(n=40)", 70, "value < 0.80 (n=40)"),
+    ("averyveryverylongtoken and more", 10, "averyvery…"),
+])
+def test_shorten_cuts_at_a_word(text: str, width: int, expected: str) -> None:
+    from watchdog.flags_cli import shorten
+
+    assert shorten(text, width) == expected and len(shorten(text, width)) <= width

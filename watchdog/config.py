@@ -1,18 +1,33 @@
 """Daemon configuration: a YAML file, overridden by ``LLMWD_`` environment variables, validated by pydantic.
 
-Environment overrides use ``__`` between levels: ``LLMWD_KAFKA__BOOTSTRAP_SERVERS=host:9092``,
-``LLMWD_REDIS__URL=redis://...``. Errors name the file, line and column of the bad value.
+The file may use ``${VAR}`` and ``${VAR:-default}`` in any string value (``$${`` is a literal
+``${``); an unset variable without a default is an error naming it and its ``file:line:col``.
+A plain (unquoted) value is typed after expansion, so ``port: ${PORT:-9464}`` is an integer.
+Relative paths in ``policies`` are relative to the config file.
+
+Environment overrides (they win over the file) use ``__`` between levels:
+
+- ``LLMWD_KAFKA__BOOTSTRAP_SERVERS=host:9092`` sets one key; the other keys of ``kafka`` stay;
+- a value starting with ``{`` or ``[`` is JSON and **replaces** the whole value at that path:
+  ``LLMWD_KAFKA__SECURITY='{}'`` clears the file's ``security`` mapping,
+  ``LLMWD_POLICIES='["/etc/p/a.yaml"]'`` replaces the list;
+- deeper variables merge: ``LLMWD_KAFKA__SECURITY__SASL_MECHANISM=PLAIN`` changes one key.
+
+Errors name the file, line and column of the bad value (or the environment variable).
 """
 
 from __future__ import annotations
 
+import importlib
+import json
 import os
+import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 ENV_PREFIX = "LLMWD_"
 
@@ -67,6 +82,8 @@ class AlertChannelConfig(_Section):
 
 class AlertsConfig(_Section):
     channels: list[AlertChannelConfig] = Field(default_factory=list)
+    #: announce manual ``flags set/pin/unpin`` on the channels (an info message; audited either way)
+    announce_manual_changes: bool = True
 
 
 class GoldenJobConfig(_Section):
@@ -103,15 +120,27 @@ class GpuConfig(_Section):
 class ServerConfig(_Section):
     host: str = "127.0.0.1"
     port: int = Field(9464, ge=0, le=65535)
+    #: how people reach this daemon (e.g. https://llmwd.example.com); alerts link to its /status
+    external_url: str | None = Field(None, pattern=r"^https?://[^\s/]+")
+
+    @property
+    def status_url(self) -> str:
+        """The /status link put into alerts: ``external_url`` if set, else host:port."""
+        if self.external_url:
+            return f"{self.external_url.rstrip('/')}/status"
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://{host}:{self.port}/status"
 
 
-class Config(BaseSettings):
+class Config(BaseModel):
     """Top-level daemon configuration."""
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid")
+    model_config = ConfigDict(extra="forbid")
 
     instance: str = Field(default_factory=lambda: os.uname().nodename)
     default_precision: str = "fp8"
+    #: precisions a route flag may take; ``flags set`` and policies are checked against it
+    precisions: list[str] = Field(default_factory=lambda: ["fp8", "fp16"], min_length=1)
     policies: list[str] = Field(default_factory=lambda: ["policies/default.yaml"])
     kafka: KafkaConfig = Field(default_factory=KafkaConfig)
     redis: RedisConfig = Field(default_factory=RedisConfig)
@@ -123,61 +152,205 @@ class Config(BaseSettings):
     #: seconds between checks of the policy files for edits
     policy_poll_s: float = Field(1.0, gt=0)
 
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # environment wins over the file's values (passed as init kwargs)
-        return env_settings, init_settings
+    @model_validator(mode="after")
+    def _default_precision_known(self) -> Config:
+        self.precisions = [p.lower() for p in self.precisions]
+        self.default_precision = self.default_precision.lower()
+        if self.default_precision not in self.precisions:
+            raise ValueError(f"default_precision {self.default_precision!r} is not one of precisions "
+                             f"{self.precisions}")
+        return self
 
 
 class ConfigError(ValueError):
     """The configuration file or environment is invalid; ``str()`` is ready to print."""
 
 
-def _line_index(node: yaml.Node, path: tuple[Any, ...] = ()) -> dict[tuple[Any, ...], tuple[int, int]]:
-    marks = {path: (node.start_mark.line + 1, node.start_mark.column + 1)}
-    if isinstance(node, yaml.MappingNode):
-        for key, value in node.value:
-            marks.update(_line_index(value, (*path, key.value)))
-            marks[(*path, key.value)] = (key.start_mark.line + 1, key.start_mark.column + 1)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            marks.update(_line_index(item, (*path, i)))
+Marks = dict[tuple[Any, ...], tuple[int, int]]
+
+_VAR_RE = re.compile(r"\$\$\{|\$\{([^}]*)\}")
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: LLMWD_* variables that are read elsewhere, not config keys
+_NOT_CONFIG = {"TANSU", "REDIS_SERVER", "REDIS_URL", "CONFIG"}
+
+
+def expand(value: str, env: Mapping[str, str], where: str) -> str:
+    """Replace ``${VAR}`` / ``${VAR:-default}`` in ``value``; ``$${`` stays a literal ``${``."""
+
+    def sub(m: re.Match[str]) -> str:
+        if m.group(0) == "$${":
+            return "${"
+        body = m.group(1)
+        name, sep, default = body.partition(":-")
+        if not _NAME_RE.fullmatch(name):
+            raise ConfigError(f"{where}: bad placeholder ${{{body}}} (use ${{VAR}} or ${{VAR:-default}})")
+        if name in env and (env[name] != "" or not sep):
+            return env[name]
+        if sep:
+            return default
+        raise ConfigError(f"{where}: environment variable {name} is not set "
+                          f"(set it, or write ${{{name}:-default}})")
+
+    return _VAR_RE.sub(sub, value)
+
+
+def _expand_nodes(root: yaml.Node, loader: yaml.SafeLoader, name: str, env: Mapping[str, str]) -> None:
+    seen: set[int] = set()  # an alias shares its node: visit each once (no alias-bomb walk)
+    work = [root]
+    while work:
+        node = work.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.ScalarNode):
+            if "${" not in node.value:
+                continue
+            where = f"{name}:{node.start_mark.line + 1}:{node.start_mark.column + 1}"
+            node.value = expand(node.value, env, where)
+            if node.style is None and node.tag == "tag:yaml.org,2002:str":  # plain: type the result
+                node.tag = loader.resolve(yaml.ScalarNode, node.value, (True, False))
+        elif isinstance(node, yaml.MappingNode):
+            work.extend(value for _key, value in node.value)
+        elif isinstance(node, yaml.SequenceNode):
+            work.extend(node.value)
+
+
+def _line_index(root: yaml.Node) -> Marks:
+    """``path -> (line, col)``; a node reached again through an alias is not walked again."""
+    marks: Marks = {}
+    seen: set[int] = set()
+    work: list[tuple[yaml.Node, tuple[Any, ...]]] = [(root, ())]
+    while work:
+        node, path = work.pop()
+        marks.setdefault(path, (node.start_mark.line + 1, node.start_mark.column + 1))
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                marks[(*path, key.value)] = (key.start_mark.line + 1, key.start_mark.column + 1)
+                work.append((value, (*path, key.value)))
+        elif isinstance(node, yaml.SequenceNode):
+            work.extend((item, (*path, i)) for i, item in enumerate(node.value))
     return marks
 
 
-def load_config(path: str | Path | None = None, **overrides: Any) -> Config:
-    """Read ``path`` (YAML) if given, apply ``LLMWD_*`` env overrides and ``overrides``, validate."""
+def _safe_yaml() -> Any:
+    """hostile8's bounded loader (size, depth, alias expansion, core tags only) when present."""
+    try:
+        return importlib.import_module("watchdog.safe_yaml")
+    except ImportError:
+        return None
+
+
+def read_config_file(path: str | Path, env: Mapping[str, str] | None = None) -> tuple[dict[str, Any], Marks]:
+    """The file's mapping with placeholders expanded, and ``path -> (line, col)`` of every value."""
+    name = str(path)
+    env = os.environ if env is None else env
+    safe = _safe_yaml()
+    text = safe.read_text(path) if safe else Path(path).read_text()
+    loader = yaml.SafeLoader("")  # resolves the type of expanded plain scalars, builds the data
+    try:
+        node = safe.compose(text) if safe else yaml.compose(text, Loader=yaml.SafeLoader)
+        if node is None:
+            return {}, {}
+        _expand_nodes(node, loader, name, env)
+        data = safe.to_python(node) if safe else loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark else name
+        raise ConfigError(f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from exc
+    finally:
+        loader.dispose()
+    if not isinstance(data, dict):
+        raise ConfigError(f"{name}:1:1: the config must be a mapping")
+    return data, _line_index(node)
+
+
+def env_overrides(env: Mapping[str, str]) -> tuple[list[tuple[tuple[str, ...], Any, str]], list[str]]:
+    """``LLMWD_*`` variables as (path, value, variable) overrides, and the variables that match
+    no config key (for ``config check``)."""
+    fields = set(Config.model_fields)
+    out: list[tuple[tuple[str, ...], Any, str]] = []
+    unknown: list[str] = []
+    for var in sorted(env):
+        if not var.startswith(ENV_PREFIX) or var[len(ENV_PREFIX):] in _NOT_CONFIG:
+            continue
+        path = tuple(part.lower() for part in var[len(ENV_PREFIX):].split("__"))
+        if path[0] not in fields or not all(path):
+            unknown.append(var)
+            continue
+        raw = env[var]
+        value: Any = raw
+        if raw.lstrip()[:1] in ("{", "["):
+            try:
+                value = json.loads(raw)
+            except ValueError as exc:
+                raise ConfigError(f"${var}: not valid JSON ({exc})") from exc
+        out.append((path, value, var))
+    return out, unknown
+
+
+def _apply(data: dict[str, Any], path: tuple[str, ...], value: Any, var: str) -> None:
+    node: Any = data
+    for part in path[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"${var}: {'.'.join(path[:-1])} is not a mapping, cannot set {path[-1]}")
+        node = child
+    node[path[-1]] = value
+
+
+def _resolve_paths(data: dict[str, Any], base: Path) -> None:
+    policies = data.get("policies")
+    if isinstance(policies, list):
+        data["policies"] = [os.path.normpath(base / p) if isinstance(p, str) and not Path(p).is_absolute() else p
+                            for p in policies]
+
+
+def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None,
+                **overrides: Any) -> Config:
+    """Read ``path`` (YAML) if given, apply ``overrides`` and the ``LLMWD_*`` env overrides, validate."""
+    env = os.environ if env is None else env
     data: dict[str, Any] = {}
-    marks: dict[tuple[Any, ...], tuple[int, int]] = {}
+    marks: Marks = {}
     name = str(path) if path else "<env>"
     if path is not None:
-        text = Path(path).read_text()
-        try:
-            node = yaml.compose(text)
-            data = yaml.safe_load(text) or {}
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark else name
-            raise ConfigError(f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from exc
-        if not isinstance(data, dict):
-            raise ConfigError(f"{name}:1:1: the config must be a mapping")
-        if node is not None:
-            marks = _line_index(node)
+        data, marks = read_config_file(path, env)
+        _resolve_paths(data, Path(path).parent)
     data.update(overrides)
+    from_env: dict[tuple[Any, ...], str] = {}
+    for key_path, value, var in env_overrides(env)[0]:
+        _apply(data, key_path, value, var)
+        from_env[key_path] = var
     try:
         return Config(**data)
     except ValidationError as exc:
         lines = []
         for err in exc.errors():
             loc = tuple(err["loc"])
+            env_var = next((from_env[loc[:i]] for i in range(len(loc), 0, -1) if loc[:i] in from_env), None)
             pos = next((marks[loc[:i]] for i in range(len(loc), 0, -1) if loc[:i] in marks), None)
-            where = f"{name}:{pos[0]}:{pos[1]}" if pos else name
-            lines.append(f"{where}: {'.'.join(str(p) for p in loc)}: {err['msg']}")
+            where = f"${env_var}" if env_var else f"{name}:{pos[0]}:{pos[1]}" if pos else name
+            lines.append(f"{where}: {'.'.join(str(p) for p in loc) or 'config'}: {err['msg']}")
         raise ConfigError("\n".join(lines)) from exc
+
+
+_SECRET_KEY = re.compile(r"(password|passwd|secret|token|routing_key|api_key|apikey|credentials?)$", re.I)
+_URL_PASSWORD = re.compile(r"(//[^:/@\s]*):[^@/\s]+@")
+_SECRET_PATH = re.compile(r"(hooks\.slack\.com/services/|/hooks/|/webhook/)\S+")
+
+
+def redacted(value: Any, key: str = "") -> Any:
+    """A copy of a config dump with secrets replaced by ``***``: password/token/key fields, every
+    header value, passwords inside URLs and webhook paths (a Slack URL is itself a secret)."""
+    if isinstance(value, dict):
+        return {k: ("***" if v and (key == "headers" or _SECRET_KEY.search(str(k))) else redacted(v, str(k)))
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [redacted(v, key) for v in value]
+    if isinstance(value, str):
+        return _SECRET_PATH.sub(r"\1***", _URL_PASSWORD.sub(r"\1:***@", value))
+    return value

@@ -65,7 +65,7 @@ class Daemon:
         self.flags = RoutingFlags(cfg.redis.url, self.keys, default_precision=cfg.default_precision)
         self.alerter = alerter or Alerter.from_config(
             [c.model_dump() for c in cfg.alerts.channels],
-            status_url=f"http://{cfg.server.host}:{cfg.server.port}/status")
+            status_url=cfg.server.status_url)
         self.loader = PolicyLoader(cfg.policies)
         if self.loader.last_errors:
             raise PolicyError(self.loader.last_errors)

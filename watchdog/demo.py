@@ -26,6 +26,7 @@ from watchdog.alertsink import AlertSink
 from watchdog.config import load_config
 from watchdog.daemon import Daemon
 from watchdog.embedded import free_port, start_redis, start_tansu
+from watchdog.flags_cli import shorten
 from watchdog.server import StatusServer
 from watchdog.traffic import Route, TrafficGenerator
 
@@ -58,7 +59,7 @@ def _flag_table(daemon: Daemon) -> Table:
             table.add_row(route, f"{daemon.cfg.default_precision} (default)", "-", "-", "-")
         else:
             style = "bold red" if f.precision != daemon.cfg.default_precision else "green"
-            table.add_row(route, f"[{style}]{f.precision}[/]", str(f.epoch), f.changed_by, f.reason[:70])
+            table.add_row(route, f"[{style}]{f.precision}[/]", str(f.epoch), f.changed_by, shorten(f.reason, 70))
     return table
 
 
@@ -178,7 +179,7 @@ def _golden_probe(console: Console, workdir: Path) -> Any:
     missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
     if missing:
         console.print(f"[yellow]golden replay part skipped: {', '.join(missing)} not installed "
-                      "(pip install 'llm-watchdog[torch]')[/]")
+                      "(pip install 'fp8-watchdog[torch]')[/]")
         return None
     from watchdog.demo_golden import GoldenDemo
 

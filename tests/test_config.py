@@ -1,0 +1,120 @@
+"""Config: ${VAR} expansion, env overrides that replace a section, config check, the shipped example."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from watchdog.cli import main
+from watchdog.config import ConfigError, load_config, redacted
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_placeholders_expand_with_defaults_and_typed_results(tmp_path: Path) -> None:
+    path = write(tmp_path, "server:\n  port: ${PORT:-9500}\n  host: '${HOST:-127.0.0.1}'\n"
+                           "redis:\n  url: redis://:${REDIS_PASSWORD}@db:6379/0\n"
+                           "kafka:\n  topic: ${EMPTY:-fallback}\n  group_id: a$${b}\n")
+    cfg = load_config(path, env={"REDIS_PASSWORD": "pw", "EMPTY": ""})
+    assert cfg.server.port == 9500 and cfg.server.host == "127.0.0.1"
+    assert cfg.redis.url == "redis://:pw@db:6379/0"
+    assert cfg.kafka.topic == "fallback" and cfg.kafka.group_id == "a${b}"
+    assert load_config(path, env={"REDIS_PASSWORD": "x", "PORT": "9600"}).server.port == 9600
+
+
+def test_an_unset_variable_is_named_with_its_position(tmp_path: Path) -> None:
+    path = write(tmp_path, "alerts:\n  channels:\n    - kind: pagerduty\n      routing_key: ${PAGERDUTY_KEY}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, env={})
+    assert "c.yaml:4:20:" in str(err.value) and "PAGERDUTY_KEY is not set" in str(err.value)
+
+
+def test_env_json_replaces_a_section_and_nested_keys_merge(tmp_path: Path) -> None:
+    path = write(tmp_path, "kafka:\n  topic: t\n  security: {security_protocol: SASL_SSL, sasl_mechanism: PLAIN}\n"
+                           "policies: [a.yaml, /abs/b.yaml]\n")
+    assert load_config(path, env={"LLMWD_KAFKA__SECURITY": "{}"}).kafka.security == {}
+    cfg = load_config(path, env={"LLMWD_KAFKA__SECURITY__SASL_MECHANISM": "SCRAM-SHA-512"})
+    assert cfg.kafka.security == {"security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512"}
+    assert cfg.kafka.topic == "t" and cfg.policies == [str(tmp_path / "a.yaml"), "/abs/b.yaml"]
+    assert load_config(path, env={"LLMWD_POLICIES": '["/p/x.yaml"]'}).policies == ["/p/x.yaml"]
+    with pytest.raises(ConfigError, match=r"\$LLMWD_SERVER__PORT: server.port"):
+        load_config(path, env={"LLMWD_SERVER__PORT": "nope"})
+    with pytest.raises(ConfigError, match=r"\$LLMWD_KAFKA__SECURITY: not valid JSON"):
+        load_config(path, env={"LLMWD_KAFKA__SECURITY": "{oops"})
+
+
+def test_precisions_and_external_url(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="default_precision 'bf16' is not one of"):
+        load_config(write(tmp_path, "default_precision: bf16\n"), env={})
+    cfg = load_config(write(tmp_path, "server: {host: 0.0.0.0, port: 9464}\n"), env={})
+    assert cfg.server.status_url == "http://127.0.0.1:9464/status"
+    cfg = load_config(write(tmp_path, "server: {external_url: 'https://wd.example.com/'}\n"), env={})
+    assert cfg.server.status_url == "https://wd.example.com/status"
+    with pytest.raises(ConfigError, match="external_url"):
+        load_config(write(tmp_path, "server: {external_url: 'wd.example.com'}\n"), env={})
+
+
+def test_redaction() -> None:
+    dump = {"redis": {"url": "rediss://user:hunter2@r:6380/0"},
+            "kafka": {"security": {"sasl_plain_password": "pw", "ssl_keyfile": "/k.pem"}},
+            "alerts": {"channels": [{"kind": "slack", "url": "https://hooks.slack.com/services/T0/B0/XyZ",
+                                     "routing_key": "R", "headers": {"Authorization": "Bearer t"}}]}}
+    text = json.dumps(redacted(dump))
+    for secret in ("hunter2", '"pw"', "XyZ", '"R"', "Bearer"):
+        assert secret not in text
+    assert "/k.pem" in text and "rediss://user:***@r:6380/0" in text
+
+
+def test_config_check_prints_redacted_and_fails_on_problems(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("LLMWD_REDIS__URL", "redis://:topsecret@db:6379/0")
+    monkeypatch.setenv("LLMWD_KAFAK__TOPIC", "typo")
+    good = write(tmp_path, f"policies: [{ROOT / 'policies' / 'default.yaml'}]\n")
+    assert main(["config", "check", "--config", str(good)]) == 0
+    out, err = capsys.readouterr()
+    assert "redis://:***@db:6379/0" in out and "topsecret" not in out + err
+    assert "$LLMWD_KAFAK__TOPIC matches no config key" in err
+    bad_policy = tmp_path / "p.yaml"
+    bad_policy.write_text("policies:\n  - name: x\n    rules: 3\n")
+    assert main(["config", "check", "--config", str(write(tmp_path, "policies: [p.yaml]\n"))]) == 2
+    assert "p.yaml:" in capsys.readouterr().err
+    assert main(["config", "check", "--config", str(write(tmp_path, "windows: {length_s: -1}\n"))]) == 2
+    assert "c.yaml:1:11: windows.length_s" in capsys.readouterr().err
+
+
+def test_the_shipped_example_checks_clean_as_is(monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    for var in ("KAFKA_BOOTSTRAP_SERVERS", "REDIS_URL", "LLMWD_REDIS__URL", "LLMWD_KAFKA__BOOTSTRAP_SERVERS"):
+        monkeypatch.delenv(var, raising=False)
+    assert main(["config", "check", "--config", str(ROOT / "deploy" / "config.example.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "bootstrap_servers: 127.0.0.1:9092" in out and "redis://127.0.0.1:6379/0" in out
+
+
+def test_init_writes_a_starter_that_checks_clean(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["init", "wd"]) == 0
+    assert main(["config", "check", "--config", "wd/config.yaml"]) == 0
+    assert "wd/policies/default.yaml" in capsys.readouterr().out
+    assert main(["init", "wd"]) == 2 and "--force" in capsys.readouterr().err
+    assert main(["init", "wd", "--force"]) == 0
+
+
+def test_an_alias_bomb_is_refused_quickly(tmp_path: Path) -> None:
+    import time
+
+    lines = ['a0: &a0 ["${X:-lol}"]'] + [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)]
+    path = write(tmp_path, "\n".join(lines) + "\n")
+    start = time.monotonic()
+    with pytest.raises(ConfigError):
+        load_config(path, env={})
+    assert time.monotonic() - start < 5

@@ -1,0 +1,141 @@
+"""Argument types and the parser class every ``llm-watchdog`` command uses.
+
+Bad input is refused by argparse itself (exit 2, one line on stderr naming the argument) before
+any service is contacted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import logging
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import NoReturn
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (``prog: error: ...``), no usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def usage_error(prog: str, message: str) -> int:
+    """Print a one-line usage error and return exit code 2 (for checks done after parsing)."""
+    sys.stderr.write(f"{prog}: error: {message}\n")
+    return 2
+
+
+def log_level(value: str) -> str:
+    level = value.strip().upper()
+    if level not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"unknown log level {value!r} (one of {', '.join(LOG_LEVELS)})")
+    return level
+
+
+def positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value!r}")
+    return n
+
+
+def non_negative_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value!r}")
+    return n
+
+
+def positive_float(value: str) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if not x > 0 or x == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {value!r}")
+    return x
+
+
+def non_negative_float(value: str) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if not x >= 0 or x == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value!r}")
+    return x
+
+
+def existing_file(value: str) -> str:
+    p = Path(value)
+    if not p.exists():
+        raise argparse.ArgumentTypeError(f"no such file: {value}")
+    if p.is_dir():
+        raise argparse.ArgumentTypeError(f"is a directory, not a file: {value}")
+    return value
+
+
+def existing_path(value: str) -> str:
+    if not Path(value).exists():
+        raise argparse.ArgumentTypeError(f"no such file or directory: {value}")
+    return value
+
+
+def output_file(value: str) -> str:
+    """A file to write: its directory must exist and it must not be a directory."""
+    p = Path(value)
+    if p.is_dir():
+        raise argparse.ArgumentTypeError(f"is a directory: {value}")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"directory does not exist: {parent} (create it first)")
+    return value
+
+
+def choice_of(options: Iterable[str], what: str) -> Callable[[str], str]:
+    """A case-insensitive choice with a "did you mean" on a near miss."""
+    allowed = [o.lower() for o in options]
+
+    def check(value: str) -> str:
+        v = value.strip().lower()
+        if v in allowed:
+            return v
+        close = difflib.get_close_matches(v, allowed, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise argparse.ArgumentTypeError(f"unknown {what} {value!r} (one of {', '.join(allowed)}){hint}")
+
+    check.__name__ = what
+    return check
+
+
+def did_you_mean(value: str, options: Iterable[str]) -> str:
+    close = difflib.get_close_matches(value, list(options), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def add_log_level_everywhere(parser: argparse.ArgumentParser) -> None:
+    """Accept ``--log-level`` after every subcommand too (it overrides the one before it)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in set(action.choices.values()):
+                if not any("--log-level" in a.option_strings for a in sub._actions):
+                    sub.add_argument("--log-level", type=log_level, default=argparse.SUPPRESS,
+                                     help="DEBUG, INFO, WARNING, ERROR (default INFO)")
+                add_log_level_everywhere(sub)
+
+
+def setup_logging(level: str = "INFO") -> None:
+    logging.basicConfig(level=getattr(logging, log_level(level)),
+                        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    logging.getLogger("kafka").setLevel(logging.WARNING)

@@ -1,0 +1,57 @@
+"""``init DIR``: write a starter config, the shipped policies and golden sets into DIR.
+
+The files come from the wheel (``watchdog/starter/``, copied there by setup.py at build time)
+or, in a checkout, from the repository (``policies/``, ``golden_sets/``,
+``deploy/config.example.yaml``). The config written starts as-is against ``embedded``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+_PACKAGED = Path(__file__).resolve().parent / "starter"
+_REPO = Path(__file__).resolve().parent.parent
+
+
+class InitError(RuntimeError):
+    """The starter files are missing or the target would be overwritten."""
+
+
+def starter_path(name: str) -> Path:
+    """Path of a starter item: ``policies``, ``golden_sets`` or ``config.example.yaml``."""
+    packaged = _PACKAGED / name
+    if packaged.exists():
+        return packaged
+    repo = _REPO / ("deploy/config.example.yaml" if name == "config.example.yaml" else name)
+    if repo.exists():
+        return repo
+    raise InitError(f"starter file {name} is missing from this installation ({packaged})")
+
+
+def starter_config() -> str:
+    """The example config with its policy path pointing at ``policies/`` beside it."""
+    text = starter_path("config.example.yaml").read_text()
+    return text.replace("  - ../policies/default.yaml", "  - policies/default.yaml")
+
+
+def init_dir(target: str | Path, *, force: bool = False) -> list[Path]:
+    """Write ``config.yaml``, ``policies/`` and ``golden_sets/`` under ``target``; returns what was
+    written. Refuses to overwrite an existing file unless ``force``."""
+    root = Path(target)
+    plan: list[tuple[Path, Path | None]] = [(root / "config.yaml", None)]
+    for name in ("policies", "golden_sets"):
+        src = starter_path(name)
+        for f in sorted(src.rglob("*")):
+            if f.is_file() and "__pycache__" not in f.parts:
+                plan.append((root / name / f.relative_to(src), f))
+    existing = [dst for dst, _ in plan if dst.exists()]
+    if existing and not force:
+        raise InitError(f"{existing[0]} exists ({len(existing)} file(s) would be overwritten; use --force)")
+    for dst, origin in plan:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if origin is None:
+            dst.write_text(starter_config())
+        else:
+            shutil.copyfile(origin, dst)
+    return [dst for dst, _ in plan]
