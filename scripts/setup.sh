@@ -10,11 +10,13 @@ if ! command -v redis-server >/dev/null 2>&1; then
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq redis-server >/dev/null
 fi
 
-# promtool (alert-rule tests) and Alertmanager (alert-channel tests). Installing the Debian packages
+# promtool (alert-rule tests), Alertmanager (alert-channel tests) and systemd-analyze (unit tests).
+# Installing the Debian packages
 # would start their services where systemd runs: a policy-rc.d that refuses starts keeps them off,
 # and on a systemd host the units are disabled too. Nothing is left running.
-if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus-alertmanager >/dev/null 2>&1; then
-  echo "setup: installing prometheus (promtool) and prometheus-alertmanager (Debian packages)"
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus-alertmanager >/dev/null 2>&1 \
+   || ! command -v systemd-analyze >/dev/null 2>&1; then
+  echo "setup: installing prometheus (promtool), prometheus-alertmanager, systemd (Debian packages)"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
   made_policy=""
   if [ ! -e /usr/sbin/policy-rc.d ]; then
@@ -23,7 +25,7 @@ if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus-alertmanager
   fi
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
-    prometheus prometheus-alertmanager >/dev/null
+    prometheus prometheus-alertmanager systemd >/dev/null
   [ -z "$made_policy" ] || $SUDO rm -f /usr/sbin/policy-rc.d
   if [ -d /run/systemd/system ]; then
     $SUDO systemctl disable --now prometheus prometheus-alertmanager >/dev/null 2>&1 || true
