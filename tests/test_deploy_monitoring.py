@@ -54,7 +54,8 @@ def test_rules_pass_promtool_check_and_unit_tests() -> None:
     tool = promtool()
     check = subprocess.run([tool, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr
-    assert "SUCCESS: 9 rules found" in check.stdout
+    rules = [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
+    assert f"SUCCESS: {len(rules)} rules found" in check.stdout
     unit = subprocess.run([tool, "test", "rules", RULE_TESTS.name], cwd=RULE_TESTS.parent,
                           capture_output=True, text=True, timeout=60)
     assert unit.returncode == 0, unit.stdout + unit.stderr
