@@ -68,5 +68,5 @@ def test_dockerfile_pins_and_user() -> None:
     user = re.findall(r"^USER\s+(\d+)(?::(\d+))?$", text, re.M)
     values = yaml.safe_load((ROOT / "deploy/helm/llm-watchdog/values.yaml").read_text())
     assert user and int(user[-1][0]) == values["securityContext"]["runAsUser"], "image and chart disagree on the uid"
-    assert re.search(r"^EXPOSE\s+%d$" % values["service"]["port"], text, re.M)
+    assert re.search(rf"^EXPOSE\s+{values['service']['port']}$", text, re.M)
     assert "/livez" in text
