@@ -5,6 +5,7 @@ is checked too (probes, securityContext, Secret references, config the daemon ac
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -222,13 +223,15 @@ def test_sidecar_include_into_a_parent_chart(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("values", "message"), [
-    ({"mode": "sidcar"}, 'mode must be standalone or sidecar, got "sidcar"'),
-    ({"mode": "sidecar"}, "serving.containers"),
+    ({"mode": "sidcar"}, "at '/mode': value must be one of 'standalone', 'sidecar'"),  # values.schema.json
+    ({"serviceMonitr": {"enabled": True}}, "additional properties 'serviceMonitr' not allowed"),
+    ({"secretEnv": [{"name": "PAGERDUTY_ROUTING_KEY", "secret": "s"}]}, "at '/secretEnv/0': missing property 'key'"),
+    ({"mode": "sidecar"}, "serving.containers"),  # the templates' own checks
     ({"mode": "sidecar", "serving": {"enabled": False}}, "serving.podLabels"),
     ({"policies": {"shipped": False}}, "no policy files"),
 ])
 def test_bad_values_fail_with_a_message(values: dict[str, Any], message: str) -> None:
-    with pytest.raises(helm.HelmError, match=message.replace(".", r"\.").replace('"', '.')):
+    with pytest.raises(helm.HelmError, match=re.escape(message)):
         render(values)
 
 
