@@ -243,7 +243,7 @@ def test_chart_passes_helm_lint() -> None:
         assert not problems, problems
 
 
-def test_plain_manifests() -> None:
+def test_plain_manifests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     docs = [d for f in sorted(K8S.glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d]
     validate_all(docs)
     secret = one(docs, "Secret", "llm-watchdog-secrets")
@@ -252,6 +252,7 @@ def test_plain_manifests() -> None:
     server = next(c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "server")
     assert server["readinessProbe"]["httpGet"]["path"] == "/health"  # the server's own readiness only
     check_service(docs, dep)
-    for d in docs:
-        if d["kind"] == "ConfigMap" and "default.yaml" in d["data"]:
-            assert parse_policy_text(d["data"]["default.yaml"], "default.yaml")[1] == []
+    wd_env = [e["name"] for e in watchdog_container(dep["spec"]["template"])["env"] if "secretKeyRef" in e.get("valueFrom", {})]
+    config = check_config(docs, tmp_path, monkeypatch, wd_env)
+    assert config.redis.url == "rediss://:pw@redis:6380/0"  # the Secret's value wins over the file's
+    assert [c.kind for c in config.alerts.channels] == ["pagerduty", "slack"]
