@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -126,6 +127,7 @@ def test_fire_dedupe_resolve_in_real_alertmanager(alertmanager: str, webhook: Al
         assert route["generatorURL"] == "https://watchdog.example/status"
         ops = by_name["LLMWatchdogOps"]
         assert ops["labels"]["key"] == "ops/redis" and ops["labels"]["severity"] == "critical"
+        assert ops["labels"]["source"] == socket.gethostname()
 
         # dedupe: after several re-posts of the same incidents, still two alerts and one notification each
         sent_before = alerter.sent
@@ -175,3 +177,21 @@ def test_severity_escalation_leaves_one_active_alert(alertmanager: str) -> None:
         assert only["generatorURL"] == "urn:llm-watchdog:incident:ops%2Fkafka"
     finally:
         alerter.stop(2.0)
+
+
+def test_ops_alerts_of_two_replicas_stay_apart(alertmanager: str) -> None:
+    """Each daemon's ops incident is its own: one replica's recovery must not resolve another's."""
+    a = Alerter([{"kind": "alertmanager", "url": alertmanager, "source": "wd-a"}], **FAST).start()
+    b = Alerter([{"kind": "alertmanager", "url": alertmanager, "source": "wd-b"}], **FAST).start()
+    try:
+        a.ops_alert("redis", "Redis unreachable", "critical")
+        b.ops_alert("redis", "Redis unreachable", "critical")
+        wait_until(lambda: len(am_alerts(alertmanager)) == 2, 10)
+        a.ops_resolve("redis")
+        wait_until(lambda: len(am_alerts(alertmanager)) < 2, 10)
+        time.sleep(0.5)
+        left = am_alerts(alertmanager)
+        assert [x["labels"].get("source") for x in left] == ["wd-b"], "wd-b's incident was resolved by wd-a"
+    finally:
+        a.stop(2.0)
+        b.stop(2.0)
