@@ -34,16 +34,16 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 
 {{/* Labels that select the pods carrying the watchdog (its own, or the serving ones). */}}
 {{- define "llm-watchdog.podSelector" -}}
-{{- if eq .Values.mode "standalone" }}
-{{- include "llm-watchdog.selectorLabels" . }}
-{{- else if .Values.serving.enabled }}
+{{- if eq .Values.mode "standalone" -}}
+{{ include "llm-watchdog.selectorLabels" . }}
+{{- else if .Values.serving.enabled -}}
 app.kubernetes.io/name: {{ include "llm-watchdog.servingName" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
-{{- else }}
+{{- else -}}
 {{- if not .Values.serving.podLabels }}
 {{- fail "serving.podLabels: the labels of your serving pods are required (mode sidecar, serving.enabled false)" }}
-{{- end }}
-{{- toYaml .Values.serving.podLabels }}
+{{- end -}}
+{{ toYaml .Values.serving.podLabels }}
 {{- end }}
 {{- end }}
 
