@@ -17,7 +17,12 @@ import yaml
 from watchdog.embedded import Service, free_port
 from watchdog.policy.loader import parse_policy_text
 
-helm = pytest.importorskip("helm_python", reason="dev extra: helm-python-sdk")
+try:  # the dev extra; CI installs it, so there a missing one is a failure
+    import helm_python as helm
+except ImportError:
+    if os.environ.get("CI"):
+        raise
+    pytest.skip("dev extra not installed: helm-python-sdk, kubernetes-validate", allow_module_level=True)
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "deploy/helm/llm-watchdog"

@@ -5,6 +5,7 @@ is checked too (probes, securityContext, Secret references, config the daemon ac
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -17,8 +18,13 @@ import yaml
 from watchdog.config import load_config
 from watchdog.policy.loader import parse_policy_text
 
-helm = pytest.importorskip("helm_python", reason="dev extra: helm-python-sdk")
-kv = pytest.importorskip("kubernetes_validate", reason="dev extra: kubernetes-validate")
+try:  # the dev extra; CI installs it, so there a missing one is a failure
+    import helm_python as helm
+    import kubernetes_validate as kv
+except ImportError:
+    if os.environ.get("CI"):
+        raise
+    pytest.skip("dev extra not installed: helm-python-sdk, kubernetes-validate", allow_module_level=True)
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "deploy/helm/llm-watchdog"
