@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import subprocess
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -262,3 +263,16 @@ def test_plain_manifests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     config = check_config(docs, tmp_path, monkeypatch, wd_env)
     assert config.redis.url == "rediss://:pw@redis:6380/0"  # the Secret's value wins over the file's
     assert [c.kind for c in config.alerts.channels] == ["pagerduty", "slack"]
+
+
+def test_packaged_chart_carries_the_linked_files(tmp_path: Path) -> None:
+    """files/ holds symlinks (one copy of the rules, dashboard and policies): `helm package` must
+    store their contents, and the archive must render what the directory renders."""
+    archive = helm.package(str(CHART), destination=str(tmp_path))
+    values = yaml.safe_load((CHART / "ci/standalone-production-values.yaml").read_text())
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+        assert "llm-watchdog/files/llm-watchdog-rules.yaml" in names and not any("/ci/" in n for n in names)
+        assert all(tar.getmember(n).isfile() for n in names if "/files/" in n), "a symlink was packaged"
+    with helm.Chart.load_archive(Path(archive).read_bytes()) as packed, helm.Chart.load(str(CHART)) as source:
+        assert packed.render(values, name="wd", namespace="ml") == source.render(values, name="wd", namespace="ml")
