@@ -34,12 +34,11 @@ KUBE_VERSIONS = ("1.25.0", "1.37.0")  # the chart's kubeVersion floor and the ne
 CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}  # Prometheus Operator: no schema in kubernetes-validate
 PLAIN_ENV = {"HOME", "XDG_CACHE_HOME"}  # the only variables the watchdog may get as plain values
 
-helm.disable_logging()
-
 
 def render(values: dict[str, Any] | Path | None = None, chart: Path = CHART) -> list[dict[str, Any]]:
     if isinstance(values, Path):
         values = yaml.safe_load(values.read_text())
+    helm.disable_logging()  # the Go library's notes about symlinked files
     with helm.Chart.load(str(chart)) as c:
         out = c.render(values or {}, name="wd", namespace="ml")
     docs = [d for path, text in sorted(out.items()) if path.endswith(".yaml")
