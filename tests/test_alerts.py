@@ -334,8 +334,8 @@ def test_alertmanager_open_incidents_are_resent(sink: AlertSink) -> None:
     alerter.ops_alert("fp8-slow", "FP8 no faster than FP16 on route chat (0.97x)", "warning")
     posts = sink.wait_for(3, timeout=3)
     assert alerter.stop(2)
-    assert all(p.body[0]["labels"] == {"alertname": "LLMWatchdogOps", "severity": "warning", "key": "ops/fp8-slow"}
-               for p in posts)
+    assert all(p.body[0]["labels"] == {"alertname": "LLMWatchdogOps", "severity": "warning", "key": "ops/fp8-slow",
+                                       "source": socket.gethostname()} for p in posts)
 
 
 def test_sink_summaries_and_echo(sink: AlertSink, capsys: pytest.CaptureFixture[str]) -> None:

@@ -372,7 +372,9 @@ class AlertmanagerChannel(Channel):
     def _item(self, alert: Alert, severity: str) -> dict[str, Any]:
         labels = {"alertname": "LLMWatchdogOps" if alert.is_ops else "LLMWatchdogIncident", "severity": severity}
         if alert.is_ops:
-            labels["key"] = alert.key
+            # An ops incident is about one daemon ("my Redis is unreachable"): without the source, one
+            # replica's resolve would end another's still-open alert in Alertmanager.
+            labels.update(key=alert.key, source=self.config.source or _hostname())
         else:
             labels.update(model=str(alert.model), route=str(alert.route), policy=str(alert.policy))
         return {
