@@ -22,6 +22,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from probes.metrics import KNOWN_METRICS
+from watchdog import safe_yaml
 
 log = logging.getLogger(__name__)
 
@@ -173,8 +174,7 @@ def _load_manifest(path: Path) -> tuple[Manifest | None, list[str]]:
     except OSError as exc:
         return None, [f"{path}: cannot read manifest: {exc.strerror or exc}"]
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        node, data = safe_yaml.node_and_data(text)  # bounded size, depth, aliases; core tags only
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)

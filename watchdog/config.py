@@ -14,6 +14,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from watchdog import safe_yaml
+
 ENV_PREFIX = "LLMWD_"
 
 
@@ -160,8 +162,8 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> Config:
     if path is not None:
         text = Path(path).read_text()
         try:
-            node = yaml.compose(text)
-            data = yaml.safe_load(text) or {}
+            node, data = safe_yaml.node_and_data(text)  # bounded size, depth, aliases; core tags only
+            data = data or {}
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark else name

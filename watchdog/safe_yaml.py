@@ -61,14 +61,19 @@ class Limits:
 DEFAULT_LIMITS = Limits()
 
 
-class SafeYamlError(ValueError):
-    """A refused or malformed YAML file; ``line``/``col`` are 1-based."""
+class SafeYamlError(yaml.MarkedYAMLError, ValueError):
+    """A refused or malformed YAML file; ``line``/``col`` are 1-based. It is a
+    ``yaml.MarkedYAMLError`` (``problem``, ``problem_mark``), so code that handled PyYAML's errors
+    handles it unchanged."""
 
     def __init__(self, line: int, col: int, message: str) -> None:
-        super().__init__(f"{line}:{col}: {message}")
+        super().__init__(problem=message, problem_mark=yaml.Mark("<yaml>", 0, line - 1, col - 1, None, None))
         self.line = line
         self.col = col
         self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.line}:{self.col}: {self.message}"
 
 
 def _at(mark: Any, message: str) -> SafeYamlError:
@@ -117,6 +122,8 @@ def compose(text: str, limits: Limits = DEFAULT_LIMITS) -> Node | None:
     loader = yaml.SafeLoader(text)
     try:
         return _compose(loader, limits)
+    except SafeYamlError:
+        raise
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         raise _at(mark, f"YAML syntax error: {exc.problem or exc}") from None
@@ -278,6 +285,12 @@ def _build(root: Node, ctor: yaml.SafeLoader) -> Any:
                 out[key] = built[id(v)]
             built[id(node)] = out
     return built[id(root)]
+
+
+def node_and_data(text: str, limits: Limits = DEFAULT_LIMITS) -> tuple[Node | None, Any]:
+    """The node tree (for line:col of later errors) and the plain data of one document."""
+    root = compose(text, limits)
+    return root, to_python(root)
 
 
 def load(text: str, limits: Limits = DEFAULT_LIMITS) -> Any:
