@@ -67,7 +67,7 @@ class SafeYamlError(yaml.MarkedYAMLError, ValueError):
     handles it unchanged."""
 
     def __init__(self, line: int, col: int, message: str) -> None:
-        super().__init__(problem=message, problem_mark=yaml.Mark("<yaml>", 0, line - 1, col - 1, None, None))
+        super().__init__(problem=message, problem_mark=yaml.Mark("<yaml>", 0, line - 1, col - 1, None, 0))
         self.line = line
         self.col = col
         self.message = message
@@ -134,19 +134,21 @@ def compose(text: str, limits: Limits = DEFAULT_LIMITS) -> Node | None:
 
 
 def _compose(loader: yaml.SafeLoader, limits: Limits) -> Node | None:
-    ev = loader.get_event()
-    assert isinstance(ev, StreamStartEvent)
+    first = loader.get_event()  # StreamStartEvent
     if loader.check_event(StreamEndEvent):
         return None
-    ev = loader.get_event()
-    assert isinstance(ev, DocumentStartEvent)
+    doc_start = loader.get_event()
+    if not isinstance(first, StreamStartEvent) or not isinstance(doc_start, DocumentStartEvent):  # pragma: no cover
+        raise SafeYamlError(1, 1, "not a YAML document")
     anchors: dict[str, tuple[Node, int]] = {}
     stack: list[_Open] = []
     aliases = 0
     root: Node | None = None
     total = 0
     while True:
-        ev = loader.get_event()
+        ev: Any = loader.get_event()
+        start: Any = ev.start_mark  # typed loosely: the stubs mix the C and Python Mark classes
+        end: Any = ev.end_mark
         node: Node
         if isinstance(ev, DocumentEndEvent):
             break
@@ -161,7 +163,7 @@ def _compose(loader: yaml.SafeLoader, limits: Limits) -> Node | None:
             total += size
         elif isinstance(ev, ScalarEvent):
             tag = _tag(loader, ScalarNode, ev)
-            node = ScalarNode(tag, ev.value, ev.start_mark, ev.end_mark, style=ev.style)
+            node = ScalarNode(tag, ev.value, start, end, style=ev.style)
             size = 1
             total += 1
             if ev.anchor is not None:
@@ -171,10 +173,10 @@ def _compose(loader: yaml.SafeLoader, limits: Limits) -> Node | None:
                 raise _at(ev.start_mark, f"nested deeper than {limits.max_depth} levels")
             if isinstance(ev, SequenceStartEvent):
                 tag = _tag(loader, SequenceNode, ev)
-                cnode: Node = SequenceNode(tag, [], ev.start_mark, None, flow_style=ev.flow_style)
+                cnode: Node = SequenceNode(tag, [], start, None, flow_style=ev.flow_style)
             else:
                 tag = _tag(loader, MappingNode, ev)
-                cnode = MappingNode(tag, [], ev.start_mark, None, flow_style=ev.flow_style)
+                cnode = MappingNode(tag, [], start, None, flow_style=ev.flow_style)
             stack.append(_Open(cnode, ev.anchor))
             total += 1
             if total > limits.max_nodes:
@@ -182,7 +184,7 @@ def _compose(loader: yaml.SafeLoader, limits: Limits) -> Node | None:
             continue
         elif isinstance(ev, SequenceEndEvent | MappingEndEvent):
             done = stack.pop()
-            done.node.end_mark = ev.end_mark
+            done.node.end_mark = end
             if isinstance(done.node, MappingNode) and done.key is not None:  # pragma: no cover - parser guarantees pairs
                 raise _at(ev.start_mark, "mapping key without a value")
             node, size = done.node, done.size

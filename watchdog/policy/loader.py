@@ -261,7 +261,9 @@ def _parse_text_unguarded(text: str, fname: str) -> tuple[list[Policy], list[str
     try:
         pf = PolicyFile.model_validate(doc.data)
     except ValidationError as exc:
-        problems += _pydantic_messages(fname, doc, exc)
+        # a value the YAML layer refused (reported above) is None here: one message per cause
+        refused = {(p.line, p.col) for p, _ in doc.errors}
+        problems += [(p, m) for p, m in _pydantic_messages(fname, doc, exc) if (p.line, p.col) not in refused]
     problems += _semantic_checks(doc.data, doc)
     if problems:
         ordered = sorted(problems, key=lambda x: (x[0].line, x[0].col))
