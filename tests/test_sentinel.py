@@ -86,7 +86,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     c = Cluster(master, replica, sentinel)
     sc = c.sentinel_client()
     _wait("sentinel sees the replica",
-          lambda: any(r["port"] == rport and "s_down" not in r["flags"]
+          lambda: any(r["port"] == rport and "s_down" not in r["flags"] and r.get("master-link-status") == "ok"
                       for r in sc.sentinel_slaves(SERVICE)))  # type: ignore[no-untyped-call]
     try:
         yield c
@@ -105,7 +105,9 @@ def _follow(c: Cluster, failover: str) -> None:
         _wait("reader sees the first flip", lambda: reader.precision_for("m", "chat") == "fp16", 3)
         old = c.master.port
         if failover == "forced":
-            c.sentinel_client().execute_command("SENTINEL", "FAILOVER", SERVICE)
+            # NOGOODSLAVE until the sentinel has the replica's first INFO: ask again until accepted
+            _wait("sentinel accepts the failover",
+                  lambda: c.sentinel_client().execute_command("SENTINEL", "FAILOVER", SERVICE), 12)
         else:
             c.master.kill()
         t0 = time.monotonic()
