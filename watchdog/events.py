@@ -54,8 +54,9 @@ _LOGPROB_TOLERANCE = 1e-4
 _NEG_INF = -math.inf
 _NUMBER_TYPES = frozenset({float, int})
 #: Absurd but well-typed values are refused with reason ``out_of_range:<field>``:
-#: event time must fall in [2000-01-01, 2100-01-01) (year 0001 or 9999 is a broken clock)
-TS_MIN = 946_684_800.0
+#: event time must fall in [1970-01-01, 2100-01-01) (year 0001 or 9999 is a broken clock; how far
+#: from *now* an event may be is the ingest's max_future / allowed lateness, not decided here)
+TS_MIN = 0.0
 TS_MAX = 4_102_444_800.0
 #: one request lasting more than a day (latency_ms, ttft_ms, shadow.latency_ms)
 MAX_DURATION_MS = 86_400_000.0
@@ -194,7 +195,7 @@ def _count(d: dict[str, Any], name: str) -> int:
 def _timestamp(v: Any) -> float:
     ts = _timestamp_value(v)
     if not TS_MIN <= ts < TS_MAX:
-        raise _out_of_range("ts", f"ts {ts:.0f} is outside the years 2000-2099 (a broken clock?)")
+        raise _out_of_range("ts", f"ts {ts:.0f} is outside the years 1970-2099 (a broken clock?)")
     return ts
 
 
