@@ -221,6 +221,12 @@ def _timestamp_value(v: Any) -> float:
     raise _bad_type("ts", "unix seconds or an RFC 3339 string", v)
 
 
+def _above_floor(v: list[float]) -> bool:
+    """Every value >= MIN_LOGPROB, for a list already known to be <= 0: then a sum above the floor
+    settles it (sum() is about 4x cheaper than min() in CPython); min() only for long lists."""
+    return sum(v) >= MIN_LOGPROB or min(v) >= MIN_LOGPROB
+
+
 def _logprobs(v: Any, name: str) -> list[float] | None:
     if v is None:
         return None
@@ -230,7 +236,7 @@ def _logprobs(v: Any, name: str) -> list[float] | None:
         return v
     # fast path in C: a list of plain numbers (no bools: type() is exact) that are all <= 0 and
     # finite needs no more checks; engines often report exact 0.0 for confident tokens
-    if _NUMBER_TYPES.issuperset(map(type, v)) and max(v) <= 0.0 and min(v) >= MIN_LOGPROB:
+    if _NUMBER_TYPES.issuperset(map(type, v)) and max(v) <= 0.0 and _above_floor(v):
         return v
     out = v
     for i, x in enumerate(v):
@@ -367,7 +373,7 @@ def decode_event(raw: bytes, max_bytes: int = MAX_EVENT_BYTES) -> InferenceEvent
     if logprobs is not None:
         try:
             fast = plain and type(logprobs) is list and (not logprobs or (max(logprobs) <= 0.0
-                                                                          and min(logprobs) >= MIN_LOGPROB))
+                                                                          and _above_floor(logprobs)))
         except TypeError:
             fast = False
         if not fast:
@@ -386,7 +392,7 @@ def decode_event(raw: bytes, max_bytes: int = MAX_EVENT_BYTES) -> InferenceEvent
                         and (s_latency is None or (type(s_latency) is float and 0.0 <= s_latency <= MAX_DURATION_MS))
                         and (s_logprobs is None or (plain and type(s_logprobs) is list
                                                     and (not s_logprobs or (max(s_logprobs) <= 0.0
-                                                                            and min(s_logprobs) >= MIN_LOGPROB)))))
+                                                                            and _above_floor(s_logprobs))))))
             except TypeError:
                 fast = False
         if fast:

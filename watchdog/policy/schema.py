@@ -117,17 +117,24 @@ class _Strict(BaseModel):
 
 
 def _compile_globs(globs: list[str]) -> Callable[[str], bool]:
-    """One matcher for a list of shell globs: literal names in a set, the rest in one regex
-    (``fnmatch`` caches 32,768 patterns; past that every match would recompile them)."""
-    literal = frozenset(g for g in globs if not any(c in g for c in "*?["))
-    wild = [g for g in globs if g not in literal]
-    if "*" in wild:
+    """One matcher for a list of shell globs, built once: literal names in a set, ``prefix*`` globs
+    in one ``str.startswith`` tuple, the rest in one regex (``fnmatch`` caches 32,768 patterns; past
+    that every match would recompile them)."""
+    def meta(text: str) -> bool:
+        return any(c in text for c in "*?[")
+
+    literal = frozenset(g for g in globs if not meta(g))
+    prefixes = tuple(sorted({g[:-1] for g in globs if g.endswith("*") and not meta(g[:-1])}))
+    wild = [g for g in globs if meta(g) and not (g.endswith("*") and not meta(g[:-1]))]
+    if "" in prefixes:  # "*"
         return lambda name: True
-    rx = re.compile("|".join(fnmatch.translate(g) for g in wild)) if wild else None
-    if rx is None:
-        return literal.__contains__
-    match = rx.match
-    return lambda name: name in literal or match(name) is not None
+    match = re.compile("|".join(fnmatch.translate(g) for g in wild)).match if wild else None
+
+    def covers(name: str) -> bool:
+        return (name in literal or (bool(prefixes) and name.startswith(prefixes))
+                or (match is not None and match(name) is not None))
+
+    return covers
 
 
 class Scope(_Strict):
