@@ -170,9 +170,11 @@ def _node_at(root: yaml.Node | None, loc: tuple[Any, ...], at_key: bool = False)
 
 def _load_manifest(path: Path) -> tuple[Manifest | None, list[str]]:
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        return None, [f"{path}: cannot read manifest: {exc.strerror or exc}"]
+        text = safe_yaml.read_text(path)  # refuses an oversized file before reading it
+    except safe_yaml.SafeYamlError as exc:
+        return None, [f"{path}:{exc.line}:{exc.col}: {exc.message}"]
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, [f"{path}: cannot read manifest: {getattr(exc, 'strerror', None) or exc}"]
     try:
         node, data = safe_yaml.node_and_data(text)  # bounded size, depth, aliases; core tags only
     except yaml.MarkedYAMLError as exc:

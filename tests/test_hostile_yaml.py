@@ -285,3 +285,6 @@ def test_golden_manifest_refuses_tags_and_bombs(tmp_path: Path) -> None:
     (gs / "manifest.yaml").write_text(laughs())
     with pytest.raises(GoldenSetError, match="alias bomb"):
         load_golden_set(gs)
+    (gs / "manifest.yaml").write_text("name: set\ndescription: " + "x" * 2_000_000 + "\n")
+    with pytest.raises(GoldenSetError, match=r"manifest.yaml:1:1: file is 2,000,024 bytes; the limit is 1,048,576"):
+        load_golden_set(gs)
