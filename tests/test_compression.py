@@ -89,6 +89,38 @@ def test_every_codec_from_confluent_and_aiokafka_is_ingested(kafka_service) -> N
     assert metrics.registry.get_sample_value("llmwd_events_total", {"result": "invalid"}) in (None, 0.0)
 
 
+@pytest.mark.parametrize(("codec", "module_attr"), [("snappy", "snappy"), ("lz4", "lz4"), ("zstd", "zstd")])
+def test_batches_really_are_compressed(kafka_service, monkeypatch, codec: str, module_attr: str) -> None:
+    """Negative control: with kafka-python's codec module blinded, the same producer's batch is
+    undecodable, so the test above did exercise the codec (the broker keeps batches as sent)."""
+    from kafka import KafkaConsumer, TopicPartition
+    from kafka import codec as kcodec
+    from kafka.errors import UnsupportedCodecError
+
+    topic = f"llm.compressed.{uuid.uuid4().hex[:8]}"
+    _produce_confluent(kafka_service.address, topic, codec)
+    monkeypatch.setattr(kcodec, module_attr, None)
+    if codec == "lz4":
+        monkeypatch.setattr(kcodec, "lz4f", None)
+        monkeypatch.setattr(kcodec, "lz4framed", None)
+    consumer = KafkaConsumer(bootstrap_servers=kafka_service.address, enable_auto_commit=False)
+    try:
+        parts = None
+        deadline = time.monotonic() + 10
+        while not parts and time.monotonic() < deadline:
+            parts = consumer.partitions_for_topic(topic)
+            time.sleep(0.05)
+        tps = [TopicPartition(topic, p) for p in sorted(parts or {0})]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        with pytest.raises(UnsupportedCodecError):
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                consumer.poll(200)
+    finally:
+        consumer.close()
+
+
 def test_codec_libraries_are_importable_by_kafka_python() -> None:
     from kafka import codec
 
