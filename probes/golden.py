@@ -22,6 +22,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from probes.metrics import KNOWN_METRICS
+from watchdog import safe_yaml
 
 log = logging.getLogger(__name__)
 
@@ -169,12 +170,13 @@ def _node_at(root: yaml.Node | None, loc: tuple[Any, ...], at_key: bool = False)
 
 def _load_manifest(path: Path) -> tuple[Manifest | None, list[str]]:
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        return None, [f"{path}: cannot read manifest: {exc.strerror or exc}"]
+        text = safe_yaml.read_text(path)  # refuses an oversized file before reading it
+    except safe_yaml.SafeYamlError as exc:
+        return None, [f"{path}:{exc.line}:{exc.col}: {exc.message}"]
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, [f"{path}: cannot read manifest: {getattr(exc, 'strerror', None) or exc}"]
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        node, data = safe_yaml.node_and_data(text)  # bounded size, depth, aliases; core tags only
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)

@@ -9,6 +9,13 @@ if ! command -v redis-server >/dev/null 2>&1; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq redis-server >/dev/null
 fi
+# redis-sentinel: tests/test_sentinel.py runs a master, a replica and a sentinel (failover drills)
+if ! command -v redis-sentinel >/dev/null 2>&1; then
+  echo "setup: installing redis-sentinel (Debian package)"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get install -y -qq redis-sentinel >/dev/null 2>&1 || \
+    { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq redis-sentinel >/dev/null; }
+fi
 
 # promtool (alert-rule tests), Alertmanager (alert-channel tests) and systemd-analyze (unit tests).
 # Installing the Debian packages would start their services where systemd runs: a policy-rc.d that

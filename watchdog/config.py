@@ -18,7 +18,6 @@ Errors name the file, line and column of the bad value (or the environment varia
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import re
@@ -28,6 +27,8 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from watchdog import safe_yaml
 
 ENV_PREFIX = "LLMWD_"
 
@@ -235,27 +236,17 @@ def _line_index(root: yaml.Node) -> Marks:
     return marks
 
 
-def _safe_yaml() -> Any:
-    """hostile8's bounded loader (size, depth, alias expansion, core tags only) when present."""
-    try:
-        return importlib.import_module("watchdog.safe_yaml")
-    except ImportError:
-        return None
-
-
 def read_config_file(path: str | Path, env: Mapping[str, str] | None = None) -> tuple[dict[str, Any], Marks]:
     """The file's mapping with placeholders expanded, and ``path -> (line, col)`` of every value."""
     name = str(path)
     env = os.environ if env is None else env
-    safe = _safe_yaml()
-    text = safe.read_text(path) if safe else Path(path).read_text()
     loader = yaml.SafeLoader("")  # resolves the type of expanded plain scalars, builds the data
     try:
-        node = safe.compose(text) if safe else yaml.compose(text, Loader=yaml.SafeLoader)
+        node = safe_yaml.compose(safe_yaml.read_text(path))
         if node is None:
             return {}, {}
         _expand_nodes(node, loader, name, env)
-        data = safe.to_python(node) if safe else loader.construct_document(node)
+        data = safe_yaml.to_python(node)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark else name

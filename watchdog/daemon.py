@@ -66,7 +66,7 @@ class Daemon:
         self.alerter = alerter or Alerter.from_config(
             [c.model_dump() for c in cfg.alerts.channels],
             status_url=cfg.server.status_url)
-        self.loader = PolicyLoader(cfg.policies)
+        self.loader = PolicyLoader(cfg.policies, background=True)  # reloads off the main loop
         if self.loader.last_errors:
             raise PolicyError(self.loader.last_errors)
         self.loader.on_error = self._policy_rejected

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import unicodedata
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -51,8 +52,18 @@ STATUSES = frozenset({"ok", "error", "timeout"})
 #: Engines report logprobs through float32; tiny positive values are rounding noise, clamped to 0.
 _LOGPROB_TOLERANCE = 1e-4
 _NEG_INF = -math.inf
-_INF = math.inf
 _NUMBER_TYPES = frozenset({float, int})
+#: Absurd but well-typed values are refused with reason ``out_of_range:<field>``:
+#: event time must fall in [1970-01-01, 2100-01-01) (year 0001 or 9999 is a broken clock; how far
+#: from *now* an event may be is the ingest's max_future / allowed lateness, not decided here)
+TS_MIN = 0.0
+TS_MAX = 4_102_444_800.0
+#: one request lasting more than a day (latency_ms, ttft_ms, shadow.latency_ms)
+MAX_DURATION_MS = 86_400_000.0
+#: token counts beyond a billion
+MAX_TOKENS = 1_000_000_000
+#: a log-probability below this is not one an engine reports (exp(-1e4) underflows to 0)
+MIN_LOGPROB = -1e4
 
 _KNOWN_FIELDS = frozenset(
     {
@@ -122,6 +133,10 @@ def _bad_value(name: str, message: str) -> InvalidEvent:
     return InvalidEvent(f"bad_value:{name}", message)
 
 
+def _out_of_range(name: str, message: str) -> InvalidEvent:
+    return InvalidEvent(f"out_of_range:{name}", message)
+
+
 def _req_str(d: dict[str, Any], name: str) -> str:
     v = d.get(name)
     if type(v) is str:
@@ -141,17 +156,19 @@ def _opt_str(d: dict[str, Any], name: str) -> str | None:
 
 
 def _number(v: Any, name: str) -> float:
-    """A finite number >= 0 (bools are not numbers here)."""
+    """A duration in ms: a finite number in [0, MAX_DURATION_MS] (bools are not numbers here)."""
     t = type(v)
     if t is float:
         if not (v >= 0.0 and v != math.inf):  # also false for NaN
             raise _bad_value(name, f"{name} must be a finite number >= 0, got {v!r}")
-        return v
-    if t is int:
+    elif t is int:
         if v < 0:
             raise _bad_value(name, f"{name} must be >= 0, got {v!r}")
-        return float(v)
-    raise _bad_type(name, "a number", v)
+    else:
+        raise _bad_type(name, "a number", v)
+    if v > MAX_DURATION_MS:
+        raise _out_of_range(name, f"{name} = {v:.3g} is more than a day ({MAX_DURATION_MS:.0f} ms)")
+    return float(v)
 
 
 def _opt_number(d: dict[str, Any], name: str) -> float | None:
@@ -166,13 +183,23 @@ def _count(d: dict[str, Any], name: str) -> int:
     if type(v) is int:
         if v < 0:
             raise _bad_value(name, f"{name} must be >= 0, got {v}")
-        return v
-    if type(v) is float and v.is_integer() and v >= 0:  # 12.0 from some JSON writers
-        return int(v)
-    raise _bad_type(name, "a non-negative integer", v)
+    elif type(v) is float and v.is_integer() and v >= 0:  # 12.0 from some JSON writers
+        v = int(v)
+    else:
+        raise _bad_type(name, "a non-negative integer", v)
+    if v > MAX_TOKENS:
+        raise _out_of_range(name, f"{name} = {v:.3g} is more than {MAX_TOKENS:,}")
+    return v
 
 
 def _timestamp(v: Any) -> float:
+    ts = _timestamp_value(v)
+    if not TS_MIN <= ts < TS_MAX:
+        raise _out_of_range("ts", f"ts {ts:.0f} is outside the years 1970-2099 (a broken clock?)")
+    return ts
+
+
+def _timestamp_value(v: Any) -> float:
     t = type(v)
     if t is float or t is int:
         if not (v >= 0 and v != math.inf):
@@ -194,6 +221,12 @@ def _timestamp(v: Any) -> float:
     raise _bad_type("ts", "unix seconds or an RFC 3339 string", v)
 
 
+def _above_floor(v: list[float]) -> bool:
+    """Every value >= MIN_LOGPROB, for a list already known to be <= 0: then a sum above the floor
+    settles it (sum() is about 4x cheaper than min() in CPython); min() only for long lists."""
+    return sum(v) >= MIN_LOGPROB or min(v) >= MIN_LOGPROB
+
+
 def _logprobs(v: Any, name: str) -> list[float] | None:
     if v is None:
         return None
@@ -203,11 +236,13 @@ def _logprobs(v: Any, name: str) -> list[float] | None:
         return v
     # fast path in C: a list of plain numbers (no bools: type() is exact) that are all <= 0 and
     # finite needs no more checks; engines often report exact 0.0 for confident tokens
-    if _NUMBER_TYPES.issuperset(map(type, v)) and max(v) <= 0.0 and min(v) > _NEG_INF:
+    if _NUMBER_TYPES.issuperset(map(type, v)) and max(v) <= 0.0 and _above_floor(v):
         return v
     out = v
     for i, x in enumerate(v):
         t = type(x)
+        if (t is float or t is int) and _NEG_INF < x < MIN_LOGPROB:
+            raise _out_of_range(name, f"{name}[{i}] = {x:.3g} is below {MIN_LOGPROB:g}")
         if t is float:
             if x <= 0.0 and x != _NEG_INF:
                 continue
@@ -295,7 +330,7 @@ def decode_event(raw: bytes, max_bytes: int = MAX_EVENT_BYTES) -> InferenceEvent
     if type(request_id) is not str or not request_id:
         request_id = _req_str(d, "request_id")
     ts = get("ts")
-    if not (type(ts) is float and 0.0 <= ts < _INF):
+    if not (type(ts) is float and TS_MIN <= ts < TS_MAX):
         ts = _timestamp(ts)
     model = get("model")
     if type(model) is not str or not model:
@@ -306,13 +341,15 @@ def decode_event(raw: bytes, max_bytes: int = MAX_EVENT_BYTES) -> InferenceEvent
     precision = get("precision")
     if type(precision) is not str or not precision:
         precision = _req_str(d, "precision")
-    if not (type(latency) is float and 0.0 <= latency < _INF):
+    if not (model.isascii() and route.isascii()):  # policy scopes are NFKC too (watchdog/policy/names.py)
+        model, route = unicodedata.normalize("NFKC", model), unicodedata.normalize("NFKC", route)
+    if not (type(latency) is float and 0.0 <= latency <= MAX_DURATION_MS):
         latency = _number(latency, "latency_ms")
     prompt_tokens = get("prompt_tokens")
-    if type(prompt_tokens) is not int or prompt_tokens < 0:
+    if type(prompt_tokens) is not int or not 0 <= prompt_tokens <= MAX_TOKENS:
         prompt_tokens = _count(d, "prompt_tokens")
     completion_tokens = get("completion_tokens")
-    if type(completion_tokens) is not int or completion_tokens < 0:
+    if type(completion_tokens) is not int or not 0 <= completion_tokens <= MAX_TOKENS:
         completion_tokens = _count(d, "completion_tokens")
     engine = get("engine")
     if engine is not None and type(engine) is not str:
@@ -321,7 +358,7 @@ def decode_event(raw: bytes, max_bytes: int = MAX_EVENT_BYTES) -> InferenceEvent
     if gpu_uuid is not None and type(gpu_uuid) is not str:
         _opt_str(d, "gpu_uuid")
     ttft = get("ttft_ms")
-    if ttft is not None and not (type(ttft) is float and 0.0 <= ttft < _INF):
+    if ttft is not None and not (type(ttft) is float and 0.0 <= ttft <= MAX_DURATION_MS):
         ttft = _number(ttft, "ttft_ms")
     prompt = get("prompt")
     if prompt is not None and type(prompt) is not str:
@@ -335,7 +372,8 @@ def decode_event(raw: bytes, max_bytes: int = MAX_EVENT_BYTES) -> InferenceEvent
     logprobs = get("completion_logprobs")
     if logprobs is not None:
         try:
-            fast = plain and type(logprobs) is list and (not logprobs or max(logprobs) <= 0.0)
+            fast = plain and type(logprobs) is list and (not logprobs or (max(logprobs) <= 0.0
+                                                                          and _above_floor(logprobs)))
         except TypeError:
             fast = False
         if not fast:
@@ -351,9 +389,10 @@ def decode_event(raw: bytes, max_bytes: int = MAX_EVENT_BYTES) -> InferenceEvent
             s_latency = sget("latency_ms")
             try:
                 fast = (type(s_precision) is str and s_precision != "" and type(s_completion) is str
-                        and (s_latency is None or (type(s_latency) is float and 0.0 <= s_latency < _INF))
+                        and (s_latency is None or (type(s_latency) is float and 0.0 <= s_latency <= MAX_DURATION_MS))
                         and (s_logprobs is None or (plain and type(s_logprobs) is list
-                                                    and (not s_logprobs or max(s_logprobs) <= 0.0))))
+                                                    and (not s_logprobs or (max(s_logprobs) <= 0.0
+                                                                            and _above_floor(s_logprobs))))))
             except TypeError:
                 fast = False
         if fast:

@@ -134,12 +134,8 @@ class Flag:
 
 
 def client_from_url(url: str, timeout_s: float = 1.0, decode_responses: bool = True) -> Any:
-    """A ``redis.Redis`` for ``url`` that fails fast: ``timeout_s`` socket timeouts and no retry
-    loop inside redis-py (its default retries a dead server for seconds per command)."""
-    import redis
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
+    """A fail-fast ``redis.Redis`` for ``url``: ``redis://``, ``rediss://`` or ``redis+sentinel://``
+    (see ``watchdog.redis_conn``)."""
+    from watchdog.redis_conn import client_from_url as build
 
-    return redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                                retry=Retry(NoBackoff(), 0), decode_responses=decode_responses,
-                                health_check_interval=0)
+    return build(url, timeout_s, decode_responses)

@@ -4,7 +4,9 @@ Lookups never touch the network: they read an in-memory cache. A background thre
 cache current: it subscribes to the flags channel (a change arrives within a millisecond or so),
 reloads everything after each (re)connect and every ``ttl_s`` seconds as a safety net. While Redis
 is unreachable the cache keeps the last known values; a route never seen gets
-``default_precision``. Contract: docs/ROUTING.md.
+``default_precision``. ``redis_url`` may name a Sentinel-managed master
+(``redis+sentinel://h1:26379,h2:26379/<service>/<db>``, see ``watchdog.redis_conn``): each
+reconnect asks the sentinels again, so the reader follows a failover. Contract: docs/ROUTING.md.
 """
 
 from __future__ import annotations
@@ -20,9 +22,13 @@ from typing import Any
 
 import redis
 
-from watchdog.keys import Flag, Keys, client_from_url, text
+from watchdog.keys import Flag, Keys, text
+from watchdog.redis_conn import client_from_url, connection_is_current
 
 log = logging.getLogger(__name__)
+
+#: how often the reader checks that its subscription is on the master the sentinels name
+MASTER_CHECK_S = 0.5
 
 
 class RoutingFlags:
@@ -149,6 +155,7 @@ class RoutingFlags:
                 self.refresh(client)  # after SUBSCRIBE, so no change falls between load and listen
                 self._mark_healthy()
                 next_refresh = time.monotonic() + self.ttl_s
+                next_master_check = time.monotonic() + MASTER_CHECK_S
                 while not self._stop.is_set():
                     message = pubsub.get_message(timeout=self.poll_s)
                     if message is not None and message.get("type") == "message":
@@ -160,6 +167,11 @@ class RoutingFlags:
                     if time.monotonic() >= next_refresh:
                         self.refresh(client)
                         next_refresh = time.monotonic() + self.ttl_s
+                    if time.monotonic() >= next_master_check:
+                        # Sentinel: a subscription on a demoted master hears nothing new
+                        if not connection_is_current(client, pubsub.connection):
+                            raise redis.ConnectionError("the sentinels name another master; resubscribing")
+                        next_master_check = time.monotonic() + MASTER_CHECK_S
             except (redis.RedisError, OSError) as exc:
                 self._mark_unhealthy(exc)
                 self._stop.wait(self.reconnect_s)

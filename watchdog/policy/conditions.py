@@ -17,6 +17,12 @@ Names are ``candidate``, ``baseline``, ``value`` (= candidate) and the paired st
 ``max``. ``5%`` is ``0.05``. Division follows IEEE rules: ``x / 0`` is ``inf`` (or ``-inf``),
 ``0 / 0`` is NaN and every comparison with NaN is false. Anything else (attribute access,
 strings, indexing, other names or calls) is rejected at load time with the column of the problem.
+
+Refused at load time as well, since such a rule could never fire (or always would): a number that
+is not finite (``1e999``), a division by a constant zero, a constant part that overflows or is
+NaN (``0 / 0``, ``1e308 * 10``), and a condition that reads no name (``1 > 2``). Size is bounded:
+at most ``MAX_LENGTH`` characters, ``MAX_TOKENS`` tokens and ``MAX_DEPTH`` nested parentheses,
+``not``s, signs and calls, so neither parsing nor evaluation can recurse deeply.
 """
 
 from __future__ import annotations
@@ -34,6 +40,9 @@ FUNCS: dict[str, tuple[Callable[..., float], int, int]] = {
     "max": (max, 2, 16),
 }
 KEYWORDS = ("and", "or", "not")
+MAX_LENGTH = 2_000
+MAX_TOKENS = 256
+MAX_DEPTH = 32
 _CMP = ("<=", ">=", "==", "!=", "<", ">")
 
 
@@ -79,6 +88,8 @@ def _tokenize(text: str) -> list[_Tok]:
                 num = float(raw)
             except ValueError:
                 raise ConditionError(f"bad number '{raw}'", i) from None
+            if not math.isfinite(num):
+                raise ConditionError(f"number '{raw}' is out of range (not finite)", i)
             if j < n and text[j] == "%":
                 num /= 100.0
                 j += 1
@@ -86,6 +97,8 @@ def _tokenize(text: str) -> list[_Tok]:
                 raise ConditionError(f"unexpected '{text[j]}' after number '{raw}'", j)
             toks.append(_Tok("num", text[i:j], i, num))
             i = j
+            if len(toks) > MAX_TOKENS:
+                raise ConditionError(f"condition is too long (more than {MAX_TOKENS} tokens)", i)
             continue
         if c.isalpha() or c == "_":
             j = i
@@ -93,6 +106,8 @@ def _tokenize(text: str) -> list[_Tok]:
                 j += 1
             toks.append(_Tok("name", text[i:j], i))
             i = j
+            if len(toks) > MAX_TOKENS:
+                raise ConditionError(f"condition is too long (more than {MAX_TOKENS} tokens)", i)
             continue
         two = text[i : i + 2]
         if two in _CMP:
@@ -102,6 +117,8 @@ def _tokenize(text: str) -> list[_Tok]:
         if c in "<>+-*/(),":
             toks.append(_Tok("op", c, i))
             i += 1
+            if len(toks) > MAX_TOKENS:
+                raise ConditionError(f"condition is too long (more than {MAX_TOKENS} tokens)", i)
             continue
         hint = ""
         if c == "=":
@@ -132,7 +149,14 @@ class _Parser:
         self.text = text
         self.toks = _tokenize(text)
         self.i = 0
+        self.depth = 0
         self.names: set[str] = set()
+
+    def enter(self, offset: int) -> None:
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise ConditionError(f"condition is nested too deeply (more than {MAX_DEPTH} levels of "
+                                 "parentheses, not, signs or calls)", offset)
 
     @property
     def tok(self) -> _Tok:
@@ -210,10 +234,11 @@ class _Parser:
 
     def not_expr(self) -> tuple[Node, str]:
         if self.at("not"):
-            self.take()
+            self.enter(self.take().offset)
             at = self.tok.offset
             inner, kind = self.not_expr()
             self._need(kind, "bool", at, "not")
+            self.depth -= 1
             return ("not", inner), "bool"
         return self.comparison()
 
@@ -231,7 +256,12 @@ class _Parser:
             node, k = self.sum()
             self._need(k, "num", at, ops[-1])
             operands.append(node)
-        return ("cmp", ops, operands), "bool"
+        cmp = ("cmp", ops, operands)
+        if all(_is_constant(x) for x in operands):
+            always = bool(_eval(cmp, {}))
+            raise ConditionError(f"this comparison reads no value: it is always {'true' if always else 'false'}",
+                                 start)
+        return cmp, "bool"
 
     def sum(self) -> tuple[Node, str]:
         start = self.tok.offset
@@ -243,6 +273,7 @@ class _Parser:
             right, rk = self.product()
             self._need(rk, "num", at, op)
             left, lk = ("bin", op, left, right), "num"
+            _check_constant(left, start)
         return left, lk
 
     def product(self) -> tuple[Node, str]:
@@ -254,15 +285,21 @@ class _Parser:
             at = self.tok.offset
             right, rk = self.unary()
             self._need(rk, "num", at, op)
+            if op == "/" and _constant(right) == 0.0:
+                raise ConditionError("division by zero: this part is never a finite number", at)
             left, lk = ("bin", op, left, right), "num"
+            _check_constant(left, start)
         return left, lk
 
     def unary(self) -> tuple[Node, str]:
         if self.tok.kind == "op" and self.tok.text in "+-":
-            op = self.take().text
+            tok = self.take()
+            op = tok.text
+            self.enter(tok.offset)
             at = self.tok.offset
             inner, kind = self.unary()
             self._need(kind, "num", at, op)
+            self.depth -= 1
             return (("neg", inner) if op == "-" else inner), "num"
         return self.atom()
 
@@ -273,8 +310,10 @@ class _Parser:
             return ("num", t.number), "num"
         if t.kind == "op" and t.text == "(":
             self.take()
+            self.enter(t.offset)
             node, kind = self.or_expr()
             self.expect(")")
+            self.depth -= 1
             return node, kind
         if t.kind == "name":
             self.take()
@@ -300,6 +339,7 @@ class _Parser:
                 fname.offset,
             )
         _, lo, hi = FUNCS[fname.text]
+        self.enter(fname.offset)
         self.expect("(")
         args: list[Node] = []
         if not self.at(")"):
@@ -315,7 +355,37 @@ class _Parser:
         if not lo <= len(args) <= hi:
             want = str(lo) if lo == hi else f"{lo} or more"
             raise ConditionError(f"{fname.text}() takes {want} argument(s), got {len(args)}", fname.offset)
+        self.depth -= 1
         return ("call", fname.text, args), "num"
+
+
+def _constant(node: Node) -> float | None:
+    """The value of a part that reads no name (None if it reads one)."""
+    if not _is_constant(node):
+        return None
+    return float(_eval(node, {}))
+
+
+def _is_constant(node: Node) -> bool:
+    kind = node[0]
+    if kind == "num":
+        return True
+    if kind == "name":
+        return False
+    if kind == "neg":
+        return _is_constant(node[1])
+    if kind == "bin":
+        return _is_constant(node[2]) and _is_constant(node[3])
+    if kind == "call":
+        return all(_is_constant(a) for a in node[2])
+    return False
+
+
+def _check_constant(node: Node, offset: int) -> None:
+    value = _constant(node)
+    if value is not None and not math.isfinite(value):
+        what = "is NaN (0 / 0)" if math.isnan(value) else "overflows to infinity"
+        raise ConditionError(f"this constant part {what}: the rule could never compare it", offset)
 
 
 def _did_you_mean(word: str, options: tuple[str, ...]) -> str:
@@ -340,9 +410,16 @@ def parse_condition(text: str) -> Condition:
     """Parse ``text``; raises ``ConditionError`` with the offending column."""
     if not isinstance(text, str):
         raise ConditionError("a condition must be a string such as 'candidate > 0.05'", 0)
+    if len(text) > MAX_LENGTH:
+        raise ConditionError(f"condition is too long ({len(text):,} characters; the limit is {MAX_LENGTH:,})",
+                             MAX_LENGTH)
     p = _Parser(text)
     tree = p.parse()
     names = set(p.names)
+    if not names:
+        always = bool(_eval(tree, {}))
+        raise ConditionError(f"the condition reads no value (candidate, baseline, ...): it is always "
+                             f"{'true' if always else 'false'}", 0)
     if "value" in names:
         names.discard("value")
         names.add("candidate")

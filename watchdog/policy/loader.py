@@ -1,7 +1,12 @@
 """Read policy files into a validated ``PolicySet``; every problem becomes ``file:line:col: message``.
 
 ``PolicyLoader`` polls the files (mtime and size) and swaps in a new set only when every file is
-valid; on a bad edit the last good set stays in force and the errors go to ``on_error``.
+valid; on a bad edit the last good set stays in force and the errors go to ``on_error``. With
+``background=True`` the reading and validating run on a worker thread, so ``check()`` and
+``reload()`` never block the caller; the result is swapped in by a later ``check()``.
+
+Nothing a file contains makes loading raise: size, nesting, aliases and tags are bounded by
+``watchdog.safe_yaml``; anything unexpected still becomes a ``file:line:col`` error.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ import difflib
 import hashlib
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from watchdog import safe_yaml
 from watchdog.policy.conditions import ConditionError, parse_condition
 from watchdog.policy.schema import LATENCY_METRICS, LIVE_METRICS, RATE_COUNTS, Policy, PolicyFile
 from watchdog.policy.yamlpos import Pos, PosDoc, YamlSyntaxError, load_with_positions
@@ -227,25 +234,42 @@ def _judge_checks(rule: dict[str, Any], rpath: tuple[str | int, ...], source: ob
 
 def parse_policy_text(text: str, fname: str) -> tuple[list[Policy], list[str]]:
     """Validate one file's text. Returns (policies, error messages); policies only when no errors."""
+    found, errors, _ = _parse_text(text, fname)
+    return found, errors
+
+
+def _parse_text(text: str, fname: str) -> tuple[list[Policy], list[str], PosDoc | None]:
+    try:
+        return _parse_text_unguarded(text, fname)
+    except RecursionError:
+        return [], [f"{fname}:1:1: the file is nested too deeply to validate"], None
+    except Exception as exc:  # a bug here must not take a running daemon down with it
+        log.exception("policy validation failed unexpectedly for %s", fname)
+        return [], [f"{fname}:1:1: cannot validate the file ({type(exc).__name__}: {exc})"], None
+
+
+def _parse_text_unguarded(text: str, fname: str) -> tuple[list[Policy], list[str], PosDoc | None]:
     try:
         doc = load_with_positions(text)
     except YamlSyntaxError as exc:
-        return [], [_fmt(fname, exc.pos, exc.message)]
+        return [], [_fmt(fname, exc.pos, exc.message)], None
     problems: list[tuple[Pos, str]] = list(doc.errors)
     if not isinstance(doc.data, dict):
         problems.append((doc.pos(()), "a policy file must be a mapping with a 'policies:' list"))
-        return [], [_fmt(fname, p, m) for p, m in sorted(problems, key=lambda x: (x[0].line, x[0].col))]
+        return [], [_fmt(fname, p, m) for p, m in sorted(problems, key=lambda x: (x[0].line, x[0].col))], doc
     pf: PolicyFile | None = None
     try:
         pf = PolicyFile.model_validate(doc.data)
     except ValidationError as exc:
-        problems += _pydantic_messages(fname, doc, exc)
+        # a value the YAML layer refused (reported above) is None here: one message per cause
+        refused = {(p.line, p.col) for p, _ in doc.errors}
+        problems += [(p, m) for p, m in _pydantic_messages(fname, doc, exc) if (p.line, p.col) not in refused]
     problems += _semantic_checks(doc.data, doc)
     if problems:
         ordered = sorted(problems, key=lambda x: (x[0].line, x[0].col))
-        return [], [_fmt(fname, p, m) for p, m in ordered]
+        return [], [_fmt(fname, p, m) for p, m in ordered], doc
     assert pf is not None
-    return list(pf.policies), []
+    return list(pf.policies), [], doc
 
 
 def _expand(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
@@ -269,16 +293,18 @@ def load_policy_files(paths: Iterable[str | os.PathLike[str]]) -> PolicySet:
     for path in _expand(paths):
         fname = str(path)
         try:
-            text = path.read_text(encoding="utf-8")
+            text = safe_yaml.read_text(path)
+        except safe_yaml.SafeYamlError as exc:
+            errors.append(f"{fname}:{exc.line}:{exc.col}: {exc.message}")
+            continue
         except (OSError, UnicodeDecodeError) as exc:
             errors.append(f"{fname}:1:1: cannot read file: {exc}")
             continue
         sha.update(fname.encode() + b"\0" + text.encode() + b"\0")
-        found, errs = parse_policy_text(text, fname)
+        found, errs, doc = _parse_text(text, fname)
         errors += errs
-        if errs:
+        if errs or doc is None:
             continue
-        doc = load_with_positions(text)
         for i, pol in enumerate(found):
             pos = doc.pos(("policies", i, "name"))
             where = f"{fname}:{pos.line}:{pos.col}"
@@ -309,6 +335,11 @@ class PolicyLoader:
 
     ``on_error(messages)`` receives the file:line:col errors of a rejected load; the previous set
     stays in force. Call ``check()`` about once a second and ``reload()`` on SIGHUP.
+
+    ``background=True``: the first load (in the constructor) is synchronous; after that ``check()``
+    and ``reload()`` only start a load on a worker thread and return at once (False). The thread
+    builds the new ``PolicySet`` aside; the next ``check()`` swaps it in with one assignment,
+    calls ``on_change``/``on_error`` on the caller's thread and returns True if it was accepted.
     """
 
     def __init__(
@@ -316,41 +347,121 @@ class PolicyLoader:
         paths: Sequence[str | os.PathLike[str]],
         on_error: Callable[[list[str]], None] | None = None,
         on_change: Callable[[PolicySet], None] | None = None,
+        *,
+        background: bool = False,
     ) -> None:
         self.paths = list(paths)
         self.on_error = on_error
         self.on_change = on_change
+        self.background = background
         self.policy_set = PolicySet()
         self.last_errors: list[str] = []
         self.loads = 0
         self.rejects = 0
         self._seen: tuple[tuple[str, int, int], ...] | None = None
-        self.reload()
+        self._lock = threading.Lock()
+        self._worker: threading.Thread | None = None
+        self._again = False
+        self._result: PolicySet | PolicyError | None = None
+        self._sync_reload()
+
+    @property
+    def loading(self) -> bool:
+        """True while a background load runs or waits to be swapped in."""
+        with self._lock:
+            return self._worker is not None or self._result is not None
 
     def check(self) -> bool:
         """Reload if any file's mtime/size changed (or files appeared/vanished). True if a new set loaded."""
-        if _fingerprint(self.paths) == self._seen:
-            return False
-        return self.reload()
+        if not self.background:
+            if _fingerprint(self.paths) == self._seen:
+                return False
+            return self._sync_reload()
+        accepted = self._collect()
+        if not self.loading and _safe_fingerprint(self.paths) != self._seen:
+            self._start()
+        return accepted
 
     def reload(self) -> bool:
-        """Re-read all files now. True when the new set was accepted."""
-        self._seen = _fingerprint(self.paths)
-        try:
-            new = load_policy_files(self.paths)
-        except PolicyError as exc:
+        """Re-read all files now. True when the new set was accepted (background: starts a load
+        and returns False; a later ``check()`` swaps it in)."""
+        if not self.background:
+            return self._sync_reload()
+        accepted = self._collect()
+        self._start()
+        return accepted
+
+    def wait(self, timeout: float = 10.0) -> bool:
+        """Background mode: wait for a running load and swap it in; True if a new set was accepted."""
+        with self._lock:
+            worker = self._worker
+        if worker is not None:
+            worker.join(timeout)
+        return self._collect()
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _sync_reload(self) -> bool:
+        self._seen = _safe_fingerprint(self.paths)
+        return self._apply(_load_guarded(self.paths))
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._worker is not None:
+                self._again = True  # a change arrived mid-load: load once more afterwards
+                return
+            self._seen = _safe_fingerprint(self.paths)
+            self._worker = threading.Thread(target=self._work, name="llmwd-policy-load", daemon=True)
+            self._worker.start()
+
+    def _work(self) -> None:
+        while True:
+            result = _load_guarded(self.paths)
+            with self._lock:
+                if not self._again:
+                    self._result = result
+                    self._worker = None
+                    return
+                self._again = False
+                self._seen = _safe_fingerprint(self.paths)
+
+    def _collect(self) -> bool:
+        with self._lock:
+            result, self._result = self._result, None
+        return False if result is None else self._apply(result)
+
+    def _apply(self, result: PolicySet | PolicyError) -> bool:
+        if isinstance(result, PolicyError):
             self.rejects += 1
-            self.last_errors = exc.messages
+            self.last_errors = result.messages
             log.warning("policy reload rejected, keeping %d policies in force: %s",
-                        len(self.policy_set.policies), "; ".join(exc.messages))
+                        len(self.policy_set.policies), "; ".join(result.messages[:20]))
             if self.on_error is not None:
-                self.on_error(exc.messages)
+                self.on_error(result.messages)
             return False
         self.last_errors = []
         self.loads += 1
-        changed = new.digest != self.policy_set.digest
-        self.policy_set = new
-        log.info("policies loaded: %s", ", ".join(new.names))
+        changed = result.digest != self.policy_set.digest
+        self.policy_set = result
+        log.info("policies loaded: %s", ", ".join(result.names))
         if changed and self.on_change is not None:
-            self.on_change(new)
+            self.on_change(result)
         return True
+
+
+def _safe_fingerprint(paths: Sequence[str | os.PathLike[str]]) -> tuple[tuple[str, int, int], ...] | None:
+    try:
+        return _fingerprint(paths)
+    except OSError:  # the directory itself vanished: compare unequal to anything seen, load reports it
+        return None
+
+
+def _load_guarded(paths: Sequence[str | os.PathLike[str]]) -> PolicySet | PolicyError:
+    try:
+        return load_policy_files(paths)
+    except PolicyError as exc:
+        return exc
+    except Exception as exc:  # never let a reload raise into the daemon loop
+        log.exception("policy load failed unexpectedly")
+        return PolicyError([f"{p}:1:1: cannot load policies ({type(exc).__name__}: {exc})" for p in paths[:1]]
+                           or [f"<policies>:1:1: cannot load policies ({type(exc).__name__}: {exc})"])

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import math
 import re
+from collections.abc import Callable
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
 
 from watchdog.policy.conditions import Condition, parse_condition
+from watchdog.policy.names import clean_glob, clean_name
 
 #: Metric names a live window may carry (see docs/ARCHITECTURE.md).
 LIVE_METRICS = (
@@ -61,11 +64,24 @@ _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 
 
+#: longest duration a policy may give (cooldowns, promote delays, ages): a year
+MAX_DURATION_S = 366 * 86400.0
+
+
 def parse_duration(value: object) -> float:
     """``"90s"``, ``"5m"``, ``"1h30m"``, ``"2d"`` or a number of seconds -> seconds."""
+    total = _parse_duration(value)
+    if not 0 <= total <= MAX_DURATION_S:  # also false for NaN
+        raise ValueError(f"duration {value!r} is out of range: 0 to {MAX_DURATION_S / 86400:.0f} days")
+    return total
+
+
+def _parse_duration(value: object) -> float:
     if isinstance(value, bool):
         raise ValueError(f"bad duration {value!r}: use e.g. 30s, 5m, 1h, 1d")
     if isinstance(value, int | float):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"a duration must be a finite number, not {value!r}")
         if value < 0:
             raise ValueError("a duration cannot be negative")
         return float(value)
@@ -86,31 +102,57 @@ def parse_duration(value: object) -> float:
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
-Name = Annotated[str, Field(min_length=1, max_length=120, pattern=r"^[A-Za-z0-9_.:/-]+$")]
+#: names are NFKC-normalised and refused with the culprit named when they hold a confusable letter
+Name = Annotated[str, BeforeValidator(clean_name),
+                 Field(min_length=1, max_length=120, pattern=r"^[A-Za-z0-9_.:/-]+$")]
+#: most globs in one scope list: matching compiles them once into one expression
+MAX_SCOPE_GLOBS = 10_000
+Glob = Annotated[str, BeforeValidator(clean_glob), Field(min_length=1, max_length=512)]
+Globs = Annotated[list[Glob], Field(max_length=MAX_SCOPE_GLOBS)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+    # allow_inf_nan=False: every float field must be finite (.nan/.inf would switch a limit off)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True, allow_inf_nan=False)
+
+
+def _compile_globs(globs: list[str]) -> Callable[[str], bool]:
+    """One matcher for a list of shell globs, built once: literal names in a set, ``prefix*`` globs
+    in one ``str.startswith`` tuple, the rest in one regex (``fnmatch`` caches 32,768 patterns; past
+    that every match would recompile them)."""
+    def meta(text: str) -> bool:
+        return any(c in text for c in "*?[")
+
+    literal = frozenset(g for g in globs if not meta(g))
+    prefixes = tuple(sorted({g[:-1] for g in globs if g.endswith("*") and not meta(g[:-1])}))
+    wild = [g for g in globs if meta(g) and not (g.endswith("*") and not meta(g[:-1]))]
+    if "" in prefixes:  # "*"
+        return lambda name: True
+    match = re.compile("|".join(fnmatch.translate(g) for g in wild)).match if wild else None
+
+    def covers(name: str) -> bool:
+        return (name in literal or (bool(prefixes) and name.startswith(prefixes))
+                or (match is not None and match(name) is not None))
+
+    return covers
 
 
 class Scope(_Strict):
     """Which (model, route) pairs a policy covers; shell-style globs (``*``, ``?``, ``[ab]``)."""
 
-    models: list[str] = Field(default_factory=lambda: ["*"])
-    routes: list[str] = Field(default_factory=lambda: ["*"])
-    exclude_models: list[str] = Field(default_factory=list)
-    exclude_routes: list[str] = Field(default_factory=list)
+    models: Globs = Field(default_factory=lambda: ["*"])
+    routes: Globs = Field(default_factory=lambda: ["*"])
+    exclude_models: Globs = Field(default_factory=list)
+    exclude_routes: Globs = Field(default_factory=list)
+    _match: tuple[Callable[[str], bool], ...] = PrivateAttr(default=())
+
+    def model_post_init(self, _context: object) -> None:
+        self._match = tuple(_compile_globs(g) for g in
+                            (self.models, self.routes, self.exclude_models, self.exclude_routes))
 
     def covers(self, model: str, route: str) -> bool:
-        def hit(name: str, globs: list[str]) -> bool:
-            return any(fnmatch.fnmatchcase(name, g) for g in globs)
-
-        return (
-            hit(model, self.models)
-            and hit(route, self.routes)
-            and not hit(model, self.exclude_models)
-            and not hit(route, self.exclude_routes)
-        )
+        models, routes, ex_models, ex_routes = self._match
+        return models(model) and routes(route) and not ex_models(model) and not ex_routes(route)
 
 
 class Judge(_Strict):

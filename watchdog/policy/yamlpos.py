@@ -3,7 +3,8 @@
 PyYAML's ``compose`` keeps start marks on every node; we walk the node tree ourselves so that a
 later validation error (a pydantic ``loc`` such as ``("policies", 0, "rules", 2, "metric")``)
 can be reported as ``file:line:col``. Duplicate mapping keys, which PyYAML silently accepts, are
-reported as errors here.
+reported as errors here. Composition goes through ``watchdog.safe_yaml`` (size, depth, alias and
+tag limits), so the walk below is bounded by ``safe_yaml.Limits``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+
+from watchdog import safe_yaml
 
 Path_ = tuple[str | int, ...]
 
@@ -61,17 +64,12 @@ def _pos(node: yaml.Node) -> Pos:
     return Pos(m.line + 1, m.column + 1, style, single)
 
 
-def load_with_positions(text: str) -> PosDoc:
-    """Parse one YAML document. Raises ``YamlSyntaxError`` on malformed YAML."""
-    loader = yaml.SafeLoader(text)
+def load_with_positions(text: str, limits: safe_yaml.Limits = safe_yaml.DEFAULT_LIMITS) -> PosDoc:
+    """Parse one YAML document. Raises ``YamlSyntaxError`` on malformed or refused YAML."""
     try:
-        root = loader.get_single_node()
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        pos = Pos(mark.line + 1, mark.column + 1) if mark else Pos(1, 1)
-        raise YamlSyntaxError(pos, f"YAML syntax error: {exc.problem or exc}") from None
-    finally:
-        loader.dispose()
+        root = safe_yaml.compose(text, limits)
+    except safe_yaml.SafeYamlError as exc:
+        raise YamlSyntaxError(Pos(exc.line, exc.col), exc.message) from None
     doc = PosDoc(data=None)
     if root is None:
         return doc
@@ -106,7 +104,7 @@ def _walk(node: yaml.Node, path: Path_, doc: PosDoc, ctor: yaml.SafeLoader) -> A
     if isinstance(node, yaml.SequenceNode):
         return [_walk(item, (*path, i), doc, ctor) for i, item in enumerate(node.value)]
     try:
-        return ctor.construct_object(node, deep=True)
-    except yaml.constructor.ConstructorError as exc:
-        doc.errors.append((_pos(node), f"cannot read value: {exc.problem}"))
+        return safe_yaml.construct_scalar(ctor, node)  # type: ignore[arg-type]
+    except safe_yaml.SafeYamlError as exc:
+        doc.errors.append((_pos(node), exc.message))
         return None
