@@ -244,8 +244,8 @@ def measure(model: Any, label: str, items: list[dict[str, str]], cal_texts: list
         agree = [p["agreement_rougeL"] for p in per_item if p["agreement_rougeL"] is not None]
         row = {"backend": backends, "wall_s": wall, "measured": rep.measured, "errors": rep.errors,
                "identical_share": sum(p["identical"] for p in per_item) / max(1, len(per_item)),
-               "agreement_mean": statistics.fmean(agree) if agree else None,
-               "agreement_p10": statistics.quantiles(agree, n=10)[0] if len(agree) >= 10 else None,
+               "agreement_mean": statistics.fmean(agree) if agree else float("nan"),
+               "agreement_p10": statistics.quantiles(agree, n=10)[0] if len(agree) >= 10 else float("nan"),
                "saturation_total": sat.total if sat else None,
                "saturation_max_layer": max(sat.layers.values()) if sat and sat.layers else None,
                "summary": summ, "rougeL_delta_distribution": dist([p["delta_rougeL"] for p in per_item]),
@@ -253,13 +253,18 @@ def measure(model: Any, label: str, items: list[dict[str, str]], cal_texts: list
         out["variants"][name] = row
         d = row["rougeL_delta_distribution"]
         bpb = summ.get("bits_per_byte", {})
+        if "rougeL" not in summ:
+            say(f"| {label} | {name} | no items measured: errors {rep.errors} |")
+            out["variants"][name] = row
+            fp8.close()
+            continue
         say(f"| {label} | {name} | {row['identical_share']:.1%} | {row['agreement_mean']:.3f} / "
             f"{row['agreement_p10']:.3f} | {summ['rougeL']['diff']:+.4f} [{summ['rougeL']['ci'][0]:+.4f}, "
             f"{summ['rougeL']['ci'][1]:+.4f}] | {d['share_zero']:.1%} / {d['share_below_-0.2']:.1%} / "
             f"{d['share_above_+0.2']:.1%} | {d['top10pct_share_of_abs_mass']:.0%} | "
             f"{summ.get('chrf', {}).get('diff', float('nan')):+.3f} | {summ.get('exact_match', {}).get('diff', 0):+.4f} | "
             f"{bpb.get('fp16', float('nan')):.4f} -> {bpb.get('fp8', float('nan')):.4f} | "
-            f"{row['saturation_total']:.3%} (max layer {row['saturation_max_layer']:.3%}) | {wall:.1f} s |")
+            f"{row['saturation_total'] or 0:.3%} (max layer {row['saturation_max_layer'] or 0:.3%}) | {wall:.1f} s |")
         fp8.close()
     fp16.close()
     out["amax"] = amax

@@ -226,7 +226,13 @@ class Fp8Linear(nn.Module):
         assert self.act_amax is not None
         hit = QUANT_MEMO.get(x, self.act_amax)
         if hit is None:
-            x_fp8, n_sat = fused_static_quant_count()(x2d, self._scale_in(x2d.dtype))
+            try:
+                x_fp8, n_sat = fused_static_quant_count()(x2d, self._scale_in(x2d.dtype))
+            except Exception as exc:  # noqa: BLE001 - a kernel that fails to build: the eager kernels
+                log.warning("fp8: fused quantiser failed (%s); using eager kernels", exc)
+                global _FUSED_QUANT_COUNT
+                _FUSED_QUANT_COUNT = quant_count_eager
+                x_fp8, n_sat = quant_count_eager(x2d, self._scale_in(x2d.dtype))
             hit = (x_fp8, n_sat)
             QUANT_MEMO.put(x, self.act_amax, hit)
         if self.track_saturation:

@@ -24,9 +24,9 @@ def _quant_count_kernel(x_ptr, out_ptr, scale_ptr, count_ptr, n, BLOCK: tl.const
     x = tl.load(x_ptr + offs, mask=live, other=0.0)
     s = tl.load(scale_ptr).to(tl.float32)
     y = tl.math.div_rn(x.to(tl.float32), s).to(x.dtype)
-    sat = tl.sum(((tl.abs(y.to(tl.float32)) > E4M3_MAX) & live).to(tl.int32), axis=0)
+    sat = tl.sum(((tl.abs(y.to(tl.float32)) > 448.0) & live).to(tl.int32), axis=0)
     tl.atomic_add(count_ptr, sat)
-    y = tl.minimum(tl.maximum(y, -E4M3_MAX), E4M3_MAX)
+    y = tl.minimum(tl.maximum(y, -448.0), 448.0)
     tl.store(out_ptr + offs, y.to(tl.float8e4nv), mask=live)
 
 

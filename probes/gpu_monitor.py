@@ -102,11 +102,13 @@ class GpuMonitor:
             return
         self._bandwidth_at = now
         indices = [int(g.get("index", i)) for i, g in enumerate(reading.get("gpus", []))]
-        fn = self._bandwidth_fn
-        if fn is None:
-            from probes.gpu_bandwidth import measure_all as fn
         try:
-            self._bandwidth = fn(indices)
+            if self._bandwidth_fn is not None:
+                self._bandwidth = self._bandwidth_fn(indices)
+            else:
+                from probes.gpu_bandwidth import measure_all
+
+                self._bandwidth = measure_all(indices)
         except Exception as exc:  # noqa: BLE001 - a failed self-test is a reading error, not a crash
             log.warning("bandwidth self-test failed: %s", exc)
             self._bandwidth = {i: {"error": f"{type(exc).__name__}: {exc}"} for i in indices}
