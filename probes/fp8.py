@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,11 +85,10 @@ def fused_static_quant_count() -> Any:
     return _FUSED_QUANT_COUNT
 
 
-class _QuantMemo:
-    """The last quantised input: q/k/v (and gate/up) projections get the SAME tensor with the same
-    calibrated scale, so it is quantised once. Holds a strong reference, so identity is a safe key."""
-
-    __slots__ = ("x", "amax", "out")
+class _QuantMemo(threading.local):
+    """The last quantised input (per thread): q/k/v (and gate/up) projections get the SAME tensor
+    with the same calibrated scale, so it is quantised once. Holds a strong reference, so identity
+    is a safe key."""
 
     def __init__(self) -> None:
         self.x: torch.Tensor | None = None

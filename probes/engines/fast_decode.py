@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -233,6 +234,7 @@ class FastDecoder:
         #: seconds in prefill / decode steps (each ends on a host read, so no extra syncs), steps run
         self.stats = {"prefill_s": 0.0, "decode_s": 0.0, "steps": 0.0, "batches": 0.0}
         self.cache_arg = "past_key_values"
+        self._lock = threading.Lock()  # the static caches and graphs serve one batch at a time
 
     # -- shapes ---------------------------------------------------------------------------------
     def _rope_table(self, t: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -308,6 +310,12 @@ class FastDecoder:
         """Greedy tokens (EOS excluded) and their logprobs for a left-padded batch ``ids``/``mask``.
 
         ``stop_check(row, tokens_so_far)`` -> True once that row hit a stop string."""
+        with self._lock:
+            return self._generate(ids, mask, max_new_tokens, eos_ids, stop_check, pad_id)
+
+    def _generate(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, eos_ids: Sequence[int],
+                  stop_check: Callable[[int, list[int]], bool] | None, pad_id: int
+                  ) -> list[tuple[list[int], list[float]]]:
         n, width = ids.shape
         if max_new_tokens <= 0:
             return [([], []) for _ in range(n)]
