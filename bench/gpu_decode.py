@@ -1,5 +1,10 @@
 """FP8 vs FP16 decode at the Llama-3-8B shape, with the non-GEMM work fused: where the time goes.
 
+PROTOTYPE: a decoder of its own, not the product path. Its ideas (one compiled layer, the step in one
+CUDA graph, static FP8 scales) now live in probes/engines/fast_decode.py, which the torch engine uses
+for replay, calibrate and the OpenAI-compatible server; bench/gpu_replay.py measures that path.
+This script stays for its per-component times (GEMMs, attention, lm_head, the rest).
+
 The first decode benchmark (bench/gpu_replay.py section 2) ran an unfused decoder in a CUDA graph:
 FP8/FP16 = 1.15x, because ~3.5 ms of a 7.5 ms step were small unfused kernels (RMSNorm, rotary,
 residuals, masked GQA attention through SDPA's math path, the quantisers) that FP8 does not shrink.

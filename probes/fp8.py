@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,7 @@ def _static_quant(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 _FUSED_QUANT: Any = None
+_FUSED_QUANT_COUNT: Any = None
 
 
 def fused_static_quant() -> Any:
@@ -60,6 +62,50 @@ def fused_static_quant() -> Any:
     if _FUSED_QUANT is None:
         _FUSED_QUANT = torch.compile(_static_quant, dynamic=False, fullgraph=True)
     return _FUSED_QUANT
+
+
+def quant_count_eager(x: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Static quantisation + count of clipped values, as separate PyTorch kernels (the reference)."""
+    scaled = x / scale
+    return scaled.clamp(-E4M3_MAX, E4M3_MAX).to(FP8_DTYPE), (scaled.abs() > E4M3_MAX).sum()
+
+
+def fused_static_quant_count() -> Any:
+    """One Triton kernel: divide (rounded to the activation dtype, as eager), count |x| > 448, clamp,
+    cast to e4m3 — one read of x, one byte written per value. Falls back to ``quant_count_eager``
+    where Triton is missing. (A torch.compile'd version with dynamic shapes ran at ~1/50 of the
+    memory bandwidth on the H200: 95 ms per call at the 8B prefill shape.)"""
+    global _FUSED_QUANT_COUNT
+    if _FUSED_QUANT_COUNT is None:
+        try:
+            from probes.fp8_triton import quant_count
+        except ImportError:  # no triton: the separate kernels
+            quant_count = quant_count_eager
+        _FUSED_QUANT_COUNT = quant_count
+    return _FUSED_QUANT_COUNT
+
+
+class _QuantMemo(threading.local):
+    """The last quantised input (per thread): q/k/v (and gate/up) projections get the SAME tensor
+    with the same calibrated scale, so it is quantised once. Holds a strong reference, so identity
+    is a safe key."""
+
+    def __init__(self) -> None:
+        self.x: torch.Tensor | None = None
+        self.amax = 0.0
+        self.out: tuple[torch.Tensor, torch.Tensor | None] | None = None
+
+    def get(self, x: torch.Tensor, amax: float) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        return self.out if self.x is x and self.amax == amax else None
+
+    def put(self, x: torch.Tensor, amax: float, out: tuple[torch.Tensor, torch.Tensor | None]) -> None:
+        self.x, self.amax, self.out = x, amax, out
+
+    def clear(self) -> None:
+        self.x = self.out = None
+
+
+QUANT_MEMO = _QuantMemo()
 
 
 def quantize_weight(weight: torch.Tensor, mode: str = "tensor") -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,6 +154,8 @@ class Fp8Linear(nn.Module):
         self.track_saturation = track_saturation
         #: static scales without saturation counting: quantise in one compiled kernel (torch.compile)
         self.fuse_quant = fuse_quant
+        #: static scales on CUDA: divide, clip-count, clamp and cast in one compiled kernel per input
+        self.compiled_quant = weight.device.type == "cuda"
         w_fp8, w_scale = quantize_weight(weight, weight_mode)
         self.register_buffer("weight_fp8", w_fp8)
         self.register_buffer("weight_scale", w_scale)
@@ -174,10 +222,31 @@ class Fp8Linear(nn.Module):
         x = x_fp8.float() * scale_a
         return (x @ self._w_dequant.t()).to(self.out_dtype)
 
+    def _quantize_static_compiled(self, x: torch.Tensor, x2d: torch.Tensor) -> torch.Tensor:
+        assert self.act_amax is not None
+        hit = QUANT_MEMO.get(x, self.act_amax)
+        if hit is None:
+            try:
+                x_fp8, n_sat = fused_static_quant_count()(x2d, self._scale_in(x2d.dtype))
+            except Exception as exc:  # noqa: BLE001 - a kernel that fails to build: the eager kernels
+                log.warning("fp8: fused quantiser failed (%s); using eager kernels", exc)
+                global _FUSED_QUANT_COUNT
+                _FUSED_QUANT_COUNT = quant_count_eager
+                x_fp8, n_sat = quant_count_eager(x2d, self._scale_in(x2d.dtype))
+            hit = (x_fp8, n_sat)
+            QUANT_MEMO.put(x, self.act_amax, hit)
+        if self.track_saturation:
+            self._n_values += x2d.numel()
+            self._n_saturated += hit[1]
+        return hit[0]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2d = x.reshape(-1, self.in_features)
-        x_fp8, scale_a = self._quantize_input(x2d)
+        if self.activation_mode == "static" and self.compiled_quant and not self.fuse_quant:
+            x_fp8, scale_a = self._quantize_static_compiled(x, x2d), self.act_scale
+        else:
+            x_fp8, scale_a = self._quantize_input(x2d)
         if self.backend == "scaled_mm":
             try:
                 out = self._matmul_scaled_mm(x_fp8, scale_a)

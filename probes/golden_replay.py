@@ -9,6 +9,7 @@ counted, and keeps the item out of every mean: it never passes silently.
 from __future__ import annotations
 
 import argparse
+import inspect
 import logging
 import math
 import sys
@@ -45,11 +46,23 @@ def apply_stop(text: str, stop: tuple[str, ...]) -> str:
     return text[:cut].strip()
 
 
-def _generate(engine: Engine, prompts: list[str], max_new_tokens: int) -> list[Generation]:
-    """``engine.generate`` with the contract enforced: an exception or a wrong-length answer
-    becomes an error on every item of the batch."""
+def _accepts_stop(engine: Engine) -> bool:
     try:
-        gens = engine.generate(prompts, max_new_tokens)
+        return "stop" in inspect.signature(engine.generate).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _generate(engine: Engine, prompts: list[str], max_new_tokens: int,
+              stop: tuple[str, ...] = ()) -> list[Generation]:
+    """``engine.generate`` with the contract enforced: an exception or a wrong-length answer
+    becomes an error on every item of the batch. Engines whose ``generate`` takes ``stop`` get the
+    set's stop strings (they may end a row early); the output is cut at them here either way."""
+    try:
+        if stop and _accepts_stop(engine):
+            gens = engine.generate(prompts, max_new_tokens, stop=stop)  # type: ignore[call-arg]
+        else:
+            gens = engine.generate(prompts, max_new_tokens)
     except Exception as exc:  # noqa: BLE001 - engine failures are data, not crashes
         log.warning("engine %s raised in generate: %s", engine.name, exc)
         return [Generation("", None, 0.0, error=f"{type(exc).__name__}: {exc}")] * len(prompts)
@@ -83,8 +96,11 @@ def replay(
     batch_size: int = 16,
     progress: bool = True,
     scorer: Scorer | None = None,
+    baseline_first: bool = False,
 ) -> DriftReport:
-    """Replay ``golden_set`` through both engines and build the drift report."""
+    """Replay ``golden_set`` through both engines and build the drift report.
+
+    ``baseline_first`` runs the baseline's batches before the candidate's (benchmarks alternate it)."""
     started = time.time()
     manifest = golden_set.manifest
     items = list(golden_set.items)
@@ -94,15 +110,17 @@ def replay(
     refs = [i.reference for i in items]
     stop = manifest.generation.stop
     engines = {"candidate": candidate, "baseline": baseline}
+    run_order = ["baseline", "candidate"] if baseline_first else ["candidate", "baseline"]
     gens: dict[str, list[Generation]] = {k: [] for k in engines}
     ref_scores: dict[str, list[ReferenceScore | None]] = {k: [] for k in engines}
     batches = [range(s, min(s + batch_size, len(items))) for s in range(0, len(items), max(1, batch_size))]
 
     with _progress(progress, f"replay {golden_set.name}", 2 * len(items)) as advance:
-        for side, engine in engines.items():
+        for side in run_order:
+            engine = engines[side]
             for batch in batches:
                 bp = [prompts[i] for i in batch]
-                gens[side].extend(_generate(engine, bp, manifest.generation.max_new_tokens))
+                gens[side].extend(_generate(engine, bp, manifest.generation.max_new_tokens, stop))
                 if want_ppl:
                     scores = _score(engine, bp, [refs[i] for i in batch])
                     ref_scores[side].extend(scores if scores is not None else [None] * len(batch))

@@ -100,6 +100,11 @@ class GpuHealth:
     ecc_uncorrected: bool | None = None
     fp8_capable: bool | None = None
     fp8_reason: str = ""
+    #: device-to-device bandwidth self-test (probes.gpu_bandwidth), absent unless configured
+    d2d_bandwidth_gbps: float | None = None
+    d2d_bandwidth_nominal_gbps: float | None = None
+    d2d_bandwidth_ratio: float | None = None
+    bandwidth_low: bool | None = None
     gpu_lost: bool = False
     xid_critical: int = 0
     xid_count: int = 0
@@ -201,6 +206,10 @@ def _assess(h: GpuHealth) -> None:
                     f"clocks lowered by the power cap ({h.power_w} W of {h.power_limit_w} W)"))
     if h.fp8_capable is False:
         add(Problem("info", "fp8_unsupported", h.fp8_reason))
+    if h.bandwidth_low:
+        add(Problem("warning", "bandwidth_low",
+                    f"device-to-device copy {h.d2d_bandwidth_gbps:.0f} GB/s is {h.d2d_bandwidth_ratio:.0%} of "
+                    f"the part's nominal {h.d2d_bandwidth_nominal_gbps:.0f} GB/s: FP8's speed-up may vanish"))
     for name, err in h.read_errors.items():
         add(Problem("warning", "read_error", f"{name}: {err}"))
     h.critical = any(p.severity == "critical" for p in h.problems)
@@ -308,9 +317,25 @@ def rewindow(h: GpuHealth, events: Sequence[XidEvent], *, since: float, last: in
     return out
 
 
+def apply_bandwidth(h: GpuHealth, result: Mapping[str, Any] | None) -> None:
+    """File a ``probes.gpu_bandwidth.measure_d2d`` result into ``h`` (and re-assess its problems)."""
+    from probes.gpu_bandwidth import assess
+
+    a = assess(dict(result) if result else None, h.name)
+    h.d2d_bandwidth_gbps, h.d2d_bandwidth_nominal_gbps = a["gbps"], a["nominal_gbps"]
+    h.d2d_bandwidth_ratio, h.bandwidth_low = a["ratio"], a["low"]
+    if a["error"]:
+        h.read_errors["d2d_bandwidth"] = a["error"]
+    h.problems.clear()
+    _assess(h)
+
+
 def decode_reading(reading: Mapping[str, Any], xids: Mapping[str, XidSummary] | None = None, *,
-                   since: float = 0.0, xid_listening: bool = False) -> list[GpuHealth]:
-    """Pure: a whole reading -> one GpuHealth per GPU, plus one per MIG instance. [] if unavailable."""
+                   since: float = 0.0, xid_listening: bool = False,
+                   bandwidth: Mapping[int, Mapping[str, Any]] | None = None) -> list[GpuHealth]:
+    """Pure: a whole reading -> one GpuHealth per GPU, plus one per MIG instance. [] if unavailable.
+
+    ``bandwidth``: GPU index -> bandwidth self-test result (see ``apply_bandwidth``)."""
     if not reading.get("nvml_available"):
         return []
     at = float(reading.get("time", 0.0))
@@ -320,6 +345,8 @@ def decode_reading(reading: Mapping[str, Any], xids: Mapping[str, XidSummary] | 
         uuid = raw.get("fields", {}).get("uuid")
         summary = (xids or {}).get(uuid) if uuid else None
         h = decode_gpu(raw, system, at=at, since=since, xid=summary, xid_listening=xid_listening)
+        if bandwidth and h.index in bandwidth:
+            apply_bandwidth(h, bandwidth[h.index])
         out.append(h)
         for mig in raw.get("mig_devices", []):
             out.append(_decode_mig(h, mig, summary, xid_listening))
@@ -336,6 +363,8 @@ SIGNAL_REDUCE: dict[str, str] = {
     "remapped_rows_uncorrectable": "max", "thermal_slowdown": "max", "hw_slowdown": "max",
     "power_capped": "max", "temperature_c": "max", "temperature_margin_c": "min", "power_ratio": "max",
     "fp8_capable": "min", "pcie_replay_counter": "max", "utilization_gpu_pct": "max",
+    "compute_capability": "min", "cuda_driver_version": "min", "d2d_bandwidth_gbps": "min",
+    "d2d_bandwidth_ratio": "min", "bandwidth_low": "max",
 }
 
 
@@ -356,6 +385,13 @@ def health_values(h: GpuHealth) -> dict[str, float]:
         "temperature_margin_c": h.temperature_margin_c, "power_ratio": h.power_ratio,
         "fp8_capable": h.fp8_capable, "pcie_replay_counter": h.pcie_replay_counter,
         "utilization_gpu_pct": h.utilization_gpu_pct,
+        # FP8 stack guard inputs: 9.0 = sm_90; NVML's CUDA driver version as major.minor (13.0)
+        "compute_capability": (h.compute_capability[0] + h.compute_capability[1] / 10
+                               if h.compute_capability else None),
+        "cuda_driver_version": (h.cuda_driver_version // 1000 + h.cuda_driver_version % 1000 / 100
+                                if h.cuda_driver_version else None),
+        "d2d_bandwidth_gbps": h.d2d_bandwidth_gbps, "d2d_bandwidth_ratio": h.d2d_bandwidth_ratio,
+        "bandwidth_low": h.bandwidth_low,
     }
     for name, value in optional.items():
         if value is not None:

@@ -32,8 +32,16 @@ class GpuMonitor:
     def __init__(self, interval_s: float = 1.0, mapping: Mapping[str, Iterable[Any]] | None = None, *,
                  known_routes: Sequence[Scope] | None = None, gauges: Any | None = None,
                  listen_xids: bool = True, retry_s: float = 30.0, nvml: Any | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, bandwidth_test: bool = False,
+                 bandwidth_every_s: float = 3600.0,
+                 bandwidth_fn: Callable[[list[int]], dict[int, dict[str, Any]]] | None = None) -> None:
         self.interval_s = interval_s
+        #: device-to-device bandwidth self-test (imports torch): off unless configured
+        self.bandwidth_test = bandwidth_test
+        self.bandwidth_every_s = bandwidth_every_s
+        self._bandwidth_fn = bandwidth_fn
+        self._bandwidth: dict[int, dict[str, Any]] = {}
+        self._bandwidth_at = -1.0
         self.mapping = dict(mapping or {})
         self.known_routes = known_routes
         self.gauges = gauges
@@ -87,6 +95,24 @@ class GpuMonitor:
 
     # -- sampling ----------------------------------------------------------------------------------
 
+    def _maybe_test_bandwidth(self, reading: Mapping[str, Any]) -> None:
+        """Run the bandwidth self-test at start and every ``bandwidth_every_s`` (only when configured)."""
+        now = self.clock()
+        if not self.bandwidth_test or (self._bandwidth_at >= 0 and now - self._bandwidth_at < self.bandwidth_every_s):
+            return
+        self._bandwidth_at = now
+        indices = [int(g.get("index", i)) for i, g in enumerate(reading.get("gpus", []))]
+        try:
+            if self._bandwidth_fn is not None:
+                self._bandwidth = self._bandwidth_fn(indices)
+            else:
+                from probes.gpu_bandwidth import measure_all
+
+                self._bandwidth = measure_all(indices)
+        except Exception as exc:  # noqa: BLE001 - a failed self-test is a reading error, not a crash
+            log.warning("bandwidth self-test failed: %s", exc)
+            self._bandwidth = {i: {"error": f"{type(exc).__name__}: {exc}"} for i in indices}
+
     def sample_once(self) -> list[GpuHealth]:
         """Read every GPU now, decode, update gauges; returns the new health list."""
         if not self._ensure_nvml():
@@ -100,8 +126,9 @@ class GpuMonitor:
                 log.exception("GPU sample failed")
                 reading = unavailable_reading(f"sample failed: {exc}", self.clock())
             listening = any(v.startswith("registered") for v in self.listener.registrations.values())
+            self._maybe_test_bandwidth(reading)
             health = decode_reading(reading, self.xid_log.take("sample"), since=self._last_sample_at,
-                                    xid_listening=listening)
+                                    xid_listening=listening, bandwidth=self._bandwidth or None)
         with self._lock:
             self._reading, self._health = reading, health
             self._last_sample_at = float(reading.get("time", self.clock()))

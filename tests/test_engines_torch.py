@@ -133,3 +133,113 @@ def test_calibrate_command_writes_scales(tiny_model_dir: Path, tmp_path: Path) -
     bad = parser.parse_args(["calibrate", "--model", str(tiny_model_dir), "--set", "no-such-set",
                              "--golden-dir", str(sets)])
     assert bad.func(bad) == 2
+
+
+# -- the fast decode path (static KV cache; compiled and CUDA-graphed on a GPU, eager here) -----------
+def _random_llama(seed: int = 3):
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from probes.tiny_model import tiny_config
+
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(tiny_config(hidden=64, layers=2, intermediate=128)).eval()
+    with torch.no_grad():  # no EOS from a random model: every row runs to max_new_tokens
+        model.lm_head.weight[1].zero_()
+        model.lm_head.bias = None
+    return model
+
+
+MIXED = ["a", "Q: a longer prompt than the others? A:", "def f(x):", "中文", "x" * 40, "The end.", "z"]
+
+
+@pytest.mark.parametrize("precision", ["fp16", "fp8"])
+def test_fast_path_gives_the_eager_paths_greedy_tokens(precision: str) -> None:
+    import copy
+
+    from probes.engines.torch_engine import TorchEngine, calibrate_engine
+    from probes.tiny_model import byte_tokenizer
+
+    base = _random_llama()
+    extra: dict = {}
+    if precision == "fp8":
+        cal = TorchEngine(precision="fp16", model=copy.deepcopy(base), tokenizer=byte_tokenizer(), fast="off")
+        extra["calibration"] = calibrate_engine(cal, MIXED)
+    eager = TorchEngine(precision=precision, model=copy.deepcopy(base), tokenizer=byte_tokenizer(), fast="off",
+                        batch_size=3, **extra)
+    fast = TorchEngine(precision=precision, model=copy.deepcopy(base), tokenizer=byte_tokenizer(), fast="on",
+                       batch_size=3, **extra)
+    assert eager.fast_decoder is None and fast.fast_decoder is not None and "fast decode" in fast.fast_reason
+    rows = [eager.encode_prompt(p) for p in MIXED]
+    if fast.device.startswith("cuda"):
+        # fp16 with a compiled step: rounding differs from eager, and a RANDOM model turns a rounding
+        # difference into a different token within a few steps (seen on the H200: first difference at
+        # step 4-15). The first token comes from the same prefill and must match; the agreement on a
+        # trained model is measured in bench/train_drift.py (97.8 % of positions, docs/DRIFT.md).
+        got = fast._generate_batch(rows[:3], 24)
+        want = eager._generate_batch(rows[:3], 24)
+        assert [t[0] for t, _ in got] == [t[0] for t, _ in want]
+        assert all(abs(g[1][0] - w[1][0]) < 2e-3 for g, w in zip(got, want, strict=True))
+        assert all(len(t) == 24 for t, _ in got)
+        return
+    # CPU: float32, eager functions: the same greedy tokens, logprobs equal to rounding;
+    # batches of 3 prompts of different lengths (left padding), plus a filler row in a bucket of 4
+    for chunk in (rows[:3], rows[3:6], rows[6:]):
+        want = eager._generate_batch(chunk, 24)
+        got = fast._generate_batch(chunk, 24)
+        assert [t for t, _ in got] == [t for t, _ in want]
+        assert all(len(t) == 24 for t, _ in got)
+        for (_, lg), (_, lw) in zip(got, want, strict=True):
+            assert max(abs(a - b) for a, b in zip(lg, lw, strict=True)) < 1e-4
+    # the same engine again (its static cache is reused) gives the same answer
+    assert [g.text for g in fast.generate(MIXED, 12)] == [g.text for g in eager.generate(MIXED, 12)]
+
+
+def test_fast_path_stops_each_row_at_eos_and_stop_strings(tiny_model_dir: Path) -> None:
+    fast = get_engine("torch", model_path=str(tiny_model_dir), precision="fp16", batch_size=8, fast="on")
+    eager = get_engine("torch", model_path=str(tiny_model_dir), precision="fp16", batch_size=8, fast="off")
+    gens = fast.generate(PROMPTS, 32)  # the trained model ends each reference with EOS, at its own step
+    assert [g.text for g in gens] == REFS == [g.text for g in eager.generate(PROMPTS, 32)]
+    assert [len(g.token_logprobs or []) for g in gens] == [len(r.encode()) for r in REFS]
+    cut = fast.generate(PROMPTS, 32, stop=["i"])  # " Paris." -> " Pari"; rows without an "i" unchanged
+    assert [g.text for g in cut] == [r[: r.index("i") + 1] if "i" in r else r for r in REFS]
+    assert [g.text for g in cut] == [g.text for g in eager.generate(PROMPTS, 32, stop=["i"])]
+
+
+def test_fast_path_refuses_unsupported_models_and_bad_options() -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from probes.engines.fast_decode import unsupported_reason
+    from probes.engines.torch_engine import TorchEngine
+    from probes.tiny_model import byte_tokenizer
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=384, n_embd=32, n_layer=1, n_head=2, n_positions=64))
+    assert "model type 'gpt2'" in (unsupported_reason(gpt2) or "")
+    with pytest.raises(ValueError, match="fast decode not supported"):
+        TorchEngine(precision="fp16", model=gpt2, tokenizer=byte_tokenizer(), fast="on")
+    auto = TorchEngine(precision="fp16", model=gpt2, tokenizer=byte_tokenizer(), fast="auto")
+    assert auto.fast_decoder is None
+    assert auto.generate(["hi"], 4)[0].error is None
+    with pytest.raises(ValueError, match="fast must be"):
+        TorchEngine(precision="fp16", model=_random_llama(), tokenizer=byte_tokenizer(), fast="maybe")
+
+
+DRIFT_TINY = Path(__file__).resolve().parents[1] / "bench" / "data" / "drift_tiny"
+
+
+@pytest.mark.skipif(not (DRIFT_TINY / "model.safetensors").exists(), reason="shipped drift model not present")
+def test_shipped_trained_drift_model_loads_and_runs_fp8_through_the_registry() -> None:
+    """The 3M-parameter byte-level Llama trained on the H200 by bench/train_drift.py (fp16 safetensors,
+    with its FP8 calibration): it writes Python, and calibrated FP8 stays close to FP16."""
+    fp16 = get_engine("torch", model_path=str(DRIFT_TINY), precision="fp16", batch_size=4)
+    fp8 = get_engine("torch", model_path=str(DRIFT_TINY), precision="fp8", batch_size=4)
+    prompts = ["import os\nimport sys\n\n\ndef main(", "    def __init__(self", "for i in range("]
+    refs = ["argv):", ", name):", "len(x)):"]
+    g16, g8 = fp16.generate(prompts, 24), fp8.generate(prompts, 24)
+    assert all(g.error is None and len(g.text) > 0 for g in g16 + g8)
+    assert sum(a.text[:4] == b.text[:4] for a, b in zip(g16, g8, strict=True)) >= 2
+    s16, s8 = fp16.score(prompts, refs), fp8.score(prompts, refs)
+    assert s16 is not None and s8 is not None
+    nats_per_byte = -sum(s.logprob_sum for s in s16) / sum(s.n_bytes for s in s16)
+    assert nats_per_byte < 3.0  # an untrained model is about ln(384) = 5.95
+    assert abs(sum(s.logprob_sum for s in s8) - sum(s.logprob_sum for s in s16)) < 0.5

@@ -147,3 +147,20 @@ def test_calibrate_quantize_model_and_files(tmp_path) -> None:
         load_calibration(tmp_path / "bad.json")
     with pytest.raises(ValueError):
         calibrate(model, [])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the Triton quantiser)")
+def test_triton_quantiser_equals_the_eager_one_bit_for_bit() -> None:
+    from probes.fp8 import fused_static_quant_count, quant_count_eager
+
+    fused = fused_static_quant_count()
+    for dtype in (torch.float16, torch.bfloat16):
+        for shape in ((3, 64), (517, 4096), (64, 14336)):
+            x = torch.randn(shape, device="cuda", dtype=dtype) * 3
+            x[0, :5] = torch.tensor([1000.0, -1000.0, 0.0, 447.0, -0.001])
+            scale = torch.tensor([0.0137], device="cuda").to(dtype)
+            got, n_got = fused(x, scale)
+            want, n_want = quant_count_eager(x, scale)
+            assert got.dtype == want.dtype == torch.float8_e4m3fn
+            assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+            assert int(n_got) == int(n_want) > 0

@@ -89,7 +89,8 @@ class TorchEngine:
                  calibration: str | Path | Mapping[str, float] | None = None,
                  fp8_weight_scale: str = "tensor", fp8_activation: str = "static",
                  scale_multiplier: float = 1.0, max_batch_tokens: int | None = None, name: str | None = None,
-                 model: Any = None, tokenizer: Any = None, track_saturation: bool = True) -> None:
+                 model: Any = None, tokenizer: Any = None, track_saturation: bool = True,
+                 fast: str | bool = "auto", compile: bool | None = None, cuda_graphs: bool | None = None) -> None:
         import torch
 
         if precision not in PRECISIONS:
@@ -134,6 +135,33 @@ class TorchEngine:
         self._torch = torch
         params = inspect.signature(self.model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self._keep_kw = "logits_to_keep" in params
+        self.fast_decoder: Any = None
+        self.fast_reason = self._setup_fast(fast, compile, cuda_graphs)
+
+    def _setup_fast(self, fast: str | bool, compile: bool | None, cuda_graphs: bool | None) -> str:
+        """Build the static-cache decoder (probes.engines.fast_decode); returns why it is (not) used.
+
+        ``fast``: "auto" (on CUDA when the model is supported), "on"/True (also on CPU, eagerly; an
+        unsupported model is an error), "off"/False (the eager transformers loop)."""
+        mode = {True: "on", False: "off"}.get(fast, fast) if isinstance(fast, bool) else str(fast).lower()
+        if mode not in ("auto", "on", "off"):
+            raise ValueError(f"fast must be auto, on or off, not {fast!r}")
+        if mode == "off" or (mode == "auto" and not self.device.startswith("cuda")):
+            return f"fast decode {mode} on {self.device}: eager loop"
+        from probes.engines.fast_decode import FastDecoder, unsupported_reason
+
+        reason = unsupported_reason(self.model)
+        if reason is not None:
+            if mode == "on":
+                raise ValueError(f"fast decode not supported: {reason}")
+            log.info("torch engine %s: eager decode loop (%s)", self.name, reason)
+            return f"eager loop: {reason}"
+        self.fast_decoder = FastDecoder(self.model, compile=compile, cuda_graphs=cuda_graphs,
+                                        max_batch=self.batch_size)
+        self.fast_decoder.cache_arg = self._cache_arg
+        return (f"fast decode (static cache, compile {self.fast_decoder.compile}, "
+                f"CUDA graphs {self.fast_decoder.cuda_graphs})")
 
     # -- tokenisation -------------------------------------------------------------------------------
     def encode_prompt(self, text: str) -> list[int]:
@@ -173,7 +201,9 @@ class TorchEngine:
         return ids.to(self.device), mask.to(self.device)
 
     # -- generation ---------------------------------------------------------------------------------
-    def generate(self, prompts: list[str], max_new_tokens: int) -> list[Generation]:
+    def generate(self, prompts: list[str], max_new_tokens: int,
+                 stop: Sequence[str] | None = None) -> list[Generation]:
+        """Greedy completions; with ``stop`` each row ends at (and includes) its first stop string."""
         results: list[Generation | None] = [None] * len(prompts)
         encoded: list[list[int]] = []
         for i, p in enumerate(prompts):
@@ -189,7 +219,7 @@ class TorchEngine:
             batch = [todo[j] for j in batch_pos]
             start = time.perf_counter()
             try:
-                outs = self._generate_batch([encoded[i] for i in batch], max_new_tokens)
+                outs = self._generate_batch([encoded[i] for i in batch], max_new_tokens, tuple(stop or ()))
                 ms = (time.perf_counter() - start) * 1000.0
                 for i, (ids, lps) in zip(batch, outs, strict=True):
                     results[i] = Generation(text=self.decode(ids), token_logprobs=lps, latency_ms=ms)
@@ -201,7 +231,28 @@ class TorchEngine:
                                             error=f"{type(exc).__name__}: {exc}")
         return [r for r in results if r is not None]
 
-    def _generate_batch(self, rows: list[list[int]], max_new_tokens: int) -> list[tuple[list[int], list[float]]]:
+    def _cut_at_stop(self, toks: list[int], lps: list[float],
+                     stop: tuple[str, ...]) -> tuple[list[int], list[float]]:
+        """Tokens up to the one that completes the first stop string (all of them when none occurs)."""
+        if not stop or not any(s in self.decode(toks) for s in stop):
+            return toks, lps
+        for k in range(1, len(toks) + 1):
+            if any(s in self.decode(toks[:k]) for s in stop):
+                return toks[:k], lps[:k]
+        return toks, lps
+
+    def _generate_batch(self, rows: list[list[int]], max_new_tokens: int,
+                        stop: tuple[str, ...] = ()) -> list[tuple[list[int], list[float]]]:
+        if self.fast_decoder is not None and self.fast_decoder.model is self.model:
+            ids, mask = self._pad_left(rows)
+            check = (lambda _r, toks: any(s in self.decode(toks) for s in stop)) if stop else None
+            pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+            outs = self.fast_decoder.generate(ids, mask, max_new_tokens, self.eos_ids, check, pad_id=pad)
+        else:
+            outs = self._generate_eager(rows, max_new_tokens)
+        return [self._cut_at_stop(t, lp, stop) for t, lp in outs]
+
+    def _generate_eager(self, rows: list[list[int]], max_new_tokens: int) -> list[tuple[list[int], list[float]]]:
         torch = self._torch
         from transformers import DynamicCache
 
@@ -271,20 +322,34 @@ class TorchEngine:
                                                 error=f"{type(exc).__name__}: {exc}")
         return [r for r in results if r is not None]
 
-    def _token_logprobs(self, rows: list[list[int]]) -> list[list[float]]:
-        """For each row, the logprob of token t given tokens < t (t >= 1)."""
+    def _token_logprobs(self, rows: list[list[int]], last: int | None = None) -> list[list[float]]:
+        """For each row, the logprob of token t given tokens < t (t >= 1); with ``last``, only the
+        last ``last`` tokens' (the lm_head and log-softmax then run over those positions alone)."""
         torch = self._torch
         ids, mask = self._pad_left(rows)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        with torch.inference_mode():
-            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits
-            lp = torch.log_softmax(logits[:, :-1, :].float(), dim=-1)
-            picked = lp.gather(2, ids[:, 1:, None])[:, :, 0].tolist()
         width = ids.shape[1]
-        return [picked[b][width - len(r):] for b, r in enumerate(rows)]
+        keep = width if last is None else min(width, last + 1)
+        with torch.inference_mode():
+            kw = {"logits_to_keep": keep} if self._keep_kw else {}
+            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, **kw).logits
+            if logits.shape[1] != keep:
+                logits = logits[:, -keep:]
+            targets = ids[:, width - keep + 1:]
+            picked_t = torch.empty(targets.shape, dtype=torch.float32, device=ids.device)
+            for s in range(0, ids.shape[0], 16):  # float log-softmax in row chunks: bounded memory
+                lg = logits[s:s + 16, :-1, :].float()
+                picked_t[s:s + 16] = lg.gather(2, targets[s:s + 16, :, None])[:, :, 0] - lg.logsumexp(-1)
+            picked = picked_t.tolist()
+        if self.precision == "fp8":
+            from probes.fp8 import QUANT_MEMO
+
+            QUANT_MEMO.clear()
+        return [picked[b][max(0, keep - 1 - (len(r) - 1)):] if last is None else picked[b]
+                for b, r in enumerate(rows)]
 
     def _score_batch(self, pairs: list[tuple[list[int], list[int]]]) -> list[float]:
-        per_token = self._token_logprobs([p + r for p, r in pairs])
+        per_token = self._token_logprobs([p + r for p, r in pairs], last=max(len(r) for _p, r in pairs))
         return [float(sum(lps[-len(r):])) for lps, (_p, r) in zip(per_token, pairs, strict=True)]
 
     def prompt_logprobs(self, text: str) -> tuple[list[int], list[float | None]]:
@@ -312,6 +377,7 @@ class TorchEngine:
             reset_saturation(self.model)
 
     def close(self) -> None:
+        self.fast_decoder = None
         self.model = None
         if self.device.startswith("cuda"):
             self._torch.cuda.empty_cache()

@@ -1,0 +1,16 @@
+#!/bin/bash
+# One device call: install the carried wheels, GPU-relevant tests, then the given benchmark command.
+# Usage (on the device, from the copied worktree): bash bench/gpu_call.sh TESTS_TIMEOUT_S CMD...
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site ../whl/*.whl || exit 3
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
+python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+t=$1; shift
+if [ "$t" -gt 0 ]; then
+  timeout "$t" python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_gpu.py tests/test_gpu_read.py \
+    tests/test_gpu_bandwidth.py tests/test_fp8.py tests/test_engines_torch.py tests/test_replay.py -rs \
+    > "$OUT/tests.txt" 2>&1
+  echo "tests rc=$?"; tail -25 "$OUT/tests.txt"
+fi
+"$@" 2>&1 | grep -v -E "Loading weights|Writing model" | tee "$OUT/bench.txt"

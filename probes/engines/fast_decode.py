@@ -1,0 +1,417 @@
+"""Fast greedy decoding for Llama-shaped Hugging Face models (the torch engine's GPU path).
+
+* Prefill: the model's own forward over the left-padded batch (one call, ``logits_to_keep=1``), so
+  the first token and the prompt's K/V are exactly the eager path's; FP8 layers count saturation here.
+* The K/V are copied into a STATIC cache ``[B, kv_heads, T, head_dim]`` per layer; B and T are
+  rounded up to buckets so a handful of shapes cover every batch.
+* Decode: one Llama layer as a pure function of tensors (``decode_layer``), compiled once with
+  ``torch.compile`` (static shapes) and called for every layer; the step (all layers, final norm,
+  lm_head, log-softmax, greedy pick, per-row EOS flags, history write, position advance) is captured
+  in ONE CUDA graph and replayed. FP8 linears use their static calibrated per-tensor activation
+  scale; the divide/clamp/cast is fused by inductor into the preceding norm or SiLU*up kernel, and
+  the product runs through ``torch._scaled_mm``. FP16 gets the same compile and graph.
+* Stopping per row: EOS (flag computed in the graph), ``max_new_tokens``, and stop strings (checked
+  on the host every ``check_every`` steps); the loop ends when every row is done.
+
+Without CUDA (CI) the same functions run eagerly, no compile and no graph: their greedy tokens equal
+the eager transformers path (tests/test_engines_torch.py). FP8 layers with per-row weight scales or
+the CPU emulation use ``Fp8Linear``'s own product code inside the step.
+
+Not covered (the engine falls back to its eager loop): non-Llama architectures, biases, rope scaling,
+activations other than SiLU, dynamic FP8 activation scales.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from probes.fp8 import E4M3_MAX, FP8_DTYPE, Fp8Linear
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_TYPES = ("llama", "mistral")
+#: cache length is rounded up to a multiple of this (fewer compiled shapes and graphs)
+T_BUCKET = 128
+#: at most this many (batch, length) buckets keep their caches and graphs
+MAX_BUCKETS = 3
+
+
+def unsupported_reason(model: nn.Module) -> str | None:
+    """Why ``model`` cannot use the fast path (None when it can)."""
+    cfg = getattr(model, "config", None)
+    if cfg is None or getattr(cfg, "model_type", None) not in SUPPORTED_TYPES:
+        return f"model type {getattr(cfg, 'model_type', None)!r} is not one of {SUPPORTED_TYPES}"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"activation {cfg.hidden_act!r} is not silu"
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    if isinstance(rope, dict) and rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
+        return f"rope type {rope.get('rope_type')!r} is not supported"
+    if getattr(cfg, "sliding_window", None):
+        return "sliding-window attention is not supported"
+    for name, mod in model.named_modules():
+        if isinstance(mod, Fp8Linear):
+            if mod.activation_mode != "static":
+                return f"{name}: dynamic FP8 activation scales"
+            if mod.bias is not None:
+                return f"{name}: bias"
+        elif isinstance(mod, nn.Linear) and mod.bias is not None:
+            return f"{name}: bias"
+    return None
+
+
+def _rope_theta(cfg: Any) -> float:
+    rope = getattr(cfg, "rope_parameters", None)
+    if isinstance(rope, dict) and "rope_theta" in rope:
+        return float(rope["rope_theta"])
+    return float(getattr(cfg, "rope_theta", 10000.0))
+
+
+# -- the decode step as pure functions (what torch.compile traces) ---------------------------------
+def quant(x: torch.Tensor, sx: torch.Tensor) -> torch.Tensor:
+    """Static FP8 activation quantisation, as ``Fp8Linear`` does it (divide in the activation dtype)."""
+    return (x / sx).clamp(-E4M3_MAX, E4M3_MAX).to(FP8_DTYPE)
+
+
+def linear(x: torch.Tensor, p: dict[str, Any]) -> torch.Tensor:
+    """One GEMM of the step. ``p['kind']``: fp16 (plain), fp8 (static per-tensor, _scaled_mm) or
+    module (an ``Fp8Linear``'s own quantise + product: per-row weights, CPU emulation)."""
+    kind = p["kind"]
+    if kind == "plain":
+        return F.linear(x, p["w"])
+    if kind == "fp8":
+        return torch._scaled_mm(quant(x, p["sx_in"]), p["w"].t(), scale_a=p["sx"], scale_b=p["sw"],
+                                out_dtype=x.dtype)
+    mod: Fp8Linear = p["mod"]
+    x8, sa = quant(x, p["sx_in"]), mod.act_scale
+    if mod.backend == "scaled_mm":
+        return mod._matmul_scaled_mm(x8, sa)
+    return mod._matmul_emulated(x8, sa)
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+def decode_layer(x: torch.Tensor, p: dict[str, Any], kc: torch.Tensor, vc: torch.Tensor, slot: torch.Tensor,
+                 cos: torch.Tensor, sin: torch.Tensor, kmask: torch.Tensor, eps: float) -> torch.Tensor:
+    """One Llama layer for one new token per row. x [B, hidden]; kc, vc [B, KVH, T, D] (written at
+    ``slot``); cos, sin [B, D] of each row's position; kmask [B, T] keys each row may attend."""
+    b = x.shape[0]
+    kvh, d = kc.shape[1], kc.shape[3]
+    h = rms_norm(x, p["ln1"], eps)
+    q = linear(h, p["q"]).view(b, -1, d)
+    k = linear(h, p["k"]).view(b, kvh, d)
+    v = linear(h, p["v"]).view(b, kvh, d)
+    c, s = cos[:, None, :], sin[:, None, :]
+    q = q * c + rotate_half(q) * s
+    k = k * c + rotate_half(k) * s
+    kc.index_copy_(2, slot, k.unsqueeze(2))
+    vc.index_copy_(2, slot, v.unsqueeze(2))
+    nh = q.shape[1]
+    qg = q.view(b, kvh, nh // kvh, d)
+    scores = torch.matmul(qg, kc.transpose(-1, -2)).float() * (1.0 / math.sqrt(d))
+    scores = scores.masked_fill(~kmask[:, None, None, :], float("-inf"))
+    att = torch.matmul(torch.softmax(scores, dim=-1).to(x.dtype), vc).reshape(b, nh * d)
+    x = x + linear(att, p["o"])
+    h = rms_norm(x, p["ln2"], eps)
+    return x + linear(F.silu(linear(h, p["gate"])) * linear(h, p["up"]), p["down"])
+
+
+def decode_head(x: torch.Tensor, ln: torch.Tensor, head: dict[str, Any],
+                eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Final norm, lm_head, greedy token and its log-probability."""
+    lp = torch.log_softmax(linear(rms_norm(x, ln, eps), head).float(), dim=-1)
+    tok = lp.argmax(dim=-1)
+    return tok, lp.gather(1, tok[:, None])[:, 0]
+
+
+def step_inputs(slot: torch.Tensor, pad: torch.Tensor, cos_t: torch.Tensor, sin_t: torch.Tensor,
+                key_idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's rotary cos/sin at its position (slot - left pad) and its key mask [B, T]."""
+    pos = slot - pad
+    kmask = (key_idx[None, :] >= pad[:, None]) & (key_idx[None, :] <= slot)
+    return cos_t[pos], sin_t[pos], kmask
+
+
+# -- weights ---------------------------------------------------------------------------------------
+def _lin(mod: nn.Module) -> dict[str, Any]:
+    if isinstance(mod, Fp8Linear):
+        sx_in = mod._scale_in(mod.out_dtype)
+        if mod.backend == "scaled_mm" and mod.weight_mode == "tensor":
+            return {"kind": "fp8", "w": mod.weight_fp8, "sw": mod.weight_scale, "sx": mod.act_scale,
+                    "sx_in": sx_in}
+        return {"kind": "module", "mod": mod, "sx_in": sx_in}
+    assert isinstance(mod, nn.Linear)
+    return {"kind": "plain", "w": mod.weight}
+
+
+@dataclass
+class _Bucket:
+    """Static tensors (and the captured graph) of one (batch, cache length) shape."""
+
+    b: int
+    t: int
+    kc: list[torch.Tensor]
+    vc: list[torch.Tensor]
+    tokens: torch.Tensor
+    slot: torch.Tensor
+    pad: torch.Tensor
+    step_i: torch.Tensor
+    hist_tok: torch.Tensor
+    hist_lp: torch.Tensor
+    done: torch.Tensor
+    graph: Any = None
+    eos: torch.Tensor | None = None
+
+
+class FastDecoder:
+    """Greedy decoding of a Llama-shaped HF model (fp16/bf16/fp32 or with ``Fp8Linear`` layers)."""
+
+    def __init__(self, model: nn.Module, *, compile: bool | None = None, cuda_graphs: bool | None = None,
+                 check_every: int = 8, max_batch: int = 16) -> None:
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(f"fast decode not supported: {reason}")
+        self.model = model
+        cfg = model.config  # type: ignore[attr-defined]
+        first = next(model.parameters())
+        self.device, self.dtype = first.device, first.dtype
+        on_cuda = self.device.type == "cuda"
+        self.compile = on_cuda if compile is None else bool(compile)
+        self.cuda_graphs = on_cuda if cuda_graphs is None else (bool(cuda_graphs) and on_cuda)
+        self.check_every = max(1, int(check_every))
+        self.max_batch = max(1, int(max_batch))
+        self.eps = float(getattr(cfg, "rms_norm_eps", 1e-6))
+        inner = model.model  # type: ignore[attr-defined]
+        self.embed = inner.embed_tokens.weight
+        self.final_ln = inner.norm.weight
+        self.layers: list[dict[str, Any]] = []
+        for lay in inner.layers:
+            a, m = lay.self_attn, lay.mlp
+            self.layers.append({"ln1": lay.input_layernorm.weight, "ln2": lay.post_attention_layernorm.weight,
+                                "q": _lin(a.q_proj), "k": _lin(a.k_proj), "v": _lin(a.v_proj),
+                                "o": _lin(a.o_proj), "gate": _lin(m.gate_proj), "up": _lin(m.up_proj),
+                                "down": _lin(m.down_proj)})
+        self.head = _lin(model.lm_head)  # type: ignore[attr-defined]
+        self.kv_heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
+        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+        self.theta = _rope_theta(cfg)
+        self._rope: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._buckets: OrderedDict[tuple[int, int], _Bucket] = OrderedDict()
+        self._layer_fn: Callable[..., Any] = decode_layer
+        self._head_fn: Callable[..., Any] = decode_head
+        self._inputs_fn: Callable[..., Any] = step_inputs
+        if self.compile:
+            import torch._inductor.config as inductor_config
+
+            # round fused intermediates to the activation dtype where eager does (RMSNorm output, the
+            # SiLU*up product before FP8 quantisation): compiled and eager steps then agree to rounding
+            inductor_config.emulate_precision_casts = True
+            for knob in ("cache_size_limit", "recompile_limit"):
+                if hasattr(torch._dynamo.config, knob):
+                    setattr(torch._dynamo.config, knob, max(64, getattr(torch._dynamo.config, knob)))
+            self._layer_fn = torch.compile(decode_layer, dynamic=False, fullgraph=True)
+            self._head_fn = torch.compile(decode_head, dynamic=False, fullgraph=True)
+            self._inputs_fn = torch.compile(step_inputs, dynamic=False, fullgraph=True)
+        self.warmup_seconds = 0.0  # compile + capture time spent so far (reported, not hidden)
+        #: seconds in prefill / decode steps (each ends on a host read, so no extra syncs), steps run
+        self.stats = {"prefill_s": 0.0, "decode_s": 0.0, "steps": 0.0, "batches": 0.0}
+        self.cache_arg = "past_key_values"
+        self._lock = threading.Lock()  # the static caches and graphs serve one batch at a time
+
+    # -- shapes ---------------------------------------------------------------------------------
+    def _rope_table(self, t: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if t not in self._rope:
+            d = self.head_dim
+            inv = 1.0 / (self.theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=self.device).float() / d))
+            ang = torch.outer(torch.arange(t, device=self.device, dtype=torch.float32), inv)
+            emb = torch.cat((ang, ang), dim=-1)
+            self._rope[t] = (emb.cos().to(self.dtype), emb.sin().to(self.dtype),
+                             torch.arange(t, device=self.device))
+        return self._rope[t]
+
+    def _bucket(self, b: int, t: int) -> _Bucket:
+        key = (b, t)
+        bk = self._buckets.get(key)
+        if bk is not None:
+            self._buckets.move_to_end(key)
+            return bk
+        while len(self._buckets) >= MAX_BUCKETS:
+            self._buckets.popitem(last=False)
+        dev, dt = self.device, self.dtype
+        shape = (b, self.kv_heads, t, self.head_dim)
+        bk = _Bucket(b, t, [torch.zeros(shape, device=dev, dtype=dt) for _ in self.layers],
+                     [torch.zeros(shape, device=dev, dtype=dt) for _ in self.layers],
+                     torch.zeros(b, dtype=torch.long, device=dev), torch.zeros(1, dtype=torch.long, device=dev),
+                     torch.zeros(b, dtype=torch.long, device=dev), torch.zeros(1, dtype=torch.long, device=dev),
+                     torch.zeros(b, t, dtype=torch.long, device=dev), torch.zeros(b, t, dtype=torch.float32,
+                                                                                  device=dev),
+                     torch.zeros(b, dtype=torch.bool, device=dev))
+        self._buckets[key] = bk
+        return bk
+
+    def _step(self, bk: _Bucket, eos: torch.Tensor) -> None:
+        """One decode step on the bucket's static tensors (eager, compiled or captured)."""
+        cos_t, sin_t, key_idx = self._rope_table(bk.t)
+        cos, sin, kmask = self._inputs_fn(bk.slot, bk.pad, cos_t, sin_t, key_idx)
+        x = F.embedding(bk.tokens, self.embed)
+        for i, p in enumerate(self.layers):
+            x = self._layer_fn(x, p, bk.kc[i], bk.vc[i], bk.slot, cos, sin, kmask, self.eps)
+        tok, lp = self._head_fn(x, self.final_ln, self.head, self.eps)
+        bk.tokens.copy_(tok)
+        bk.hist_tok.index_copy_(1, bk.step_i, tok[:, None])
+        bk.hist_lp.index_copy_(1, bk.step_i, lp[:, None])
+        bk.done.logical_or_((tok[:, None] == eos[None, :]).any(-1))
+        bk.slot.add_(1)
+        bk.step_i.add_(1)
+
+    def _capture(self, bk: _Bucket, eos: torch.Tensor) -> None:
+        """Compile (on a side stream, as capture requires) and capture the step; state is restored after."""
+        t0 = time.perf_counter()
+        saved = (bk.tokens.clone(), bk.slot.clone(), bk.step_i.clone(), bk.done.clone())
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                self._step(bk, eos)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        bk.eos = eos  # the graph reads this tensor: keep it alive
+        with torch.cuda.graph(graph):
+            self._step(bk, eos)
+        for dst, src in zip((bk.tokens, bk.slot, bk.step_i, bk.done), saved, strict=True):
+            dst.copy_(src)
+        torch.cuda.synchronize()
+        bk.graph = graph
+        self.warmup_seconds += time.perf_counter() - t0
+        log.info("fast decode: captured batch %d x cache %d in %.1f s", bk.b, bk.t, time.perf_counter() - t0)
+
+    # -- generation -------------------------------------------------------------------------------
+    def generate(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, eos_ids: Sequence[int],
+                 stop_check: Callable[[int, list[int]], bool] | None = None, pad_id: int = 0
+                 ) -> list[tuple[list[int], list[float]]]:
+        """Greedy tokens (EOS excluded) and their logprobs for a left-padded batch ``ids``/``mask``.
+
+        ``stop_check(row, tokens_so_far)`` -> True once that row hit a stop string."""
+        with self._lock:
+            return self._generate(ids, mask, max_new_tokens, eos_ids, stop_check, pad_id)
+
+    def _generate(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, eos_ids: Sequence[int],
+                  stop_check: Callable[[int, list[int]], bool] | None, pad_id: int
+                  ) -> list[tuple[list[int], list[float]]]:
+        n, width = ids.shape
+        if max_new_tokens <= 0:
+            return [([], []) for _ in range(n)]
+        b = n if n > self.max_batch else min(self.max_batch, 1 << (n - 1).bit_length())
+        t = -(-(width + max_new_tokens) // T_BUCKET) * T_BUCKET
+        bk = self._bucket(b, t)
+        if b > n:  # filler rows: one valid token each, outputs discarded
+            extra = b - n
+            ids = torch.cat([ids, torch.full((extra, width), pad_id, dtype=ids.dtype, device=ids.device)])
+            fill = torch.zeros((extra, width), dtype=mask.dtype, device=mask.device)
+            fill[:, -1] = 1
+            mask = torch.cat([mask, fill])
+        eos = bk.eos if bk.eos is not None else torch.tensor(list(eos_ids) or [-1], device=self.device)
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            first_tok, first_lp = self._prefill(bk, ids, mask)
+            tokens = [[int(x)] for x in first_tok[:n].tolist()]
+            lps = [[float(x)] for x in first_lp[:n].tolist()]
+            t1 = time.perf_counter()
+            self.stats["prefill_s"] += t1 - t0
+            self.stats["batches"] += 1
+            w0 = self.warmup_seconds
+            eos_set = set(eos_ids)
+            done = [tokens[r][0] in eos_set for r in range(n)]
+            if stop_check is not None:
+                done = [d or stop_check(r, tokens[r]) for r, d in enumerate(done)]
+            steps = 0
+            total = max_new_tokens - 1
+            if not all(done) and total > 0:
+                if self.cuda_graphs and bk.graph is None:
+                    self._capture(bk, eos)
+                while steps < total:
+                    chunk = min(self.check_every, total - steps)
+                    for _ in range(chunk):
+                        if bk.graph is not None:
+                            bk.graph.replay()
+                        else:
+                            self._step(bk, eos)
+                    steps += chunk
+                    flags = bk.done[:n].tolist()
+                    if stop_check is not None:
+                        new = bk.hist_tok[:n, :steps].tolist()
+                        done = [d or f or stop_check(r, tokens[r] + new[r]) for r, (d, f) in
+                                enumerate(zip(done, flags, strict=True))]
+                    else:
+                        done = [d or f for d, f in zip(done, flags, strict=True)]
+                    if all(done):
+                        break
+            hist_t = bk.hist_tok[:n, :steps].tolist()
+            hist_l = bk.hist_lp[:n, :steps].tolist()
+            t2 = time.perf_counter()
+            self.stats["decode_s"] += t2 - t1 - (self.warmup_seconds - w0)  # capture is reported apart
+            self.stats["steps"] += steps
+        out: list[tuple[list[int], list[float]]] = []
+        for r in range(n):
+            row_t, row_l = tokens[r] + hist_t[r], lps[r] + hist_l[r]
+            keep_t: list[int] = []
+            keep_l: list[float] = []
+            for tk, lv in zip(row_t, row_l, strict=True):
+                if tk in eos_set:
+                    break
+                keep_t.append(tk)
+                keep_l.append(lv)
+            out.append((keep_t, keep_l))
+        return out
+
+    def _prefill(self, bk: _Bucket, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's own forward over the prompts; K/V into the static cache; the first token."""
+        from transformers import DynamicCache
+
+        width = ids.shape[1]
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                         logits_to_keep=1, **{self.cache_arg: cache})
+        for i in range(len(self.layers)):
+            k, v = _layer_kv(cache, i)
+            bk.kc[i][:, :, :width].copy_(k)
+            bk.vc[i][:, :, :width].copy_(v)
+        del cache
+        from probes.fp8 import QUANT_MEMO
+
+        QUANT_MEMO.clear()
+        lp = torch.log_softmax(out.logits[:, -1, :].float(), dim=-1)
+        tok = lp.argmax(dim=-1)
+        pad = (mask == 0).sum(-1)
+        bk.tokens.copy_(tok)
+        bk.slot.fill_(width)
+        bk.pad.copy_(pad)
+        bk.step_i.zero_()
+        bk.done.copy_(torch.isin(tok, torch.tensor([-1], device=tok.device)))
+        return tok, lp.gather(1, tok[:, None])[:, 0]
+
+
+def _layer_kv(cache: Any, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        return layers[i].keys, layers[i].values
+    return cache.key_cache[i], cache.value_cache[i]
