@@ -21,6 +21,7 @@ _PLUGINS = [
     ("probes.golden_replay", "add_replay_command"),
     ("probes.engines.torch_engine", "add_calibrate_command"),
     ("probes.gpu_cli", "add_gpu_commands"),
+    ("watchdog.gateway.cli", "add_gateway_commands"),
 ]
 
 
