@@ -178,3 +178,61 @@ def test_redis_down_keeps_serving_the_last_known_flag(upstreams: dict[str, OpenA
             assert chat(client(srv), stream=stream)[0]["x-llmwd-precision"] == "fp16"
     finally:
         srv.stop()
+
+
+POLICY = """\
+policies:
+  - name: gw
+    scope: {models: ["*"], routes: ["*"]}
+    cooldown: 0s
+    max_flips_per_day: 10
+    promote: {mode: manual}
+    rules:
+      - name: fp8-errors
+        source: live
+        metric: error_rate
+        fail_if: "candidate > 0.2"
+        min_samples: 5
+        for: 1
+        severity: critical
+        action: rollback
+"""
+
+
+@pytest.mark.parametrize("gateway", [{"shadow_sample": 1.0}], indirect=True)
+def test_shadows_then_the_daemon_rolls_back_a_failing_fp8_upstream(gateway: Any, kafka_service: Any,
+                                                                   redis_service: Any, tmp_path: Path,
+                                                                   upstreams: dict[str, OpenAIServer]) -> None:
+    from tests.daemon_harness import make_config, running_daemon
+
+    srv, store, topic = gateway
+    c = client(srv)
+    chat(c)
+    (event,) = read_events(kafka_service.address, topic, 1)
+    assert event.precision == "fp8" and event.shadow is not None
+    assert event.shadow.precision == "fp16" and event.shadow.completion == event.completion == " Paris."
+
+    policy = tmp_path / "gw.yaml"
+    policy.write_text(POLICY)
+    cfg = make_config(kafka_service.address, redis_service.port, topic, policy, None,
+                      redis={"url": f"redis://{redis_service.address}/0", "prefix": store.keys.prefix})
+    served: list[str] = []
+    with running_daemon(cfg) as (daemon, _):
+        upstreams["fp8"].backend.fail_status = 503
+        try:
+            deadline = time.monotonic() + 40
+            while time.monotonic() < deadline:
+                try:
+                    served.append(chat(c)[0]["x-llmwd-precision"])
+                except openai.APIStatusError as exc:
+                    assert exc.status_code == 502
+                    served.append("failed")
+                if served[-1] == "fp16":
+                    break
+                time.sleep(0.05)
+        finally:
+            upstreams["fp8"].backend.fail_status = None
+        assert served[-1] == "fp16", served[-10:]
+        flag = store.get(MODEL, "support")
+        assert flag is not None and flag.precision == "fp16" and flag.policy == "gw"
+        assert daemon.stats.windows_closed > 0

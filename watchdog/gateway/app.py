@@ -84,7 +84,7 @@ class Gateway:
                                 ["route", "precision", "status"], registry=self.registry)
         self.shadows = Counter("llmwd_gateway_shadows_total", "Shadow requests by result", ["result"],
                                registry=self.registry)
-        self.registry.register(_Collector(self))  # type: ignore[arg-type]
+        self.registry.register(_Collector(self))
 
     # -- ASGI ---------------------------------------------------------------------------------
 

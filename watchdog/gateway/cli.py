@@ -45,7 +45,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_gateway_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_gateway_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("gateway", help="OpenAI-compatible routing gateway that obeys the Redis flags")
     p.add_argument("--config", required=True, help="YAML file with a gateway: section")
     p.add_argument("--port", type=int, default=None)
