@@ -240,6 +240,10 @@ class OpenAIServer:
     def stop(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+        # handler threads are daemons: wait for a generation in progress, so none is still inside
+        # torch when the interpreter exits (that aborts the process)
+        if self.backend._lock.acquire(timeout=30):
+            self.backend._lock.release()
         if self._thread:
             self._thread.join(timeout=5)
 

@@ -36,7 +36,7 @@ def uvicorn_config(app: Gateway, host: str, port: int) -> Any:
     except ImportError:
         loop = "asyncio"
     return uvicorn.Config(app, host=host, port=port, loop=loop, http="httptools", lifespan="on",
-                          access_log=False, log_level="warning", timeout_keep_alive=75,
+                          access_log=False, log_level="warning", log_config=None, timeout_keep_alive=75,
                           backlog=4096)
 
 
