@@ -34,6 +34,12 @@ class KafkaConfig(_Section):
     #: passed through to kafka-python unchanged (security_protocol, sasl_mechanism,
     #: sasl_plain_username, sasl_plain_password, ssl_cafile, ssl_certfile, ssl_keyfile, ...)
     security: dict[str, Any] = Field(default_factory=dict)
+    #: how messages on the topic are encoded: our JSON events, or OpenTelemetry span batches as the
+    #: Collector's Kafka exporter writes them (watchdog/otlp.py)
+    codec: Literal["json", "otlp_json", "otlp_proto"] = "json"
+    #: options of the OTLP codecs (watchdog.otlp.OtlpOptions: route_attribute, precision_attribute,
+    #: default_route, default_precision, max_message_bytes)
+    otlp: dict[str, Any] = Field(default_factory=dict)
 
     @property
     def dead_letter_topic(self) -> str:
@@ -120,6 +126,8 @@ class Config(BaseSettings):
     server: ServerConfig = Field(default_factory=ServerConfig)
     golden: GoldenConfig = Field(default_factory=GoldenConfig)
     gpu: GpuConfig = Field(default_factory=GpuConfig)
+    #: the ``llm-watchdog gateway`` settings, validated by watchdog.gateway.config when it starts
+    gateway: dict[str, Any] = Field(default_factory=dict)
     #: seconds between checks of the policy files for edits
     policy_poll_s: float = Field(1.0, gt=0)
 
