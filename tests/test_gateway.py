@@ -89,7 +89,7 @@ def read_events(kafka: str, topic: str, n: int, timeout: float = 10.0) -> list[A
             out += [decode_event(m.value) for m in consumer]
     finally:
         consumer.close()
-    return out
+    return sorted(out, key=lambda e: e.ts)  # keyed by model/route: partitions interleave
 
 
 def wait_for(cond: Any, timeout: float = 5.0) -> None:

@@ -1,7 +1,7 @@
 """The gateway's ASGI application: OpenAI endpoints in front of per-route FP8/baseline upstreams.
 
 Per request: resolve the route, read the precision from the cached Redis flags (no I/O), forward
-to that pool's upstream with httpx, relay the answer (streamed chunk by chunk for SSE), then queue
+to that pool's upstream with aiohttp's client, relay the answer (streamed chunk by chunk for SSE), then queue
 one event for Kafka. Sampled requests are mirrored to the other precision after the answer went
 out; their event leaves when the shadow answer is in (or its timeout passed). Nothing that happens
 to events or shadows reaches the client.
@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import httpx
+import aiohttp
 import orjson
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -75,7 +75,9 @@ class Gateway:
         self.flags = flags
         self.emitter = emitter
         self.rng = random.Random(seed)
-        self.client: httpx.AsyncClient | None = None
+        # aiohttp, not httpx: at 64 concurrent requests httpx's pool managed ~190 req/s on this
+        # machine and aiohttp ~3,700 (bench/gateway.py, docs/BENCHMARKS.md)
+        self.client: aiohttp.ClientSession | None = None
         self._shadows: set[asyncio.Task[None]] = set()
         self._route_header = cfg.route_header.lower().encode()
         self._precision_header = cfg.precision_header.lower().encode()
@@ -121,14 +123,14 @@ class Gateway:
                 return
 
     async def startup(self) -> None:
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=512, keepalive_expiry=60)
-        self.client = httpx.AsyncClient(limits=limits, timeout=60.0)
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, ttl_dns_cache=60)
+        self.client = aiohttp.ClientSession(connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",))
 
     async def shutdown(self) -> None:
         for task in list(self._shadows):
             task.cancel()
         if self.client is not None:
-            await self.client.aclose()
+            await self.client.close()
 
     @staticmethod
     async def _reply(send: Send, status: int, body: bytes, *headers: tuple[bytes, bytes]) -> None:
@@ -183,57 +185,51 @@ class Gateway:
         fwd = _forward_headers(headers, request_id, upstream)
         up_body = body if upstream.model is None else {**body, "model": upstream.model}
         url = f"{upstream.url}/{'chat/completions' if kind == 'chat' else 'completions'}"
-        timeout = httpx.Timeout(upstream.timeout_s, connect=upstream.connect_timeout_s)
+        stream = bool(body.get("stream"))
+        # a stream may run long: its limit is the gap between two reads, not the whole answer
+        timeout = aiohttp.ClientTimeout(total=None if stream else upstream.timeout_s,
+                                        sock_connect=upstream.connect_timeout_s,
+                                        sock_read=upstream.timeout_s if stream else None)
         assert self.client is not None, "startup() was not run"
         ttft: float | None = None
         http_status = 0
+        result = Result()
         try:
-            if body.get("stream"):
-                req = self.client.build_request("POST", url, content=orjson.dumps(up_body), headers=fwd, timeout=timeout)
-                resp = await self.client.send(req, stream=True)
-                try:
-                    http_status = resp.status_code
-                    if http_status != 200:
-                        content = await resp.aread()
-                        status = await self._relay_error(send, http_status, content, out_headers, precision)
-                        result = Result()
-                    else:
-                        await send({"type": "http.response.start", "status": 200,
-                                    "headers": [_SSE, (b"cache-control", b"no-cache"), *out_headers]})
-                        parser = StreamParser(kind)
-                        status = "ok"
-                        try:
-                            async for chunk in resp.aiter_raw():
-                                if ttft is None:
-                                    ttft = (time.perf_counter() - started) * 1000
-                                parser.feed(chunk)
-                                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                        except httpx.TimeoutException:
-                            status = "timeout"
-                            await send({"type": "http.response.body", "more_body": True, "body": b"data: "
-                                        + error_body(504, "upstream timed out mid-stream", "timeout") + b"\n\n"})
-                        await send({"type": "http.response.body", "body": b""})
-                        result = parser.finish()
-                        if parser.error:
-                            status = "error"
-                finally:
-                    await resp.aclose()
-            else:
-                resp = await self.client.post(url, content=orjson.dumps(up_body), headers=fwd, timeout=timeout)
-                http_status = resp.status_code
-                if http_status == 200:
-                    await self._reply(send, 200, resp.content, _JSON, *out_headers)
+            async with self.client.post(url, data=orjson.dumps(up_body), headers=fwd, timeout=timeout) as resp:
+                http_status = resp.status
+                if http_status != 200:
+                    status = await self._relay_error(send, http_status, await resp.read(), out_headers, precision)
+                elif not stream:
+                    content = await resp.read()
+                    await self._reply(send, 200, content, _JSON, *out_headers)
                     status = "ok"
-                    result = parse_response(kind, resp.content)
+                    result = parse_response(kind, content)
                 else:
-                    status = await self._relay_error(send, http_status, resp.content, out_headers, precision)
-                    result = Result()
-        except httpx.TimeoutException:
-            status, result = "timeout", Result()
+                    await send({"type": "http.response.start", "status": 200,
+                                "headers": [_SSE, (b"cache-control", b"no-cache"), *out_headers]})
+                    parser = StreamParser(kind)
+                    status = "ok"
+                    try:
+                        async for chunk in resp.content.iter_any():
+                            if ttft is None:
+                                ttft = (time.perf_counter() - started) * 1000
+                            parser.feed(chunk)
+                            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    except (TimeoutError, aiohttp.ClientError) as exc:
+                        status = "timeout" if isinstance(exc, TimeoutError) else "error"
+                        await send({"type": "http.response.body", "more_body": True, "body": b"data: "
+                                    + error_body(504 if status == "timeout" else 502,
+                                                 f"the {precision} upstream failed mid-stream", status) + b"\n\n"})
+                    await send({"type": "http.response.body", "body": b""})
+                    result = parser.finish()
+                    if parser.error:
+                        status = "error"
+        except TimeoutError:
+            status = "timeout"
             await self._reply(send, 504, error_body(504, f"the {precision} upstream timed out", "timeout"),
                               _JSON, *out_headers)
-        except httpx.HTTPError as exc:
-            status, result = "error", Result()
+        except aiohttp.ClientError as exc:
+            status = "error"
             log.warning("upstream %s (%s) failed: %s", precision, route, type(exc).__name__)
             await self._reply(send, 502, error_body(502, f"the {precision} upstream is unreachable", "upstream_error"),
                               _JSON, *out_headers)
@@ -308,13 +304,13 @@ class Gateway:
         t0 = time.perf_counter()
         try:
             assert self.client is not None
-            resp = await asyncio.wait_for(
-                self.client.post(url, content=orjson.dumps(sbody),
-                                 headers=_forward_headers({}, f"{request_id}-shadow", upstream),
-                                 timeout=httpx.Timeout(pool.shadow_timeout_s, connect=upstream.connect_timeout_s)),
-                pool.shadow_timeout_s + 1)
-            if resp.status_code == 200:
-                res = parse_response(kind, resp.content)
+            timeout = aiohttp.ClientTimeout(total=pool.shadow_timeout_s, sock_connect=upstream.connect_timeout_s)
+            async with self.client.post(url, data=orjson.dumps(sbody), timeout=timeout,
+                                        headers=_forward_headers({}, f"{request_id}-shadow", upstream)) as resp:
+                content = await resp.read()
+                ok = resp.status == 200
+            if ok:
+                res = parse_response(kind, content)
                 shadow: dict[str, Any] = {"precision": precision,
                                           "latency_ms": round((time.perf_counter() - t0) * 1000, 3)}
                 if pool.log_completions:
@@ -325,7 +321,7 @@ class Gateway:
                 self.shadows.labels("ok").inc()
             else:
                 self.shadows.labels("error").inc()
-        except (TimeoutError, httpx.HTTPError):
+        except (TimeoutError, aiohttp.ClientError):
             self.shadows.labels("error").inc()
         except asyncio.CancelledError:
             self.shadows.labels("cancelled").inc()
