@@ -1,0 +1,1 @@
+"""Integrations with serving stacks the watchdog does not run itself (LiteLLM)."""
