@@ -77,7 +77,8 @@ def serve_upstream(port: int) -> None:
 # --- the load generator -------------------------------------------------------------------------
 
 
-async def _read_response(reader: asyncio.StreamReader) -> int:
+async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bool]:
+    """(status, the server closes the connection)."""
     head = await reader.readuntil(b"\r\n\r\n")
     lines = head.split(b"\r\n")
     status = int(lines[0].split()[1])
@@ -92,21 +93,25 @@ async def _read_response(reader: asyncio.StreamReader) -> int:
                 break
     else:
         await reader.read()
-    return status
+        return status, True
+    return status, headers.get(b"connection") == b"close"
 
 
 async def _worker(port: int, body: bytes, n: int, out: list[float], errors: list[int]) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
     req = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
            b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         for _ in range(n):
             t0 = time.perf_counter()
             writer.write(req)
-            status = await _read_response(reader)
+            status, closed = await _read_response(reader)
             out.append((time.perf_counter() - t0) * 1000)
             if status != 200:
                 errors.append(status)
+            if closed:  # the project's threaded server closes after a stream
+                writer.close()
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
     finally:
         writer.close()
 
@@ -175,17 +180,20 @@ def main() -> int:
                                      svc.redis_url, svc.kafka_address, events)
                 procs.append(start([sys.executable, "-m", "watchdog.cli", "--log-level", "WARNING", "gateway",
                                     "--config", str(cfg)], ports[name], svc.workdir / f"{name}.log"))
-            results: dict[tuple[str, bool, int], list[tuple[float, float, float]]] = {}
+            pids = {"gateway": procs[1].pid, "gateway-noevents": procs[2].pid}
+            results: dict[tuple[str, bool, int], list[tuple[float, float, float, float]]] = {}
             errors = 0
             for _ in range(args.repeats):
                 for stream in (False, True):
                     for clients in (1, 64):
                         n = args.requests if clients == 1 else args.requests * 4
                         for mode in ("direct", "gateway", "gateway-noevents"):
+                            c0 = _cpu(pids.get(mode))
                             lat, rps, errs = load(ports[mode], stream, clients, n)
+                            cpu_us = (_cpu(pids.get(mode)) - c0) / max(1, len(lat)) * 1e6
                             errors += errs
                             results.setdefault((mode, stream, clients), []).append(
-                                (percentile(lat, 50), percentile(lat, 99), rps))
+                                (percentile(lat, 50), percentile(lat, 99), rps, cpu_us))
             rows = []
             for stream in (False, True):
                 for clients in (1, 64):
@@ -195,26 +203,35 @@ def main() -> int:
                     add50 = median([gi[0] - di[0] for gi, di in zip(g, d, strict=True)])
                     add99 = median([gi[1] - di[1] for gi, di in zip(g, d, strict=True)])
                     cost = median([1 - gi[2] / qi[2] for gi, qi in zip(g, q, strict=True)])
+                    cpu_g, cpu_q = median([x[3] for x in g]), median([x[3] for x in q])
                     rows.append(["stream" if stream else "json", clients, median([x[0] for x in d]),
                                  median([x[1] for x in d]), median([x[0] for x in g]), median([x[1] for x in g]),
                                  add50, add99, median([x[2] for x in d]), median([x[2] for x in g]),
-                                 median([x[2] for x in q]), f"{cost:+.1%}"])
+                                 median([x[2] for x in q]), f"{cost:+.1%}", cpu_g, cpu_q,
+                                 f"{cpu_g / cpu_q - 1:+.1%}"])
             print(table(["mode", "clients", "direct p50 ms", "direct p99 ms", "gw p50 ms", "gw p99 ms",
                          "added p50 ms", "added p99 ms", "direct req/s", "gw req/s", "gw no-events req/s",
-                         "event path cost"], rows))
+                         "throughput cost of events", "gw CPU us/req", "no-events CPU us/req",
+                         "CPU cost of events"], rows))
             print(f"(medians over {args.repeats} interleaved repetitions; non-200 answers: {errors}; "
                   f"gateway events to Tansu; target added p50 <= 2 ms, p99 <= 10 ms, event cost < 10 %)")
-            gw = procs[1]
             gw_metrics = _scrape(ports["gateway"])
             print("gateway event counters:", {k: v for k, v in gw_metrics.items() if "events" in k})
             if args.real:
                 real_upstream(svc, args)
-            _ = gw
         finally:
             for p in procs:
                 p.terminate()
                 p.wait(timeout=10)
     return 0
+
+
+def _cpu(pid: int | None) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads), from /proc."""
+    if pid is None:
+        return 0.0
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _scrape(port: int) -> dict[str, float]:
