@@ -1,7 +1,8 @@
 """Events off the request path: a bounded buffer drained by one producer thread.
 
 ``emit`` never blocks and never raises: when the buffer is full the event is dropped and counted.
-The thread hands batches to kafka-python's producer (which batches again per partition); a send
+The thread hands batches to the Kafka producer (confluent-kafka when installed, else kafka-python;
+both batch again per partition); a send
 that fails, or a broker that cannot be reached, is counted and logged, never seen by a client.
 """
 
@@ -20,12 +21,84 @@ from watchdog.gateway.config import EventsConfig
 log = logging.getLogger(__name__)
 
 
+class _KafkaPython:
+    """kafka-python behind the emitter's three calls."""
+
+    def __init__(self, cfg: EventsConfig, on_sent: Callable[[Any], None], on_error: Callable[[BaseException], None]) -> None:
+        from kafka import KafkaProducer
+
+        self._p = KafkaProducer(bootstrap_servers=cfg.bootstrap_servers, linger_ms=cfg.linger_ms, acks=1,
+                                retries=3, max_block_ms=1000, batch_size=256 * 1024,
+                                client_id="llm-watchdog-gateway", **cfg.producer)
+        self._on_sent, self._on_error = on_sent, on_error
+
+    def send(self, topic: str, value: bytes) -> None:
+        # no key: partitioning by key costs a pure-Python murmur2 per event, and the daemon's
+        # windows go by event time, not partition order
+        future = self._p.send(topic, value=value)
+        future.add_callback(self._on_sent)
+        future.add_errback(self._on_error)
+
+    def poll(self) -> None:
+        pass
+
+    def flush(self, timeout: float) -> None:
+        self._p.flush(timeout=timeout)
+
+    def close(self, timeout: float) -> None:
+        self._p.close(timeout=timeout)
+
+
+class _Confluent:
+    """confluent-kafka (librdkafka): produce() queues in C; delivery reports come on poll()."""
+
+    def __init__(self, cfg: EventsConfig, on_sent: Callable[[Any], None], on_error: Callable[[BaseException], None]) -> None:
+        from confluent_kafka import KafkaException, Producer
+
+        self._on_sent, self._on_error = on_sent, on_error
+        self._exc = KafkaException
+        conf: dict[str, Any] = {"bootstrap.servers": cfg.bootstrap_servers, "linger.ms": cfg.linger_ms,
+                                "acks": 1, "client.id": "llm-watchdog-gateway", "message.timeout.ms": 30_000,
+                                "queue.buffering.max.messages": max(cfg.buffer_size, 1000),
+                                "error_cb": lambda err: on_error(KafkaException(err)), **cfg.librdkafka}
+        self._p = Producer(conf)
+
+    def _delivered(self, err: Any, _msg: Any) -> None:
+        if err is None:
+            self._on_sent(None)
+        else:
+            self._on_error(self._exc(err))
+
+    def send(self, topic: str, value: bytes) -> None:
+        self._p.produce(topic, value=value, on_delivery=self._delivered)
+
+    def poll(self) -> None:
+        self._p.poll(0)
+
+    def flush(self, timeout: float) -> None:
+        self._p.flush(timeout)
+
+    def close(self, timeout: float) -> None:
+        self._p.flush(timeout)
+
+
+def _backend(cfg: EventsConfig) -> type[_KafkaPython] | type[_Confluent]:
+    if cfg.client == "kafka-python":
+        return _KafkaPython
+    if cfg.client == "confluent":
+        return _Confluent
+    try:
+        import confluent_kafka  # noqa: F401
+    except ImportError:
+        return _KafkaPython
+    return _Confluent
+
+
 class EventEmitter:
     def __init__(self, cfg: EventsConfig, producer_factory: Callable[[], Any] | None = None) -> None:
         self.cfg = cfg
-        self._factory = producer_factory or self._kafka_producer
+        self._factory = producer_factory or (lambda: _backend(cfg)(cfg, self._on_sent, self._count_error))
         self._buf: deque[dict[str, Any]] = deque()
-        self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._producer: Any = None
@@ -35,13 +108,6 @@ class EventEmitter:
         self.errors = 0
         self.connected = False
         self.last_error: str | None = None
-
-    def _kafka_producer(self) -> Any:
-        from kafka import KafkaProducer
-
-        return KafkaProducer(bootstrap_servers=self.cfg.bootstrap_servers, linger_ms=self.cfg.linger_ms,
-                             acks=1, retries=3, max_block_ms=1000, client_id="llm-watchdog-gateway",
-                             **self.cfg.producer)
 
     # -- request path --------------------------------------------------------------------------
 
@@ -68,7 +134,6 @@ class EventEmitter:
     def close(self, timeout: float = 5.0) -> None:
         """Send what is buffered (up to ``timeout``), then stop."""
         self._stop.set()
-        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=timeout + 1)
             self._thread = None
@@ -108,16 +173,16 @@ class EventEmitter:
 
     def _drain(self) -> None:
         buf, producer, topic = self._buf, self._producer, self.cfg.topic
-        n = len(buf)
-        for _ in range(n):
+        for _ in range(len(buf)):
             event = buf.popleft()
             try:
-                key = f"{event.get('model')}/{event.get('route')}".encode()
-                future = producer.send(topic, key=key, value=encode_event(event))
-                future.add_callback(self._on_sent)
-                future.add_errback(self._count_error)
-            except Exception as exc:  # noqa: BLE001 - buffer full in the client, broker gone
+                producer.send(topic, encode_event(event))
+            except Exception as exc:  # noqa: BLE001 - client queue full, broker gone, bad value
                 self._count_error(exc)
+        try:
+            producer.poll()
+        except Exception as exc:  # noqa: BLE001
+            self._count_error(exc)
 
     def _on_sent(self, _meta: Any) -> None:
         self.sent += 1
