@@ -253,6 +253,9 @@ def real_upstream(svc: Any, args: argparse.Namespace) -> None:
     from probes.openai_server import OpenAIServer
     from probes.tiny_model import ensure_tiny_model
 
+    import torch
+
+    torch.set_num_threads(1)  # steadier on a shared 2-core machine
     model_dir = ensure_tiny_model(Path(tempfile.gettempdir()) / "llmwd-bench-tiny")
     server = OpenAIServer(TorchEngine(model_dir, "fp16"), model_name=MODEL).start()
     port = free_port()

@@ -120,6 +120,9 @@ class CompletionBackend:
 def _handler_for(backend: CompletionBackend) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # headers and body go out as separate writes: with Nagle on, the second waits for the
+        # client's delayed ACK (~40 ms and more per answer behind a keep-alive proxy)
+        disable_nagle_algorithm = True
 
         def log_message(self, fmt: str, *args: Any) -> None:
             log.debug("%s " + fmt, self.address_string(), *args)
