@@ -2,8 +2,9 @@
 (tiny model, FP8 and FP16), with real Redis flags and a real broker; the `openai` client talks to
 the proxy.
 
-Runs only where a LiteLLM proxy is installed: set LLMWD_LITELLM_PROXY to its ``litellm`` command
-(``litellm[proxy]`` does not install next to this project's pins; docs/INTEGRATIONS.md)."""
+Runs only where a LiteLLM proxy is installed: LLMWD_LITELLM_PROXY names its ``litellm`` command, or
+``LLMWD_LITELLM_PROXY_VENV=1 scripts/setup.sh`` made ``.venv-litellm-proxy`` (``litellm[proxy]``
+does not install next to this project's pins; docs/INTEGRATIONS.md)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ from typing import Any
 
 import pytest
 
-PROXY = os.environ.get("LLMWD_LITELLM_PROXY")
+_LOCAL = Path(__file__).resolve().parents[1] / ".venv-litellm-proxy" / "bin" / "litellm"
+PROXY = os.environ.get("LLMWD_LITELLM_PROXY") or (str(_LOCAL) if _LOCAL.exists() else None)
 if not PROXY:
-    pytest.skip("LLMWD_LITELLM_PROXY (a litellm[proxy] command) not set", allow_module_level=True)
+    pytest.skip("no LiteLLM proxy: set LLMWD_LITELLM_PROXY, or LLMWD_LITELLM_PROXY_VENV=1 for scripts/setup.sh",
+                allow_module_level=True)
 openai = pytest.importorskip("openai")
 pytest.importorskip("torch")
 
