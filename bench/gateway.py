@@ -249,11 +249,11 @@ def real_upstream(svc: Any, args: argparse.Namespace) -> None:
     """Context: the tiny-model OpenAI server (torch, FP16) direct vs through the gateway, 1 client."""
     import tempfile
 
+    import torch
+
     from probes.engines.torch_engine import TorchEngine
     from probes.openai_server import OpenAIServer
     from probes.tiny_model import ensure_tiny_model
-
-    import torch
 
     torch.set_num_threads(1)  # steadier on a shared 2-core machine
     model_dir = ensure_tiny_model(Path(tempfile.gettempdir()) / "llmwd-bench-tiny")
