@@ -217,6 +217,7 @@ def main() -> int:
                   f"gateway events to Tansu; target added p50 <= 2 ms, p99 <= 10 ms, event cost < 10 %)")
             gw_metrics = _scrape(ports["gateway"])
             print("gateway event counters:", {k: v for k, v in gw_metrics.items() if "events" in k})
+            emitter_cost(svc.kafka_address)
             if args.real:
                 real_upstream(svc, args)
         finally:
@@ -224,6 +225,35 @@ def main() -> int:
                 p.terminate()
                 p.wait(timeout=10)
     return 0
+
+
+def emitter_cost(kafka: str, n: int = 30_000) -> None:
+    """CPU per event of the emitter alone (this process, all threads), for both producer libraries."""
+    import importlib.util
+
+    from watchdog.gateway.config import EventsConfig
+    from watchdog.gateway.emitter import EventEmitter
+
+    ev = {"schema": 1, "request_id": "r", "ts": time.time(), "model": MODEL, "route": "default",
+          "precision": "fp8", "status": "ok", "latency_ms": 1.0, "prompt_tokens": 12, "completion_tokens": 6,
+          "engine": MODEL}
+    rows = []
+    for client in ("confluent", "kafka-python"):
+        if client == "confluent" and importlib.util.find_spec("confluent_kafka") is None:
+            continue
+        em = EventEmitter(EventsConfig(bootstrap_servers=kafka, topic="bench.emitter", client=client,
+                                       buffer_size=n + 10)).start()
+        em.emit(dict(ev))
+        em.wait_sent(1, 20)
+        c0 = time.process_time()
+        for _ in range(n):
+            em.emit(dict(ev))
+        ok = em.wait_sent(n + 1, 120)
+        rows.append([client, (time.process_time() - c0) / n * 1e6, em.sent - 1 if ok else f"{em.sent - 1} (timeout)",
+                     em.errors])
+        em.close()
+    print("event emitter alone (emit + encode + produce + delivery report):")
+    print(table(["producer", "CPU us/event", "acknowledged", "errors"], rows))
 
 
 def _cpu(pid: int | None) -> float:

@@ -97,7 +97,7 @@ def produce(address: str, topic: str, values: list[bytes]) -> int:
 
 def kafka_cfg(address: str, topic: str, codec: str) -> KafkaConfig:
     return KafkaConfig(bootstrap_servers=address, topic=topic, group_id=f"bench-{codec}-{uuid.uuid4().hex[:8]}",
-                       session_timeout_ms=6000, heartbeat_interval_ms=1000, codec=codec)  # type: ignore[arg-type]
+                       session_timeout_ms=6000, heartbeat_interval_ms=1000, codec=codec)
 
 
 def run_loads(address: str, topic: str, n: int) -> float:
