@@ -159,8 +159,12 @@ class Gateway:
         headers = dict(scope["headers"])
         request_id = (headers.get(b"x-request-id") or b"").decode("utf-8", "replace") or uuid.uuid4().hex
         raw = await _read_body(receive)
+        if raw is None:
+            await self._reply(send, 413, error_body(413, f"request body over {MAX_BODY} bytes", "invalid_request_error"),
+                              _JSON, (b"x-request-id", request_id.encode()))
+            return
         try:
-            body = orjson.loads(raw) if raw is not None else None
+            body = orjson.loads(raw)
         except orjson.JSONDecodeError:
             body = None
         model = body.get("model") if isinstance(body, dict) else None
