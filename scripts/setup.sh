@@ -18,12 +18,5 @@ fi
 # torch 2.13.0: on these machines pip takes the CPU wheel that lies on disk; elsewhere set
 # LLMWD_TORCH_SPEC (e.g. "torch" for the default CUDA build) or skip the in-process engine.
 .venv/bin/python -m pip install -q "${LLMWD_TORCH_SPEC:-torch==2.13.0}"
-.venv/bin/python -m pip install -q -e ".[embedded,torch,gpu,plot,eval,gateway,otlp,litellm,dev]"
-# Opt-in: a LiteLLM proxy in a venv of its own for tests/test_litellm_proxy.py (litellm[proxy] cannot
-# share the project's pins; 1.106.12 is the newest whose proxy extra resolves; about 4-5 min, 750 MB).
-if [ "${LLMWD_LITELLM_PROXY_VENV:-0}" = 1 ] && [ ! -x .venv-litellm-proxy/bin/litellm ]; then
-  "$PY" -m venv .venv-litellm-proxy
-  .venv-litellm-proxy/bin/python -m pip install -q "litellm[proxy]==1.106.12" redis==8.1.0 \
-    "kafka-python[crc32c]==3.0.12" "orjson>=3.10,<4" PyYAML==6.0.3
-fi
+.venv/bin/python -m pip install -q -e ".[embedded,torch,gpu,plot,eval,gateway,dev]"
 echo "setup: ok ($(.venv/bin/python -c 'import sys; print(sys.version.split()[0])'), $(.venv/bin/llm-watchdog --help >/dev/null && echo llm-watchdog))"

@@ -34,12 +34,6 @@ class KafkaConfig(_Section):
     #: passed through to kafka-python unchanged (security_protocol, sasl_mechanism,
     #: sasl_plain_username, sasl_plain_password, ssl_cafile, ssl_certfile, ssl_keyfile, ...)
     security: dict[str, Any] = Field(default_factory=dict)
-    #: how messages on the topic are encoded: our JSON events, or OpenTelemetry span batches as the
-    #: Collector's Kafka exporter writes them (watchdog/otlp.py)
-    codec: Literal["json", "otlp_json", "otlp_proto"] = "json"
-    #: options of the OTLP codecs (watchdog.otlp.OtlpOptions: route_attribute, precision_attribute,
-    #: default_route, default_precision, max_message_bytes)
-    otlp: dict[str, Any] = Field(default_factory=dict)
 
     @property
     def dead_letter_topic(self) -> str:

@@ -26,7 +26,6 @@ from watchdog.config import Config
 from watchdog.ingest import Ingest, make_consumer, make_producer
 from watchdog.keys import Keys, client_from_url
 from watchdog.metrics import Metrics
-from watchdog.otlp import decoder_for
 from watchdog.policy import PolicyEngine, PolicyError, PolicyLoader
 from watchdog.routing import RoutingFlags
 from watchdog.signals import Action, Signal
@@ -148,7 +147,7 @@ class Daemon:
         k = self.cfg.kafka
         self.ingest = Ingest(make_consumer(k), make_producer(k), topic=k.topic, dlq_topic=k.dead_letter_topic,
                              max_event_bytes=self.cfg.windows.max_event_bytes, metrics=self.metrics,
-                             sink=self._fold, on_revoked=self._on_revoked, decode=decoder_for(k.codec, k.otlp))
+                             sink=self._fold, on_revoked=self._on_revoked)
 
     def _fold(self, event: Any, pkey: tuple[str, int], offset: int) -> None:
         ts = event.ts

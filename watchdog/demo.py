@@ -42,6 +42,25 @@ GATEWAY_ROUTE = "support/chat"
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _default_policy() -> Path:
+    """The shipped default policy: packaged with the wheel (watchdog.init), else the checkout's."""
+    try:
+        from watchdog.init import starter_path  # type: ignore[import-not-found, unused-ignore]
+
+        return Path(starter_path("policies")) / "default.yaml"
+    except (ImportError, RuntimeError):  # no watchdog.init, or its InitError (a RuntimeError)
+        return ROOT / "policies" / "default.yaml"
+
+
+def _default_workdir() -> Path:
+    """``.demo/`` in a checkout; outside one (an installed wheel) a folder under the temp dir."""
+    if (ROOT / "pyproject.toml").exists():
+        return ROOT / ".demo"
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / "llm-watchdog-demo"
+
+
 def _wait(cond: Callable[[], bool], timeout: float, tick: Callable[[], None] | None = None) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -89,7 +108,7 @@ def _log_to_file(path: Path) -> None:
 def run_demo(duration_s: float | None = None, golden: bool = True, workdir: Path | None = None,
              gateway: bool = True) -> int:
     console = Console()
-    workdir = workdir or ROOT / ".demo"
+    workdir = workdir or _default_workdir()
     workdir.mkdir(parents=True, exist_ok=True)
     _log_to_file(workdir / "demo.log")
     console.rule("[bold]llm-watchdog embedded default")
@@ -102,7 +121,7 @@ def run_demo(duration_s: float | None = None, golden: bool = True, workdir: Path
                   f"on-call sink on {sink_url}")
     topic = "llm.inference.logs"
     gw = _gateway_demo(console, workdir) if gateway else None
-    policies = [str(ROOT / "policies" / "default.yaml")]
+    policies = [str(_default_policy())]
     if gw is not None:
         gw.prepare(console)
         policies.append(str(gw.policy_file()))

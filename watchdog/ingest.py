@@ -17,9 +17,8 @@ from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
 from watchdog.config import KafkaConfig
-from watchdog.events import InferenceEvent, InvalidEvent
+from watchdog.events import InferenceEvent, InvalidEvent, decode_event
 from watchdog.metrics import Metrics
-from watchdog.otlp import Decoder, decoder_for
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +64,8 @@ class Ingest:
 
     def __init__(self, consumer: KafkaConsumer, producer: KafkaProducer | None, *, topic: str,
                  dlq_topic: str, max_event_bytes: int, metrics: Metrics, sink: EventSink,
-                 on_revoked: Callable[[], None] = lambda: None, decode: Decoder | None = None) -> None:
+                 on_revoked: Callable[[], None] = lambda: None) -> None:
         self.consumer = consumer
-        #: (raw, max bytes) -> (events, reasons): JSON events or OTLP span batches (watchdog.otlp)
-        self.decode = decode or decoder_for("json")
         self.producer = producer
         self.topic = topic
         self.dlq_topic = dlq_topic
@@ -97,12 +94,13 @@ class Ingest:
             pkey = (tp.topic, tp.partition)
             for rec in records:
                 seen += 1
-                events, errors = self.decode(rec.value or b"", self.max_event_bytes)
-                if errors:  # one dead letter per message (original bytes), with the first reason
-                    self._dead_letter(rec, errors[0])
-                for event in events:
-                    self.sink(event, pkey, rec.offset)
-                ok += len(events)
+                try:
+                    event = decode_event(rec.value or b"", self.max_event_bytes)
+                except InvalidEvent as exc:
+                    self._dead_letter(rec, exc)
+                    continue
+                self.sink(event, pkey, rec.offset)
+                ok += 1
         if ok:
             self.metrics.events.labels("ok").inc(ok)
         return seen

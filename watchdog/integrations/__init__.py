@@ -1,1 +1,0 @@
-"""Integrations with serving stacks the watchdog does not run itself (LiteLLM)."""
