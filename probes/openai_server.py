@@ -1,10 +1,13 @@
 """A small OpenAI-compatible HTTP server over the torch engine (tests and the demo).
 
 Endpoints: ``GET /v1/models``, ``POST /v1/completions`` (``logprobs``, ``echo``, ``max_tokens`` 0
-allowed: prompt logprobs, as vLLM gives them) and ``POST /v1/chat/completions`` (``logprobs``).
-Decoding is always greedy; sampling parameters are accepted and ignored. Requests are served on
-threads but the model runs one request at a time (a lock). ``delay_s`` makes every request slow, so
-tests can exercise client timeouts against a real socket.
+allowed: prompt logprobs, as vLLM gives them) and ``POST /v1/chat/completions`` (``logprobs``);
+both stream server-sent events with ``stream: true`` (one chunk per token, after generation, and a
+usage chunk when ``stream_options.include_usage`` is set). Decoding is always greedy; sampling
+parameters are accepted and ignored. Requests are served on threads but the model runs one request
+at a time (a lock). ``delay_s`` makes every request slow, so tests can exercise client timeouts
+against a real socket; ``fail_status`` (settable while running) answers every POST with that HTTP
+status, as a broken replica would; ``engine`` may be swapped while running.
 
     python -m probes.openai_server --model DIR --precision fp8 --port 8001
 """
@@ -32,6 +35,8 @@ class CompletionBackend:
         self.delay_s = delay_s
         #: False behaves like servers without prompt logprobs: echo+logprobs is a 400
         self.prompt_logprobs = prompt_logprobs
+        #: answer every completion request with this HTTP status (a failing replica); None: serve
+        self.fail_status: int | None = None
         self._lock = threading.Lock()
 
     def models(self) -> dict[str, Any]:
@@ -115,6 +120,9 @@ class CompletionBackend:
 def _handler_for(backend: CompletionBackend) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # headers and body go out as separate writes: with Nagle on, the second waits for the
+        # client's delayed ACK (~40 ms and more per answer behind a keep-alive proxy)
+        disable_nagle_algorithm = True
 
         def log_message(self, fmt: str, *args: Any) -> None:
             log.debug("%s " + fmt, self.address_string(), *args)
@@ -129,6 +137,42 @@ def _handler_for(backend: CompletionBackend) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(data)
             except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout)
                 pass
+
+        def _stream(self, kind: str, doc: dict[str, Any], include_usage: bool) -> None:
+            """Replay a finished answer as SSE chunks, one per token (text split by the engine)."""
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Cache-Control", "no-cache")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                choice = doc["choices"][0]
+                base = {"id": doc["id"], "created": doc["created"], "model": doc["model"],
+                        "object": "chat.completion.chunk" if kind == "chat" else "text_completion"}
+                text = choice["message"]["content"] if kind == "chat" else choice["text"]
+                pieces = [backend.engine.decode([t]) for t in backend.engine.encode_continuation(text)] if text else []
+                if kind == "chat":
+                    self._chunk({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                      "finish_reason": None}]})
+                for piece in pieces:
+                    delta = {"content": piece} if kind == "chat" else None
+                    c = {"index": 0, "delta": delta, "finish_reason": None} if kind == "chat" else \
+                        {"index": 0, "text": piece, "logprobs": None, "finish_reason": None}
+                    self._chunk({**base, "choices": [c]})
+                last = {"index": 0, "finish_reason": choice["finish_reason"]}
+                last.update({"delta": {}} if kind == "chat" else {"text": "", "logprobs": None})
+                self._chunk({**base, "choices": [last]})
+                if include_usage:
+                    self._chunk({**base, "choices": [], "usage": doc["usage"]})
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+                self.close_connection = True
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
+        def _chunk(self, doc: dict[str, Any]) -> None:
+            self.wfile.write(b"data: " + json.dumps(doc).encode() + b"\n\n")
+            self.wfile.flush()
 
         def _error(self, status: int, message: str, kind: str) -> None:
             self._send(status, {"error": {"message": message, "type": kind, "code": status}})
@@ -153,8 +197,17 @@ def _handler_for(backend: CompletionBackend) -> type[BaseHTTPRequestHandler]:
             if route not in handlers:
                 self._error(404, f"no route {self.path}", "not_found")
                 return
+            if backend.fail_status is not None:
+                self._error(backend.fail_status, "this replica is failing (fail_status)", "server_error")
+                return
             try:
-                self._send(200, handlers[route](body))
+                doc = handlers[route](body)
+                if body.get("stream"):
+                    opts = body.get("stream_options") or {}
+                    self._stream("chat" if route.endswith("chat/completions") else "completion", doc,
+                                 bool(isinstance(opts, dict) and opts.get("include_usage")))
+                else:
+                    self._send(200, doc)
             except (ValueError, TypeError) as exc:
                 self._error(400, str(exc), "invalid_request_error")
             except Exception as exc:  # the model failed: a 500 the client can retry
@@ -190,6 +243,10 @@ class OpenAIServer:
     def stop(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+        # handler threads are daemons: wait for a generation in progress, so none is still inside
+        # torch when the interpreter exits (that aborts the process)
+        if self.backend._lock.acquire(timeout=30):
+            self.backend._lock.release()
         if self._thread:
             self._thread.join(timeout=5)
 

@@ -32,7 +32,7 @@ from watchdog.argtypes import (
 log = logging.getLogger("watchdog")
 
 #: commands that log at INFO by default; the others log only warnings unless --log-level says so
-_CHATTY = {"run", "demo", "embedded"}
+_CHATTY = {"run", "demo", "embedded", "gateway"}
 
 #: (module, function) pairs that add their subcommands; imported only when the CLI starts, and
 #: each keeps heavy imports (torch, pynvml) inside its handlers
@@ -43,6 +43,7 @@ _PLUGINS = [
     ("probes.golden_replay", "add_replay_command"),
     ("probes.engines.torch_engine", "add_calibrate_command"),
     ("probes.gpu_cli", "add_gpu_commands"),
+    ("watchdog.gateway.cli", "add_gateway_commands"),
 ]
 
 

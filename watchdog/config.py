@@ -150,6 +150,8 @@ class Config(BaseModel):
     server: ServerConfig = Field(default_factory=ServerConfig)
     golden: GoldenConfig = Field(default_factory=GoldenConfig)
     gpu: GpuConfig = Field(default_factory=GpuConfig)
+    #: the ``llm-watchdog gateway`` settings, validated by watchdog.gateway.config when it starts
+    gateway: dict[str, Any] = Field(default_factory=dict)
     #: seconds between checks of the policy files for edits
     policy_poll_s: float = Field(1.0, gt=0)
 

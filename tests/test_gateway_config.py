@@ -1,0 +1,73 @@
+"""Gateway settings, route resolution and the OpenAI body parsing: pure, no services."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from watchdog.config import load_config
+from watchdog.gateway.app import Gateway
+from watchdog.gateway.config import GatewayConfigError, load_gateway_config
+from watchdog.gateway.openai_io import StreamParser, parse_response
+
+CONFIG = """\
+kafka: {topic: llm.inference.logs}
+gateway:
+  port: 9000
+  api_keys: {sk-legal: legal}
+  model_routes: {llama-support: support}
+  pools:
+    - {model: llama, route: legal, candidate: {url: "http://fp8-legal/v1"}, baseline: {url: "http://fp16/v1"}}
+    - {model: llama, candidate: {url: "http://fp8/v1/"}, baseline: {url: "http://fp16/v1"}}
+    - {model: "*", candidate: {url: "http://any8/v1"}, baseline: {url: "http://any16/v1"}}
+"""
+
+
+def test_the_gateway_section_lives_in_the_daemon_config_file(tmp_path: Path) -> None:
+    path = tmp_path / "watchdog.yaml"
+    path.write_text(CONFIG)
+    assert load_config(path).kafka.topic == "llm.inference.logs"  # the daemon accepts the section
+    cfg = load_gateway_config(path)
+    assert cfg.port == 9000 and cfg.pools[1].candidate.url == "http://fp8/v1"
+    assert cfg.pool_for("llama", "legal").candidate.url == "http://fp8-legal/v1"  # type: ignore[union-attr]
+    assert cfg.pool_for("llama", "other").candidate.url == "http://fp8/v1"  # type: ignore[union-attr]
+    assert cfg.pool_for("mistral", "legal").candidate.url == "http://any8/v1"  # type: ignore[union-attr]
+    gw = Gateway(cfg, flags=None, emitter=None)
+    assert gw.resolve_route({b"x-llmwd-route": b"hdr", b"authorization": b"Bearer sk-legal"}, "llama") == "hdr"
+    assert gw.resolve_route({b"authorization": b"Bearer sk-legal"}, "llama-support") == "legal"
+    assert gw.resolve_route({b"authorization": b"Bearer sk-other"}, "llama-support") == "support"
+    assert gw.resolve_route({}, "llama") == "default"
+
+
+def test_a_bad_gateway_section_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("gateway:\n  pools:\n    - {candidate: {url: fp8}, baseline: {url: 'http://x/v1'}}\n")
+    with pytest.raises(GatewayConfigError, match=r"gateway\.pools\.0\.candidate\.url: Value error, url must start"):
+        load_gateway_config(path)
+    proc = subprocess.run([sys.executable, "-m", "watchdog.cli", "gateway", "--config", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "url must start" in proc.stderr
+
+
+def test_stream_parser_follows_chunks_split_anywhere() -> None:
+    chunks = [{"choices": [{"delta": {"content": t}, "logprobs": {"content": [{"logprob": -0.5}]}}]}
+              for t in (" Par", "is", ".")]
+    chunks.append({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 3}})
+    raw = b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+    for cut in (1, 7, 50, len(raw) - 3):
+        p = StreamParser("chat")
+        p.feed(raw[:cut])
+        p.feed(raw[cut:])
+        r = p.finish()
+        assert (r.completion, r.prompt_tokens, r.completion_tokens, r.logprobs) == (" Paris.", 9, 3, [-0.5] * 3)
+    p = StreamParser("completion")
+    p.feed(b'data: {"choices": [{"text": "a"}]}\n\ndata: {"choices": [{"text": "b"}]}\n\n')
+    assert (p.finish().completion, p.result.completion_tokens) == ("ab", 2)  # no usage: chunks counted
+    r = parse_response("completion", orjson.dumps({"choices": [{"text": "x", "logprobs": {"token_logprobs": [-1, None]}}],
+                                                   "usage": {"prompt_tokens": 2, "completion_tokens": 1}}))
+    assert (r.completion, r.logprobs, r.completion_tokens) == ("x", [-1.0], 1)
+    assert parse_response("chat", b"not json").completion == ""

@@ -1,0 +1,360 @@
+"""The gateway's ASGI application: OpenAI endpoints in front of per-route FP8/baseline upstreams.
+
+Per request: resolve the route, read the precision from the cached Redis flags (no I/O), forward
+to that pool's upstream with aiohttp's client, relay the answer (streamed chunk by chunk for SSE), then queue
+one event for Kafka. Sampled requests are mirrored to the other precision after the answer went
+out; their event leaves when the shadow answer is in (or its timeout passed). Nothing that happens
+to events or shadows reaches the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import orjson
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from watchdog.gateway.config import GatewayConfig, PoolConfig, UpstreamConfig
+from watchdog.gateway.emitter import EventEmitter
+from watchdog.gateway.openai_io import Result, StreamParser, error_body, parse_response, prompt_of
+
+log = logging.getLogger(__name__)
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+_ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+_JSON = (b"content-type", b"application/json")
+_SSE = (b"content-type", b"text/event-stream")
+#: client headers forwarded upstream unchanged
+_PASS = frozenset({b"traceparent", b"tracestate", b"baggage", b"user-agent", b"accept"})
+MAX_BODY = 8 * 1024 * 1024
+MAX_SHADOWS_IN_FLIGHT = 64
+
+
+class _Collector:
+    """Emitter and flag-reader state, read at scrape time (no work on the request path)."""
+
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+
+    def collect(self) -> Any:
+        em, flags = self.gw.emitter, self.gw.flags
+        for name, doc, value in (
+            ("llmwd_gateway_events_accepted", "Events queued for Kafka", em.accepted if em else 0),
+            ("llmwd_gateway_events_sent", "Events acknowledged by Kafka", em.sent if em else 0),
+            ("llmwd_gateway_events_dropped", "Events dropped: the buffer was full", em.dropped if em else 0),
+            ("llmwd_gateway_events_errors", "Producer errors (connect, send, delivery)", em.errors if em else 0),
+        ):
+            c = CounterMetricFamily(name, doc)
+            c.add_metric([], value)
+            yield c
+        g = GaugeMetricFamily("llmwd_gateway_events_queued", "Events waiting in the buffer")
+        g.add_metric([], em.queued if em else 0)
+        yield g
+        g = GaugeMetricFamily("llmwd_gateway_redis_up", "1 while the flag reader is connected to Redis")
+        g.add_metric([], 1 if flags is not None and flags.healthy else 0)
+        yield g
+
+
+class Gateway:
+    """The ASGI app. ``flags`` needs ``precision_for(model, route)``; ``emitter`` may be None."""
+
+    def __init__(self, cfg: GatewayConfig, flags: Any, emitter: EventEmitter | None,
+                 registry: CollectorRegistry | None = None, seed: int | None = None) -> None:
+        self.cfg = cfg
+        self.flags = flags
+        self.emitter = emitter
+        self.rng = random.Random(seed)
+        # aiohttp, not httpx: at 64 concurrent requests httpx's pool managed ~190 req/s on this
+        # machine and aiohttp ~3,700 (bench/gateway.py, docs/BENCHMARKS.md)
+        self.client: aiohttp.ClientSession | None = None
+        self._shadows: set[asyncio.Task[None]] = set()
+        self._route_header = cfg.route_header.lower().encode()
+        self._precision_header = cfg.precision_header.lower().encode()
+        self.registry = registry or CollectorRegistry()
+        self.requests = Counter("llmwd_gateway_requests_total", "Proxied requests by route, precision, status",
+                                ["route", "precision", "status"], registry=self.registry)
+        self.shadows = Counter("llmwd_gateway_shadows_total", "Shadow requests by result", ["result"],
+                               registry=self.registry)
+        self.registry.register(_Collector(self))
+
+    # -- ASGI ---------------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        path, method = scope["path"], scope["method"]
+        kind = _ENDPOINTS.get(path)
+        if kind is not None and method == "POST":
+            await self._proxy(kind, scope, receive, send)
+        elif method == "GET" and path in ("/v1/models", "/models"):
+            data = [{"id": m, "object": "model", "created": 0, "owned_by": "llm-watchdog-gateway"}
+                    for m in self.cfg.models()]
+            await self._reply(send, 200, orjson.dumps({"object": "list", "data": data}))
+        elif method == "GET" and path == "/healthz":
+            await self._reply(send, 200, orjson.dumps({"ok": True, "redis": bool(getattr(self.flags, "healthy", False))}))
+        elif method == "GET" and path == "/metrics":
+            await self._reply(send, 200, generate_latest(self.registry), (b"content-type", b"text/plain; version=0.0.4"))
+        else:
+            await self._reply(send, 404, error_body(404, f"no route {method} {path}", "not_found"))
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                await self.startup()
+                await send({"type": "lifespan.startup.complete"})
+            elif msg["type"] == "lifespan.shutdown":
+                await self.shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def startup(self) -> None:
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, ttl_dns_cache=60)
+        self.client = aiohttp.ClientSession(connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",))
+
+    async def shutdown(self) -> None:
+        for task in list(self._shadows):
+            task.cancel()
+        if self.client is not None:
+            await self.client.close()
+
+    @staticmethod
+    async def _reply(send: Send, status: int, body: bytes, *headers: tuple[bytes, bytes]) -> None:
+        await send({"type": "http.response.start", "status": status, "headers": list(headers or (_JSON,))})
+        await send({"type": "http.response.body", "body": body})
+
+    # -- routing ------------------------------------------------------------------------------
+
+    def resolve_route(self, headers: dict[bytes, bytes], model: str) -> str:
+        """Header, then API key, then model name, then the default (docs/INTEGRATIONS.md)."""
+        route = headers.get(self._route_header)
+        if route:
+            return route.decode("utf-8", "replace")
+        auth = headers.get(b"authorization")
+        if auth and self.cfg.api_keys:
+            token = auth.decode("utf-8", "replace").removeprefix("Bearer ").strip()
+            found = self.cfg.api_keys.get(token)
+            if found:
+                return found
+        return self.cfg.model_routes.get(model, self.cfg.default_route)
+
+    # -- proxying -----------------------------------------------------------------------------
+
+    async def _proxy(self, kind: str, scope: Scope, receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
+        headers = dict(scope["headers"])
+        request_id = (headers.get(b"x-request-id") or b"").decode("utf-8", "replace") or uuid.uuid4().hex
+        raw = await _read_body(receive)
+        if raw is None:
+            await self._reply(send, 413, error_body(413, f"request body over {MAX_BODY} bytes", "invalid_request_error"),
+                              _JSON, (b"x-request-id", request_id.encode()))
+            return
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            body = None
+        model = body.get("model") if isinstance(body, dict) else None
+        if not isinstance(model, str) or not model:
+            await self._reply(send, 400, error_body(400, "body must be a JSON object with a 'model'",
+                                                    "invalid_request_error"), _JSON, (b"x-request-id", request_id.encode()))
+            return
+        assert isinstance(body, dict)
+        route = self.resolve_route(headers, model)
+        pool = self.cfg.pool_for(model, route)
+        if pool is None:
+            await self._reply(send, 404, error_body(404, f"model {model!r} is not served here", "model_not_found"),
+                              _JSON, (b"x-request-id", request_id.encode()))
+            return
+        on_candidate = self.flags.precision_for(model, route) == pool.candidate_precision
+        if on_candidate and pool.baseline_share and self.rng.random() < pool.baseline_share:
+            on_candidate = False
+        upstream = pool.candidate if on_candidate else pool.baseline
+        precision = pool.candidate_precision if on_candidate else pool.baseline_precision
+        out_headers = [(b"x-request-id", request_id.encode()), (self._precision_header, precision.encode()),
+                       (b"x-llmwd-route", route.encode())]
+        fwd = _forward_headers(headers, request_id, upstream)
+        up_body = body if upstream.model is None else {**body, "model": upstream.model}
+        url = f"{upstream.url}/{'chat/completions' if kind == 'chat' else 'completions'}"
+        stream = bool(body.get("stream"))
+        # a stream may run long: its limit is the gap between two reads, not the whole answer
+        timeout = aiohttp.ClientTimeout(total=None if stream else upstream.timeout_s,
+                                        sock_connect=upstream.connect_timeout_s,
+                                        sock_read=upstream.timeout_s if stream else None)
+        assert self.client is not None, "startup() was not run"
+        ttft: float | None = None
+        http_status = 0
+        result = Result()
+        try:
+            async with self.client.post(url, data=orjson.dumps(up_body), headers=fwd, timeout=timeout) as resp:
+                http_status = resp.status
+                if http_status != 200:
+                    status = await self._relay_error(send, http_status, await resp.read(), out_headers, precision)
+                elif not stream:
+                    content = await resp.read()
+                    await self._reply(send, 200, content, _JSON, *out_headers)
+                    status = "ok"
+                    result = parse_response(kind, content)
+                else:
+                    await send({"type": "http.response.start", "status": 200,
+                                "headers": [_SSE, (b"cache-control", b"no-cache"), *out_headers]})
+                    parser = StreamParser(kind)
+                    status = "ok"
+                    try:
+                        async for chunk in resp.content.iter_any():
+                            if ttft is None:
+                                ttft = (time.perf_counter() - started) * 1000
+                            parser.feed(chunk)
+                            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    except (TimeoutError, aiohttp.ClientError) as exc:
+                        status = "timeout" if isinstance(exc, TimeoutError) else "error"
+                        await send({"type": "http.response.body", "more_body": True, "body": b"data: "
+                                    + error_body(504 if status == "timeout" else 502,
+                                                 f"the {precision} upstream failed mid-stream", status) + b"\n\n"})
+                    await send({"type": "http.response.body", "body": b""})
+                    result = parser.finish()
+                    if parser.error:
+                        status = "error"
+        except TimeoutError:
+            status = "timeout"
+            await self._reply(send, 504, error_body(504, f"the {precision} upstream timed out", "timeout"),
+                              _JSON, *out_headers)
+        except aiohttp.ClientError as exc:
+            status = "error"
+            log.warning("upstream %s (%s) failed: %s", precision, route, type(exc).__name__)
+            await self._reply(send, 502, error_body(502, f"the {precision} upstream is unreachable", "upstream_error"),
+                              _JSON, *out_headers)
+        latency_ms = (time.perf_counter() - started) * 1000
+        self.requests.labels(route, precision, status).inc()
+        if status == "client_error" or self.emitter is None:
+            return
+        event = self._event(kind, body, pool, upstream, request_id, model, route, precision, status,
+                            latency_ms, ttft, result, headers, http_status)
+        if status == "ok" and pool.shadow_sample and self.rng.random() < pool.shadow_sample:
+            if len(self._shadows) < MAX_SHADOWS_IN_FLIGHT:
+                task = asyncio.get_running_loop().create_task(
+                    self._shadow(kind, body, pool, not on_candidate, request_id, event))
+                self._shadows.add(task)
+                task.add_done_callback(self._shadows.discard)
+                return
+            self.shadows.labels("skipped").inc()
+        self.emitter.emit(event)
+
+    async def _relay_error(self, send: Send, http_status: int, content: bytes,
+                           out_headers: list[tuple[bytes, bytes]], precision: str) -> str:
+        """Upstream 5xx → a clean 502; 408/429 relayed and logged as errors; other 4xx relayed as
+        the client's own mistake (no event: a bad request says nothing about the precision)."""
+        if http_status >= 500:
+            await self._reply(send, 502, error_body(502, f"the {precision} upstream returned HTTP {http_status}",
+                                                    "upstream_error"), _JSON, *out_headers)
+            return "error"
+        await self._reply(send, http_status, content, _JSON, *out_headers)
+        return "error" if http_status in (408, 429) else "client_error"
+
+    def _event(self, kind: str, body: dict[str, Any], pool: PoolConfig, upstream: UpstreamConfig,
+               request_id: str, model: str, route: str, precision: str, status: str, latency_ms: float,
+               ttft: float | None, result: Result, headers: dict[bytes, bytes], http_status: int) -> dict[str, Any]:
+        ev: dict[str, Any] = {
+            "schema": 1, "request_id": request_id, "ts": time.time(), "model": model, "route": route,
+            "precision": precision, "engine": self.cfg.engine or upstream.model or model, "status": status,
+            "latency_ms": round(latency_ms, 3), "prompt_tokens": result.prompt_tokens,
+            "completion_tokens": result.completion_tokens if status == "ok" else 0,
+        }
+        if ttft is not None:
+            ev["ttft_ms"] = round(ttft, 3)
+        if pool.log_prompts:
+            prompt = prompt_of(kind, body)
+            if prompt is not None:
+                ev["prompt"] = prompt
+        if pool.log_completions and status == "ok":
+            ev["completion"] = result.completion
+        if pool.log_logprobs and status == "ok" and result.logprobs:
+            ev["completion_logprobs"] = result.logprobs
+        trace = headers.get(b"traceparent")
+        if trace:
+            parts = trace.split(b"-")
+            if len(parts) >= 3:
+                ev["trace_id"] = parts[1].decode("ascii", "replace")
+        if http_status and http_status != 200:
+            ev["http_status"] = http_status
+        return ev
+
+    async def _shadow(self, kind: str, body: dict[str, Any], pool: PoolConfig, to_candidate: bool,
+                      request_id: str, event: dict[str, Any]) -> None:
+        """Mirror to the other precision (never streamed), attach ``shadow``, then emit."""
+        upstream = pool.candidate if to_candidate else pool.baseline
+        precision = pool.candidate_precision if to_candidate else pool.baseline_precision
+        sbody = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+        if upstream.model is not None:
+            sbody["model"] = upstream.model
+        if pool.log_logprobs and kind == "chat":
+            sbody["logprobs"] = True
+        elif pool.log_logprobs and sbody.get("logprobs") is None:
+            sbody["logprobs"] = 1
+        url = f"{upstream.url}/{'chat/completions' if kind == 'chat' else 'completions'}"
+        t0 = time.perf_counter()
+        try:
+            assert self.client is not None
+            timeout = aiohttp.ClientTimeout(total=pool.shadow_timeout_s, sock_connect=upstream.connect_timeout_s)
+            async with self.client.post(url, data=orjson.dumps(sbody), timeout=timeout,
+                                        headers=_forward_headers({}, f"{request_id}-shadow", upstream)) as resp:
+                content = await resp.read()
+                ok = resp.status == 200
+            if ok:
+                res = parse_response(kind, content)
+                shadow: dict[str, Any] = {"precision": precision,
+                                          "latency_ms": round((time.perf_counter() - t0) * 1000, 3)}
+                if pool.log_completions:
+                    shadow["completion"] = res.completion
+                if pool.log_logprobs and res.logprobs:
+                    shadow["completion_logprobs"] = res.logprobs
+                event["shadow"] = shadow
+                self.shadows.labels("ok").inc()
+            else:
+                self.shadows.labels("error").inc()
+        except (TimeoutError, aiohttp.ClientError):
+            self.shadows.labels("error").inc()
+        except asyncio.CancelledError:
+            self.shadows.labels("cancelled").inc()
+            raise
+        finally:
+            if self.emitter is not None:
+                self.emitter.emit(event)
+
+
+def _forward_headers(headers: dict[bytes, bytes], request_id: str, upstream: UpstreamConfig) -> dict[str, str]:
+    out = {k.decode("latin-1"): v.decode("latin-1") for k, v in headers.items() if k in _PASS}
+    out["content-type"] = "application/json"
+    out["x-request-id"] = request_id
+    key = upstream.api_key()
+    if key:
+        out["authorization"] = f"Bearer {key}"
+    return out
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        msg = await receive()
+        chunk = msg.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY:
+            return None
+        parts.append(chunk)
+        if not msg.get("more_body"):
+            return b"".join(parts)
+

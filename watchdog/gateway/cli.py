@@ -1,0 +1,50 @@
+"""``llm-watchdog gateway --config FILE``: serve the OpenAI-compatible routing gateway."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+log = logging.getLogger(__name__)
+
+
+def cmd_gateway(args: argparse.Namespace) -> int:
+    from watchdog.gateway.config import GatewayConfigError, load_gateway_config
+
+    logging.getLogger("kafka").setLevel(logging.WARNING)
+    try:
+        cfg = load_gateway_config(args.config)
+    except (GatewayConfigError, OSError) as exc:
+        print(f"llm-watchdog gateway: invalid configuration:\n{exc}", file=sys.stderr)
+        return 2
+    if args.port is not None:
+        cfg.port = args.port
+    if not cfg.pools:
+        print("llm-watchdog gateway: invalid configuration: gateway.pools is empty", file=sys.stderr)
+        return 2
+    try:
+        import uvicorn
+    except ImportError:
+        print("llm-watchdog gateway: needs the 'gateway' extra (pip install 'fp8-watchdog[gateway]')",
+              file=sys.stderr)
+        return 2
+    from watchdog.gateway.server import build_gateway, uvicorn_config
+
+    app = build_gateway(cfg)
+    log.info("gateway on http://%s:%s/v1, %d pool(s), events %s", cfg.host, cfg.port, len(cfg.pools),
+             f"to {cfg.events.topic}" if cfg.events.enabled else "off")
+    try:
+        uvicorn.Server(uvicorn_config(app, cfg.host, cfg.port)).run()
+    finally:
+        if app.emitter is not None:
+            app.emitter.close()
+        app.flags.close()
+    return 0
+
+
+def add_gateway_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("gateway", help="OpenAI-compatible routing gateway that obeys the Redis flags")
+    p.add_argument("--config", required=True, help="YAML file with a gateway: section")
+    p.add_argument("--port", type=int, default=None)
+    p.set_defaults(func=cmd_gateway)

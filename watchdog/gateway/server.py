@@ -1,0 +1,86 @@
+"""Wire the gateway together and serve it with uvicorn (in the foreground, or a thread for tests)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import Any
+
+from watchdog.gateway.app import Gateway
+from watchdog.gateway.config import GatewayConfig
+from watchdog.gateway.emitter import EventEmitter
+
+log = logging.getLogger(__name__)
+
+
+def build_gateway(cfg: GatewayConfig, flags: Any = None, emitter: EventEmitter | None = None) -> Gateway:
+    """A gateway with a ``RoutingFlags`` reader and an event emitter made from ``cfg`` unless given."""
+    if flags is None:
+        from watchdog.keys import Keys
+        from watchdog.routing import RoutingFlags
+
+        flags = RoutingFlags(cfg.redis_url, Keys(cfg.redis_prefix), default_precision=cfg.default_precision)
+    if emitter is None and cfg.events.enabled:
+        emitter = EventEmitter(cfg.events).start()
+    return Gateway(cfg, flags, emitter)
+
+
+def uvicorn_config(app: Gateway, host: str, port: int) -> Any:
+    import uvicorn
+
+    loop = "uvloop"
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        loop = "asyncio"
+    return uvicorn.Config(app, host=host, port=port, loop=loop, http="httptools", lifespan="on",
+                          access_log=False, log_level="warning", log_config=None, timeout_keep_alive=75,
+                          backlog=4096)
+
+
+class GatewayServer:
+    """Runs ``app`` under uvicorn in a daemon thread; ``port`` is known once ``start`` returns."""
+
+    def __init__(self, app: Gateway, host: str = "127.0.0.1", port: int = 0) -> None:
+        import uvicorn
+
+        self.app = app
+        self.server = uvicorn.Server(uvicorn_config(app, host, port))
+        self._thread: threading.Thread | None = None
+        self.host = host
+
+    @property
+    def port(self) -> int:
+        servers = getattr(self.server, "servers", [])
+        for srv in servers:
+            for sock in srv.sockets:
+                return int(sock.getsockname()[1])
+        return int(self.server.config.port)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    def start(self, timeout: float = 10.0) -> GatewayServer:
+        self._thread = threading.Thread(target=lambda: asyncio.run(self.server.serve()),
+                                        name="llmwd-gateway", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("the gateway did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        if self.app.emitter is not None:
+            self.app.emitter.close()
+        close = getattr(self.app.flags, "close", None)
+        if close is not None:
+            close()
