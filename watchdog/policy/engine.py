@@ -42,6 +42,28 @@ def _ago(seconds: float) -> str:
     return f"{seconds:.0f}s"
 
 
+def _learn(rule: Rule, rs: RuleState, v: Verdict) -> None:
+    """A passing window or replay feeds the rule's learned null (bounded): the window's FP8 -
+    FP16 difference (``judge.learn``) or the replay's broken-item count (``judge.broken``)."""
+    j = rule.judge
+    jd = v.judgement
+    if j is None or jd is None:
+        return
+    detail = jd.get("detail") or {}
+    if j.learn is not None and isinstance(detail.get("window_estimate"), list):
+        rs.null.append({"end": v.end, "e": float(detail["window_estimate"][0])})
+        del rs.null[:-j.learn]
+    elif j.broken is not None and isinstance(detail.get("broken_test"), dict):
+        bt = detail["broken_test"]
+        if isinstance(bt.get("count"), int):
+            rs.null.append({"end": v.end, "broken": bt["count"], "n": int(jd.get("n") or 0)})
+            del rs.null[:-_MAX_BROKEN_NULL]
+
+
+#: passing golden replays whose broken-item counts form a paired rule's null
+_MAX_BROKEN_NULL = 20
+
+
 class PolicyEngine:
     """Evaluate policies over signals and decide rollbacks, promotes and alerts.
 
@@ -144,7 +166,7 @@ class PolicyEngine:
             if cand is None:
                 cand = next((s for s in group if s.precision is None), None)
             base = next((s for s in group if s.precision == policy.baseline), None)
-            judged = [(rule, evaluate_rule(rule, cand, base, st.rules[rule.name].pool))
+            judged = [(rule, evaluate_rule(rule, cand, base, st.rules[rule.name].pool, st.rules[rule.name].null))
                       for rule in policy.rules if rule.source == source]
             combine_window(policy, judged)
             window = [self._apply(rule, st, v) for rule, v in judged]
@@ -158,6 +180,7 @@ class PolicyEngine:
         rs = st.rules[rule.name]
         if v.status == "pass":
             rs.fails = rs.errors = 0
+            _learn(rule, rs, v)
             if v.candidate is not None and v.baseline is not None:
                 rs.ref = {"candidate": v.candidate, "baseline": v.baseline}
         elif v.status == "marginal":  # measured, not clearly bad: breaks the streaks, not healthy
@@ -462,6 +485,7 @@ class PolicyEngine:
             state = st.to_json()
             for r in state["rules"].values():  # sketches and diffs stay out of /status: only their count
                 r["pooled"] = len(r.pop("pool"))
+                r["learned"] = len(r.pop("null", []))
             scopes.append({"policy": pname, "model": model, "route": route, "status": overall,
                            "tripped": tripped, **state})
         return {
