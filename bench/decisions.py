@@ -428,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['upper95_per_10k']:8.2f}  {tg.by_rule}")
     # power: regressions from window/replay `onset` on, on fresh routes with a healthy history
     n_pow = 20 if args.quick else 100
-    onset = 30 if args.quick else 40
+    onset = 40 if args.quick else 110  # replays / windows of healthy history before the regression
     for label, prefix in prefixes.items():
         for g in (GOLDEN_MODELS[1], GOLDEN_MODELS[3]):
             for damage in ("diffuse", "concentrated"):

@@ -133,6 +133,12 @@ def judge_learned(
     lo, hi = shift - half, shift + half
     status, reason = _verdict(metric, method, lo, hi, k, effect_threshold=effect_threshold,
                               harm_threshold=effect_threshold, harm_marginal=None, min_n=1, max_ci_width=None)
+    if status == "marginal":
+        # a rollback guard at a small alpha: "not shown to be beyond the threshold" is a pass,
+        # otherwise its wide interval would leave every healthy window marginal (no promote)
+        status, reason = "pass", "no_shift_beyond_threshold"
+    if not learned and status == "pass":
+        status, reason = "inconclusive", "learning_null"
     z = shift / math.sqrt(var) if var > 0 else 0.0
     p = float(st.two_sided_p(z))
     msg = (f"{metric}: {status} ({reason}); shift {shift:+.4g}{unit} [{lo:+.4g}, {hi:+.4g}] vs "

@@ -185,6 +185,9 @@ class PolicyEngine:
                 rs.ref = {"candidate": v.candidate, "baseline": v.baseline}
         elif v.status == "marginal":  # measured, not clearly bad: breaks the streaks, not healthy
             rs.fails = rs.errors = 0
+        if v.status in ("inconclusive", "marginal") and v.judgement is not None \
+                and v.judgement.get("reason") == "learning_null":
+            _learn(rule, rs, v)  # the null learns while it warms up (no fail: nothing to roll back)
         elif v.status == "fail":
             rs.fails += 1
             rs.errors = 0

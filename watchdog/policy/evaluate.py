@@ -403,6 +403,9 @@ def _evaluate_judged(rule: Rule, candidate: Signal | None, baseline: Signal | No
     if isinstance(result, str):
         v.reason = f"{rule.metric}: {result}"
         return v
+    if j.straddle == "pass" and result.status == "marginal" and result.reason == "straddles_threshold":
+        result.status, result.reason = "pass", "not_beyond_threshold"
+        result.message = result.message.replace("marginal (straddles_threshold)", "pass (not shown beyond the threshold)")
     v.judgement = _judgement_dict(result)
     v.status, v.reason = result.status, result.message
     v.extra = {k: float(x) for k, x in (("estimate", result.estimate), ("ci_low", result.ci_low),

@@ -134,7 +134,7 @@ def judge_pool(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool,
             return f"no paired values for {rule.metric}"
         golden_set = cand.detail.get("golden_set") or (base.detail.get("golden_set") if base else None)
         ids = cand.detail.get("item_ids") or (base.detail.get("item_ids") if base else None)
-        entry = {"start": cand.start, "end": cand.end, "set": golden_set, "diffs": _plain_diffs(paired_items)}
+        entry: dict[str, Any] = {"start": cand.start, "end": cand.end, "set": golden_set, "diffs": _plain_diffs(paired_items)}
         if isinstance(ids, list) and len(ids) == len(paired_items):
             entry["ids"] = [str(i) for i in ids]
         _push_replay(pool, entry, k)
@@ -149,7 +149,7 @@ def judge_pool(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool,
     assert base is not None
     if learned(rule):
         return _judge_learned(rule, cand, base, pool, null)
-    entry: dict[str, Any] = {"start": cand.start, "end": cand.end, "samples": [cand.samples, base.samples]}
+    entry = {"start": cand.start, "end": cand.end, "samples": [cand.samples, base.samples]}
     if j.test == "mann_whitney":
         hists = [s.detail.get("latency_hist") for s in (cand, base)]
         if not all(isinstance(h, Mapping) and "relative_accuracy" in h for h in hists):

@@ -155,6 +155,10 @@ class Judge(_Strict):
     prior_jump: Annotated[float, Field(ge=0)] = 0.5
     #: paired: also judge how many items broke (concentrated damage)
     broken: Broken | None = None
+    #: what an interval that straddles ``effect`` is: ``marginal`` (default: not shown to be
+    #: within it - breaks the healthy count) or ``pass`` (a rollback guard at a small alpha:
+    #: not shown to be beyond it is healthy)
+    straddle: Literal["marginal", "pass"] = "marginal"
     #: quantile test: which quantile of the latency sketches (0.99 = p99)
     q: Annotated[float, Field(gt=0, lt=1)] = 0.99
     #: live: judge against a null learned from the last ``learn`` healthy windows of the rule
