@@ -296,12 +296,26 @@ def judge_broken(
     j = judge_rate(int(broken.size), n, int(null_broken), int(null_items), effect_threshold=effect_threshold,
                    alpha=alpha, min_samples=min_items, metric=metric)
     j.method = "broken_items"
+    if j.status not in ("inconclusive", "error"):
+        # the decision is exact: the count is tested against the null share's upper 1 - alpha
+        # bound (Wilson), binomial tail at alpha / 2, and must exceed that share by the effect;
+        # a score interval on a handful of broken items is too optimistic for a 1e-4 target
+        _, p0_hi = st.wilson(null_broken, max(null_items, 1), st.z_quantile(1 - alpha / 2))
+        p0 = float(p0_hi)
+        tail = st.binom_sf(int(broken.size), n, min(p0 + effect_threshold, 1.0))
+        j.p_value = tail
+        j.detail["null_share_upper"] = p0
+        if tail <= alpha / 2:
+            j.status, j.reason = "fail", st.REASONS["fail"]
+        else:
+            j.status, j.reason = "pass", st.REASONS["pass"]
     j.detail.update({"broken": ranked, "broken_count": int(broken.size), "null_broken": int(null_broken),
                      "null_items": int(null_items), "drop": drop})
     if j.status != "inconclusive" and j.status != "error":
         j.message = (f"{metric}: {j.status} ({j.reason}); {broken.size}/{n} items broke by > {drop:g} vs "
                      f"{null_broken}/{null_items} in the null; share difference {j.estimate:+.3f} "
-                     f"[{j.ci_low:+.3f}, {j.ci_high:+.3f}], threshold {effect_threshold:g}")
+                     f"[{j.ci_low:+.3f}, {j.ci_high:+.3f}], binomial tail p={j.p_value:.2g} at null share "
+                     f"{j.detail['null_share_upper']:.3f} + {effect_threshold:g}")
     return j
 
 

@@ -206,6 +206,21 @@ def hist_quantile_ci(
     return pos(n * q), pos(n * q - half - 1), pos(n * q + half + 1)
 
 
+def binom_sf(k: int, n: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, p), exact (log-space sum; n up to a few thousand)."""
+    if k <= 0:
+        return 1.0
+    if k > n or p <= 0.0:
+        return 0.0
+    if p >= 1.0:
+        return 1.0
+    lp, lq = math.log(p), math.log1p(-p)
+    terms = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq
+             for i in range(k, n + 1)]
+    top = max(terms)
+    return min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms))
+
+
 def average_replays(replays: list[np.ndarray]) -> np.ndarray:
     """Per-item mean over replays of the same items (rows x items each); an item missing
     (NaN/inf) in one replay takes the mean of the others, NaN if missing everywhere."""

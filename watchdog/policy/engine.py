@@ -17,6 +17,7 @@ from typing import Any
 from watchdog.policy.causes import attribute_rule, gpu_problems, gpu_reading
 from watchdog.policy.evaluate import Verdict, combine_window, evaluate_rule
 from watchdog.policy.loader import PolicySet
+from watchdog.policy.pooling import learn_items
 from watchdog.policy.schema import Policy, Rule
 from watchdog.policy.state import STATE_VERSION, RuleState, ScopeState, rule_fingerprint
 from watchdog.signals import Action, Signal
@@ -53,11 +54,15 @@ def _learn(rule: Rule, rs: RuleState, v: Verdict) -> None:
     if j.learn is not None and isinstance(detail.get("window_estimate"), list):
         rs.null.append({"end": v.end, "e": float(detail["window_estimate"][0])})
         del rs.null[:-j.learn]
-    elif j.broken is not None and isinstance(detail.get("broken_test"), dict):
+        return
+    if j.test == "paired" and j.learn is not None and rs.pool and rs.pool[-1].get("end") == v.end:
+        learn_items(rs.null, rs.pool[-1], j.learn)
+    if j.broken is not None and isinstance(detail.get("broken_test"), dict):
         bt = detail["broken_test"]
         if isinstance(bt.get("count"), int):
-            rs.null.append({"end": v.end, "broken": bt["count"], "n": int(jd.get("n") or 0)})
-            del rs.null[:-_MAX_BROKEN_NULL]
+            counts = [x for x in rs.null if "broken" in x]
+            counts.append({"end": v.end, "broken": bt["count"], "n": int(jd.get("n") or 0)})
+            rs.null[:] = [x for x in rs.null if "broken" not in x] + counts[-_MAX_BROKEN_NULL:]
 
 
 #: passing golden replays whose broken-item counts form a paired rule's null

@@ -337,7 +337,7 @@ def _run_judge(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool 
                 prev = [math.nan if x is None else float(x) for x in pool[-2]["diffs"]]
                 return _with_broken(rule, out, prev + (items or []), cand, base, null, pool[-2].get("ids"))
             return _with_broken(rule, out, items, cand, base, null)
-        return judge_pool(rule, cand, base, pool, items)
+        return judge_pool(rule, cand, base, pool, items, null)
     if j.test == "paired":
         items = _paired_items(rule, cand, base)
         if not items:

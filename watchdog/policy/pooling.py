@@ -122,6 +122,68 @@ def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
     return out
 
 
+#: most item ids a paired rule's learned per-item level keeps
+MAX_LEARNED_ITEMS = 5000
+
+
+def item_levels(null: list[dict[str, Any]] | None) -> dict[str, list[float]]:
+    """The learned per-item healthy differences {item id: [mean, replays]} of a paired rule."""
+    for x in null or []:
+        if x.get("kind") == "items" and isinstance(x.get("m"), dict):
+            return x["m"]
+    return {}
+
+
+def learn_items(null: list[dict[str, Any]], entry: Mapping[str, Any], learn: int) -> None:
+    """Fold a passing replay (pool entry with ``ids``) into the per-item healthy levels: a mean
+    over the last ~``learn`` replays of each item (exponential beyond that)."""
+    ids = entry.get("ids")
+    if not isinstance(ids, list):
+        return
+    levels = item_levels(null)
+    if not levels:
+        null.append({"kind": "items", "m": levels})
+    for i, d in zip(ids, _diffs(entry), strict=False):
+        if not math.isfinite(d):
+            continue
+        m, c = levels.get(i, [0.0, 0])
+        c = min(int(c) + 1, learn)
+        levels[i] = [round(m + (d - m) / c, 6), c]
+    while len(levels) > MAX_LEARNED_ITEMS:
+        levels.pop(next(iter(levels)))
+
+
+def _against_items(rule: Rule, pool: Pool, replays: list[list[float]], null: list[dict[str, Any]] | None
+                   ) -> tuple[list[list[float]], dict[str, Any] | None]:
+    """Each replay's differences minus the items' learned healthy levels (items seen in at least
+    2 passing replays): a persistent FP8-sensitive item is then not evidence again and again.
+    The credited healthy level is capped at the rule's effect on the harmful side, so a
+    regression present from the first replays is not learned away."""
+    j = rule.judge
+    assert j is not None
+    levels = item_levels(null)
+    if not levels:
+        return replays, None
+    hsign = 1.0 if j.harm_direction == "lower_is_better" else -1.0
+    out = []
+    known_all = 0
+    for e, diffs in zip(pool, replays, strict=True):
+        ids = e.get("ids")
+        if not isinstance(ids, list):
+            out.append(diffs)
+            continue
+        m = [levels[i][0] if i in levels and levels[i][1] >= 2 else None for i in ids]
+        known = [x for x in m if x is not None]
+        known_all = len(known)
+        shift = 0.0
+        if known:
+            harm_level = hsign * sum(known) / len(known)
+            if harm_level > j.effect:
+                shift = -hsign * (harm_level - j.effect)
+        out.append([d - (x + shift) if x is not None else d for d, x in zip(diffs, m, strict=True)])
+    return out, {"items": len(levels), "known": known_all}
+
+
 def judge_pool(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool,
                paired_items: list[float] | None, null: list[dict[str, Any]] | None = None) -> Judgement | str:
     """Add this window (or replay) to ``pool`` and judge the pool; a string is an inconclusive
@@ -140,11 +202,17 @@ def judge_pool(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool,
         _push_replay(pool, entry, k)
         rotated = len(pool) >= 2 and "ids" in pool[-1] and "ids" in pool[-2] and pool[-1]["ids"] != pool[-2]["ids"]
         alpha = j.alpha / 2 if j.broken is not None else j.alpha  # the broken-items test takes the rest
-        out = judge_paired_replays([_diffs(e) for e in pool], direction=j.harm_direction, effect_threshold=j.effect,
+        replays = [_diffs(e) for e in pool]
+        level = None
+        if j.learn is not None:
+            replays, level = _against_items(rule, pool, replays, null)
+        out = judge_paired_replays(replays, direction=j.harm_direction, effect_threshold=j.effect,
                                    marginal_threshold=j.marginal, alpha=alpha, min_items=j.min_n,
                                    max_ci_width=j.max_ci_width, metric=rule.metric, method=j.method,
                                    prior_jump=j.prior_jump, rotated=rotated)
         out.detail["pool_size"] = len(pool)
+        if level is not None:
+            out.detail["item_level"] = level
         return out
     assert base is not None
     if learned(rule):
