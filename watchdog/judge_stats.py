@@ -215,10 +215,12 @@ def binom_sf(k: int, n: int, p: float) -> float:
     if p >= 1.0:
         return 1.0
     lp, lq = math.log(p), math.log1p(-p)
-    terms = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq
-             for i in range(k, n + 1)]
-    top = max(terms)
-    return min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms))
+    first = math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) + k * lp + (n - k) * lq
+    i = np.arange(k, n, dtype=float)
+    # log term(i+1) - log term(i) = log((n - i) / (i + 1)) + log(p / q)
+    logs = np.concatenate([[first], first + np.cumsum(np.log((n - i) / (i + 1)) + (lp - lq))])
+    top = float(logs.max())
+    return min(1.0, math.exp(top) * float(np.exp(logs - top).sum()))
 
 
 def average_replays(replays: list[np.ndarray]) -> np.ndarray:

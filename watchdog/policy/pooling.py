@@ -148,7 +148,7 @@ def learn_items(null: list[dict[str, Any]], entry: Mapping[str, Any], learn: int
             continue
         m, c = levels.get(i, [0.0, 0])
         c = min(int(c) + 1, learn)
-        levels[i] = [round(m + (d - m) / c, 6), c]
+        levels[i] = [m + (d - m) / c, c]
     while len(levels) > MAX_LEARNED_ITEMS:
         levels.pop(next(iter(levels)))
 
