@@ -12,7 +12,7 @@ units (log ratio of a latency quantile, rate difference) with its sampling varia
 * afterwards the level is the mean of the last ``recent`` healthy windows before the pool and
   the null variance is learned from the healthy history itself: the mean square of "mean of k
   windows - mean of the ``recent`` windows before them" over that history, blended with the
-  prior (4 pseudo degrees of freedom); the critical value is Student t on those degrees of
+  prior (2 pseudo degrees of freedom); the critical value is Student t on those degrees of
   freedom. A stable offset is then not a regression; a shift of more than ``effect`` is.
 
 The engine keeps the history (``RuleState.null``, at most ``judge.learn`` entries, only windows
@@ -31,10 +31,11 @@ from watchdog import judge_stats as st
 from watchdog.judge import Judgement, _verdict
 from watchdog.judge_pool import zero_bucket_index
 
-__all__ = ["judge_learned", "quantile_log_diff", "rate_diff_estimate", "sketch_log_quantile"]
+__all__ = ["judge_learned", "quantile_log_diff", "rate_diff_estimate", "sketch_log_quantile",
+           "sketch_log_tail_mean"]
 
 #: pseudo degrees of freedom given to the prior between-window sd
-PRIOR_DF = 4.0
+PRIOR_DF = 2.0
 
 
 def sketch_log_quantile(sketch: Mapping[str, Any], q: float, alpha: float = 0.05) -> tuple[float, float] | None:
@@ -60,9 +61,41 @@ def sketch_log_quantile(sketch: Mapping[str, Any], q: float, alpha: float = 0.05
     return (lo_i + est) * lg, (((hi - lo) * lg) / (2 * z)) ** 2
 
 
-def quantile_log_diff(cand: Mapping[str, Any], base: Mapping[str, Any], q: float) -> tuple[float, float] | None:
-    """(log q-quantile FP8 - FP16, variance) of one window's two latency sketches, or None."""
-    a, b = sketch_log_quantile(cand, q), sketch_log_quantile(base, q)
+def sketch_log_tail_mean(sketch: Mapping[str, Any], p: float) -> tuple[float, float] | None:
+    """(mean of log values above the ``p`` quantile, its sampling variance) from a sketch: the
+    upper-tail mean (CVaR) of log latency, a tail statistic with several times less sampling
+    noise than the p99 point itself (it averages the top ``1 - p`` of the requests). Variance:
+    the CVaR estimator's asymptotic variance (Var(X | X > q) + p (E[X | X > q] - q)^2) /
+    (n (1 - p)). Bucket values are their log midpoints (error below the sketch's accuracy)."""
+    acc = float(sketch["relative_accuracy"])
+    lg = math.log((1.0 + acc) / (1.0 - acc))
+    bins = sorted((int(i), int(c)) for i, c in sketch.get("bins", []))
+    n = sum(c for _, c in bins) + int(sketch.get("zero_count", 0))
+    if n <= 0 or not bins:
+        return None
+    keys = np.array([b[0] for b in bins], dtype=float)
+    counts = np.array([b[1] for b in bins], dtype=float)
+    x = (keys - 0.5) * lg
+    above = np.cumsum(counts[::-1])[::-1]  # mass at or above each bucket
+    need = n * (1 - p)
+    w = np.clip(need - (above - counts), 0.0, counts)  # mass of each bucket inside the top tail
+    total = float(w.sum())
+    if total <= 0:
+        return None
+    mu = float((w * x).sum() / total)
+    var_t = float((w * (x - mu) ** 2).sum() / total)
+    q = float(x[np.flatnonzero(w > 0)[0]])
+    return mu, (var_t + p * (mu - q) ** 2) / (n * (1 - p))
+
+
+def quantile_log_diff(cand: Mapping[str, Any], base: Mapping[str, Any], q: float,
+                      tail: float | None = None) -> tuple[float, float] | None:
+    """(log q-quantile FP8 - FP16, variance) of one window's two latency sketches, or None;
+    with ``tail``, the difference of the upper-tail means of log latency above that quantile."""
+    if tail is not None:
+        a, b = sketch_log_tail_mean(cand, tail), sketch_log_tail_mean(base, tail)
+    else:
+        a, b = sketch_log_quantile(cand, q), sketch_log_quantile(base, q)
     if a is None or b is None:
         return None
     return a[0] - b[0], a[1] + b[1]

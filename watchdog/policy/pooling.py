@@ -84,7 +84,8 @@ def window_difference(rule: Rule, cand: Signal, base: Signal) -> tuple[float, fl
         if not all(isinstance(h, Mapping) and "relative_accuracy" in h for h in hists):
             return "no latency_hist in the window's detail"
         try:
-            out = quantile_log_diff(hists[0], hists[1], j.q if j.test == "quantile" else 0.5)  # type: ignore[arg-type]
+            out = quantile_log_diff(hists[0], hists[1], j.q if j.test == "quantile" else 0.5,  # type: ignore[arg-type]
+                                    j.tail if j.test == "quantile" else None)
         except (KeyError, TypeError, ValueError) as exc:
             return f"unreadable latency_hist: {exc}"
     else:

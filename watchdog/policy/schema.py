@@ -161,6 +161,9 @@ class Judge(_Strict):
     straddle: Literal["marginal", "pass"] = "marginal"
     #: quantile test: which quantile of the latency sketches (0.99 = p99)
     q: Annotated[float, Field(gt=0, lt=1)] = 0.99
+    #: quantile test: compare the mean log latency above this quantile instead of the ``q`` point
+    #: (the upper-tail mean: p99-aware with several times less noise; e.g. 0.9)
+    tail: Annotated[float, Field(ge=0, lt=1)] | None = None
     #: live: judge against a null learned from the last ``learn`` healthy windows of the rule
     #: (watchdog/judge_live.py); null = an absolute comparison with ``between_sd`` added
     learn: Annotated[int, Field(ge=8, le=MAX_LEARN_WINDOWS)] | None = None
