@@ -18,7 +18,7 @@ from typing import Any
 
 from watchdog.judge import Judgement, combine, judge_broken, judge_paired, judge_rate, judge_unpaired
 from watchdog.policy.conditions import Condition
-from watchdog.policy.pooling import Pool, judge_pool, learned, rate_counts
+from watchdog.policy.pooling import Pool, item_levels, judge_pool, learned, rate_counts
 from watchdog.policy.schema import SAMPLE_COUNTS, Policy, Rule
 from watchdog.signals import Signal, VerdictStatus
 
@@ -305,13 +305,19 @@ def _with_broken(rule: Rule, mean_j: Judgement | str, items: list[float] | None,
     if isinstance(mean_j, str) or not items:
         return mean_j
     b = j.broken
+    ids = (prev_ids or []) + (_item_ids(cand, base) or []) if prev_ids else _item_ids(cand, base)
+    if j.learn is not None and ids is not None and len(ids) == len(items):
+        # against each item's learned healthy level: a persistently FP8-sensitive prompt is not
+        # a new break every replay (the null counts are learned the same way)
+        levels = item_levels(null)
+        items = [d - levels[str(i)][0] if str(i) in levels and levels[str(i)][1] >= 2 else d
+                 for d, i in zip(items, ids, strict=True)]
     prior_k = b.null_share * b.null_items
     k0 = prior_k + sum(float(x.get("broken", 0)) for x in (null or []))
     n0 = b.null_items + sum(float(x.get("n", 0)) for x in (null or []))
     bj = judge_broken(items, direction=j.harm_direction, drop=b.drop, effect_threshold=b.effect,
                       null_broken=round(k0), null_items=round(n0), alpha=j.alpha / 2, min_items=j.min_n,
-                      item_ids=(prev_ids or []) + (_item_ids(cand, base) or []) if prev_ids else _item_ids(cand, base),
-                      metric=rule.metric)
+                      item_ids=ids, metric=rule.metric)
     summary = {"status": bj.status, "count": bj.detail.get("broken_count"), "null": [round(k0), round(n0)],
                "estimate": bj.estimate, "ci_low": bj.ci_low, "ci_high": bj.ci_high, "items": bj.detail.get("broken")}
     if mean_j.status != "fail" and bj.status == "fail":
