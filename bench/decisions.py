@@ -19,7 +19,8 @@ Noise models (seeded; each documented in docs/BENCHMARKS_decisions.md):
                  nondeterminism (30 % of items redrawn each replay); rotated variant: each replay
                  samples N items from a pool of 5 N
 
-Run: ``python bench/decisions.py`` (full) or ``--quick`` (CI smoke test, < 1 min).
+Run: ``python bench/decisions.py`` (full) or ``--quick`` (CI smoke test, < 1 min); a full run
+spread over processes: ``--parts live``, ``--parts golden``, ``--parts power`` (each its own JSON).
 """
 
 from __future__ import annotations
@@ -302,7 +303,10 @@ def run_golden(ps: PolicySet, g: Golden, routes: int, replays: int, seed: int, r
     _, measured = drift_shape()
     pool_n = g.items * (5 if g.rotate else 1)
     persistent = healthy_deltas(rng, (routes, pool_n), measured)
-    broken_items = rng.random((routes, pool_n)) < 0.06
+    # exactly 6 % of the items (of the pool, for rotated sets) break: the target's shape
+    broken_items = np.zeros((routes, pool_n), dtype=bool)
+    for r in range(routes):
+        broken_items[r, rng.choice(pool_n, round(0.06 * pool_n), replace=False)] = True
     names = [f"{route_prefix}/g{i}" for i in range(routes)]
     engine = PolicyEngine(ps)
     flags = {("m", r): "fp8" for r in names}
@@ -432,17 +436,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("policies", nargs="*", default=[str(p) for p in sorted((ROOT / "policies").glob("*.yaml"))])
     ap.add_argument("--quick", action="store_true", help="small runs for CI (< 1 min)")
-    ap.add_argument("--routes", type=int, default=24)
-    ap.add_argument("--windows", type=int, default=250, help="healthy windows per route and noise model")
-    ap.add_argument("--replays", type=int, default=100, help="healthy replays per route and golden model")
+    ap.add_argument("--routes", type=int, default=16, help="healthy live routes per noise model and route set")
+    ap.add_argument("--windows", type=int, default=200, help="healthy windows per route and noise model")
+    ap.add_argument("--replays", type=int, default=80, help="healthy replays per route and golden model")
+    ap.add_argument("--golden-routes", type=int, default=30, help="healthy golden routes per golden model")
     ap.add_argument("--seed", type=int, default=9)
-    ap.add_argument("--power-routes", type=int, default=80, help="regressed routes per power scenario")
+    ap.add_argument("--power-routes", type=int, default=30, help="regressed routes per power scenario")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--parts", default="live,golden,power", help="which parts to run (comma-separated): "
                     "live, golden, power (power includes the baselines); to spread a full run over processes")
     args = ap.parse_args(argv)
     if args.quick:
-        args.routes, args.windows, args.replays = 4, 30, 12
+        args.routes, args.windows, args.replays, args.golden_routes = 4, 30, 12, 4
     t_start = time.perf_counter()
     ps = load_policy_files(args.policies)
     res: dict[str, Any] = {"policies": [p.name for p in ps.policies], "quick": args.quick, "live": [], "golden": [],
@@ -468,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
         golden = []
     for i, g in enumerate(golden):
         for label, prefix in prefixes.items():
-            tg = run_golden(ps, g, args.routes, args.replays, args.seed + 100 + i, prefix)
+            tg = run_golden(ps, g, args.golden_routes, args.replays, args.seed + 100 + i, prefix)
             row = {"model": g.name, "routes": label, "replays": tg.windows, "rollbacks": tg.rollbacks,
                    "per_10k": 1e4 * tg.rollbacks / tg.windows, "upper95_per_10k": 1e4 * upper95(tg.rollbacks, tg.windows),
                    "by_rule": tg.by_rule}

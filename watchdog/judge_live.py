@@ -134,6 +134,7 @@ def judge_learned(
     recent: int = 6,
     metric: str = "",
     unit: str = "",
+    level_cap: float | None = None,
 ) -> Judgement:
     """Judge the last k windows' differences ``pool`` ((e, v), oldest first, harm units: positive
     = worse) against the learned healthy history ``null`` (e of passing windows before the pool,
@@ -153,7 +154,7 @@ def judge_learned(
         level = float(hist[-recent:].mean())
         # a learned offset is credited only up to the tolerated effect: a regression present
         # from the first windows is never learned away entirely
-        level = min(level, effect_threshold)
+        level = min(level, effect_threshold if level_cap is None else level_cap)
         sd_r, df = _residual_sd(hist, k, recent)
         var = (df * sd_r * sd_r + PRIOR_DF * prior_sd * prior_sd) / (df + PRIOR_DF)
         crit = st.t_quantile(1 - alpha / 2, df + PRIOR_DF)

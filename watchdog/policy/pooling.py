@@ -117,6 +117,7 @@ def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
         if j.learn is not None else []
     unit = " (log ratio)" if j.test != "rate" else " pts"
     out = judge_learned([(float(e["e"]), float(e["v"])) for e in pool], hist, effect_threshold=j.effect,
+                        level_cap=j.level_cap,
                         alpha=j.alpha, prior_sd=j.prior_sd, learn_min=j.learn_min, recent=j.recent,
                         metric=rule.metric, unit=unit)
     out.detail["pool_size"] = len(pool)
@@ -179,8 +180,9 @@ def _against_items(rule: Rule, pool: Pool, replays: list[list[float]], null: lis
         shift = 0.0
         if known:
             harm_level = hsign * sum(known) / len(known)
-            if harm_level > j.effect:
-                shift = -hsign * (harm_level - j.effect)
+            cap = j.effect if j.level_cap is None else j.level_cap
+            if harm_level > cap:
+                shift = -hsign * (harm_level - cap)
         out.append([d - (x + shift) if x is not None else d for d, x in zip(diffs, m, strict=True)])
     return out, {"items": len(levels), "known": known_all}
 

@@ -167,6 +167,9 @@ class Judge(_Strict):
     #: live: judge against a null learned from the last ``learn`` healthy windows of the rule
     #: (watchdog/judge_live.py); null = an absolute comparison with ``between_sd`` added
     learn: Annotated[int, Field(ge=8, le=MAX_LEARN_WINDOWS)] | None = None
+    #: learned level credited at most this far on the harmful side (harm units; default: effect):
+    #: a golden set's healthy FP8 may sit a little below FP16 on a route, a regression may not
+    level_cap: Annotated[float, Field(ge=0)] | None = None
     #: learned null: this many healthy windows before it is used (before: absolute comparison)
     learn_min: Annotated[int, Field(ge=4)] = 24
     #: learned null: the level is the mean of the last ``recent`` healthy windows
