@@ -258,19 +258,16 @@ def run_live(ps: PolicySet, model: Live, routes: int, windows: int, seed: int, r
 # --- golden replays -----------------------------------------------------------------------------
 
 
-def drift_shape() -> tuple[str, np.ndarray | None]:
-    """Healthy FP8 - FP16 per-item ROUGE-L deltas: gpu12's measured file if present, else the
+def drift_shape(variant: str | None) -> np.ndarray | None:
+    """Healthy FP8 - FP16 per-item ROUGE-L deltas measured on a trained model (gpu12's
+    bench/data/fp8_drift_trained.json, model "main", the named variant), or None for the
     FACTS.md shape (86.7 % unchanged, 1.2 % below -0.2, 2.3 % above +0.2)."""
-    if DRIFT_SHAPE.exists():
-        try:
-            d = json.loads(DRIFT_SHAPE.read_text())
-            items = d.get("deltas") or d.get("items")
-            if isinstance(items, list) and items:
-                vals = np.array([float(x["delta"] if isinstance(x, dict) else x) for x in items])
-                return DRIFT_SHAPE.name, vals[np.isfinite(vals)]
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
-    return "FACTS.md shape", None
+    if variant is None:
+        return None
+    d = json.loads(DRIFT_SHAPE.read_text())
+    items = d["models"]["main"]["variants"][variant]["items"]
+    vals = np.array([float(x["delta_rougeL"]) for x in items if x.get("delta_rougeL") is not None])
+    return vals[np.isfinite(vals)]
 
 
 def healthy_deltas(rng: np.random.Generator, size: tuple[int, ...], measured: np.ndarray | None) -> np.ndarray:
@@ -289,10 +286,15 @@ class Golden:
     items: int
     rotate: bool = False
     nondeterminism: float = 0.3
+    #: healthy deltas resampled from this measured variant (bench/data/fp8_drift_trained.json)
+    measured: str | None = None
 
 
 GOLDEN_MODELS = [Golden("golden-50", 50), Golden("golden-200", 200), Golden("golden-500", 500),
                  Golden("golden-200-rotated", 200, rotate=True)]
+#: the measured drift of a trained model (gpu12, H200): healthy FP8 per-tensor and per-row
+TRAINED_MODELS = [Golden("trained-per-tensor-200", 200, measured="fp8 per-tensor"),
+                  Golden("trained-per-row-200", 200, measured="fp8 per-row")]
 
 
 def run_golden(ps: PolicySet, g: Golden, routes: int, replays: int, seed: int, route_prefix: str,
@@ -300,7 +302,7 @@ def run_golden(ps: PolicySet, g: Golden, routes: int, replays: int, seed: int, r
     """``routes`` routes, ``replays`` replays each (hourly). ``damage``: None, "diffuse" (30 % of
     items -0.1) or "concentrated" (a persistent 6 % of items -0.5), from replay ``onset`` on."""
     rng = np.random.default_rng(seed)
-    _, measured = drift_shape()
+    measured = drift_shape(g.measured)
     pool_n = g.items * (5 if g.rotate else 1)
     persistent = healthy_deltas(rng, (routes, pool_n), measured)
     # exactly 6 % of the items (of the pool, for rotated sets) break: the target's shape
@@ -443,8 +445,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=9)
     ap.add_argument("--power-routes", type=int, default=30, help="regressed routes per power scenario")
     ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--parts", default="live,golden,power", help="which parts to run (comma-separated): "
-                    "live, golden, power (power includes the baselines); to spread a full run over processes")
+    ap.add_argument("--parts", default="live,golden,power,trained", help="which parts to run (comma-separated): "
+                    "live, golden, power (power includes the baselines), trained (golden models with the drift "
+                    "measured on a trained model); to spread a full run over processes")
     args = ap.parse_args(argv)
     if args.quick:
         args.routes, args.windows, args.replays, args.golden_routes = 4, 30, 12, 4
@@ -471,6 +474,8 @@ def main(argv: list[str] | None = None) -> int:
     golden = GOLDEN_MODELS[1:2] + GOLDEN_MODELS[3:] if args.quick else GOLDEN_MODELS
     if "golden" not in parts:
         golden = []
+    if "trained" in parts and DRIFT_SHAPE.exists() and not args.quick:
+        golden = golden + TRAINED_MODELS
     for i, g in enumerate(golden):
         for label, prefix in prefixes.items():
             tg = run_golden(ps, g, args.golden_routes, args.replays, args.seed + 100 + i, prefix)
@@ -483,14 +488,18 @@ def main(argv: list[str] | None = None) -> int:
     # power: regressions from window/replay `onset` on, on fresh routes with a healthy history
     n_pow = 8 if args.quick else args.power_routes
     onset = 30 if args.quick else 110  # replays / windows of healthy history before the regression
-    for label, prefix in (list(prefixes.items())[-1:] if args.quick else prefixes.items()) if "power" in parts else []:
-        for g in (GOLDEN_MODELS[1], GOLDEN_MODELS[3]):
+    golden_power = ((GOLDEN_MODELS[1], GOLDEN_MODELS[3]) if "power" in parts else ()) + \
+        (tuple(TRAINED_MODELS[:1]) if "trained" in parts and DRIFT_SHAPE.exists() and not args.quick else ())
+    for label, prefix in (list(prefixes.items())[-1:] if args.quick else prefixes.items()):
+        for g in golden_power:
             for damage in ("diffuse", "concentrated"):
                 tg = run_golden(ps, g, n_pow, onset + 2, args.seed + 300, prefix, damage=damage, onset=onset)
                 p = power(tg, onset, 2)
                 res["power"].append({"scenario": f"golden -0.03 {damage} ({g.name})", "routes": label,
                                      "within": "2 replays", "power": p, "by_rule": tg.by_rule})
                 print(f"power {label:6s} {g.name:20s} -0.03 {damage:12s} within 2 replays: {p:.3f} {tg.by_rule}")
+        if "power" not in parts:
+            continue
         for name, reg, within in (("p99-only +10%", Regression(onset=onset, p99=0.10), 5),
                                   ("whole distribution +10%", Regression(onset=onset, shift=0.10), 3)):
             for model in (LIVE_MODELS[0], LIVE_MODELS[2]):
