@@ -61,7 +61,8 @@ def _learn(rule: Rule, rs: RuleState, v: Verdict) -> None:
         bt = detail["broken_test"]
         if isinstance(bt.get("count"), int):
             counts = [x for x in rs.null if "broken" in x]
-            counts.append({"end": v.end, "broken": bt["count"], "n": int(jd.get("n") or 0)})
+            counts.append({"end": v.end, "broken": bt["count"], "n": int(bt.get("n") or jd.get("n") or 0),
+                           "pooled": bool(bt.get("pooled", False))})
             rs.null[:] = [x for x in rs.null if "broken" not in x] + counts[-_MAX_BROKEN_NULL:]
 
 

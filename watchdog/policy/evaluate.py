@@ -296,7 +296,7 @@ def _item_ids(cand: Signal | None, base: Signal | None) -> list[Any] | None:
 
 def _with_broken(rule: Rule, mean_j: Judgement | str, items: list[float] | None, cand: Signal | None,
                  base: Signal | None, null: list[dict[str, Any]] | None,
-                 prev_ids: list[Any] | None = None) -> Judgement | str:
+                 prev_ids: list[Any] | None = None, pooled: bool = False) -> Judgement | str:
     """A paired rule with ``judge.broken``: the mean-drift judgement and the broken-items test of
     the latest replay, each at half the rule's alpha (Bonferroni); the failing one (mean first)
     is the verdict, and the broken-items ranking is always in its detail."""
@@ -313,12 +313,15 @@ def _with_broken(rule: Rule, mean_j: Judgement | str, items: list[float] | None,
         items = [d - levels[str(i)][0] if str(i) in levels and levels[str(i)][1] >= 2 else d
                  for d, i in zip(items, ids, strict=True)]
     prior_k = b.null_share * b.null_items
-    k0 = prior_k + sum(float(x.get("broken", 0)) for x in (null or []))
-    n0 = b.null_items + sum(float(x.get("n", 0)) for x in (null or []))
+    # the null counts of the same kind of evaluation: one replay, or the per-item mean of two
+    same = [x for x in (null or []) if "broken" in x and bool(x.get("pooled", False)) == pooled]
+    k0 = prior_k + sum(float(x.get("broken", 0)) for x in same)
+    n0 = b.null_items + sum(float(x.get("n", 0)) for x in same)
     bj = judge_broken(items, direction=j.harm_direction, drop=b.drop, effect_threshold=b.effect,
                       null_broken=round(k0), null_items=round(n0), alpha=j.alpha / 2, min_items=j.min_n,
                       item_ids=ids, metric=rule.metric)
     summary = {"status": bj.status, "count": bj.detail.get("broken_count"), "null": [round(k0), round(n0)],
+               "pooled": pooled, "n": len(items),
                "estimate": bj.estimate, "ci_low": bj.ci_low, "ci_high": bj.ci_high, "items": bj.detail.get("broken")}
     if mean_j.status != "fail" and bj.status == "fail":
         bj.detail["mean_drift"] = {"status": mean_j.status, "message": mean_j.message}
@@ -342,6 +345,15 @@ def _run_judge(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool 
             if not isinstance(out, str) and out.detail.get("looks", {}).get("rotated2") and len(pool) >= 2:
                 prev = [math.nan if x is None else float(x) for x in pool[-2]["diffs"]]
                 return _with_broken(rule, out, prev + (items or []), cand, base, null, pool[-2].get("ids"))
+            if not isinstance(out, str) and "pooled2" in out.detail.get("looks", {}) and len(pool) >= 2 \
+                    and not out.detail.get("identical_replays") and items:
+                # the same items replayed twice: count breaks on the per-item mean, so a one-replay
+                # nondeterministic jump is half a break and a persistent break stays whole
+                prev = [math.nan if x is None else float(x) for x in pool[-2]["diffs"]]
+                if len(prev) == len(items):
+                    both = [(a + c) / 2 if math.isfinite(a) and math.isfinite(c) else (c if math.isfinite(c) else a)
+                            for a, c in zip(prev, items, strict=True)]
+                    return _with_broken(rule, out, both, cand, base, null, pooled=True)
             return _with_broken(rule, out, items, cand, base, null)
         return judge_pool(rule, cand, base, pool, items, null)
     if j.test == "paired":
