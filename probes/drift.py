@@ -222,6 +222,10 @@ class DriftReport:
                     diffs = [d for d in (i.diff(m.metric) for i in measured) if d is not None]
                     if diffs:
                         paired[m.metric] = diffs
+            # item ids aligned with the paired lists: the judge ranks broken items by id and
+            # tells a rotated set (different items) from a repeated one
+            item_ids = [i.id for i in measured] if paired and all(
+                len(v) == len(measured) for v in paired.values()) else None
             error = None
             if not measured:
                 first = next((i.candidate.error or i.baseline.error for i in self.items if i.failed), None)
@@ -241,6 +245,7 @@ class DriftReport:
                     paired=paired,
                     error=error,
                     detail={
+                        **({"item_ids": item_ids} if item_ids is not None else {}),
                         "golden_set": self.golden_set,
                         "engine": info.name,
                         "role": side,

@@ -116,8 +116,10 @@ def test_paired_noise_passes_and_small_drift_is_marginal() -> None:
     assert (j.status, j.reason) == ("pass", "within_effect_threshold")
     d = np.full(200, -0.004)
     d[::2] = -0.006
-    j = judge_paired(d, direction="higher_is_better", effect_threshold=0.05, seed=1)
+    j = judge_paired(d, direction="higher_is_better", effect_threshold=0.05, prior_jump=0.0)
     assert (j.status, j.reason) == ("marginal", "significant_within_threshold")
+    # the spread prior (two pseudo-items at +-0.5) keeps a near-constant drift from looking sure
+    assert judge_paired(d, direction="higher_is_better", effect_threshold=0.05).status == "pass"
 
 
 def test_paired_straddling_threshold_is_marginal() -> None:
@@ -134,8 +136,11 @@ def test_paired_lower_is_better_direction() -> None:
 
 
 def test_paired_edge_cases() -> None:
-    zeros = judge_paired(np.zeros(100), direction="higher_is_better", effect_threshold=0.01)
+    zeros = judge_paired(np.zeros(100), direction="higher_is_better", effect_threshold=0.01, prior_jump=0.0)
     assert zeros.status == "pass" and zeros.ci_low == 0.0 == zeros.ci_high and zeros.p_value == 1.0
+    # with the prior a replay in which nothing changed is not proof of "within 1 point" on 100 items
+    zp = judge_paired(np.zeros(100), direction="higher_is_better", effect_threshold=0.01)
+    assert zp.status == "marginal" and zp.ci_low == pytest.approx(-zp.ci_high) and zp.ci_high > 0.01
     few = judge_paired([0.1] * 10, direction="higher_is_better", effect_threshold=0.01, min_items=30)
     assert (few.status, few.reason) == ("inconclusive", "too_few_items")
     d = list(_golden_like(11)) + [math.nan, math.inf]
@@ -151,9 +156,9 @@ def test_paired_edge_cases() -> None:
 
 def test_paired_bootstrap_is_deterministic_with_seed() -> None:
     d = _golden_like(13, shift=-0.01)
-    a = judge_paired(d, direction="higher_is_better", effect_threshold=0.01, seed=42)
-    b = judge_paired(d, direction="higher_is_better", effect_threshold=0.01, seed=42)
-    c = judge_paired(d, direction="higher_is_better", effect_threshold=0.01, seed=43)
+    a = judge_paired(d, direction="higher_is_better", effect_threshold=0.01, seed=42, method="bootstrap")
+    b = judge_paired(d, direction="higher_is_better", effect_threshold=0.01, seed=42, method="bootstrap")
+    c = judge_paired(d, direction="higher_is_better", effect_threshold=0.01, seed=43, method="bootstrap")
     assert (a.ci_low, a.ci_high) == (b.ci_low, b.ci_high)
     assert (a.ci_low, a.ci_high) != (c.ci_low, c.ci_high)
 
@@ -161,10 +166,21 @@ def test_paired_bootstrap_is_deterministic_with_seed() -> None:
 def test_paired_bootstrap_interval_close_to_normal_theory() -> None:
     rng = np.random.default_rng(14)
     d = rng.normal(-0.02, 0.05, 400)
-    j = judge_paired(d, direction="higher_is_better", effect_threshold=0.0, alpha=0.05, n_boot=4000)
+    j = judge_paired(d, direction="higher_is_better", effect_threshold=0.0, alpha=0.05, n_boot=4000,
+                     method="bootstrap")
     se = d.std(ddof=1) / math.sqrt(d.size)
     assert j.ci_low == pytest.approx(d.mean() - 1.96 * se, abs=0.3 * se)
     assert j.ci_high == pytest.approx(d.mean() + 1.96 * se, abs=0.3 * se)
+
+
+@pytest.mark.parametrize(("n", "alpha", "jump"), [(30, 0.01, 0.5), (200, 0.001, 0.5), (500, 0.05, 0.0), (80, 0.009, 0.25)])
+def test_t_interval_is_student_t_with_the_spread_prior(n: int, alpha: float, jump: float) -> None:
+    d = _golden_like(40 + n)[:n] if n <= 200 else np.random.default_rng(5).normal(0, 0.1, n)
+    j = judge_paired(d, direction="higher_is_better", effect_threshold=0.0, alpha=alpha, prior_jump=jump)
+    s2 = ((n - 1) * d.var(ddof=1) + 2 * jump * jump) / (n + 1)
+    half = ss.t.ppf(1 - alpha / 2, n - 1) * math.sqrt(s2 / n)
+    assert j.method == "t" and j.estimate == pytest.approx(d.mean(), abs=1e-15)
+    assert (j.ci_low, j.ci_high) == pytest.approx((d.mean() - half, d.mean() + half), rel=2e-4)
 
 
 def test_signed_rank_method_uses_walsh_interval() -> None:
@@ -324,8 +340,20 @@ def _replay(seed: int, base_shift: float, n: int = 200) -> np.ndarray:
     ],
 )
 def test_paired_replays_table(replays: list, status: str, pooled: int, reason: str) -> None:
-    j = judge_paired_replays(replays, direction="higher_is_better", effect_threshold=0.0075, seed=1)
+    j = judge_paired_replays(replays, direction="higher_is_better", effect_threshold=0.03, seed=1)
     assert (j.status, j.reason, j.detail["pooled_replays"]) == (status, reason, pooled)
+
+
+def test_identical_replays_are_one_look_and_rotated_replays_are_concatenated() -> None:
+    r = _replay(38, -0.02)
+    same = judge_paired_replays([r, r.copy()], direction="higher_is_better", effect_threshold=0.0)
+    alone = judge_paired(r, direction="higher_is_better", effect_threshold=0.0)
+    assert same.detail["identical_replays"] and (same.ci_low, same.ci_high) == (alone.ci_low, alone.ci_high)
+    r2 = _replay(39, -0.02)
+    rot = judge_paired_replays([r, r2], direction="higher_is_better", effect_threshold=0.0, rotated=True)
+    both = judge_paired(np.concatenate([r, r2]), direction="higher_is_better", effect_threshold=0.0, alpha=0.009)
+    assert rot.detail["looks"]["rotated2"]["n"] == 400
+    assert rot.detail["looks"]["rotated2"]["ci_high"] == pytest.approx(both.ci_high)
 
 
 def test_paired_replays_pooled_look_catches_what_single_replays_miss() -> None:
@@ -339,11 +367,12 @@ def test_paired_replays_pooled_look_catches_what_single_replays_miss() -> None:
     assert (j.status, j.detail["pooled_replays"]) == ("fail", 2)
     looks = j.detail["looks"]
     assert looks["latest"]["alpha"] == pytest.approx(0.001) and looks["pooled2"]["alpha"] == pytest.approx(0.009)
-    # the pooled look's bootstrap interval agrees with the t interval at its level (scipy)
+    # the pooled look is the t interval (with the spread prior) of the per-item mean at its level
     avg = (r1 + r2) / 2
-    half = ss.t.ppf(1 - 0.009 / 2, avg.size - 1) * avg.std(ddof=1) / math.sqrt(avg.size)
-    assert looks["pooled2"]["ci_low"] == pytest.approx(avg.mean() - half, abs=0.25 * half)
-    assert looks["pooled2"]["ci_high"] == pytest.approx(avg.mean() + half, abs=0.25 * half)
+    n = avg.size
+    half = ss.t.ppf(1 - 0.009 / 2, n - 1) * math.sqrt(((n - 1) * avg.var(ddof=1) + 0.5) / (n + 1) / n)
+    assert looks["pooled2"]["ci_low"] == pytest.approx(avg.mean() - half, rel=1e-3)
+    assert looks["pooled2"]["ci_high"] == pytest.approx(avg.mean() + half, rel=1e-3)
 
 
 def test_paired_replays_edge_cases() -> None:

@@ -175,7 +175,7 @@ def test_judged_golden_rule_rolls_back_with_numbers() -> None:
     (a,) = sim.step(golden(T0, -0.06), T0)
     assert (a.kind, a.detail["rule"], a.detail["source"], a.detail["cause"]) == ("rollback", "golden", "golden", "candidate")
     j = a.detail["verdicts"][0]["judgement"]
-    assert j["status"] == "fail" and j["ci_high"] < -0.02 and j["method"] == "bootstrap"
+    assert j["status"] == "fail" and j["ci_high"] < -0.02 and j["method"] == "t"
 
 
 # --- Holm combination and critical rules ---------------------------------------------------------

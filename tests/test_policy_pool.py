@@ -244,10 +244,10 @@ def flips(n: int, k: int, size: float) -> list[float]:
 
 
 def test_two_replays_pool_item_by_item() -> None:
-    # 200 items, 10 % drop by 0.35 in each replay (different items): each replay alone straddles
-    # 2 points; their per-item mean is sure the mean drop (3.5 points) is beyond 2
+    # 200 items, 11.5 % drop by 0.35 in each replay (different items): each replay alone straddles
+    # 2 points; their per-item mean is sure the mean drop (4.0 points) is beyond 2
     rng = np.random.default_rng(3)
-    first = flips(200, 20, 0.35)
+    first = flips(200, 23, 0.35)
     second = list(rng.permutation(first))
     single, pooled = Sim(policy_set(golden_rule(None))), Sim(policy_set(golden_rule(2)))
     for sim in (single, pooled):
@@ -256,7 +256,7 @@ def test_two_replays_pool_item_by_item() -> None:
     assert single.step(replay(T0 + 3600, second), T0 + 3600) == []
     (a,) = pooled.step(replay(T0 + 3600, second), T0 + 3600)
     j = a.detail["verdicts"][0]["judgement"]
-    assert a.kind == "rollback" and j["method"] == "bootstrap_replays" and j["detail"]["pooled_replays"] == 2
+    assert a.kind == "rollback" and j["method"] == "t_replays" and j["detail"]["pooled_replays"] == 2
     assert set(j["detail"]["looks"]) == {"latest", "pooled2"} and j["ci_high"] < -0.02
 
 
@@ -292,7 +292,9 @@ def test_nan_items_survive_the_json_round_trip() -> None:
     b = Sim(ps)
     b.engine.import_state(json.loads(saved))
     b.step(replay(T0 + 600, [0.0] * 40), T0 + 600)
-    assert b.rule("golden").last.status == "pass"
+    last = b.rule("golden").last
+    # 40 items: the interval (with its spread prior) is too wide to pass 2 points, but not a fail
+    assert last.status == "marginal" and last.judgement["detail"]["pooled_replays"] == 2
 
 
 # --- validation --------------------------------------------------------------------------------

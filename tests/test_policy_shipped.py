@@ -57,7 +57,9 @@ def test_legal_route_rolls_back_at_once_and_stays_on_fp16() -> None:
     flags: dict[tuple[str, str], str] = {}
     route = "legal/contracts"
     assert run(engine, flags, live(route, T0), T0) == []
-    (a,) = run(engine, flags, live(route, T0 + 60, shadow_rougeL=0.85), T0 + 60)
+    # shadow agreement < 0.85 for 2 windows (min_samples counts shadow pairs; none given: events)
+    assert run(engine, flags, live(route, T0 + 30, shadow_rougeL=0.70), T0 + 30) == []
+    (a,) = run(engine, flags, live(route, T0 + 60, shadow_rougeL=0.70), T0 + 60)
     assert (a.kind, a.policy, a.precision, a.severity) == ("rollback", "fp8-strict-legal-medical", "fp16", "critical")
     assert flags[(M, route)] == "fp16"
     t, kinds = T0 + 60, []
@@ -75,13 +77,14 @@ def test_chat_route_rolls_back_at_once_on_pooled_errors_and_auto_promotes() -> N
     engine = PolicyEngine(load_policy_files([REPO / "policies"]))
     flags: dict[tuple[str, str], str] = {}
     route = "chat/general"
-    # the pooled error-rate judge (pool 3, for 1) is sure on the first window: 90/1000 vs 10/1000;
-    # the plain error-rate-absolute (for 2) has failed once only
+    # the judged error-rate rule (for 2: one-window bursts are not enough) and the plain
+    # error-rate-absolute (for 2) both trip on the second window of 90/1000 vs 10/1000
+    assert run(engine, flags, live(route, T0 - 60, error_rate=0.09), T0 - 60) == []
     (a,) = run(engine, flags, live(route, T0, error_rate=0.09), T0)
     assert (a.kind, a.policy, a.detail["channels"]) == ("rollback", "fp8-default", ["slack", "pagerduty"])
-    assert a.detail["rules"] == ["error-rate"]
+    assert a.detail["rules"] == ["error-rate", "error-rate-absolute"]
     judged = a.detail["verdicts"][0]["judgement"]
-    assert judged["status"] == "fail" and judged["ci_low"] > 0.0025 and judged["detail"]["pooled_windows"] == 1
+    assert judged["status"] == "fail" and judged["ci_low"] > 0.01
     state = engine.states[("fp8-default", M, route)]
     assert all(rs.pool == [] for rs in state.rules.values())  # a fresh pool after the flip
     t, promoted_at = T0, None
@@ -149,7 +152,8 @@ def test_demo_traffic_through_the_default_policy(regression: str | None, window_
         return
     assert within_s is not None
     first = flips[0]
-    assert (first.kind, first.route, first.rule) == ("rollback", DEMO_ROUTE, rule)
+    assert (first.kind, first.route) == ("rollback", DEMO_ROUTE)
+    assert first.rule in (rule, "error-rate-absolute")  # timeouts count as errors too
     assert T0 + inject_at < first.at <= T0 + inject_at + within_s, first.at - T0 - inject_at
     assert not [a for a in r.actions if a.at <= T0 + inject_at]
     if regression == "quality":
@@ -181,11 +185,15 @@ STALE = [min(0.0, -0.4 + 0.2 * NormalDist().inv_cdf((i + 0.5) / GOLDEN_N)) for i
 
 
 @pytest.mark.parametrize(("name", "diffs", "status", "ci"), [
-    ("5 items at -0.5", [-0.5] * 5 + [0.0] * 27, "marginal", (-0.1719, -0.0155)),
-    ("10 items at -0.3", [-0.3] * 10 + [0.0] * 22, "fail", (-0.1594, -0.0375)),
-    ("3 items at -0.5", [-0.5] * 3 + [0.0] * 29, "marginal", (-0.1250, 0.0)),
-    ("stale calibration, -0.4 +- 0.2", STALE, "fail", (-0.4944, -0.3168)),
-    ("identical", [0.0] * GOLDEN_N, "pass", (0.0, 0.0)),
+    # 5 of 32 items destroyed: neither the mean (interval straddles 0) nor the exact broken-items
+    # test (5/32 vs the prior null 6/400, binomial tail 0.016 > alpha/4) is sure on 32 items
+    ("5 items at -0.5", [-0.5] * 5 + [0.0] * 27, "pass", (-0.2273, 0.0710)),
+    # 10 of 32: the broken-items test fails; the interval shown is that of the broken shares
+    ("10 items at -0.3", [-0.3] * 10 + [0.0] * 22, "fail", (0.0968, 0.5975)),
+    # 3 of 32: neither test is sure at alpha 0.001 on 32 items (straddle: pass)
+    ("3 items at -0.5", [-0.5] * 3 + [0.0] * 29, "pass", (-0.1768, 0.0830)),
+    ("stale calibration, -0.4 +- 0.2", STALE, "fail", (-0.5571, -0.2448)),
+    ("identical", [0.0] * GOLDEN_N, "pass", (-0.0846, 0.0846)),
 ])
 def test_default_golden_rule_on_a_32_item_replay(name: str, diffs: list[float], status: str,
                                                  ci: tuple[float, float]) -> None:
@@ -199,14 +207,15 @@ def test_default_golden_rule_on_a_32_item_replay(name: str, diffs: list[float], 
 
 
 def test_default_golden_rule_demo_sequence() -> None:
-    """The demo: a healthy replay (5 of 32 items differ) stays on FP8, replaying it unchanged
-    stays on FP8, then a stale calibration rolls back on the first look (latest replay alone)."""
+    """A healthy replay (1 of 32 items differs) stays on FP8, replaying it unchanged stays on FP8
+    (identical replays: one look), then a stale calibration rolls back on the first look."""
     engine = PolicyEngine(load_policy_files([REPO / "policies" / "default.yaml"]))
     flags: dict[tuple[str, str], str] = {}
-    healthy = [-0.5] * 5 + [0.0] * 27
+    healthy = [-0.5] * 1 + [0.0] * 31
     assert run(engine, flags, golden_replay(T0, healthy), T0) == []
     assert run(engine, flags, golden_replay(T0 + 600, healthy), T0 + 600) == []
     (a,) = run(engine, flags, golden_replay(T0 + 1200, STALE), T0 + 1200)
     j = a.detail["verdicts"][0]["judgement"]
     assert (a.kind, a.detail["rule"]) == ("rollback", "golden-rougeL")
-    assert j["detail"]["looks"]["latest"]["status"] == "fail" and j["detail"]["looks"]["latest"]["alpha"] == 0.001
+    assert j["detail"]["looks"]["latest"]["status"] == "fail"
+    assert j["detail"]["looks"]["latest"]["alpha"] == pytest.approx(0.001 / 2 * 0.1)  # half for the broken test

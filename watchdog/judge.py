@@ -39,7 +39,7 @@ from watchdog.judge_pool import (
 from watchdog.signals import VerdictStatus
 
 __all__ = [
-    "Attribution", "Direction", "Judgement", "SketchLike", "attribute", "combine", "judge_paired",
+    "Attribution", "Direction", "Judgement", "SketchLike", "attribute", "combine", "judge_broken", "judge_paired",
     "judge_paired_replays", "judge_rate", "judge_rate_pooled", "judge_unpaired", "judge_unpaired_pooled",
     "pool_counts", "pool_histograms", "zero_bucket_index",
 ]
@@ -47,7 +47,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 Direction = Literal["higher_is_better", "lower_is_better"]
-PairedMethod = Literal["bootstrap", "signed_rank"]
+PairedMethod = Literal["t", "bootstrap", "signed_rank"]
 Samples = Sequence[float] | np.ndarray
 Histogram = Mapping[int, int]
 
@@ -131,13 +131,20 @@ def judge_paired(
     marginal_threshold: float | None = None,
     alpha: float = 0.01,
     min_items: int = 30,
-    method: PairedMethod = "bootstrap",
+    method: PairedMethod = "t",
     max_ci_width: float | None = None,
     seed: int | None = 0,
     n_boot: int = 2000,
     metric: str = "",
+    prior_jump: float = 0.5,
 ) -> Judgement:
     """Judge per-item candidate - baseline differences of one golden replay.
+
+    ``method``: ``t`` (default) is the studentised interval of the mean with a weak prior on the
+    spread (``judge_stats.t_mean_ci``; ``prior_jump`` in metric units), whose harmful-tail error
+    is at or below nominal on sparse, heavy-tailed and concentrated differences (docs/JUDGE.md,
+    "Golden intervals"); ``bootstrap`` is the old percentile bootstrap (kept for comparison: it
+    under-covers), ``signed_rank`` the Hodges-Lehmann interval of the median shift.
 
     ``effect_threshold`` (>= 0, metric units) is the largest harmful mean drift tolerated;
     ``marginal_threshold`` (default 0) the drift above which a significant harm is reported as
@@ -154,13 +161,16 @@ def judge_paired(
         return _inconclusive(metric, method, "too_few_items", f"{n} usable items < {min_items}", n,
                              effect_threshold, dropped=dropped)
     z, p, nonzero = st.signed_rank_test(finite)
-    if method == "bootstrap":
+    if method == "t":
+        est_a, lo_a, hi_a = st.t_mean_ci(finite[None, :], alpha=alpha, prior_jump=prior_jump)
+        est, lo, hi = float(est_a[0]), float(lo_a[0]), float(hi_a[0])
+    elif method == "bootstrap":
         est_a, lo_a, hi_a = st.bootstrap_mean_ci(finite[None, :], alpha=alpha, n_boot=n_boot, seed=seed)
         est, lo, hi = float(est_a[0]), float(lo_a[0]), float(hi_a[0])
     elif method == "signed_rank":
         est, lo, hi = st.walsh_ci(finite, alpha)
     else:
-        return _error(metric, str(method), "method must be bootstrap or signed_rank", effect_threshold)
+        return _error(metric, str(method), "method must be t, bootstrap or signed_rank", effect_threshold)
     harm_lo, harm_hi = (lo, hi) if sign > 0 else (-hi, -lo)
     status, reason = _verdict(metric, method, harm_lo, harm_hi, n, effect_threshold=effect_threshold,
                               harm_threshold=effect_threshold, harm_marginal=marginal_threshold,
@@ -188,8 +198,14 @@ def judge_paired_replays(
     seed: int | None = 0,
     n_boot: int = 2000,
     metric: str = "",
+    method: PairedMethod = "t",
+    prior_jump: float = 0.5,
+    rotated: bool = False,
 ) -> Judgement:
     """Judge the latest golden replays of the same items (oldest first) with two looks.
+
+    ``rotated``: the latest two replays asked different items (sampled from a larger pool), so
+    the pooled look concatenates them (2 n independent items) instead of averaging per item.
 
     Look 1 is the latest replay alone at level ``alpha * first_look_share``; look 2 is the
     per-item mean of the latest two replays (same prompts in the same order, which halves the
@@ -207,26 +223,100 @@ def judge_paired_replays(
     if not 0.0 <= first_look_share < 1.0:
         return _error(metric, "bootstrap_replays", "first_look_share must be in [0, 1)", effect_threshold)
     common = dict(direction=direction, effect_threshold=effect_threshold, marginal_threshold=marginal_threshold,
-                  min_items=min_items, max_ci_width=max_ci_width, seed=seed, n_boot=n_boot, metric=metric)
+                  min_items=min_items, max_ci_width=max_ci_width, seed=seed, n_boot=n_boot, metric=metric,
+                  method=method, prior_jump=prior_jump)
     latest = np.asarray(replays[-1], dtype=float).ravel()
     prev = np.asarray(replays[-2], dtype=float).ravel() if len(replays) >= 2 else None
-    if prev is None or prev.size != latest.size:
+    identical = prev is not None and prev.size == latest.size and bool(
+        np.array_equal(np.nan_to_num(prev, nan=1e300), np.nan_to_num(latest, nan=1e300)))
+    if rotated and prev is not None:
+        both = np.concatenate([prev, latest])
+        looks = []
+        if first_look_share > 0:
+            looks.append(("latest", judge_paired(latest, alpha=alpha * first_look_share, **common)))  # type: ignore[arg-type]
+        looks.append(("rotated2", judge_paired(both, alpha=alpha * (1 - first_look_share), **common)))  # type: ignore[arg-type]
+        return _pick_look(looks, method)
+    if prev is None or prev.size != latest.size or identical:
         j = judge_paired(latest, alpha=alpha, **common)  # type: ignore[arg-type]
         j.detail["pooled_replays"] = 1
+        j.detail["identical_replays"] = identical
         return j
     pooled = st.average_replays([prev[None, :], latest[None, :]])[0]
     looks = []
     if first_look_share > 0:
         looks.append(("latest", judge_paired(latest, alpha=alpha * first_look_share, **common)))  # type: ignore[arg-type]
     looks.append(("pooled2", judge_paired(pooled, alpha=alpha * (1 - first_look_share), **common)))  # type: ignore[arg-type]
+    return _pick_look(looks, method)
+
+
+def _pick_look(looks: list[tuple[str, Judgement]], method: str) -> Judgement:
     failed = [j for _, j in looks if j.status == "fail"]
     chosen = failed[0] if failed else looks[-1][1]
     chosen.detail["pooled_replays"] = 2 if chosen is looks[-1][1] else 1
     chosen.detail["looks"] = {name: {"status": j.status, "reason": j.reason, "estimate": j.estimate,
                                      "ci_low": j.ci_low, "ci_high": j.ci_high,
                                      "alpha": j.detail.get("alpha"), "n": j.n} for name, j in looks}
-    chosen.method = "bootstrap_replays"
+    chosen.method = f"{method}_replays"
     return chosen
+
+
+# --- concentrated damage -----------------------------------------------------------------------
+
+
+def judge_broken(
+    diffs: Samples,
+    *,
+    direction: Direction,
+    drop: float,
+    effect_threshold: float,
+    null_broken: int,
+    null_items: int,
+    alpha: float = 0.01,
+    min_items: int = 30,
+    item_ids: Sequence[Any] | None = None,
+    top: int = 20,
+    metric: str = "",
+) -> Judgement:
+    """How many items broke (a harmful per-item change larger than ``drop``) against how many
+    break in the null: ``null_broken`` of ``null_items`` (FP16-vs-FP16 replays, or healthy FP8
+    history). The share of broken items is judged like a rate (Newcombe interval of the
+    difference of the two shares): fail when the whole interval lies beyond
+    ``effect_threshold`` (share points: 0.02 = 2 % of the set broke more than in the null).
+    Sensitive to "6 % of prompts destroyed" when the mean barely moves. ``detail['broken']``
+    ranks the broken items, worst first (ids from ``item_ids`` when given, else positions)."""
+    sign = _check_direction(direction)
+    arr = np.asarray(diffs, dtype=float).ravel()
+    ok = np.isfinite(arr)
+    n = int(ok.sum())
+    harm = np.where(ok, sign * arr, -np.inf)
+    broken = np.flatnonzero(harm > drop)
+    order = broken[np.argsort(-harm[broken], kind="stable")]
+    ids = list(item_ids) if item_ids is not None and len(item_ids) == arr.size else None
+    ranked = [{"item": ids[i] if ids else int(i), "harm": float(harm[i])} for i in order[:top]]
+    j = judge_rate(int(broken.size), n, int(null_broken), int(null_items), effect_threshold=effect_threshold,
+                   alpha=alpha, min_samples=min_items, metric=metric)
+    j.method = "broken_items"
+    if j.status not in ("inconclusive", "error"):
+        # the decision is exact: the count is tested against the null share's upper 1 - alpha
+        # bound (Wilson), binomial tail at alpha / 2, and must exceed that share by the effect;
+        # a score interval on a handful of broken items is too optimistic for a 1e-4 target
+        _, p0_hi = st.wilson(null_broken, max(null_items, 1), st.z_quantile(1 - alpha / 2))
+        p0 = float(p0_hi)
+        tail = st.binom_sf(int(broken.size), n, min(p0 + effect_threshold, 1.0))
+        j.p_value = tail
+        j.detail["null_share_upper"] = p0
+        if tail <= alpha / 2:
+            j.status, j.reason = "fail", st.REASONS["fail"]
+        else:
+            j.status, j.reason = "pass", st.REASONS["pass"]
+    j.detail.update({"broken": ranked, "broken_count": int(broken.size), "null_broken": int(null_broken),
+                     "null_items": int(null_items), "drop": drop})
+    if j.status != "inconclusive" and j.status != "error":
+        j.message = (f"{metric}: {j.status} ({j.reason}); {broken.size}/{n} items broke by > {drop:g} vs "
+                     f"{null_broken}/{null_items} in the null; share difference {j.estimate:+.3f} "
+                     f"[{j.ci_low:+.3f}, {j.ci_high:+.3f}], binomial tail p={j.p_value:.2g} at null share "
+                     f"{j.detail['null_share_upper']:.3f} + {effect_threshold:g}")
+    return j
 
 
 # --- unpaired ----------------------------------------------------------------------------------

@@ -145,6 +145,84 @@ def bootstrap_mean_quantiles(
     return est, out
 
 
+def t_quantile(p: float, df: float) -> float:
+    """Student-t quantile (Cornish-Fisher expansion in 1/df around the normal quantile; error
+    below 1e-3 for df >= 10 at p <= 0.9995, which is all the judge asks for)."""
+    z = z_quantile(p)
+    if not math.isfinite(df) or df > 1e7:
+        return z
+    nu = float(df)
+    return (z + (z**3 + z) / (4 * nu) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * nu**2)
+            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * nu**3))
+
+
+def t_mean_ci(
+    diffs: np.ndarray, *, alpha: float, prior_jump: float = 0.5
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Studentised interval of the mean of each row (runs x items), with two pseudo-items at
+    +/- ``prior_jump`` added to the variance (not to the mean).
+
+    Golden differences are sparse: most items do not change and a few jump by a lot, so a
+    replay that happens to contain no jump has a tiny sample variance and a plain t (or
+    bootstrap) interval collapses around zero while the true mean is carried by the jumps it
+    did not see. The two pseudo-items are a weak prior on the spread: they matter only when the
+    sample spread is small (n = 200: s^2 gains 2 c^2 / (n + 1) = 0.0025 at c = 0.5), and they
+    bring the harmful-tail error of the interval to or below nominal on the sparse, heavy-tailed
+    and concentrated shapes of docs/JUDGE.md (tests/test_judge_coverage.py). Deterministic:
+    no resampling, so one replay always gets the same verdict."""
+    x = np.atleast_2d(np.asarray(diffs, dtype=float))
+    n = x.shape[1]
+    est = x.mean(axis=1)
+    if n < 2:
+        nan = np.full(x.shape[0], np.nan)
+        return est, nan, nan
+    s2 = x.var(axis=1, ddof=1)
+    s2 = ((n - 1) * s2 + 2.0 * prior_jump * prior_jump) / (n + 1)
+    half = t_quantile(1 - alpha / 2, n - 1) * np.sqrt(s2 / n)
+    return est, est - half, est + half
+
+
+def hist_quantile_ci(
+    counts: np.ndarray, q: float, alpha: float
+) -> tuple[float, float, float]:
+    """Distribution-free interval of the ``q`` quantile from a histogram (counts per ordered
+    bucket): the order statistics of ranks n q -/+ z sqrt(n q (1 - q)) (normal approximation to
+    the binomial count below the quantile). Returns bucket positions (fractional: a rank inside
+    a bucket is interpolated linearly) of (estimate, low, high)."""
+    c = np.asarray(counts, dtype=float)
+    n = float(c.sum())
+    if n <= 0:
+        return math.nan, math.nan, math.nan
+    z = z_quantile(1 - alpha / 2)
+    half = z * math.sqrt(n * q * (1 - q))
+    cum = np.cumsum(c)
+
+    def pos(rank: float) -> float:
+        rank = min(max(rank, 0.5), n - 0.5)
+        i = int(np.searchsorted(cum, rank))
+        before = cum[i - 1] if i > 0 else 0.0
+        return i - 1 + (rank - before) / c[i] if c[i] > 0 else float(i)
+
+    return pos(n * q), pos(n * q - half - 1), pos(n * q + half + 1)
+
+
+def binom_sf(k: int, n: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, p), exact (log-space sum; n up to a few thousand)."""
+    if k <= 0:
+        return 1.0
+    if k > n or p <= 0.0:
+        return 0.0
+    if p >= 1.0:
+        return 1.0
+    lp, lq = math.log(p), math.log1p(-p)
+    first = math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) + k * lp + (n - k) * lq
+    i = np.arange(k, n, dtype=float)
+    # log term(i+1) - log term(i) = log((n - i) / (i + 1)) + log(p / q)
+    logs = np.concatenate([[first], first + np.cumsum(np.log((n - i) / (i + 1)) + (lp - lq))])
+    top = float(logs.max())
+    return min(1.0, math.exp(top) * float(np.exp(logs - top).sum()))
+
+
 def average_replays(replays: list[np.ndarray]) -> np.ndarray:
     """Per-item mean over replays of the same items (rows x items each); an item missing
     (NaN/inf) in one replay takes the mean of the others, NaN if missing everywhere."""

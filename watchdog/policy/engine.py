@@ -17,6 +17,7 @@ from typing import Any
 from watchdog.policy.causes import attribute_rule, gpu_problems, gpu_reading
 from watchdog.policy.evaluate import Verdict, combine_window, evaluate_rule
 from watchdog.policy.loader import PolicySet
+from watchdog.policy.pooling import learn_items
 from watchdog.policy.schema import Policy, Rule
 from watchdog.policy.state import STATE_VERSION, RuleState, ScopeState, rule_fingerprint
 from watchdog.signals import Action, Signal
@@ -40,6 +41,33 @@ def _finite(d: dict[str, Any]) -> dict[str, Any]:
 
 def _ago(seconds: float) -> str:
     return f"{seconds:.0f}s"
+
+
+def _learn(rule: Rule, rs: RuleState, v: Verdict) -> None:
+    """A passing window or replay feeds the rule's learned null (bounded): the window's FP8 -
+    FP16 difference (``judge.learn``) or the replay's broken-item count (``judge.broken``)."""
+    j = rule.judge
+    jd = v.judgement
+    if j is None or jd is None:
+        return
+    detail = jd.get("detail") or {}
+    if j.learn is not None and isinstance(detail.get("window_estimate"), list):
+        rs.null.append({"end": v.end, "e": float(detail["window_estimate"][0])})
+        del rs.null[:-j.learn]
+        return
+    if j.test == "paired" and j.learn is not None and rs.pool and rs.pool[-1].get("end") == v.end:
+        learn_items(rs.null, rs.pool[-1], j.learn)
+    if j.broken is not None and isinstance(detail.get("broken_test"), dict):
+        bt = detail["broken_test"]
+        if isinstance(bt.get("count"), int):
+            counts = [x for x in rs.null if "broken" in x]
+            counts.append({"end": v.end, "broken": bt["count"], "n": int(bt.get("n") or jd.get("n") or 0),
+                           "pooled": bool(bt.get("pooled", False))})
+            rs.null[:] = [x for x in rs.null if "broken" not in x] + counts[-_MAX_BROKEN_NULL:]
+
+
+#: passing golden replays whose broken-item counts form a paired rule's null
+_MAX_BROKEN_NULL = 20
 
 
 class PolicyEngine:
@@ -144,7 +172,7 @@ class PolicyEngine:
             if cand is None:
                 cand = next((s for s in group if s.precision is None), None)
             base = next((s for s in group if s.precision == policy.baseline), None)
-            judged = [(rule, evaluate_rule(rule, cand, base, st.rules[rule.name].pool))
+            judged = [(rule, evaluate_rule(rule, cand, base, st.rules[rule.name].pool, st.rules[rule.name].null))
                       for rule in policy.rules if rule.source == source]
             combine_window(policy, judged)
             window = [self._apply(rule, st, v) for rule, v in judged]
@@ -158,10 +186,14 @@ class PolicyEngine:
         rs = st.rules[rule.name]
         if v.status == "pass":
             rs.fails = rs.errors = 0
+            _learn(rule, rs, v)
             if v.candidate is not None and v.baseline is not None:
                 rs.ref = {"candidate": v.candidate, "baseline": v.baseline}
         elif v.status == "marginal":  # measured, not clearly bad: breaks the streaks, not healthy
             rs.fails = rs.errors = 0
+        if v.status in ("inconclusive", "marginal") and v.judgement is not None \
+                and v.judgement.get("reason") == "learning_null":
+            _learn(rule, rs, v)  # the null learns while it warms up (no fail: nothing to roll back)
         elif v.status == "fail":
             rs.fails += 1
             rs.errors = 0
@@ -462,6 +494,7 @@ class PolicyEngine:
             state = st.to_json()
             for r in state["rules"].values():  # sketches and diffs stay out of /status: only their count
                 r["pooled"] = len(r.pop("pool"))
+                r["learned"] = len(r.pop("null", []))
             scopes.append({"policy": pname, "model": model, "route": route, "status": overall,
                            "tripped": tripped, **state})
         return {

@@ -16,10 +16,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from watchdog.judge import Judgement, combine, judge_paired, judge_rate, judge_unpaired
+from watchdog.judge import Judgement, combine, judge_broken, judge_paired, judge_rate, judge_unpaired
 from watchdog.policy.conditions import Condition
-from watchdog.policy.pooling import Pool, judge_pool, rate_counts
-from watchdog.policy.schema import Policy, Rule
+from watchdog.policy.pooling import Pool, item_levels, judge_pool, learned, rate_counts
+from watchdog.policy.schema import SAMPLE_COUNTS, Policy, Rule
 from watchdog.signals import Signal, VerdictStatus
 
 
@@ -87,8 +87,20 @@ def _unavailable(sig: Signal | None) -> str | None:
     return None
 
 
+def sample_count(rule: Rule, sig: Signal) -> int:
+    """What ``min_samples`` counts for this rule: the metric's own count when the window carries
+    it (shadow pairs for shadow agreement, logprob tokens for perplexity, completions for the
+    empty rate; ``schema.SAMPLE_COUNTS``), else the signal's samples (events; golden: items)."""
+    key = SAMPLE_COUNTS.get(rule.metric)
+    if key is not None and sig.source == "live":
+        raw = sig.detail.get(key)
+        if isinstance(raw, int | float) and math.isfinite(raw):
+            return int(raw)
+    return sig.samples
+
+
 def evaluate_rule(rule: Rule, candidate: Signal | None, baseline: Signal | None,
-                  pool: Pool | None = None) -> Verdict:
+                  pool: Pool | None = None, null: list[dict[str, Any]] | None = None) -> Verdict:
     """The verdict of ``rule`` for one window: a plain ``fail_if`` threshold, a judge, or both.
 
     ``pool`` is the rule's history for a pooled judge (``judge.pool`` / ``judge.replays`` > 1):
@@ -103,7 +115,7 @@ def evaluate_rule(rule: Rule, candidate: Signal | None, baseline: Signal | None,
             v.reason = why
             return v
     if rule.judge is not None:
-        return _evaluate_judged(rule, candidate, baseline, v, pool)
+        return _evaluate_judged(rule, candidate, baseline, v, pool, null)
     return _evaluate_condition(rule, candidate, baseline, v)
 
 
@@ -160,12 +172,13 @@ def _evaluate_condition(rule: Rule, candidate: Signal | None, baseline: Signal |
         if sig.error:
             v.status, v.reason = "error", f"{role} source failed: {sig.error}"
             return v
+        count = sample_count(rule, sig)
         if role == "candidate":
-            v.samples = sig.samples
+            v.samples = count
         else:
-            v.baseline_samples = sig.samples
-        if sig.samples < rule.min_samples:
-            v.reason = f"too few {role} samples: {sig.samples} < min_samples {rule.min_samples}"
+            v.baseline_samples = count
+        if count < rule.min_samples:
+            v.reason = f"too few {role} samples: {count} < min_samples {rule.min_samples}"
             return v
         raw = sig.values.get(rule.metric)
         if raw is None:
@@ -273,19 +286,85 @@ def sketch_histograms(cand: Mapping[str, Any], base: Mapping[str, Any]) -> tuple
     return hc, hb, (1.0 + acc) / (1.0 - acc)
 
 
-def _run_judge(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool | None) -> Judgement | str:
+def _item_ids(cand: Signal | None, base: Signal | None) -> list[Any] | None:
+    for sig in (cand, base):
+        ids = sig.detail.get("item_ids") if sig is not None else None
+        if isinstance(ids, list):
+            return ids
+    return None
+
+
+def _with_broken(rule: Rule, mean_j: Judgement | str, items: list[float] | None, cand: Signal | None,
+                 base: Signal | None, null: list[dict[str, Any]] | None,
+                 prev_ids: list[Any] | None = None, pooled: bool = False) -> Judgement | str:
+    """A paired rule with ``judge.broken``: the mean-drift judgement and the broken-items test of
+    the latest replay, each at half the rule's alpha (Bonferroni); the failing one (mean first)
+    is the verdict, and the broken-items ranking is always in its detail."""
+    j = rule.judge
+    assert j is not None and j.broken is not None
+    if isinstance(mean_j, str) or not items:
+        return mean_j
+    b = j.broken
+    ids = (prev_ids or []) + (_item_ids(cand, base) or []) if prev_ids else _item_ids(cand, base)
+    if j.learn is not None and ids is not None and len(ids) == len(items):
+        # against each item's learned healthy level: a persistently FP8-sensitive prompt is not
+        # a new break every replay (the null counts are learned the same way)
+        levels = item_levels(null)
+        items = [d - levels[str(i)][0] if str(i) in levels and levels[str(i)][1] >= 2 else d
+                 for d, i in zip(items, ids, strict=True)]
+    prior_k = b.null_share * b.null_items
+    # the null counts of the same kind of evaluation: one replay, or the per-item mean of two
+    same = [x for x in (null or []) if "broken" in x and bool(x.get("pooled", False)) == pooled]
+    k0 = prior_k + sum(float(x.get("broken", 0)) for x in same)
+    n0 = b.null_items + sum(float(x.get("n", 0)) for x in same)
+    bj = judge_broken(items, direction=j.harm_direction, drop=b.drop, effect_threshold=b.effect,
+                      null_broken=round(k0), null_items=round(n0), alpha=j.alpha / 2, min_items=j.min_n,
+                      item_ids=ids, metric=rule.metric)
+    summary = {"status": bj.status, "count": bj.detail.get("broken_count"), "null": [round(k0), round(n0)],
+               "pooled": pooled, "n": len(items),
+               "estimate": bj.estimate, "ci_low": bj.ci_low, "ci_high": bj.ci_high, "items": bj.detail.get("broken")}
+    if mean_j.status != "fail" and bj.status == "fail":
+        bj.detail["mean_drift"] = {"status": mean_j.status, "message": mean_j.message}
+        bj.detail["broken_test"] = summary
+        return bj
+    mean_j.detail["broken_test"] = summary
+    return mean_j
+
+
+def _run_judge(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool | None,
+               null: list[dict[str, Any]] | None = None) -> Judgement | str:
     """The judge's verdict, or why it could not run (an inconclusive reason)."""
     j = rule.judge
     assert j is not None
+    if j.test != "paired" and learned(rule):
+        return judge_pool(rule, cand, base, pool if pool is not None else [], None, null)
     if pool is not None and j.history > 1:
-        return judge_pool(rule, cand, base, pool, _paired_items(rule, cand, base))
+        items = _paired_items(rule, cand, base)
+        if j.test == "paired" and j.broken is not None:
+            out = judge_pool(rule, cand, base, pool, items, null)
+            if not isinstance(out, str) and out.detail.get("looks", {}).get("rotated2") and len(pool) >= 2:
+                prev = [math.nan if x is None else float(x) for x in pool[-2]["diffs"]]
+                return _with_broken(rule, out, prev + (items or []), cand, base, null, pool[-2].get("ids"))
+            if not isinstance(out, str) and "pooled2" in out.detail.get("looks", {}) and len(pool) >= 2 \
+                    and not out.detail.get("identical_replays") and items:
+                # the same items replayed twice: count breaks on the per-item mean, so a one-replay
+                # nondeterministic jump is half a break and a persistent break stays whole
+                prev = [math.nan if x is None else float(x) for x in pool[-2]["diffs"]]
+                if len(prev) == len(items):
+                    both = [(a + c) / 2 if math.isfinite(a) and math.isfinite(c) else (c if math.isfinite(c) else a)
+                            for a, c in zip(prev, items, strict=True)]
+                    return _with_broken(rule, out, both, cand, base, null, pooled=True)
+            return _with_broken(rule, out, items, cand, base, null)
+        return judge_pool(rule, cand, base, pool, items, null)
     if j.test == "paired":
         items = _paired_items(rule, cand, base)
         if not items:
             return f"no paired values for {rule.metric}"
-        return judge_paired(items, direction=j.harm_direction, effect_threshold=j.effect,
-                            marginal_threshold=j.marginal, alpha=j.alpha, min_items=j.min_n, method=j.method,
-                            max_ci_width=j.max_ci_width, metric=rule.metric)
+        alpha = j.alpha / 2 if j.broken is not None else j.alpha
+        out = judge_paired(items, direction=j.harm_direction, effect_threshold=j.effect,
+                           marginal_threshold=j.marginal, alpha=alpha, min_items=j.min_n, method=j.method,
+                           max_ci_width=j.max_ci_width, metric=rule.metric, prior_jump=j.prior_jump)
+        return _with_broken(rule, out, items, cand, base, null) if j.broken is not None else out
     assert cand is not None and base is not None
     if j.test == "mann_whitney":
         hists = [s.detail.get("latency_hist") for s in (cand, base)]
@@ -309,11 +388,11 @@ def _run_judge(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool 
 
 
 def _evaluate_judged(rule: Rule, candidate: Signal | None, baseline: Signal | None, v: Verdict,
-                     pool: Pool | None) -> Verdict:
+                     pool: Pool | None, null: list[dict[str, Any]] | None = None) -> Verdict:
     j = rule.judge
     assert j is not None
     # a pooled live rule applies min_samples to the pool's events (judge_pool), not to one window
-    pooled_live = pool is not None and j.history > 1 and j.test != "paired"
+    pooled_live = j.test != "paired" and ((pool is not None and j.history > 1) or learned(rule))
     cond = rule.condition
     needs_base = j.test != "paired" or (cond is not None and "baseline" in cond.names)
     for role, sig, needed in (("candidate", candidate, True), ("baseline", baseline, needs_base)):
@@ -327,20 +406,24 @@ def _evaluate_judged(rule: Rule, candidate: Signal | None, baseline: Signal | No
                 v.status, v.reason = "error", f"{role} source failed: {sig.error}"
                 return v
             continue
+        count = sample_count(rule, sig)
         if role == "candidate":
-            v.samples = sig.samples
+            v.samples = count
         else:
-            v.baseline_samples = sig.samples
-        if needed and not pooled_live and sig.samples < rule.min_samples:
-            v.reason = f"too few {role} samples: {sig.samples} < min_samples {rule.min_samples}"
+            v.baseline_samples = count
+        if needed and not pooled_live and count < rule.min_samples:
+            v.reason = f"too few {role} samples: {count} < min_samples {rule.min_samples}"
             return v
         raw = sig.values.get(rule.metric)
         if raw is not None and not math.isnan(float(raw)):
             setattr(v, role, float(raw))
-    result = _run_judge(rule, candidate, baseline, pool)
+    result = _run_judge(rule, candidate, baseline, pool, null)
     if isinstance(result, str):
         v.reason = f"{rule.metric}: {result}"
         return v
+    if j.straddle == "pass" and result.status == "marginal" and result.reason == "straddles_threshold":
+        result.status, result.reason = "pass", "not_beyond_threshold"
+        result.message = result.message.replace("marginal (straddles_threshold)", "pass (not shown beyond the threshold)")
     v.judgement = _judgement_dict(result)
     v.status, v.reason = result.status, result.message
     v.extra = {k: float(x) for k, x in (("estimate", result.estimate), ("ci_low", result.ci_low),

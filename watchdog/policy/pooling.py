@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from watchdog.judge import Judgement, judge_paired_replays, judge_rate_pooled, judge_unpaired_pooled
+from watchdog.judge_live import judge_learned, quantile_log_diff, rate_diff_estimate
 from watchdog.policy.schema import RATE_COUNTS, Rule
 from watchdog.signals import Signal
 
@@ -65,8 +66,129 @@ def _diffs(entry: Mapping[str, Any]) -> list[float]:
     return [math.nan if x is None else float(x) for x in entry.get("diffs", [])]
 
 
+def learned(rule: Rule) -> bool:
+    """Whether a live judged rule works on per-window differences (a quantile test, or a learned
+    null): its pool then holds one (e, v) pair per window instead of sketches or counts."""
+    j = rule.judge
+    return j is not None and j.test != "paired" and (j.test == "quantile" or j.learn is not None)
+
+
+def window_difference(rule: Rule, cand: Signal, base: Signal) -> tuple[float, float] | str:
+    """One live window's FP8 - FP16 difference in harm units and its sampling variance: log
+    ratio of the judged latency quantile (p50 for mann_whitney), or the rate difference."""
+    j = rule.judge
+    assert j is not None
+    sign = 1.0 if j.harm_direction == "lower_is_better" else -1.0
+    if j.test in ("quantile", "mann_whitney"):
+        hists = [s.detail.get("latency_hist") for s in (cand, base)]
+        if not all(isinstance(h, Mapping) and "relative_accuracy" in h for h in hists):
+            return "no latency_hist in the window's detail"
+        try:
+            out = quantile_log_diff(hists[0], hists[1], j.q if j.test == "quantile" else 0.5,  # type: ignore[arg-type]
+                                    j.tail if j.test == "quantile" else None)
+        except (KeyError, TypeError, ValueError) as exc:
+            return f"unreadable latency_hist: {exc}"
+    else:
+        counts = [rate_counts(rule, s) for s in (cand, base)]
+        if counts[0] is None or counts[1] is None:
+            return f"no {rule.metric} counts in the window's detail"
+        out = rate_diff_estimate(counts[0][0], counts[0][1], counts[1][0], counts[1][1])
+    if out is None or not all(math.isfinite(x) for x in out):
+        return "no latencies in the window"
+    return sign * out[0], out[1]
+
+
+def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
+                   null: list[dict[str, Any]] | None) -> Judgement | str:
+    j = rule.judge
+    assert j is not None
+    diff = window_difference(rule, cand, base)
+    if isinstance(diff, str):
+        return diff
+    _push_window(pool, {"start": cand.start, "end": cand.end, "samples": [cand.samples, base.samples],
+                        "e": diff[0], "v": diff[1]}, j.pool or 1)
+    n_cand = min(int(e["samples"][0]) for e in pool)
+    n_base = min(int(e["samples"][1]) for e in pool)
+    if min(n_cand, n_base) < max(rule.min_samples, j.min_n):
+        return (f"too few samples in a window of the pool: {n_cand}/{n_base} "
+                f"< {max(rule.min_samples, j.min_n)}")
+    first = float(pool[0]["start"])
+    hist = [float(x["e"]) for x in (null or []) if float(x.get("end", math.inf)) <= first] \
+        if j.learn is not None else []
+    unit = " (log ratio)" if j.test != "rate" else " pts"
+    out = judge_learned([(float(e["e"]), float(e["v"])) for e in pool], hist, effect_threshold=j.effect,
+                        level_cap=j.level_cap,
+                        alpha=j.alpha, prior_sd=j.prior_sd, learn_min=j.learn_min, recent=j.recent,
+                        metric=rule.metric, unit=unit)
+    out.detail["pool_size"] = len(pool)
+    return out
+
+
+#: most item ids a paired rule's learned per-item level keeps
+MAX_LEARNED_ITEMS = 5000
+
+
+def item_levels(null: list[dict[str, Any]] | None) -> dict[str, list[float]]:
+    """The learned per-item healthy differences {item id: [mean, replays]} of a paired rule."""
+    for x in null or []:
+        if x.get("kind") == "items" and isinstance(x.get("m"), dict):
+            return x["m"]
+    return {}
+
+
+def learn_items(null: list[dict[str, Any]], entry: Mapping[str, Any], learn: int) -> None:
+    """Fold a passing replay (pool entry with ``ids``) into the per-item healthy levels: a mean
+    over the last ~``learn`` replays of each item (exponential beyond that)."""
+    ids = entry.get("ids")
+    if not isinstance(ids, list):
+        return
+    levels = item_levels(null)
+    if not levels:
+        null.append({"kind": "items", "m": levels})
+    for i, d in zip(ids, _diffs(entry), strict=False):
+        if not math.isfinite(d):
+            continue
+        m, c = levels.get(i, [0.0, 0])
+        c = min(int(c) + 1, learn)
+        levels[i] = [m + (d - m) / c, c]
+    while len(levels) > MAX_LEARNED_ITEMS:
+        levels.pop(next(iter(levels)))
+
+
+def _against_items(rule: Rule, pool: Pool, replays: list[list[float]], null: list[dict[str, Any]] | None
+                   ) -> tuple[list[list[float]], dict[str, Any] | None]:
+    """Each replay's differences minus the items' learned healthy levels (items seen in at least
+    2 passing replays): a persistent FP8-sensitive item is then not evidence again and again.
+    The credited healthy level is capped at the rule's effect on the harmful side, so a
+    regression present from the first replays is not learned away."""
+    j = rule.judge
+    assert j is not None
+    levels = item_levels(null)
+    if not levels:
+        return replays, None
+    hsign = 1.0 if j.harm_direction == "lower_is_better" else -1.0
+    out = []
+    known_all = 0
+    for e, diffs in zip(pool, replays, strict=True):
+        ids = e.get("ids")
+        if not isinstance(ids, list):
+            out.append(diffs)
+            continue
+        m = [levels[i][0] if i in levels and levels[i][1] >= 2 else None for i in ids]
+        known = [x for x in m if x is not None]
+        known_all = len(known)
+        shift = 0.0
+        if known:
+            harm_level = hsign * sum(known) / len(known)
+            cap = j.effect if j.level_cap is None else j.level_cap
+            if harm_level > cap:
+                shift = -hsign * (harm_level - cap)
+        out.append([d - (x + shift) if x is not None else d for d, x in zip(diffs, m, strict=True)])
+    return out, {"items": len(levels), "known": known_all}
+
+
 def judge_pool(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool,
-               paired_items: list[float] | None) -> Judgement | str:
+               paired_items: list[float] | None, null: list[dict[str, Any]] | None = None) -> Judgement | str:
     """Add this window (or replay) to ``pool`` and judge the pool; a string is an inconclusive
     reason (this window is unreadable, or the pool holds too few events for ``min_samples``)."""
     j = rule.judge
@@ -76,15 +198,29 @@ def judge_pool(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool,
         if not paired_items:
             return f"no paired values for {rule.metric}"
         golden_set = cand.detail.get("golden_set") or (base.detail.get("golden_set") if base else None)
-        _push_replay(pool, {"start": cand.start, "end": cand.end, "set": golden_set,
-                            "diffs": _plain_diffs(paired_items)}, k)
-        out = judge_paired_replays([_diffs(e) for e in pool], direction=j.harm_direction, effect_threshold=j.effect,
-                                   marginal_threshold=j.marginal, alpha=j.alpha, min_items=j.min_n,
-                                   max_ci_width=j.max_ci_width, metric=rule.metric)
+        ids = cand.detail.get("item_ids") or (base.detail.get("item_ids") if base else None)
+        entry: dict[str, Any] = {"start": cand.start, "end": cand.end, "set": golden_set, "diffs": _plain_diffs(paired_items)}
+        if isinstance(ids, list) and len(ids) == len(paired_items):
+            entry["ids"] = [str(i) for i in ids]
+        _push_replay(pool, entry, k)
+        rotated = len(pool) >= 2 and "ids" in pool[-1] and "ids" in pool[-2] and pool[-1]["ids"] != pool[-2]["ids"]
+        alpha = j.alpha / 2 if j.broken is not None else j.alpha  # the broken-items test takes the rest
+        replays = [_diffs(e) for e in pool]
+        level = None
+        if j.learn is not None:
+            replays, level = _against_items(rule, pool, replays, null)
+        out = judge_paired_replays(replays, direction=j.harm_direction, effect_threshold=j.effect,
+                                   marginal_threshold=j.marginal, alpha=alpha, min_items=j.min_n,
+                                   max_ci_width=j.max_ci_width, metric=rule.metric, method=j.method,
+                                   prior_jump=j.prior_jump, rotated=rotated)
         out.detail["pool_size"] = len(pool)
+        if level is not None:
+            out.detail["item_level"] = level
         return out
     assert base is not None
-    entry: dict[str, Any] = {"start": cand.start, "end": cand.end, "samples": [cand.samples, base.samples]}
+    if learned(rule):
+        return _judge_learned(rule, cand, base, pool, null)
+    entry = {"start": cand.start, "end": cand.end, "samples": [cand.samples, base.samples]}
     if j.test == "mann_whitney":
         hists = [s.detail.get("latency_hist") for s in (cand, base)]
         if not all(isinstance(h, Mapping) and "relative_accuracy" in h for h in hists):

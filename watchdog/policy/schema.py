@@ -41,11 +41,22 @@ RATE_COUNTS: dict[str, tuple[tuple[str, ...], str]] = {
 #: live metrics a ``mann_whitney`` judge can test (it compares the windows' latency sketches)
 LATENCY_METRICS = ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms")
 #: default minimum number of items/requests per judge test
-JUDGE_MIN_ITEMS = {"paired": 30, "mann_whitney": 50, "rate": 100}
+JUDGE_MIN_ITEMS = {"paired": 30, "mann_whitney": 50, "rate": 100, "quantile": 200}
 #: most live windows a judged rule may pool (the engine keeps this many sketches/counts per rule)
 MAX_POOL_WINDOWS = 24
 #: most golden replays a paired rule may pool (judge_paired_replays looks at the latest two)
 MAX_REPLAYS = 2
+#: most healthy windows a live judged rule keeps as its learned null (``judge.learn``)
+MAX_LEARN_WINDOWS = 288
+#: per-metric sample counts in a live window's ``Signal.detail``: what ``min_samples`` counts
+#: for that metric (other metrics count ``Signal.samples``, the window's events)
+SAMPLE_COUNTS: dict[str, str] = {
+    "shadow_rougeL": "shadow_pairs",
+    "shadow_bleu": "shadow_pairs",
+    "perplexity": "logprob_tokens",
+    "empty_rate": "completions",
+    "ttft_p99_ms": "ttft_count",
+}
 #: GPU signal values that, when > 0, explain a candidate's drop better than the precision does
 DEFAULT_GPU_CAUSES = ("critical", "xid_critical", "thermal_slowdown", "hw_slowdown", "gpu_lost")
 
@@ -155,11 +166,22 @@ class Scope(_Strict):
         return models(model) and routes(route) and not ex_models(model) and not ex_routes(route)
 
 
+class Broken(_Strict):
+    """Concentrated-damage test of a paired rule (watchdog.judge.judge_broken): the share of items
+    whose harm exceeds ``drop`` against the null share (learned from passing replays, seeded
+    with ``null_share`` over ``null_items`` pseudo-items)."""
+
+    drop: Annotated[float, Field(gt=0)] = 0.2
+    effect: Annotated[float, Field(ge=0, lt=1)] = 0.02
+    null_share: Annotated[float, Field(ge=0, lt=1)] = 0.02
+    null_items: Annotated[int, Field(ge=1)] = 500
+
+
 class Judge(_Strict):
     """A statistical test of candidate vs baseline (watchdog/judge.py) in place of, or on top of,
     a plain ``fail_if`` threshold."""
 
-    test: Literal["paired", "mann_whitney", "rate"]
+    test: Literal["paired", "mann_whitney", "rate", "quantile"]
     #: default: higher_is_better for paired, lower_is_better for mann_whitney and rate
     direction: Literal["higher_is_better", "lower_is_better"] | None = None
     #: largest harmful drift tolerated: metric units (paired), relative (mann_whitney: 0.10 = 10 %
@@ -170,7 +192,33 @@ class Judge(_Strict):
     alpha: Annotated[float, Field(gt=0, lt=0.5)] = 0.01
     #: fewer items (paired) / requests per precision (mann_whitney, rate) -> inconclusive
     min_items: Annotated[int, Field(ge=1)] | None = None
-    method: Literal["bootstrap", "signed_rank"] = "bootstrap"
+    method: Literal["t", "bootstrap", "signed_rank"] = "t"
+    #: paired ``t``: two pseudo-items at +/- this (metric units) as a prior on the spread
+    prior_jump: Annotated[float, Field(ge=0)] = 0.5
+    #: paired: also judge how many items broke (concentrated damage)
+    broken: Broken | None = None
+    #: what an interval that straddles ``effect`` is: ``marginal`` (default: not shown to be
+    #: within it - breaks the healthy count) or ``pass`` (a rollback guard at a small alpha:
+    #: not shown to be beyond it is healthy)
+    straddle: Literal["marginal", "pass"] = "marginal"
+    #: quantile test: which quantile of the latency sketches (0.99 = p99)
+    q: Annotated[float, Field(gt=0, lt=1)] = 0.99
+    #: quantile test: compare the mean log latency above this quantile instead of the ``q`` point
+    #: (the upper-tail mean: p99-aware with several times less noise; e.g. 0.9)
+    tail: Annotated[float, Field(ge=0, lt=1)] | None = None
+    #: live: judge against a null learned from the last ``learn`` healthy windows of the rule
+    #: (watchdog/judge_live.py); null = an absolute comparison with ``between_sd`` added
+    learn: Annotated[int, Field(ge=8, le=MAX_LEARN_WINDOWS)] | None = None
+    #: learned level credited at most this far on the harmful side (harm units; default: effect):
+    #: a golden set's healthy FP8 may sit a little below FP16 on a route, a regression may not
+    level_cap: Annotated[float, Field(ge=0)] | None = None
+    #: learned null: this many healthy windows before it is used (before: absolute comparison)
+    learn_min: Annotated[int, Field(ge=4)] = 24
+    #: learned null: the level is the mean of the last ``recent`` healthy windows
+    recent: Annotated[int, Field(ge=1, le=48)] = 6
+    #: prior sd of the between-window variation of the difference (harm units: log ratio for
+    #: latency, rate points for rates); default 0.03 for latency tests, 0.002 for rates
+    between_sd: Annotated[float, Field(ge=0)] | None = None
     #: interval wider than this -> inconclusive (thin evidence)
     max_ci_width: Annotated[float, Field(gt=0)] | None = None
     #: live rules (mann_whitney, rate): judge the sum of the last ``pool`` windows' latency sketches
@@ -189,6 +237,12 @@ class Judge(_Strict):
     @property
     def min_n(self) -> int:
         return self.min_items if self.min_items is not None else JUDGE_MIN_ITEMS[self.test]
+
+    @property
+    def prior_sd(self) -> float:
+        if self.between_sd is not None:
+            return self.between_sd
+        return 0.002 if self.test == "rate" else 0.03
 
     @property
     def history(self) -> int:

@@ -29,6 +29,10 @@ class RuleState:
     #: pooled judge history (watchdog/policy/pooling.py): the last ``pool`` windows' sketches or
     #: counts, or the last ``replays`` golden replays' per-item differences; emptied by a flip
     pool: list[dict[str, Any]] = field(default_factory=list)
+    #: learned null (judge.learn): the last healthy windows' differences {"end", "e"}, or for a
+    #: paired rule with ``broken`` the passing replays' broken counts {"end", "broken", "n"};
+    #: bounded, kept across flips (it describes healthy FP8 vs FP16, not the serving state)
+    null: list[dict[str, Any]] = field(default_factory=list)
 
     def tripped(self, rule: Rule) -> bool:
         if self.fails >= rule.for_:
@@ -37,7 +41,8 @@ class RuleState:
 
     def to_json(self) -> dict[str, Any]:
         return {"fingerprint": self.fingerprint, "fails": self.fails, "errors": self.errors,
-                "last": self.last.to_dict() if self.last else None, "ref": self.ref, "pool": list(self.pool)}
+                "last": self.last.to_dict() if self.last else None, "ref": self.ref, "pool": list(self.pool),
+                "null": list(self.null)}
 
     @classmethod
     def from_json(cls, r: dict[str, Any]) -> RuleState:
@@ -45,7 +50,10 @@ class RuleState:
         pool = r.get("pool") or []  # absent in states saved before pooled rules
         if not isinstance(pool, list) or not all(isinstance(e, dict) for e in pool):
             pool = []
-        return cls(r["fingerprint"], int(r["fails"]), int(r["errors"]), last, r.get("ref"), list(pool))
+        null = r.get("null") or []  # absent in states saved before learned nulls
+        if not isinstance(null, list) or not all(isinstance(e, dict) for e in null):
+            null = []
+        return cls(r["fingerprint"], int(r["fails"]), int(r["errors"]), last, r.get("ref"), list(pool), list(null))
 
 
 @dataclass(slots=True)

@@ -1,0 +1,139 @@
+"""Live rules against a learned null (watchdog/judge_live.py) and the exact broken-items test."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import scipy.stats as ss
+
+from watchdog import judge_stats as st
+from watchdog.judge import judge_broken
+from watchdog.judge_live import judge_learned, quantile_log_diff, sketch_log_quantile
+from watchdog.policy.engine import PolicyEngine
+from watchdog.policy.loader import PolicySet, parse_policy_text
+from watchdog.signals import Signal
+from watchdog.sketch import QuantileSketch
+
+
+def _ar1(rng: np.random.Generator, n: int, sd: float, rho: float = 0.95) -> np.ndarray:
+    x = np.zeros(n)
+    x[0] = rng.normal(0, sd)
+    for t in range(1, n):
+        x[t] = rho * x[t - 1] + rng.normal(0, sd * math.sqrt(1 - rho * rho))
+    return x
+
+
+@pytest.mark.parametrize(("offset", "shift", "status"), [
+    (0.04, 0.0, "pass"),      # a stable replica offset of +4 % is not a regression
+    (-0.47, 0.0, "pass"),     # FP8 1.6x faster: the level is learned, nothing to judge
+    (-0.47, 0.10, "fail"),    # ... and +10 % from there is a regression
+    (0.0, 0.10, "fail"),
+    (0.0, 0.02, "pass"),      # within the 3 % effect
+])
+def test_learned_null_judges_shifts_not_offsets(offset: float, shift: float, status: str) -> None:
+    rng = np.random.default_rng(int(1000 * (offset + shift)) % 97)
+    hist = offset + _ar1(rng, 96, 0.02) * 0.3 + rng.normal(0, 0.005, 96)
+    pool = [(hist[-1] + shift + rng.normal(0, 0.005), 0.005**2) for _ in range(3)]
+    j = judge_learned(pool, list(hist), effect_threshold=0.03, alpha=0.001, prior_sd=0.03, learn_min=24)
+    assert j.status == status, j.message
+    assert j.detail["learned"] and j.detail["null_windows"] == 96
+
+
+def test_learned_null_credits_a_harmful_level_only_up_to_the_effect() -> None:
+    hist = [0.20] * 40  # FP8 20 % slower from the first window: learned, but credited only 3 %
+    j = judge_learned([(0.20, 1e-6)], hist, effect_threshold=0.03, alpha=0.001, prior_sd=0.01)
+    assert j.detail["level"] == pytest.approx(0.03) and j.status == "fail"
+
+
+def test_without_history_the_prior_between_window_sd_is_added() -> None:
+    j = judge_learned([(0.05, 1e-6)] * 3, [], effect_threshold=0.0, alpha=0.01, prior_sd=0.03)
+    z = st.z_quantile(0.995)
+    assert not j.detail["learned"] and j.ci_low == pytest.approx(0.05 - z * math.sqrt(1e-6 / 3 + 0.03**2))
+    assert j.status == "inconclusive" and j.reason == "learning_null"
+
+
+def test_quantile_interval_of_a_sketch_covers_the_true_p99() -> None:
+    rng = np.random.default_rng(3)
+    true = math.log(800) + 0.35 * ss.norm.ppf(0.99)
+    hits = 0
+    for _ in range(200):
+        sk = QuantileSketch()
+        sk.add_many(list(np.exp(math.log(800) + 0.35 * rng.standard_normal(1000))))
+        est, var = sketch_log_quantile(sk.to_dict(), 0.99)
+        hits += abs(est - true) <= 1.96 * math.sqrt(var) + 0.01  # + the sketch's 1 % accuracy
+    assert hits >= 180  # 95 % nominal; 200 draws: >= 90 % with margin for binning
+
+
+def test_quantile_log_diff_sees_a_p99_only_change() -> None:
+    rng = np.random.default_rng(4)
+    z = rng.standard_normal(20000)
+    base = np.exp(6 + 0.35 * z)
+    u = ss.norm.cdf(z)
+    cand = base * (1 + 0.10 * np.clip((u - 0.9) / 0.09, 0, 1))
+    a, b = QuantileSketch(), QuantileSketch()
+    a.add_many(list(cand))
+    b.add_many(list(base))
+    d99, v99 = quantile_log_diff(a.to_dict(), b.to_dict(), 0.99)
+    d50, _ = quantile_log_diff(a.to_dict(), b.to_dict(), 0.5)
+    assert d99 == pytest.approx(math.log(1.10), abs=0.03) and abs(d50) < 0.021
+    assert d99 - 3 * math.sqrt(v99) > 0
+
+
+@pytest.mark.parametrize(("k", "n", "p"), [(5, 32, 0.045), (14, 200, 0.02), (0, 10, 0.3), (3, 1000, 0.001), (200, 200, 0.5)])
+def test_binomial_tail_matches_scipy(k: int, n: int, p: float) -> None:
+    assert st.binom_sf(k, n, p) == pytest.approx(ss.binom.sf(k - 1, n, p), rel=1e-9)
+
+
+def test_broken_items_ranks_the_damage_and_tests_it_exactly() -> None:
+    d = [0.0] * 184 + [-0.6, -0.3, -0.9] + [-0.5] * 13
+    j = judge_broken(d, direction="higher_is_better", drop=0.2, effect_threshold=0.0, null_broken=30,
+                     null_items=2000, alpha=0.001, item_ids=[f"q{i}" for i in range(200)], metric="rougeL")
+    assert j.status == "fail" and j.detail["broken_count"] == 16, j.message
+    assert [b["item"] for b in j.detail["broken"][:3]] == ["q186", "q184", "q187"]
+    healthy = judge_broken([0.0] * 197 + [-0.5] * 3, direction="higher_is_better", drop=0.2, effect_threshold=0.0,
+                           null_broken=30, null_items=2000, alpha=0.001)
+    assert healthy.status == "pass"
+
+
+POLICY = """
+policies:
+  - name: p
+    rules:
+      - name: p99
+        metric: latency_p99_ms
+        judge: {test: quantile, q: 0.99, effect: 0.03, alpha: 0.001, min_items: 100, pool: 2, learn: 30, learn_min: 10}
+        action: rollback
+"""
+
+
+def _window(t: int, rng: np.random.Generator, fp8_scale: float) -> list[Signal]:
+    out = []
+    for prec, scale in (("fp8", fp8_scale), ("fp16", 1.0)):
+        sk = QuantileSketch()
+        sk.add_many(list(scale * np.exp(6 + 0.3 * rng.standard_normal(2000))))
+        out.append(Signal("live", "m", "r", prec, 300.0 * t, 300.0 * (t + 1), 2000, {}, None, None,
+                          {"events": 2000, "latency_hist": sk.to_dict()}))
+    return out
+
+
+def test_engine_learns_the_null_and_keeps_it_in_its_state() -> None:
+    policies, errors = parse_policy_text(POLICY, "p.yaml")
+    assert not errors
+    engine = PolicyEngine(PolicySet(tuple(policies)))
+    rng = np.random.default_rng(5)
+    flags = {("m", "r"): "fp8"}
+    for t in range(40):  # FP8 runs 5 % slower on its replicas: a stable offset
+        assert engine.observe(_window(t, rng, 1.05), 300.0 * (t + 1) + 1, flags) == []
+    rs = engine.states[("p", "m", "r")].rules["p99"]
+    assert len(rs.null) == 30 and rs.last is not None and rs.last.status == "pass"
+    saved = json.loads(json.dumps(engine.export_state(), allow_nan=False))
+    other = PolicyEngine(PolicySet(tuple(policies)))
+    other.import_state(saved)
+    assert other.states[("p", "m", "r")].rules["p99"].null == rs.null
+    acts = []
+    for t in range(40, 43):  # then +25 %
+        acts += other.observe(_window(t, rng, 1.05 * 1.25), 300.0 * (t + 1) + 1, flags)
+    assert acts and acts[0].kind == "rollback" and acts[0].detail["rules"] == ["p99"]
