@@ -86,9 +86,22 @@ def _seconds_to_ms(v: Any) -> Any:
     return v
 
 
+#: the span attributes the mapping reads; only these are extracted from the wire (a span carries many)
+_GENAI_KEYS = frozenset({
+    "gen_ai.response.model", "gen_ai.request.model", "gen_ai.response.finish_reasons", "gen_ai.latency.e2e",
+    "gen_ai.response.id", "gen_ai.request.id", "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens",
+    "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens", "gen_ai.system", "gen_ai.provider.name",
+    "gen_ai.latency.time_to_first_token", "gen_ai.operation.name",
+})
+
+
 class _Mapper:
     def __init__(self, opts: OtlpOptions) -> None:
         self.opts = opts
+        #: a span holding none of these is not a GenAI span
+        self.genai_keys = _GENAI_KEYS
+        self.span_keys = _GENAI_KEYS | {"error.type", *opts.route_attributes, *opts.precision_attributes}
+        self.resource_keys = frozenset({"service.name", *opts.route_attributes, *opts.precision_attributes})
         self._exact = {k: v for k, v in opts.model_precisions.items() if not _is_pattern(k)}
         self._patterns = [(re.compile(fnmatch.translate(k)), v) for k, v in opts.model_precisions.items()
                           if _is_pattern(k)]
@@ -109,8 +122,8 @@ class _Mapper:
 
     def event(self, attrs: Mapping[str, Any], resource: Mapping[str, Any], start_ns: int, end_ns: int,
               status_code: int, status_message: str, trace_id: str, span_id: str) -> dict[str, Any] | None:
-        """The event dict for one span; None for a span without ``gen_ai.*`` attributes."""
-        if not any(k.startswith("gen_ai.") for k in attrs):
+        """The event dict for one span (its ``span_keys`` attributes); None for a non-GenAI span."""
+        if self.genai_keys.isdisjoint(attrs):
             return None
         opts = self.opts
         get = attrs.get
@@ -131,9 +144,8 @@ class _Mapper:
             or self.precision_for_model(model) or opts.default_precision,
             "status": status,
             "latency_ms": _seconds_to_ms(e2e) if e2e is not None else max(0, end_ns - start_ns) / 1e6,
-            "prompt_tokens": _first_not_none(get("gen_ai.usage.input_tokens"), get("gen_ai.usage.prompt_tokens"), 0),
-            "completion_tokens": _first_not_none(get("gen_ai.usage.output_tokens"),
-                                                 get("gen_ai.usage.completion_tokens"), 0),
+            "prompt_tokens": _or(get("gen_ai.usage.input_tokens"), get("gen_ai.usage.prompt_tokens")),
+            "completion_tokens": _or(get("gen_ai.usage.output_tokens"), get("gen_ai.usage.completion_tokens")),
             "engine": resource.get("service.name") or get("gen_ai.system") or get("gen_ai.provider.name"),
             "trace_id": trace_id,
             "span_id": span_id,
@@ -148,8 +160,9 @@ def _is_pattern(name: str) -> bool:
     return any(c in name for c in "*?[")
 
 
-def _first_not_none(*values: Any) -> Any:
-    return next(v for v in values if v is not None)
+def _or(a: Any, b: Any) -> Any:
+    """The first that is set (0 is a value), else 0: a missing count is 0 in the event contract."""
+    return a if a is not None else (b if b is not None else 0)
 
 
 def _check(ev: dict[str, Any]) -> InferenceEvent:
@@ -179,10 +192,10 @@ def _json_value(v: Any) -> Any:
     return None
 
 
-def _json_attrs(items: Any) -> dict[str, Any]:
+def _json_attrs(items: Any, keys: frozenset[str]) -> dict[str, Any]:
     if type(items) is not list:
         return {}
-    return {kv["key"]: _json_value(kv.get("value")) for kv in items if type(kv) is dict and "key" in kv}
+    return {k: _json_value(kv.get("value")) for kv in items if type(kv) is dict and (k := kv.get("key")) in keys}
 
 
 def _json_id(v: Any) -> str:
@@ -268,12 +281,13 @@ class OtlpDecoder:
                                      raw)]
         events: list[InferenceEvent] = []
         rejected: list[RejectedSpan] = []
+        span_keys = self._map.span_keys
         for rs in doc["resourceSpans"]:
             if type(rs) is not dict:
                 rejected.append(RejectedSpan("otlp_bad_shape", "resourceSpans holds a non-object", orjson.dumps(rs)))
                 continue
             res_obj: dict[str, Any] = rs["resource"] if type(rs.get("resource")) is dict else {}
-            resource = _json_attrs(res_obj.get("attributes"))
+            resource = _json_attrs(res_obj.get("attributes"), self._map.resource_keys)
             for ss in rs.get("scopeSpans") or []:
                 if type(ss) is not dict:
                     continue
@@ -293,7 +307,7 @@ class OtlpDecoder:
                         rejected.append(RejectedSpan("bad_value:ts", "span times are not integers", one_span()))
                         continue
                     code, message = _json_status(span)
-                    ev = self._map.event(_json_attrs(span.get("attributes")), resource, start, end, code, message,
+                    ev = self._map.event(_json_attrs(span.get("attributes"), span_keys), resource, start, end, code, message,
                                          _json_id(span.get("traceId")), _json_id(span.get("spanId")))
                     self._keep(ev, events, rejected, one_span)
         return events, rejected
@@ -307,8 +321,9 @@ class OtlpDecoder:
             return [], [RejectedSpan("otlp_bad_shape", "an ExportTraceServiceRequest without resource spans", raw)]
         events: list[InferenceEvent] = []
         rejected: list[RejectedSpan] = []
+        span_keys = self._map.span_keys
         for rs in req.resource_spans:
-            resource = _pb_attrs(rs.resource.attributes)
+            resource = _pb_attrs(rs.resource.attributes, self._map.resource_keys)
             for ss in rs.scope_spans:
                 for span in ss.spans:
                     def one_span(span: Any = span, ss: Any = ss, rs: Any = rs) -> bytes:
@@ -322,7 +337,7 @@ class OtlpDecoder:
                         return bytes(out.SerializeToString())
 
                     st = span.status
-                    ev = self._map.event(_pb_attrs(span.attributes), resource, span.start_time_unix_nano,
+                    ev = self._map.event(_pb_attrs(span.attributes, span_keys), resource, span.start_time_unix_nano,
                                          span.end_time_unix_nano, st.code, st.message, span.trace_id.hex(),
                                          span.span_id.hex())
                     self._keep(ev, events, rejected, one_span)
@@ -338,8 +353,8 @@ def _pb_value(v: Any) -> Any:
     return getattr(v, which)
 
 
-def _pb_attrs(items: Any) -> dict[str, Any]:
-    return {kv.key: _pb_value(kv.value) for kv in items}
+def _pb_attrs(items: Any, keys: frozenset[str]) -> dict[str, Any]:
+    return {k: _pb_value(kv.value) for kv in items if (k := kv.key) in keys}
 
 
 def decoder_for(codec: str, options: OtlpOptions | Mapping[str, Any] | None = None) -> RecordDecoder | None:
