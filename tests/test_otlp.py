@@ -155,6 +155,19 @@ def test_bad_spans_are_rejected_one_by_one_and_the_good_ones_kept(encoding):
     assert replayed[0][0][0].route == "replayed" and replayed[0][0][0].engine == "vllm"
 
 
+def test_span_without_end_time_is_rejected():
+    doc = {"resourceSpans": [{"resource": {}, "scopeSpans": [{"spans": [
+        {"traceId": "0af7651916cd43dd8448eb211c80319c", "spanId": "b7ad6b7169203331", "startTimeUnixNano": "1",
+         "attributes": [{"key": "gen_ai.request.model", "value": {"stringValue": "m"}},
+                        {"key": "llmwd.route", "value": {"stringValue": "r"}},
+                        {"key": "gen_ai.usage.input_tokens", "value": {"intValue": "12"}}]}]}]}]}
+    events, rejected = OtlpDecoder("otlp_json", OtlpOptions(default_precision="fp8"))(json.dumps(doc).encode())
+    assert events == [] and [r.reason for r in rejected] == ["missing_field:ts"]
+    doc["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["endTimeUnixNano"] = "1800000000000000000"
+    (ev,), rejected = OtlpDecoder("otlp_json", OtlpOptions(default_precision="fp8"))(json.dumps(doc).encode())
+    assert (ev.ts, ev.prompt_tokens, ev.request_id) == (1.8e9, 12, "0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331")
+
+
 @pytest.mark.parametrize("codec, raw, reason", [
     ("otlp_proto", b"\xff\xff\xff\xff not protobuf", "otlp_bad_proto"),
     ("otlp_proto", b"", "empty"),

@@ -137,7 +137,7 @@ class _Mapper:
         ev: dict[str, Any] = {
             "schema": 1,
             "request_id": get("gen_ai.response.id") or get("gen_ai.request.id") or f"{trace_id}-{span_id}",
-            "ts": end_ns / 1e9,
+            "ts": end_ns / 1e9 if end_ns > 0 else None,  # no end time: missing_field:ts
             "model": model,
             "route": _pick(opts.route_attributes, attrs, resource) or opts.default_route,
             "precision": _pick(opts.precision_attributes, attrs, resource)
