@@ -18,7 +18,7 @@ from watchdog.actuator import FlagStore  # noqa: E402
 from watchdog.embedded import free_port  # noqa: E402
 from watchdog.events import decode_event, encode_event  # noqa: E402
 from watchdog.integrations.kafka_events import EventQueue  # noqa: E402
-from watchdog.integrations.litellm import LiteLLMSettings, WatchdogLogger  # noqa: E402
+from watchdog.integrations.litellm import LiteLLMSettings, WatchdogLogger, failure_status  # noqa: E402
 from watchdog.keys import Keys  # noqa: E402
 from watchdog.routing import RoutingFlags  # noqa: E402
 
@@ -85,8 +85,17 @@ def test_hooks_never_raise_and_map_the_outcome(logger):
     got = decode_event(encode_event(ev))  # the events validator accepts what the hook writes
     assert (got.model, got.precision, got.route, got.engine, got.latency_ms, got.completion_tokens) == \
         ("tiny", "fp16", "default", "litellm:tiny-fp16", pytest.approx(250.0), 3)
-    assert lg.hook_errors == 2
+    assert lg.hook_errors == 2  # the garbage success call: counted, not raised
     assert lg.events.accepted == 1
+
+
+def test_failure_status():
+    import litellm
+
+    assert failure_status(litellm.Timeout("request timed out", model="m", llm_provider="openai")) == "timeout"
+    assert failure_status(TimeoutError()) == "timeout"
+    assert failure_status(litellm.APIConnectionError("refused", llm_provider="openai", model="m")) == "error"
+    assert failure_status(None) == "error"
 
 
 def test_event_buffer_is_bounded_and_a_dead_broker_costs_events_not_requests(logger):

@@ -74,6 +74,12 @@ class LiteLLMSettings(BaseModel):
         return cls.model_validate(yaml.safe_load(Path(path).read_text()) or {})
 
 
+def failure_status(exc: BaseException | None) -> str:
+    """``timeout`` for a timed-out call (litellm.Timeout, httpx/asyncio timeouts), else ``error``."""
+    name = f"{type(exc).__name__} {exc}".lower() if exc is not None else ""
+    return "timeout" if "timeout" in name or "timed out" in name else "error"
+
+
 def _seconds(t: Any) -> float | None:
     if isinstance(t, datetime):
         return t.timestamp()
@@ -210,9 +216,8 @@ class WatchdogLogger(CustomLogger):
         self._emit(kwargs, start_time, end_time, "ok", response_obj)
 
     async def async_log_failure_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
-        exc = kwargs.get("exception")
-        name = f"{type(exc).__name__} {exc}".lower() if exc is not None else ""
-        self._emit(kwargs, start_time, end_time, "timeout" if "timeout" in name or "timed out" in name else "error")
+        status = failure_status(kwargs.get("exception") if isinstance(kwargs, Mapping) else None)
+        self._emit(kwargs, start_time, end_time, status)
 
     def close(self) -> None:
         self.events.close()
