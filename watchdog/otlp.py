@@ -262,14 +262,14 @@ class OtlpDecoder:
         return self._json(bytes(raw))
 
     def _keep(self, ev: dict[str, Any] | None, events: list[InferenceEvent], rejected: list[RejectedSpan],
-              one_span: Callable[[], bytes]) -> None:
+              one_span: Callable[..., bytes], *parts: Any) -> None:
         if ev is None:
             self.skipped += 1
             return
         try:
             events.append(_check(ev))
         except InvalidEvent as exc:
-            rejected.append(RejectedSpan(exc.reason, exc.message, one_span()))
+            rejected.append(RejectedSpan(exc.reason, exc.message, one_span(*parts)))
 
     def _json(self, raw: bytes) -> Decoded:
         try:
@@ -294,22 +294,17 @@ class OtlpDecoder:
                 for span in ss.get("spans") or []:
                     if type(span) is not dict:
                         continue
-
-                    def one_span(span: Any = span, ss: Any = ss, res_obj: Any = res_obj) -> bytes:
-                        scope = {"scope": ss["scope"]} if "scope" in ss else {}
-                        return orjson.dumps({"resourceSpans": [
-                            {"resource": res_obj, "scopeSpans": [{**scope, "spans": [span]}]}]})
-
                     try:
                         start = _json_nanos(span.get("startTimeUnixNano"))
                         end = _json_nanos(span.get("endTimeUnixNano"))
                     except (TypeError, ValueError):
-                        rejected.append(RejectedSpan("bad_value:ts", "span times are not integers", one_span()))
+                        rejected.append(RejectedSpan("bad_value:ts", "span times are not integers",
+                                                     _json_one_span(res_obj, ss, span)))
                         continue
                     code, message = _json_status(span)
                     ev = self._map.event(_json_attrs(span.get("attributes"), span_keys), resource, start, end, code, message,
                                          _json_id(span.get("traceId")), _json_id(span.get("spanId")))
-                    self._keep(ev, events, rejected, one_span)
+                    self._keep(ev, events, rejected, _json_one_span, res_obj, ss, span)
         return events, rejected
 
     def _proto(self, raw: bytes) -> Decoded:
@@ -326,22 +321,27 @@ class OtlpDecoder:
             resource = _pb_attrs(rs.resource.attributes, self._map.resource_keys)
             for ss in rs.scope_spans:
                 for span in ss.spans:
-                    def one_span(span: Any = span, ss: Any = ss, rs: Any = rs) -> bytes:
-                        out = self._request_type()
-                        part = out.resource_spans.add()
-                        part.resource.CopyFrom(rs.resource)
-                        part.schema_url = rs.schema_url
-                        scope = part.scope_spans.add()
-                        scope.scope.CopyFrom(ss.scope)
-                        scope.spans.add().CopyFrom(span)
-                        return bytes(out.SerializeToString())
-
                     st = span.status
                     ev = self._map.event(_pb_attrs(span.attributes, span_keys), resource, span.start_time_unix_nano,
                                          span.end_time_unix_nano, st.code, st.message, span.trace_id.hex(),
                                          span.span_id.hex())
-                    self._keep(ev, events, rejected, one_span)
+                    self._keep(ev, events, rejected, self._proto_one_span, rs, ss, span)
         return events, rejected
+
+    def _proto_one_span(self, rs: Any, ss: Any, span: Any) -> bytes:
+        out = self._request_type()
+        part = out.resource_spans.add()
+        part.resource.CopyFrom(rs.resource)
+        part.schema_url = rs.schema_url
+        scope = part.scope_spans.add()
+        scope.scope.CopyFrom(ss.scope)
+        scope.spans.add().CopyFrom(span)
+        return bytes(out.SerializeToString())
+
+
+def _json_one_span(resource: Any, ss: dict[str, Any], span: Any) -> bytes:
+    scope = {"scope": ss["scope"]} if "scope" in ss else {}
+    return orjson.dumps({"resourceSpans": [{"resource": resource, "scopeSpans": [{**scope, "spans": [span]}]}]})
 
 
 def _pb_value(v: Any) -> Any:
