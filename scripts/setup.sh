@@ -50,5 +50,5 @@ fi
 # torch 2.13.0: on these machines pip takes the CPU wheel that lies on disk; elsewhere set
 # LLMWD_TORCH_SPEC (e.g. "torch" for the default CUDA build) or skip the in-process engine.
 .venv/bin/python -m pip install -q "${LLMWD_TORCH_SPEC:-torch==2.13.0}"
-.venv/bin/python -m pip install -q -e ".[embedded,torch,gpu,plot,eval,gateway,dev]"
+.venv/bin/python -m pip install -q -e ".[embedded,torch,gpu,plot,eval,gateway,otlp,litellm,dev]"
 echo "setup: ok ($(.venv/bin/python -c 'import sys; print(sys.version.split()[0])'), $(.venv/bin/llm-watchdog --help >/dev/null && echo llm-watchdog))"

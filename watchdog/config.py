@@ -30,6 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from watchdog import safe_yaml
 
+from watchdog.otlp import Codec, OtlpOptions
+
 ENV_PREFIX = "LLMWD_"
 
 
@@ -50,6 +52,10 @@ class KafkaConfig(_Section):
     #: passed through to kafka-python unchanged (security_protocol, sasl_mechanism,
     #: sasl_plain_username, sasl_plain_password, ssl_cafile, ssl_certfile, ssl_keyfile, ...)
     security: dict[str, Any] = Field(default_factory=dict)
+    #: how records on the topic are encoded: our JSON events, or OpenTelemetry span batches as the
+    #: Collector's Kafka exporter writes them (watchdog/otlp.py); ``otlp`` maps spans to events
+    codec: Codec = "json"
+    otlp: OtlpOptions = Field(default_factory=OtlpOptions)
 
     @property
     def dead_letter_topic(self) -> str:

@@ -26,6 +26,7 @@ from watchdog.config import Config
 from watchdog.ingest import Ingest, make_consumer, make_producer
 from watchdog.keys import Keys, client_from_url
 from watchdog.metrics import Metrics
+from watchdog.otlp import decoder_for
 from watchdog.policy import PolicyEngine, PolicyError, PolicyLoader
 from watchdog.routing import RoutingFlags
 from watchdog.signals import Action, Signal
@@ -147,7 +148,8 @@ class Daemon:
         k = self.cfg.kafka
         self.ingest = Ingest(make_consumer(k), make_producer(k), topic=k.topic, dlq_topic=k.dead_letter_topic,
                              max_event_bytes=self.cfg.windows.max_event_bytes, metrics=self.metrics,
-                             sink=self._fold, on_revoked=self._on_revoked)
+                             sink=self._fold, on_revoked=self._on_revoked,
+                             decode_many=decoder_for(k.codec, k.otlp))
 
     def _fold(self, event: Any, pkey: tuple[str, int], offset: int) -> None:
         ts = event.ts

@@ -19,6 +19,7 @@ from kafka.structs import OffsetAndMetadata, TopicPartition
 from watchdog.config import KafkaConfig
 from watchdog.events import InferenceEvent, InvalidEvent, decode_event
 from watchdog.metrics import Metrics
+from watchdog.otlp import RecordDecoder
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +65,10 @@ class Ingest:
 
     def __init__(self, consumer: KafkaConsumer, producer: KafkaProducer | None, *, topic: str,
                  dlq_topic: str, max_event_bytes: int, metrics: Metrics, sink: EventSink,
-                 on_revoked: Callable[[], None] = lambda: None) -> None:
+                 on_revoked: Callable[[], None] = lambda: None, decode_many: RecordDecoder | None = None) -> None:
         self.consumer = consumer
+        #: a codec whose record holds many events (OTLP span batches, watchdog.otlp); None: JSON events
+        self.decode_many = decode_many
         self.producer = producer
         self.topic = topic
         self.dlq_topic = dlq_topic
@@ -94,6 +97,14 @@ class Ingest:
             pkey = (tp.topic, tp.partition)
             for rec in records:
                 seen += 1
+                if self.decode_many is not None:  # every event of a record carries its offset
+                    events, rejected = self.decode_many(rec.value or b"", self.max_event_bytes)
+                    for bad in rejected:  # the dead letter holds just the rejected span
+                        self._dead_letter(rec._replace(value=bad.value), bad)
+                    for event in events:
+                        self.sink(event, pkey, rec.offset)
+                    ok += len(events)
+                    continue
                 try:
                     event = decode_event(rec.value or b"", self.max_event_bytes)
                 except InvalidEvent as exc:
