@@ -29,7 +29,6 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from watchdog import safe_yaml
-
 from watchdog.otlp import Codec, OtlpOptions
 
 ENV_PREFIX = "LLMWD_"
