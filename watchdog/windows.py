@@ -224,8 +224,11 @@ class WindowAggregator:
         pair = (completion[:cap], shadow[:cap])
         if len(w.pairs) < self.shadow_max_pairs:
             w.pairs.append(pair)
-        else:  # reservoir sampling keeps a uniform sample of the whole window, not its first pairs
-            j = self._rng.randrange(w.shadow_sampled)
+        else:
+            # reservoir sampling keeps a uniform sample of the whole window, not its first pairs; the
+            # slot comes from a hash of the request, not an RNG, so a window rebuilt from a checkpoint
+            # and replayed in the same offset order keeps exactly the same pairs
+            j = zlib.crc32(f"{request_id}/{w.shadow_sampled}".encode()) % w.shadow_sampled
             if j < self.shadow_max_pairs:
                 w.pairs[j] = pair
 
@@ -323,6 +326,51 @@ class WindowAggregator:
             values=values,
             detail=detail,
         )
+
+    # --- checkpoints --------------------------------------------------------------------------
+
+    def export_open(self) -> list[dict[str, Any]]:
+        """Every open window as JSON-able data (a checkpoint); ``import_open`` restores it exactly."""
+        out = []
+        for (index, model, route, precision), w in self._open.items():
+            w.flush()
+            out.append({
+                "i": index, "m": model, "r": route, "p": precision,
+                "n": [w.count, w.ok, w.errors, w.timeouts, w.ok_completion_tokens, w.prompt_tokens,
+                      w.with_completion, w.empty, w.lp_tokens, w.lp_events, w.shadow_seen, w.shadow_sampled],
+                "f": [w.ok_latency_s, w.lp_sum],
+                "lat": w.latency.to_dict(), "ttft": w.ttft.to_dict() if w.ttft is not None else None,
+                "sp": w.shadow_precisions, "pairs": w.pairs,
+                "off": [[t, p, o] for (t, p), o in w.offsets.items()],
+            })
+        return out
+
+    def import_open(self, data: list[dict[str, Any]]) -> None:
+        for d in data:
+            w = _Window(int(d["i"]))
+            (w.count, w.ok, w.errors, w.timeouts, w.ok_completion_tokens, w.prompt_tokens, w.with_completion,
+             w.empty, w.lp_tokens, w.lp_events, w.shadow_seen, w.shadow_sampled) = (int(x) for x in d["n"])
+            w.ok_latency_s, w.lp_sum = (float(x) for x in d["f"])
+            w.latency = QuantileSketch.from_dict(d["lat"])
+            w.ttft = QuantileSketch.from_dict(d["ttft"]) if d.get("ttft") else None
+            w.shadow_precisions = {str(k): int(v) for k, v in (d.get("sp") or {}).items()}
+            w.pairs = [(str(a), str(b)) for a, b in d.get("pairs") or []]
+            w.offsets = {(str(t), int(p)): int(o) for t, p, o in d.get("off") or []}
+            self._open[(w.index, str(d["m"]), str(d["r"]), str(d["p"]))] = w
+
+    def set_closed_end(self, index: int | None) -> None:
+        """Restore the "windows closed up to index" mark of a checkpoint."""
+        if index is not None and (self._closed_end is None or index > self._closed_end):
+            self._closed_end = index
+
+    @property
+    def closed_end(self) -> int | None:
+        return self._closed_end
+
+    def is_closed(self, ts: float) -> bool:
+        """True when the window ``ts`` falls in has already closed (an event for it is late)."""
+        closed = self._closed_end
+        return closed is not None and _floor(ts / self.length_s) + 1 <= closed
 
     # --- state for the ingest -----------------------------------------------------------------
 
