@@ -31,6 +31,8 @@ STALE = "stale_epoch"
 PINNED = "pinned"
 MISSING = "missing"
 FENCED = "fenced"
+#: ``FlipExtras.token`` of a route whose partition this replica lost: the flip is dropped unsent
+REVOKED = "revoked"
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +263,11 @@ class Actuator:
         store = self._get_store()
         for _ in range(self.max_stale_retries + 1):
             extras = self.extras(d.action) if self.extras is not None and d.action is not None else None
+            if extras is not None and extras.token == REVOKED:
+                log.warning("%s/%s: %s of policy %s dropped: the route's partition moved to another replica",
+                            d.model, d.route, d.precision, d.policy)
+                return FlipResult(applied=False, epoch=0, refused=FENCED, model=d.model, route=d.route,
+                                  precision=d.precision, policy=d.policy)
             result = store.flip(d.model, d.route, d.precision, expected_epoch=d.expected_epoch,
                                 reason=d.reason, policy=d.policy, changed_by=self.changed_by, extras=extras)
             if result.refused != STALE:

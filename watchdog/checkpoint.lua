@@ -11,8 +11,12 @@
 -- already: a retried save whose first attempt landed) | fenced (another owner holds the partition).
 
 local owner = redis.call('GET', KEYS[1])
-if owner ~= ARGV[1] then
-  return {'fenced', owner or ''}
+if not owner then
+  -- Redis lost the key (restart without persistence, failover): nobody claimed the partition since
+  -- (a claim sets it), so the writer keeps it
+  redis.call('SET', KEYS[1], ARGV[1])
+elseif owner ~= ARGV[1] then
+  return {'fenced', owner}
 end
 local cur = tonumber(redis.call('HGET', KEYS[2], 'seq') or '0')
 local seq = tonumber(ARGV[2])

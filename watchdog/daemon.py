@@ -25,7 +25,7 @@ import redis
 from kafka.partitioner.default import murmur2
 
 from watchdog import partitions as P
-from watchdog.actuator import Actuator, FlagStore, FlipExtras
+from watchdog.actuator import REVOKED, Actuator, FlagStore, FlipExtras
 from watchdog.alerts import Alerter
 from watchdog.checkpoint import DUPLICATE, FENCED, SAVED, CheckpointStore, PendingSave
 from watchdog.config import Config
@@ -451,7 +451,7 @@ class Daemon:
         engine_key = self.keys.engine(self.group, *route)
         if part is None:
             # not ours (see _dispatch): fenced out if it was ours once, else unfenced without engine state
-            token = "revoked" if route in self._revoked_routes else ""
+            token = REVOKED if route in self._revoked_routes else ""
             return FlipExtras(owner_key=self.checkpoints.owner_key(-1), token=token, engine_key=engine_key,
                               engine_json="", outbox_key=self.keys.outbox, outbox_json=page)
         scopes = {pol: st.to_json() for (pol, m, r), st in self.engine.states.items() if (m, r) == route}

@@ -16,7 +16,8 @@
 -- KEYS[5] engine-state key of the route   ARGV[16] its JSON ('' = leave it)
 -- KEYS[6] outbox stream                   ARGV[17] the page record JSON ('' = none)
 -- The engine state and the page are written when the flip is applied or the route already served
--- the target; nothing is written when the token is stale (status fenced).
+-- the target; nothing is written when the token is stale (status fenced). An absent owner key (Redis
+-- lost it) lets the write through: a claim by another replica would have set it.
 --
 -- Returns {status, epoch, precision, pinned_until}; status is one of
 -- applied | unchanged | stale | pinned | missing | fenced.
@@ -24,7 +25,8 @@
 local op, mode, precision, expected = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
 if #KEYS >= 4 and ARGV[15] ~= nil and ARGV[15] ~= '' then
-  if redis.call('GET', KEYS[4]) ~= ARGV[15] then
+  local owner = redis.call('GET', KEYS[4])
+  if owner and owner ~= ARGV[15] then
     return {'fenced', '0', '', ''}
   end
 end
