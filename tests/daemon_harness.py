@@ -185,3 +185,38 @@ def recorded_windows(redis_client: Any, prefix: str = "llmwd") -> tuple[dict[tup
         records[key] += 1
         seen[key] += w["samples"]
     return dict(seen), sum(n - 1 for n in records.values() if n > 1)
+
+
+def start_daemon_process(cfg: dict[str, Any], tmp_path: Path, name: str = "daemon") -> Any:
+    """``python -m watchdog.cli run`` on ``cfg`` (written as YAML), output appended to ``tmp_path/name.log``."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    root = Path(__file__).resolve().parent.parent
+    cfg_path = tmp_path / f"{name}.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    log = open(tmp_path / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.Popen([sys.executable, "-m", "watchdog.cli", "run", "--config", str(cfg_path)],
+                            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root)
+
+
+def daemon_cfg(kafka_address: str, redis_port: int, topic: str, policy: Path, sink_url: str | None,
+               **overrides: Any) -> dict[str, Any]:
+    """The config ``make_config`` builds, as a plain dict for a daemon subprocess."""
+    channels = [{"kind": "webhook", "url": f"{sink_url}/webhook"}] if sink_url else []
+    data: dict[str, Any] = {
+        "policies": [str(policy)],
+        "kafka": {"bootstrap_servers": kafka_address, "topic": topic, "group_id": f"g-{topic}",
+                  "session_timeout_ms": 6000, "heartbeat_interval_ms": 1000},
+        "redis": {"url": f"redis://127.0.0.1:{redis_port}/0", "socket_timeout_s": 0.5},
+        "windows": {"length_s": 1.0, "grace_s": 0.3},
+        "alerts": {"channels": channels},
+        "server": {"port": free_port()},
+        "policy_poll_s": 0.2,
+    }
+    data.update(overrides)
+    return data

@@ -56,6 +56,7 @@ class Pager:
         self.claim_idle_s = claim_idle_s
         self._incidents_key = keys.incidents(group)
         self._ready = False
+        self._restored = False
         self._current: str | None = None
         self._done = threading.Event()
         self._last_claim = 0.0
@@ -68,13 +69,26 @@ class Pager:
         except redis.ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
-        raw = self.client.get(self._incidents_key)
-        if raw:
-            self.alerter.restore_incidents(json.loads(text(raw)))
+        if not self._restored:
+            raw = self.client.get(self._incidents_key)
+            if raw:
+                self.alerter.restore_incidents(json.loads(text(raw)))
+            self._restored = True
         self._ready = True
 
     def pump(self, now: float) -> None:
         """Move the outbox along: never blocks; Redis errors propagate (the caller reports them)."""
+        try:
+            self._pump(now)
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            # Redis lost the stream (restart without persistence): start the group afresh
+            log.error("outbox consumer group gone from Redis; re-creating it")
+            self._ready = False
+            self._current = None
+
+    def _pump(self, now: float) -> None:
         if not self._ready:
             self.start()
         if self._current is not None:
