@@ -180,13 +180,14 @@ class Daemon:
                              sink=self._fold, on_assigned=self._on_assigned, on_revoked=self._on_revoked,
                              accept=self.parts.__contains__)
         self.readiness.clear("kafka-startup", self.clock())
-        self.readiness.clear("starting", self.clock())
+        self.readiness.set("starting", "joining the consumer group", self.clock())
         self._no_assignment_since = self.clock()
         return True
 
     # -- partitions ----------------------------------------------------------------------------
     def _on_assigned(self, pks: list[P.PartitionKey]) -> None:
         assert self.ingest is not None
+        self.readiness.clear("starting", self.clock())
         self._nparts = self.ingest.partition_count() or self._nparts
         for pk in pks:
             if pk not in self.parts:
@@ -303,9 +304,10 @@ class Daemon:
         backoff = 1.0
         try:
             while self.ingest is None and not self._stop.is_set():
-                self.readiness.tick(self.clock())
                 if self.connect_kafka():
                     break
+                self.readiness.tick(self.clock())
+                self.stats.last_loop = time.monotonic()
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
             if self.ingest is None:

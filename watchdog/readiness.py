@@ -47,6 +47,7 @@ class Readiness:
         for r in REASONS:
             metrics.not_ready.labels(r).set(0)
         metrics.ready.set(0)
+        self._shown: set[str] | None = None
 
     def set(self, reason: str, message: str, now: float) -> None:
         with self._lock:
@@ -56,12 +57,23 @@ class Readiness:
             else:
                 c.message = message
                 c.cleared_at = None
+        self._gauges()
 
     def clear(self, reason: str, now: float) -> None:
         with self._lock:
             c = self._cond.get(reason)
             if c is not None and c.cleared_at is None:
                 c.cleared_at = now
+        self._gauges()
+
+    def _gauges(self) -> None:
+        with self._lock:
+            active = {r for r, c in self._cond.items() if c.cleared_at is None}
+        if active != self._shown:
+            self._shown = active
+            for r in REASONS:
+                self.metrics.not_ready.labels(r).set(1 if r in active else 0)
+            self.metrics.ready.set(0 if active else 1)
 
     def active(self, reason: str) -> bool:
         with self._lock:
@@ -87,10 +99,7 @@ class Readiness:
                     del self._cond[reason]
                     if c.alerted:
                         resolve.append(reason)
-            active = {r for r, c in self._cond.items() if c.cleared_at is None}
-        for r in REASONS:
-            self.metrics.not_ready.labels(r).set(1 if r in active else 0)
-        self.metrics.ready.set(0 if active else 1)
+        self._gauges()
         for reason, message in fire:
             self.metrics.ops_alerts.labels(reason).inc()
             self._ops_alert(reason, message, _SEVERITY[reason])
