@@ -10,15 +10,20 @@ commit Kafka offsets: up to the oldest event still held in an open window.
 
 Memory per window is bounded: latencies go into a ``QuantileSketch`` (through a buffer of at
 most 256, added in one batch: cheaper per event than one sketch update each), and at most
-``shadow_max_pairs`` (reservoir-sampled) completion/shadow pairs are kept for agreement scoring.
+``shadow_max_pairs`` completion/shadow pairs are scored for agreement. The sampling rule is
+deterministic and order-free: a window keeps the pairs whose ``crc32(request_id)`` is smallest
+(bottom-k, a uniform sample of the window), after the ``shadow_sample_rate`` hash threshold. A pair
+is scored (ROUGE-L, BLEU) when it enters the sample, so a window keeps scores, not texts: closing
+it costs no scoring, and its checkpoint stays small. Expected scorings per window with ``M``
+sampled pairs and cap ``k``: about ``k * (1 + ln(M / k))``.
 """
 
 from __future__ import annotations
 
 import functools
+import heapq
 import logging
 import math
-import random
 import zlib
 from functools import reduce
 from itertools import repeat
@@ -54,7 +59,7 @@ class _Window:
         "index", "count", "ok", "errors", "timeouts", "latency", "ttft", "ok_latency_s",
         "ok_completion_tokens", "prompt_tokens", "with_completion", "empty", "lp_sum", "lp_tokens",
         "lp_events", "shadow_seen", "shadow_sampled", "shadow_precisions", "pairs", "offsets",
-        "latency_buf", "ttft_buf",
+        "latency_buf", "ttft_buf", "shadow_error",
     )
 
     def __init__(self, index: int) -> None:
@@ -76,7 +81,9 @@ class _Window:
         self.shadow_seen = 0
         self.shadow_sampled = 0
         self.shadow_precisions: dict[str, int] = {}
-        self.pairs: list[tuple[str, str]] = []
+        #: max-heap (by negated hash) of the sampled pairs' (-crc32(request_id), rouge_l, bleu)
+        self.pairs: list[tuple[int, float, float]] = []
+        self.shadow_error: str | None = None
         self.offsets: dict[PartitionKey, int] = {}
         # latencies and TTFTs not yet in the sketches: appending is far cheaper per event than a
         # sketch update, and ``flush`` adds them in C-level batches (at most _BUFFERED each)
@@ -128,7 +135,6 @@ class WindowAggregator:
         #: events stamped further than this past the last close_due clock are dropped as ``future``:
         #: a skewed producer clock would otherwise hold a window (and the Kafka commit) open for long
         self.max_future_s = max_future_s
-        self._rng = random.Random(seed)
         self._sample_below = int(shadow_sample_rate * 2**32)
         #: events with ts < skip_before are dropped as already counted (set after a restart)
         self.skip_before: float | None = None
@@ -214,23 +220,29 @@ class WindowAggregator:
         w.shadow_seen += 1
         if precision:
             w.shadow_precisions[precision] = w.shadow_precisions.get(precision, 0) + 1
-        if self.shadow_max_pairs == 0:
+        cap = self.shadow_max_pairs
+        if cap == 0:
             return
-        # hash sampling: the same request is kept or skipped identically when a window is replayed
-        if self._sample_below < 2**32 and zlib.crc32(request_id.encode()) >= self._sample_below:
+        h = zlib.crc32(request_id.encode())
+        if h >= self._sample_below:
             return
         w.shadow_sampled += 1
-        cap = self.shadow_max_chars
-        pair = (completion[:cap], shadow[:cap])
-        if len(w.pairs) < self.shadow_max_pairs:
-            w.pairs.append(pair)
+        heap = w.pairs
+        if len(heap) >= cap and -heap[0][0] <= h:
+            return  # not among the window's smallest hashes
+        chars = self.shadow_max_chars
+        try:
+            rouge, bleu = _pair_scores(completion[:chars], shadow[:chars])
+        except Exception as exc:  # a broken scorer install must not stop the window
+            if w.shadow_error is None:
+                log.warning("shadow agreement scoring failed: %s", exc)
+            w.shadow_error = f"{type(exc).__name__}: {exc}"[:200]
+            return
+        item = (-h, rouge, bleu)
+        if len(heap) < cap:
+            heapq.heappush(heap, item)
         else:
-            # reservoir sampling keeps a uniform sample of the whole window, not its first pairs; the
-            # slot comes from a hash of the request, not an RNG, so a window rebuilt from a checkpoint
-            # and replayed in the same offset order keeps exactly the same pairs
-            j = zlib.crc32(f"{request_id}/{w.shadow_sampled}".encode()) % w.shadow_sampled
-            if j < self.shadow_max_pairs:
-                w.pairs[j] = pair
+            heapq.heapreplace(heap, item)
 
     # --- closing ----------------------------------------------------------------------------
 
@@ -305,15 +317,11 @@ class WindowAggregator:
             values["perplexity"] = math.exp(min(-w.lp_sum / w.lp_tokens, _MAX_NLL))
         if w.shadow_precisions:
             detail["shadow_precisions"] = dict(w.shadow_precisions)
+        if w.shadow_error:
+            detail["shadow_error"] = w.shadow_error
         if w.pairs:
-            try:
-                rouge_l, bleu = shadow_agreement(w.pairs)
-            except Exception as exc:  # a broken scorer install must not stop the window from closing
-                log.warning("shadow agreement scoring failed for %s/%s/%s: %s", model, route, precision, exc)
-                detail["shadow_error"] = f"{type(exc).__name__}: {exc}"[:200]
-            else:
-                values["shadow_rougeL"] = rouge_l
-                values["shadow_bleu"] = bleu
+            values["shadow_rougeL"] = _fsum(p[1] for p in w.pairs) / len(w.pairs)
+            values["shadow_bleu"] = _fsum(p[2] for p in w.pairs) / len(w.pairs)
         start = w.index * self.length_s
         return Signal(
             source="live",
@@ -340,7 +348,7 @@ class WindowAggregator:
                       w.with_completion, w.empty, w.lp_tokens, w.lp_events, w.shadow_seen, w.shadow_sampled],
                 "f": [w.ok_latency_s, w.lp_sum],
                 "lat": w.latency.to_dict(), "ttft": w.ttft.to_dict() if w.ttft is not None else None,
-                "sp": w.shadow_precisions, "pairs": w.pairs,
+                "sp": w.shadow_precisions, "pairs": w.pairs, "err": w.shadow_error,
                 "off": [[t, p, o] for (t, p), o in w.offsets.items()],
             })
         return out
@@ -354,7 +362,9 @@ class WindowAggregator:
             w.latency = QuantileSketch.from_dict(d["lat"])
             w.ttft = QuantileSketch.from_dict(d["ttft"]) if d.get("ttft") else None
             w.shadow_precisions = {str(k): int(v) for k, v in (d.get("sp") or {}).items()}
-            w.pairs = [(str(a), str(b)) for a, b in d.get("pairs") or []]
+            w.pairs = [(int(h), float(r), float(b)) for h, r, b in d.get("pairs") or []]
+            heapq.heapify(w.pairs)
+            w.shadow_error = d.get("err")
             w.offsets = {(str(t), int(p)): int(o) for t, p, o in d.get("off") or []}
             self._open[(w.index, str(d["m"]), str(d["r"]), str(d["p"]))] = w
 
