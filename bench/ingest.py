@@ -10,12 +10,17 @@ every mode, interleaved, and the timer runs from the first non-empty poll to the
 * ``decode``    consume + ``decode_event`` (orjson + validation)
 * ``pipeline``  ``watchdog.daemon.Daemon.step()`` in a loop: consume -> decode/validate -> DLQ check
                 -> ``WindowAggregator`` -> close windows -> ``PolicyEngine.observe`` (policies/default.yaml)
-                -> actuator -> persist window records + state to Redis -> offset commits
+                -> actuator -> per-partition checkpoints in Redis (open windows, window records, engine
+                state, offsets; ``checkpoint.lua``) -> outbox pager -> mirrored offset commits
+
+Mixes: ``light`` (30 % of events shadowed, short completions) and ``heavy`` (every successful event
+shadowed, logprobs on all, ~40-word completions; a quarter of the shadow pairs differ, as healthy FP8
+does on a trained model, see FACTS.md).
 
 All consumers use the daemon's own ``make_consumer`` settings (max_poll_records 2000). The result
 is the ratio pipeline / json per repetition, reported as the median of the repetitions.
 
-    .venv/bin/python bench/ingest.py [--events 200000] [--routes 50] [--repeats 3] [--quick]
+    .venv/bin/python bench/ingest.py [--events 200000] [--routes 50] [--repeats 3] [--quick] [--mix heavy]
 """
 
 from __future__ import annotations
@@ -131,14 +136,68 @@ def pipeline(address: str, topic: str, redis_url: str, n: int, timeout_s: float,
         if prof is not None:
             prof.disable()
             prof.dump_stats(profile)  # type: ignore[arg-type]
+        ckpt = daemon.metrics.checkpoint_seconds
         info = {"windows_closed": daemon.stats.windows_closed, "actions": daemon.stats.actions,
-                "folded": daemon.aggregator.folded, "late": daemon.aggregator.late}
+                "folded": sum(p.agg.folded for p in daemon.parts.values()),
+                "late": daemon.metrics.dlq.labels("late")._value.get(), "checkpoints": daemon.stats.checkpoints,
+                "checkpoint_ms_mean": round(1000 * ckpt._sum.get() / max(1, daemon.stats.checkpoints), 3)}
         return elapsed, cpu, info
     finally:
         daemon.stop()
         daemon.shutdown()
         if freeze is not None:
             gc.unfreeze()  # the other modes run in this process too
+
+
+_WORDS = ["the", "model", "returns", "a", "short", "answer", "about", "contracts", "invoices", "shipping", "refunds", "policy", "customer", "account", "balance", "order", "status", "delivery", "window", "terms", "payment", "schedule", "renewal", "notice", "clause"]
+
+
+def heavy_event(gen: Any, r: Any, ts: float, rng: Any) -> dict[str, Any]:
+    """A ``TrafficGenerator`` event made heavy: ~40-word completion, shadow on every success, logprobs on
+    both; a quarter of the shadows differ by a few words."""
+    ev = gen.event(r, now=ts)
+    if ev["status"] != "ok":
+        return ev
+    words = [rng.choice(_WORDS) for _ in range(40)]
+    text = " ".join(words)
+    shadow = words[:]
+    if rng.random() < 0.25:
+        for _ in range(3):
+            shadow[rng.randrange(40)] = rng.choice(_WORDS)
+    lp = [round(min(0.0, rng.gauss(-0.25, 0.2)), 4) for _ in range(42)]
+    ev.update(completion=text, completion_tokens=42, completion_logprobs=lp)
+    ev["shadow"] = {"precision": "fp16" if ev["precision"] == "fp8" else "fp8", "completion": " ".join(shadow),
+                    "completion_logprobs": lp, "latency_ms": ev["latency_ms"]}
+    return ev
+
+
+def produce_heavy(address: str, topic: str, n_events: int, n_routes: int, *, events_per_s: float, end_ts: float,
+                  partitions: int = 1, seed: int = 11) -> tuple[int, float]:
+    import random
+
+    import orjson
+    from common import MODEL, create_topic, route_names
+    from kafka import KafkaProducer
+
+    from watchdog.traffic import Route, TrafficGenerator
+
+    create_topic(address, topic, partitions)
+    gen = TrafficGenerator([Route(MODEL, r) for r in route_names(n_routes)], seed=seed)
+    rng = random.Random(seed)
+    producer = KafkaProducer(bootstrap_servers=address, linger_ms=20, batch_size=256 * 1024)
+    start_ts = end_ts - n_events / events_per_s
+    total = 0
+    t0 = time.perf_counter()
+    try:
+        for i in range(n_events):
+            r = gen.routes[rng.randrange(n_routes)]
+            value = orjson.dumps(heavy_event(gen, r, round(start_ts + i / events_per_s, 3), rng))
+            total += len(value)
+            producer.send(topic, key=f"{r.model}/{r.route}".encode(), value=value)
+        producer.flush(timeout=120)
+    finally:
+        producer.close(timeout=10)
+    return total, time.perf_counter() - t0
 
 
 def main() -> int:
@@ -153,6 +212,7 @@ def main() -> int:
     ap.add_argument("--modes", default=None, help=f"comma list of {','.join(MODES)} (default: all)")
     ap.add_argument("--profile", help="write a cProfile of the first pipeline run to this file")
     ap.add_argument("--quick", action="store_true", help="40k events, 3 repeats, json+pipeline only (< 60 s)")
+    ap.add_argument("--mix", choices=("light", "heavy"), default="light")
     args = ap.parse_args()
     if args.quick:
         args.events, args.windows = 40_000, 8
@@ -169,10 +229,15 @@ def main() -> int:
     with services() as svc:
         topic = f"bench.ingest.{uuid.uuid4().hex[:8]}"
         span_s = args.windows * 10.0
-        nbytes, prod_s = produce_events(svc.kafka_address, topic, args.events, args.routes,
-                                        events_per_s=args.events / span_s, end_ts=time.time() - 3.0,
-                                        partitions=args.partitions)
-        print(f"produced {args.events:,} events ({nbytes / args.events:.0f} B avg) over {args.routes} routes, "
+        if args.mix == "heavy":
+            nbytes, prod_s = produce_heavy(svc.kafka_address, topic, args.events, args.routes,
+                                           events_per_s=args.events / span_s, end_ts=time.time() - 3.0,
+                                           partitions=args.partitions)
+        else:
+            nbytes, prod_s = produce_events(svc.kafka_address, topic, args.events, args.routes,
+                                            events_per_s=args.events / span_s, end_ts=time.time() - 3.0,
+                                            partitions=args.partitions)
+        print(f"mix {args.mix}: produced {args.events:,} events ({nbytes / args.events:.0f} B avg) over {args.routes} routes, "
               f"{args.windows} windows, {args.partitions} partition(s), in {prod_s:.1f} s")
         timeout = max(60.0, args.events / 2000.0)
         for rep in range(args.repeats):

@@ -13,7 +13,8 @@ most 256, added in one batch: cheaper per event than one sketch update each), an
 ``shadow_max_pairs`` completion/shadow pairs are scored for agreement. The sampling rule is
 deterministic and order-free: a window keeps the pairs whose ``crc32(request_id)`` is smallest
 (bottom-k, a uniform sample of the window), after the ``shadow_sample_rate`` hash threshold. A pair
-is scored (ROUGE-L, BLEU) when it enters the sample, so a window keeps scores, not texts: closing
+is scored when it enters the sample (ROUGE-L; BLEU, five times dearer, only while it is among the
+``shadow_bleu_max_pairs`` smallest hashes, a uniform sub-sample), so a window keeps scores, not texts: closing
 it costs no scoring, and its checkpoint stays small. Expected scorings per window with ``M``
 sampled pairs and cap ``k``: about ``k * (1 + ln(M / k))``.
 """
@@ -59,7 +60,7 @@ class _Window:
         "index", "count", "ok", "errors", "timeouts", "latency", "ttft", "ok_latency_s",
         "ok_completion_tokens", "prompt_tokens", "with_completion", "empty", "lp_sum", "lp_tokens",
         "lp_events", "shadow_seen", "shadow_sampled", "shadow_precisions", "pairs", "offsets",
-        "latency_buf", "ttft_buf", "shadow_error",
+        "latency_buf", "ttft_buf", "shadow_error", "bleu",
     )
 
     def __init__(self, index: int) -> None:
@@ -84,6 +85,8 @@ class _Window:
         #: max-heap (by negated hash) of the sampled pairs' (-crc32(request_id), rouge_l, bleu)
         self.pairs: list[tuple[int, float, float]] = []
         self.shadow_error: str | None = None
+        #: the same for BLEU (5x the cost of ROUGE-L) over the ``shadow_bleu_max_pairs`` smallest hashes
+        self.bleu: list[tuple[int, float]] = []
         self.offsets: dict[PartitionKey, int] = {}
         # latencies and TTFTs not yet in the sketches: appending is far cheaper per event than a
         # sketch update, and ``flush`` adds them in C-level batches (at most _BUFFERED each)
@@ -116,6 +119,7 @@ class WindowAggregator:
         shadow_sample_rate: float = 1.0,
         shadow_max_pairs: int = 200,
         shadow_max_chars: int = DEFAULT_SHADOW_MAX_CHARS,
+        shadow_bleu_max_pairs: int = 50,
         seed: int = 0,
         max_future_s: float = 300.0,
     ) -> None:
@@ -132,6 +136,7 @@ class WindowAggregator:
         self.shadow_sample_rate = shadow_sample_rate
         self.shadow_max_pairs = shadow_max_pairs
         self.shadow_max_chars = shadow_max_chars
+        self.shadow_bleu_max_pairs = min(shadow_bleu_max_pairs, shadow_max_pairs)
         #: events stamped further than this past the last close_due clock are dropped as ``future``:
         #: a skewed producer clock would otherwise hold a window (and the Kafka commit) open for long
         self.max_future_s = max_future_s
@@ -230,19 +235,27 @@ class WindowAggregator:
         heap = w.pairs
         if len(heap) >= cap and -heap[0][0] <= h:
             return  # not among the window's smallest hashes
+        bheap = w.bleu
+        bcap = self.shadow_bleu_max_pairs
+        in_bleu = bcap > 0 and (len(bheap) < bcap or -bheap[0][0] > h)
         chars = self.shadow_max_chars
         try:
-            rouge, bleu = _pair_scores(completion[:chars], shadow[:chars])
+            rouge, bleu = _pair_scores(completion[:chars], shadow[:chars], in_bleu)
         except Exception as exc:  # a broken scorer install must not stop the window
             if w.shadow_error is None:
                 log.warning("shadow agreement scoring failed: %s", exc)
             w.shadow_error = f"{type(exc).__name__}: {exc}"[:200]
             return
-        item = (-h, rouge, bleu)
+        item = (-h, rouge, bleu or 0.0)
         if len(heap) < cap:
             heapq.heappush(heap, item)
         else:
             heapq.heapreplace(heap, item)
+        if in_bleu and bleu is not None:
+            if len(bheap) < bcap:
+                heapq.heappush(bheap, (-h, bleu))
+            else:
+                heapq.heapreplace(bheap, (-h, bleu))
 
     # --- closing ----------------------------------------------------------------------------
 
@@ -321,7 +334,9 @@ class WindowAggregator:
             detail["shadow_error"] = w.shadow_error
         if w.pairs:
             values["shadow_rougeL"] = _fsum(p[1] for p in w.pairs) / len(w.pairs)
-            values["shadow_bleu"] = _fsum(p[2] for p in w.pairs) / len(w.pairs)
+        if w.bleu:
+            values["shadow_bleu"] = _fsum(p[1] for p in w.bleu) / len(w.bleu)
+            detail["shadow_bleu_pairs"] = len(w.bleu)
         start = w.index * self.length_s
         return Signal(
             source="live",
@@ -348,7 +363,7 @@ class WindowAggregator:
                       w.with_completion, w.empty, w.lp_tokens, w.lp_events, w.shadow_seen, w.shadow_sampled],
                 "f": [w.ok_latency_s, w.lp_sum],
                 "lat": w.latency.to_dict(), "ttft": w.ttft.to_dict() if w.ttft is not None else None,
-                "sp": w.shadow_precisions, "pairs": w.pairs, "err": w.shadow_error,
+                "sp": w.shadow_precisions, "pairs": w.pairs, "bleu": w.bleu, "err": w.shadow_error,
                 "off": [[t, p, o] for (t, p), o in w.offsets.items()],
             })
         return out
@@ -364,6 +379,8 @@ class WindowAggregator:
             w.shadow_precisions = {str(k): int(v) for k, v in (d.get("sp") or {}).items()}
             w.pairs = [(int(h), float(r), float(b)) for h, r, b in d.get("pairs") or []]
             heapq.heapify(w.pairs)
+            w.bleu = [(int(h), float(b)) for h, b in d.get("bleu") or []]
+            heapq.heapify(w.bleu)
             w.shadow_error = d.get("err")
             w.offsets = {(str(t), int(p)): int(o) for t, p, o in d.get("off") or []}
             self._open[(w.index, str(d["m"]), str(d["r"]), str(d["p"]))] = w
@@ -448,9 +465,11 @@ class _AgreementScorer:
         self._bleu = BLEU(tokenize="13a", effective_order=True)
         self._bleu_zh = BLEU(tokenize="zh", effective_order=True)
 
-    def pair(self, completion: str, shadow: str) -> tuple[float, float]:
-        cjk = self._has_cjk(completion) or self._has_cjk(shadow)
+    def pair(self, completion: str, shadow: str, with_bleu: bool = True) -> tuple[float, float | None]:
         score = rouge_l(self._tokenize(shadow), self._tokenize(completion))
+        if not with_bleu:
+            return float(score), None
+        cjk = self._has_cjk(completion) or self._has_cjk(shadow)
         bleu = (self._bleu_zh if cjk else self._bleu).sentence_score(completion, [shadow]).score
         return float(score), min(max(float(bleu), 0.0), 100.0)
 
@@ -465,14 +484,14 @@ def preload_scorers() -> None:
     _agreement_scorer()
 
 
-def _pair_scores(completion: str, shadow: str) -> tuple[float, float]:
-    """(ROUGE-L F-measure in [0, 1], sentence BLEU in [0, 100]) of one completion vs its shadow."""
+def _pair_scores(completion: str, shadow: str, with_bleu: bool = True) -> tuple[float, float | None]:
+    """(ROUGE-L F-measure in [0, 1], sentence BLEU in [0, 100] or None without ``with_bleu``)."""
     a, b = completion.strip(), shadow.strip()
     if a == b:  # identical (including both empty): full agreement, and no scorer cost
         return 1.0, 100.0
     if not a or not b:
         return 0.0, 0.0
-    return _agreement_scorer().pair(a, b)
+    return _agreement_scorer().pair(a, b, with_bleu)
 
 
 def shadow_agreement(pairs: list[tuple[str, str]]) -> tuple[float, float]:
@@ -488,5 +507,5 @@ def shadow_agreement(pairs: list[tuple[str, str]]) -> tuple[float, float]:
     for completion, shadow in pairs:
         r, b = _pair_scores(completion, shadow)
         rouge_sum += r
-        bleu_sum += b
+        bleu_sum += b or 0.0
     return rouge_sum / len(pairs), bleu_sum / len(pairs)
