@@ -200,6 +200,67 @@ def produce_heavy(address: str, topic: str, n_events: int, n_routes: int, *, eve
     return total, time.perf_counter() - t0
 
 
+def checkpoint_cost(redis_url: str, routes: int = 1000, events_per_window: int = 200, repeats: int = 10) -> dict[str, float]:
+    """Bytes and ms of one partition checkpoint holding ``routes`` routes x 2 precisions of open windows
+    (heavy-mix events, ``events_per_window`` each) and their policy-engine state, saved with the
+    daemon's own code (``partitions.checkpoint_blob`` + ``CheckpointStore.save``, ``checkpoint.lua``)."""
+    import random
+
+    import orjson
+    import redis
+
+    from watchdog import partitions as P
+    from watchdog.checkpoint import CheckpointStore, PendingSave
+    from watchdog.events import decode_event
+    from watchdog.keys import Keys
+    from watchdog.policy import PolicyEngine, PolicyLoader
+    from watchdog.signals import Signal
+    from watchdog.traffic import Route, TrafficGenerator
+    from watchdog.windows import WindowAggregator
+
+    client = redis.Redis.from_url(redis_url)
+    keys = Keys(f"ck{uuid.uuid4().hex[:6]}")
+    store = CheckpointStore(client, keys, "bench", "t", "bench")
+    claim = store.claim(0)
+    agg = WindowAggregator(length_s=10.0)
+    gen = TrafficGenerator([Route("m", f"route-{i}") for i in range(routes)], seed=3)
+    rng = random.Random(3)
+    now = time.time()
+    now = (now // 10) * 10 + 1  # every event inside one 10 s window
+    for r in gen.routes:
+        for j in range(events_per_window):
+            agg.add(decode_event(orjson.dumps(heavy_event(gen, r, now + j * 0.001, rng))), ("t", 0), j)
+    engine = PolicyEngine(PolicyLoader([str(ROOT / "policies" / "default.yaml")]).policy_set)
+    sigs = [Signal("live", "m", r.route, p, now - 10, now, 200, {"error_rate": 0.01, "latency_p99_ms": 500.0})
+            for r in gen.routes for p in ("fp8", "fp16")]
+    engine.observe(sigs, now, {}, "fp8")
+    part = P.Partition(("t", 0), claim.token, claim.seq, agg, routes={("m", r.route) for r in gen.routes})
+    by_route = P.engine_states_by_route(engine)
+    out: dict[str, Any] = {"routes": routes, "open_windows": agg.open_windows()}
+    seq = claim.seq
+    # steady state: every window got events since the last save (worst case), and the engine state of
+    # a tenth of the routes changed (10 s windows close once per 10 s per route)
+    for label, full, engine_share in (("full snapshot", True, 1.0), ("steady 1 s", False, 0.1)):
+        sizes, ms = [], []
+        for i in range(repeats):
+            for key in list(agg._open):
+                agg._open[key].dirty = True
+            t0 = time.perf_counter()
+            blob = P.checkpoint_blob(part, 123456, now, "bench", now)
+            changed, closed = agg.export_changes(everything=full)
+            chosen = sorted(part.routes)[: int(len(part.routes) * engine_share)]
+            engines = {keys.engine("bench", m, r): P.engine_json(by_route[(m, r)]) for m, r in chosen
+                       if (m, r) in by_route}
+            seq += 1
+            save = PendingSave(seq, blob, [], [], engines, changed, closed, incremental=not full or i > 0)
+            assert store.save(0, claim.token, save) == "saved"
+            ms.append(1000 * (time.perf_counter() - t0))
+            sizes.append(save.size)
+        out[label] = {"bytes": median(sizes), "ms_median": round(median(ms), 1), "ms_max": round(max(ms), 1)}
+    client.close()
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=200_000)
@@ -213,6 +274,8 @@ def main() -> int:
     ap.add_argument("--profile", help="write a cProfile of the first pipeline run to this file")
     ap.add_argument("--quick", action="store_true", help="40k events, 3 repeats, json+pipeline only (< 60 s)")
     ap.add_argument("--mix", choices=("light", "heavy"), default="light")
+    ap.add_argument("--checkpoint-cost", type=int, metavar="ROUTES",
+                    help="only measure one partition checkpoint holding ROUTES routes (e.g. 1000)")
     args = ap.parse_args()
     if args.quick:
         args.events, args.windows = 40_000, 8
@@ -223,6 +286,11 @@ def main() -> int:
     except ImportError:
         print("WARNING: crc32c is not installed: kafka-python checks CRCs in pure Python (~10x slower)")
 
+    if args.checkpoint_cost:
+        with services() as svc:
+            print(checkpoint_cost(svc.redis_url, args.checkpoint_cost))
+        print(f"machine: {machine_note()}")
+        return 0
     times: dict[str, list[float]] = {m: [] for m in modes}
     cpus: dict[str, list[float]] = {m: [] for m in modes}
     info: dict[str, Any] = {}

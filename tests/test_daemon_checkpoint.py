@@ -31,17 +31,21 @@ def test_a_retried_save_records_its_windows_once_and_a_zombie_is_refused(redis_c
     claim = a.claim(0)
     assert (claim.seq, claim.data) == (0, None)
     save = PendingSave(1, json.dumps({"schema": 1, "offset": 10}), windows=['{"w": 1}', '{"w": 2}'],
-                       outbox=['{"page": 1}'], engines={"llmwd:engine:g:m:r": '{"schema": 1}'})
+                       outbox=['{"page": 1}'], engines={"llmwd:engine:g:m:r": '{"schema": 1}'},
+                       changed={"w[1]": '{"i": 1}'}, incremental=False)
     assert a.save(0, claim.token, save) == SAVED
     assert a.save(0, claim.token, save) == DUPLICATE  # the reply of the first attempt was lost: retried
     assert (redis_client.xlen("llmwd:windows"), redis_client.xlen("llmwd:outbox")) == (2, 1)
     # another replica takes the partition; the old owner wakes and tries to save
     b = _store(redis_client, "b")
     claim_b = b.claim(0)
-    assert claim_b.seq == 1 and claim_b.data == {"schema": 1, "offset": 10}
+    assert claim_b.seq == 1 and claim_b.data == {"schema": 1, "offset": 10, "windows": [{"i": 1}]}
     assert a.save(0, claim.token, PendingSave(2, json.dumps({"schema": 1, "offset": 99}), ['{"w": 3}'])) == "fenced"
     assert redis_client.xlen("llmwd:windows") == 2
-    assert b.claim(0).data == {"schema": 1, "offset": 10}
+    assert b.claim(0).data == {"schema": 1, "offset": 10, "windows": [{"i": 1}]}
+    # an incremental save on top of a checkpoint Redis lost is refused: the writer must send everything
+    redis_client.delete("llmwd:ckpt:g:t:0")
+    assert b.save(0, b.claim(0).token, PendingSave(5, json.dumps({"schema": 1}))) == "resync"
     # flips carry the token too: the zombie's flip writes nothing, not even the page
     store = FlagStore(redis_client, Keys())
     stale = FlipExtras(a.owner_key(0), claim.token, "llmwd:engine:g:m:r", '{"zombie": 1}', "llmwd:outbox", '{"p": 2}')

@@ -22,7 +22,7 @@ from watchdog.keys import Keys, text
 log = logging.getLogger(__name__)
 
 SCHEMA = 1
-SAVED, DUPLICATE, FENCED = "saved", "duplicate", "fenced"
+SAVED, DUPLICATE, FENCED, RESYNC = "saved", "duplicate", "fenced", "resync"
 
 
 def _script(name: str) -> str:
@@ -45,11 +45,16 @@ class PendingSave:
     windows: list[str] = field(default_factory=list)
     outbox: list[str] = field(default_factory=list)
     engines: dict[str, str] = field(default_factory=dict)
+    #: open windows changed since the last save (hash field -> JSON), and fields of windows closed since
+    changed: dict[str, str] = field(default_factory=dict)
+    closed: list[str] = field(default_factory=list)
+    #: False only for a full snapshot (every open window is in ``changed``)
+    incremental: bool = True
 
     @property
     def size(self) -> int:
         return (len(self.blob) + sum(map(len, self.windows)) + sum(map(len, self.outbox))
-                + sum(map(len, self.engines.values())))
+                + sum(map(len, self.engines.values())) + sum(map(len, self.changed.values())))
 
 
 class CheckpointStore:
@@ -69,22 +74,29 @@ class CheckpointStore:
 
     def claim(self, partition: int) -> Claim:
         """Become the owner of ``partition`` (older tokens are fenced from now on) and read its checkpoint."""
-        token, seq, raw = (text(v) for v in self._claim(
+        reply = [text(v) for v in self._claim(
             keys=[self.owner_key(partition), self.keys.checkpoint(self.group, self.topic, partition)],
-            args=[self.instance], client=self.client))
+            args=[self.instance], client=self.client)]
+        token, fields = reply[0], dict(zip(reply[1::2], reply[2::2], strict=True))
+        raw = fields.get("json")
         data = json.loads(raw) if raw else None
         if data is not None and data.get("schema") != SCHEMA:
             log.warning("partition %s: ignoring checkpoint of schema %r", partition, data.get("schema"))
             data = None
-        return Claim(token, int(seq or 0), data)
+        if data is not None:
+            data["windows"] = [json.loads(v) for k, v in fields.items() if k.startswith("w")]
+        return Claim(token, int(fields.get("seq") or 0), data)
 
     def save(self, partition: int, token: str, save: PendingSave) -> str:
-        """Run one save; returns SAVED, DUPLICATE or FENCED. Redis errors propagate."""
+        """Run one save; returns SAVED, DUPLICATE, FENCED or RESYNC. Redis errors propagate."""
         engine_keys = list(save.engines)
         keys = [self.owner_key(partition), self.keys.checkpoint(self.group, self.topic, partition),
                 self.keys.windows, self.keys.outbox, *engine_keys]
+        pairs = [x for kv in save.changed.items() for x in kv]
         args: list[Any] = [token, save.seq, save.blob, self.windows_maxlen, len(save.windows), len(save.outbox),
-                           *save.windows, *save.outbox, *(save.engines[k] for k in engine_keys)]
+                           len(save.changed), len(save.closed), "1" if save.incremental else "0",
+                           *save.windows, *save.outbox, *pairs, *save.closed,
+                           *(save.engines[k] for k in engine_keys)]
         status, _detail = (text(v) for v in self._save(keys=keys, args=args, client=self.client))
         return status
 

@@ -27,7 +27,7 @@ from kafka.partitioner.default import murmur2
 from watchdog import partitions as P
 from watchdog.actuator import REVOKED, Actuator, FlagStore, FlipExtras
 from watchdog.alerts import Alerter
-from watchdog.checkpoint import DUPLICATE, FENCED, SAVED, CheckpointStore, PendingSave
+from watchdog.checkpoint import DUPLICATE, FENCED, RESYNC, SAVED, CheckpointStore, PendingSave
 from watchdog.config import Config
 from watchdog.eventtime import Watermarks
 from watchdog.ingest import Ingest, make_consumer, make_producer
@@ -212,7 +212,8 @@ class Daemon:
         agg = self._new_aggregator()
         agg.import_open(data.get("windows") or [])
         agg.set_closed_end(data.get("closed_end"))
-        part = P.Partition(pk, claim.token, claim.seq, agg, routes=routes, start_offset=data.get("offset"))
+        part = P.Partition(pk, claim.token, claim.seq, agg, routes=routes, start_offset=data.get("offset"),
+                           full=claim.data is None)
         P.load_engine_states(self.engine, saved)
         for route in routes:
             self._route_part[route] = pk
@@ -411,8 +412,13 @@ class Daemon:
             flags[route] = precision
             self._reassert(route, precision, now)
         actions = self.engine.observe(signals, now, flags, self.cfg.default_precision)
+        touched = {(s.model, s.route) for s in signals}
         for part in self.parts.values():
-            part.dirty = True  # engine state of their routes may have changed
+            # engine state of these routes may have changed (a "*" signal, e.g. GPU health, touches all)
+            mine = part.routes if any("*" in r for r in touched) else part.routes & touched
+            if mine:
+                part.dirty_routes |= mine
+                part.dirty = True
         for action in actions:
             self._dispatch(action)
 
@@ -486,7 +492,7 @@ class Daemon:
         for part in list(self.parts.values()):
             if part.inflight is None and not part.dirty:
                 continue
-            if not force and now - part.last_save < every:
+            if not force and now - part.last_save < max(every, 10 * part.last_cost_s):
                 continue
             self._save(part, now, force=force)
 
@@ -501,27 +507,25 @@ class Daemon:
         if not self.ingest.dlq_settled(part.pk, timeout_s=1.0 if force else 0.2):
             return False  # never checkpoint past a dead letter the broker has not acknowledged
         if part.inflight is None:
-            offset = self.ingest.next_offset.get(part.pk)
-            if offset is None:
-                offset = part.start_offset if part.start_offset is not None else self.ingest.position(part.pk)
-            pc = self.wm.parts.get(part.pk)
-            blob = P.checkpoint_blob(part, offset, pc.max_ts if pc else None, self.cfg.instance, now)
-            by_route = P.engine_states_by_route(self.engine)
-            engines = {self.keys.engine(self.group, m, r): P.engine_json(by_route.get((m, r), {}))
-                       for m, r in sorted(part.routes) if (m, r) in by_route}
-            part.inflight = PendingSave(part.seq + 1, blob, part.unsaved, part.outbox, engines)
+            part.inflight = self._build_save(part, now, part.unsaved, part.outbox)
             part.unsaved, part.outbox = [], []
-            part.start_offset = offset
-            part.dirty = False
         t0 = time.perf_counter()
         try:
             status = self.checkpoints.save(part.pk[1], part.token, part.inflight)
+            if status == RESYNC:
+                # Redis lost the checkpoint this save builds on: send a full snapshot, same records
+                log.warning("partition %s: checkpoint gone from Redis; saving a full snapshot", part.pk[1])
+                part.full = True
+                old = part.inflight
+                part.inflight = self._build_save(part, now, old.windows, old.outbox, seq=old.seq)
+                status = self.checkpoints.save(part.pk[1], part.token, part.inflight)
         except (redis.RedisError, OSError) as exc:
             self.metrics.checkpoints.labels("error").inc()
             self._redis_failed(exc, f"checkpoint of partition {part.pk[1]}")
             part.last_save = now
             return False
-        self.metrics.checkpoint_seconds.observe(time.perf_counter() - t0)
+        part.last_cost_s = time.perf_counter() - t0
+        self.metrics.checkpoint_seconds.observe(part.last_cost_s)
         self.metrics.checkpoints.labels(status).inc()
         self._redis_recovered()
         part.last_save = now
@@ -537,6 +541,27 @@ class Daemon:
         if offset is not None:
             self.ingest.commit_mirror({part.pk: offset})
         return True
+
+    def _build_save(self, part: P.Partition, now: float, windows: list[str], outbox: list[str],
+                    seq: int | None = None) -> PendingSave:
+        assert self.ingest is not None
+        offset = self.ingest.next_offset.get(part.pk)
+        if offset is None:
+            offset = part.start_offset if part.start_offset is not None else self.ingest.position(part.pk)
+        pc = self.wm.parts.get(part.pk)
+        blob = P.checkpoint_blob(part, offset, pc.max_ts if pc else None, self.cfg.instance, now)
+        full = part.full
+        routes = part.routes if full else part.dirty_routes & part.routes
+        by_route = P.engine_states_by_route(self.engine) if routes else {}
+        engines = {self.keys.engine(self.group, m, r): P.engine_json(by_route[(m, r)])
+                   for m, r in sorted(routes) if (m, r) in by_route}
+        changed, closed = part.agg.export_changes(everything=full)
+        part.start_offset = offset
+        part.dirty = False
+        part.full = False
+        part.dirty_routes = set()
+        return PendingSave(part.seq + 1 if seq is None else seq, blob, windows, outbox, engines, changed, closed,
+                           incremental=not full)
 
     def _fence(self, pk: P.PartitionKey) -> None:
         """Another replica took ``pk`` while we were away: stop acting for it (it is re-read by them)."""

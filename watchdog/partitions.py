@@ -37,6 +37,11 @@ class Partition:
     last_save: float = 0.0
     #: offset the checkpoint resumed at (None: Kafka's committed offset / auto_offset_reset)
     start_offset: int | None = None
+    #: routes whose engine state changed since the last save; next save sends every window and route
+    dirty_routes: set[Route] = field(default_factory=set)
+    full: bool = True
+    #: seconds the last save took (checkpoints are spaced to keep their cost <= 10 % of the loop)
+    last_cost_s: float = 0.0
 
 
 def route_of_key(key: bytes | None) -> Route | None:
@@ -78,5 +83,4 @@ def window_record(sig: Signal, instance: str) -> str:
 
 def checkpoint_blob(part: Partition, offset: int | None, max_ts: float | None, instance: str, now: float) -> str:
     return json.dumps({"schema": SCHEMA, "offset": offset, "max_ts": max_ts, "closed_end": part.agg.closed_end,
-                       "windows": part.agg.export_open(), "routes": sorted(part.routes), "instance": instance,
-                       "saved_at": now}, check_circular=False)
+                       "routes": sorted(part.routes), "instance": instance, "saved_at": now}, check_circular=False)

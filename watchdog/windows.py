@@ -21,10 +21,13 @@ sampled pairs and cap ``k``: about ``k * (1 + ln(M / k))``.
 
 from __future__ import annotations
 
+import base64
 import functools
 import heapq
+import json
 import logging
 import math
+import struct
 import zlib
 from functools import reduce
 from itertools import repeat
@@ -60,7 +63,7 @@ class _Window:
         "index", "count", "ok", "errors", "timeouts", "latency", "ttft", "ok_latency_s",
         "ok_completion_tokens", "prompt_tokens", "with_completion", "empty", "lp_sum", "lp_tokens",
         "lp_events", "shadow_seen", "shadow_sampled", "shadow_precisions", "pairs", "offsets",
-        "latency_buf", "ttft_buf", "shadow_error", "bleu",
+        "latency_buf", "ttft_buf", "shadow_error", "bleu", "dirty",
     )
 
     def __init__(self, index: int) -> None:
@@ -82,8 +85,10 @@ class _Window:
         self.shadow_seen = 0
         self.shadow_sampled = 0
         self.shadow_precisions: dict[str, int] = {}
-        #: max-heap (by negated hash) of the sampled pairs' (-crc32(request_id), rouge_l, bleu)
-        self.pairs: list[tuple[int, float, float]] = []
+        #: max-heap (by negated hash) of the sampled pairs' (-crc32(request_id), rouge_l)
+        self.pairs: list[tuple[int, float]] = []
+        #: changed since the last checkpoint export
+        self.dirty = True
         self.shadow_error: str | None = None
         #: the same for BLEU (5x the cost of ROUGE-L) over the ``shadow_bleu_max_pairs`` smallest hashes
         self.bleu: list[tuple[int, float]] = []
@@ -152,6 +157,8 @@ class WindowAggregator:
         # windows with end index <= this are closed; integer indices avoid float drift at boundaries
         self._closed_end: int | None = None
         self._open: dict[tuple[int, str, str, str], _Window] = {}
+        #: windows closed since the last ``export_changes`` (their checkpoint fields are deleted)
+        self._closed_keys: list[tuple[int, str, str, str]] = []
 
     # --- folding ----------------------------------------------------------------------------
 
@@ -183,6 +190,7 @@ class WindowAggregator:
         if w is None:
             w = self._open[key] = _Window(index)
         w.count += 1
+        w.dirty = True
         w.prompt_tokens += event.prompt_tokens
         status = event.status
         if status == "ok":
@@ -246,7 +254,7 @@ class WindowAggregator:
                 log.warning("shadow agreement scoring failed: %s", exc)
             w.shadow_error = f"{type(exc).__name__}: {exc}"[:200]
             return
-        item = (-h, rouge, bleu or 0.0)
+        item = (-h, rouge)
         if len(heap) < cap:
             heapq.heappush(heap, item)
         else:
@@ -283,6 +291,7 @@ class WindowAggregator:
         out = []
         for key in keys:
             w = self._open.pop(key)
+            self._closed_keys.append(key)
             out.append(self._signal(key[1], key[2], key[3], w))
         self.windows_closed += len(out)
         if out:
@@ -352,21 +361,35 @@ class WindowAggregator:
 
     # --- checkpoints --------------------------------------------------------------------------
 
+    @staticmethod
+    def _export(key: tuple[int, str, str, str], w: _Window) -> dict[str, Any]:
+        w.flush()
+        index, model, route, precision = key
+        return {
+            "i": index, "m": model, "r": route, "p": precision,
+            "n": [w.count, w.ok, w.errors, w.timeouts, w.ok_completion_tokens, w.prompt_tokens,
+                  w.with_completion, w.empty, w.lp_tokens, w.lp_events, w.shadow_seen, w.shadow_sampled],
+            "f": [w.ok_latency_s, w.lp_sum],
+            "lat": w.latency.to_dict(), "ttft": w.ttft.to_dict() if w.ttft is not None else None,
+            "sp": w.shadow_precisions, "pairs": _pack(w.pairs), "bleu": _pack(w.bleu), "err": w.shadow_error,
+            "off": [[t, p, o] for (t, p), o in w.offsets.items()],
+        }
+
     def export_open(self) -> list[dict[str, Any]]:
         """Every open window as JSON-able data (a checkpoint); ``import_open`` restores it exactly."""
-        out = []
-        for (index, model, route, precision), w in self._open.items():
-            w.flush()
-            out.append({
-                "i": index, "m": model, "r": route, "p": precision,
-                "n": [w.count, w.ok, w.errors, w.timeouts, w.ok_completion_tokens, w.prompt_tokens,
-                      w.with_completion, w.empty, w.lp_tokens, w.lp_events, w.shadow_seen, w.shadow_sampled],
-                "f": [w.ok_latency_s, w.lp_sum],
-                "lat": w.latency.to_dict(), "ttft": w.ttft.to_dict() if w.ttft is not None else None,
-                "sp": w.shadow_precisions, "pairs": w.pairs, "bleu": w.bleu, "err": w.shadow_error,
-                "off": [[t, p, o] for (t, p), o in w.offsets.items()],
-            })
-        return out
+        return [self._export(key, w) for key, w in self._open.items()]
+
+    def export_changes(self, everything: bool = False) -> tuple[dict[str, str], list[str]]:
+        """Checkpoint fields of the windows changed since the last call (all with ``everything``), and
+        the fields of the windows closed since; resets both."""
+        changed = {}
+        for key, w in self._open.items():
+            if w.dirty or everything:
+                changed[window_field(key)] = json.dumps(self._export(key, w), check_circular=False)
+                w.dirty = False
+        closed = [window_field(k) for k in self._closed_keys]
+        self._closed_keys = []
+        return changed, closed
 
     def import_open(self, data: list[dict[str, Any]]) -> None:
         for d in data:
@@ -377,12 +400,13 @@ class WindowAggregator:
             w.latency = QuantileSketch.from_dict(d["lat"])
             w.ttft = QuantileSketch.from_dict(d["ttft"]) if d.get("ttft") else None
             w.shadow_precisions = {str(k): int(v) for k, v in (d.get("sp") or {}).items()}
-            w.pairs = [(int(h), float(r), float(b)) for h, r, b in d.get("pairs") or []]
+            w.pairs = _unpack(d.get("pairs") or "")
             heapq.heapify(w.pairs)
-            w.bleu = [(int(h), float(b)) for h, b in d.get("bleu") or []]
+            w.bleu = _unpack(d.get("bleu") or "")
             heapq.heapify(w.bleu)
             w.shadow_error = d.get("err")
             w.offsets = {(str(t), int(p)): int(o) for t, p, o in d.get("off") or []}
+            w.dirty = False
             self._open[(w.index, str(d["m"]), str(d["r"]), str(d["p"]))] = w
 
     def set_closed_end(self, index: int | None) -> None:
@@ -413,6 +437,24 @@ class WindowAggregator:
                 if prev is None or off < prev:
                     out[pk] = off
         return out
+
+
+def window_field(key: tuple[int, str, str, str]) -> str:
+    """The checkpoint hash field of one open window."""
+    return "w" + json.dumps(list(key))
+
+
+def _pack(items: list[tuple[int, float]]) -> str:
+    """(negated crc32, score) pairs as base64 of little-endian uint32 + float64 (exact, ~1/3 of JSON)."""
+    return base64.b64encode(struct.pack(f"<{len(items)}I{len(items)}d", *(-h for h, _ in items),
+                                        *(v for _, v in items))).decode()
+
+
+def _unpack(text: str) -> list[tuple[int, float]]:
+    raw = base64.b64decode(text)
+    n = len(raw) // 12
+    vals = struct.unpack(f"<{n}I{n}d", raw)
+    return list(zip((-int(h) for h in vals[:n]), (float(v) for v in vals[n:]), strict=True))
 
 
 # --- shadow agreement scoring -----------------------------------------------------------------
