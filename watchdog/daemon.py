@@ -499,7 +499,7 @@ class Daemon:
     def _pending_routes(self) -> set[P.Route]:
         return set(self.actuator._pending)  # noqa: SLF001 - (model, route) keys of pending flips
 
-    def _save(self, part: P.Partition, now: float, force: bool = False) -> bool:
+    def _save(self, part: P.Partition, now: float, force: bool = False, mirror: bool = True) -> bool:
         """Save one partition's checkpoint; True when Redis holds it (saved, or a retry found it saved)."""
         assert self.ingest is not None
         if part.routes & self._pending_routes():
@@ -539,7 +539,9 @@ class Daemon:
         self.stats.checkpoints += 1
         offset = part.start_offset
         if offset is not None:
-            self.ingest.commit_mirror({part.pk: offset})
+            if mirror:
+                self.ingest.commit_mirror({part.pk: offset})
+            self.ingest.final_offsets[part.pk] = offset
         return True
 
     def _build_save(self, part: P.Partition, now: float, windows: list[str], outbox: list[str],
@@ -688,7 +690,13 @@ class Daemon:
     def _update_readiness(self, now: float) -> None:
         assert self.ingest is not None
         r = self.readiness
-        if self.ingest.healthy:
+        silent = self.ingest.broker_silent_since
+        if self.ingest.last_polled:
+            self.ingest.broker_silent_since = silent = None
+        if self.ingest.healthy and silent is not None and now - silent > 2.0:
+            r.set("kafka", f"broker not answering for {now - silent:.0f} s ({self.ingest.broker_error}): "
+                  f"windows wait, nothing is closed on the wall clock", now)
+        elif self.ingest.healthy:
             r.clear("kafka", now)
             r.clear("undecodable", now)
         else:
@@ -743,7 +751,7 @@ class Daemon:
                         time.sleep(0.1)
                 for part in list(self.parts.values()):
                     if time.monotonic() < deadline - 1:
-                        self._save(part, self.clock(), force=True)
+                        self._save(part, self.clock(), force=True, mirror=False)
                 self.pager.wait(max(0.0, min(1.0, deadline - time.monotonic() - 1)))
         finally:
             if self.golden is not None and self._golden_running:

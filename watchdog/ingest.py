@@ -53,8 +53,11 @@ def make_consumer(cfg: KafkaConfig, **extra: Any) -> KafkaConsumer:
 
 
 def make_producer(cfg: KafkaConfig, **extra: Any) -> KafkaProducer:
-    return KafkaProducer(bootstrap_servers=cfg.bootstrap_servers, acks="all", retries=5,
-                         client_id=f"llm-watchdog-{cfg.group_id}-dlq", **cfg.security, **extra)
+    # not idempotent: after a broker restart that lost its producer state, kafka-python's idempotent
+    # producer loops on UnknownProducerIdError and never delivers again; a duplicate dead letter is
+    # harmless, a stuck one pauses its partition. max_block_ms bounds send() when metadata is missing.
+    return KafkaProducer(bootstrap_servers=cfg.bootstrap_servers, acks="all", retries=5, enable_idempotence=False,
+                         max_block_ms=2000, client_id=f"llm-watchdog-{cfg.group_id}-dlq", **cfg.security, **extra)
 
 
 def classify_kafka_error(exc: BaseException) -> str:
@@ -96,6 +99,12 @@ class _DeadLetter:
 class _DlqState:
     pending: list[_DeadLetter] = field(default_factory=list)
     failed: str | None = None
+    #: wall time the oldest unacknowledged dead letter was sent
+    since: float | None = None
+
+
+#: a dead letter unacknowledged this long counts as failed (its partition pauses, readiness ``dlq``)
+DLQ_ACK_TIMEOUT_S = 10.0
 
 
 class Ingest:
@@ -123,6 +132,11 @@ class Ingest:
         self.resets: dict[PartitionKey, float] = {}
         self._dlq: dict[PartitionKey, _DlqState] = {}
         self.last_polled: set[PartitionKey] = set()
+        self._commits_in_flight = 0
+        self.broker_silent_since: float | None = None
+        self.broker_error = ""
+        #: checkpointed offsets to commit synchronously at close (set by the daemon's shutdown)
+        self.final_offsets: dict[PartitionKey, int] = {}
         consumer.subscribe([topic], listener=_Rebalance(on_assigned, on_revoked))
 
     # -- reading -------------------------------------------------------------------------------
@@ -174,7 +188,10 @@ class Ingest:
         if self.producer is None:
             return
         dl = _DeadLetter(rec, reason, error)
-        self._dlq.setdefault(pkey, _DlqState()).pending.append(dl)
+        st = self._dlq.setdefault(pkey, _DlqState())
+        if not st.pending:
+            st.since = time.time()
+        st.pending.append(dl)
         self._send(dl)
 
     def _send(self, dl: _DeadLetter) -> None:
@@ -213,12 +230,15 @@ class Ingest:
                 log.warning("dead-letter flush failed: %s", exc)
         left: list[_DeadLetter] = []
         error = None
+        waited = time.time() - (st.since or time.time())
         for dl in st.pending:
             fut = dl.future
             if isinstance(fut, BaseException):
                 error = f"{type(fut).__name__}: {fut}"
             elif not fut.is_done:
                 left.append(dl)
+                if waited > DLQ_ACK_TIMEOUT_S:
+                    error = f"dead letters not acknowledged for {waited:.0f} s"
                 continue
             elif fut.failed():
                 error = f"{type(fut.exception).__name__}: {fut.exception}"
@@ -227,6 +247,8 @@ class Ingest:
             left.append(dl)
             self._send(dl)
         st.pending = left
+        if not left:
+            st.since = None
         was = st.failed
         st.failed = error
         tp = TopicPartition(*pkey)
@@ -244,6 +266,7 @@ class Ingest:
     def forget(self, pkey: PartitionKey) -> None:
         """A revoked partition: its dead letters and marks are someone else's now."""
         self._dlq.pop(pkey, None)
+        self.final_offsets.pop(pkey, None)
         self.next_offset.pop(pkey, None)
         self.resets.pop(pkey, None)
 
@@ -259,12 +282,17 @@ class Ingest:
         self.consumer.resume(TopicPartition(*pkey))
 
     def end_offsets(self, pkeys: list[PartitionKey], timeout_ms: int = 1000) -> dict[PartitionKey, int] | None:
-        """The log end of each partition, asked of the broker with a bounded wait; None on failure."""
+        """The log end of each partition, asked of the broker with a bounded wait; None on failure
+        (``broker_silent_since`` then says since when the broker has not answered)."""
         try:
             ends = self.consumer.end_offsets([TopicPartition(*pk) for pk in pkeys], timeout_ms=timeout_ms)
         except (KafkaError, Exception) as exc:  # noqa: BLE001 - a stalled broker is reported, not raised
             log.debug("end_offsets failed: %s", exc)
+            if self.broker_silent_since is None:
+                self.broker_silent_since = time.time()
+            self.broker_error = f"{type(exc).__name__}: {exc}"[:200]
             return None
+        self.broker_silent_since = None
         return {(tp.topic, tp.partition): off for tp, off in ends.items()}
 
     def position(self, pkey: PartitionKey) -> int | None:
@@ -282,12 +310,18 @@ class Ingest:
         if not payload:
             return
 
+        if self._commits_in_flight:
+            return  # one at a time: a pile of commits to a slow coordinator blocks LeaveGroup at stop
+
         def done(_offsets: Any, result: Any) -> None:
+            self._commits_in_flight = max(0, self._commits_in_flight - 1)
             self.metrics.commits.labels("error" if isinstance(result, Exception) else "ok").inc()
 
         try:
+            self._commits_in_flight += 1
             self.consumer.commit_async(payload, callback=done)
         except (KafkaError, Exception) as exc:  # noqa: BLE001 - a mirror commit is best effort
+            self._commits_in_flight = max(0, self._commits_in_flight - 1)
             self.metrics.commits.labels("error").inc()
             log.debug("mirror commit failed: %s", exc)
 
@@ -315,11 +349,22 @@ class Ingest:
         return out
 
     def close(self) -> None:
+        """Flush the DLQ, commit the final checkpointed offsets synchronously (so no commit is in flight
+        when LeaveGroup goes out: Tansu otherwise keeps the member until its session expires and the
+        next replica waits), then leave the group. The daemon runs this in a thread it bounds."""
         try:
             if self.producer is not None:
-                self.producer.flush(timeout=3)
-                self.producer.close(timeout=2)
+                self.producer.flush(timeout=2)
+                self.producer.close(timeout=1)
         finally:
+            try:
+                mine = {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
+                offsets = {TopicPartition(*pk): OffsetAndMetadata(off, "", -1)
+                           for pk, off in self.final_offsets.items() if pk in mine}
+                if offsets:
+                    self.consumer.commit(offsets)
+            except (KafkaError, Exception) as exc:  # noqa: BLE001 - the checkpoint is the truth anyway
+                log.warning("final offset commit failed: %s", exc)
             self.consumer.close(autocommit=False)
 
     def _fail(self, reason: str, message: str) -> None:
