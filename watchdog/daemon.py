@@ -101,6 +101,7 @@ class Daemon:
         self._route_part: dict[P.Route, P.PartitionKey] = {}
         self._fenced: set[P.PartitionKey] = set()
         self._nparts: int | None = None
+        self._topic_id: str | None = None
         #: routes of partitions we held and lost: their decisions are the new owner's
         self._revoked_routes: set[P.Route] = set()
         self._redis_ok = True
@@ -223,13 +224,13 @@ class Daemon:
         self._unrestored.discard(pk)
         self._fenced.discard(pk)
         offset = part.start_offset
+        tid = self.ingest.topic_id()
+        if offset is not None and tid and data.get("topic_id") and data["topic_id"] != tid:
+            log.error("partition %s: the checkpoint is of an earlier topic with this name (id %s, now %s): "
+                      "the broker lost its data; reading from the start", pk[1], data["topic_id"], tid)
+            self.ingest.resets[pk] = now
+            offset = 0
         if offset is not None:
-            ends = self.ingest.end_offsets([pk])
-            if ends is not None and pk in ends and offset > ends[pk]:
-                log.error("partition %s: checkpoint offset %s is past the log end %s: the broker lost its data; "
-                          "reading from the start", pk[1], offset, ends[pk])
-                self.ingest.resets[pk] = now
-                offset = 0
             self.ingest.seek(pk, offset)
         self.ingest.resume(pk)
         if not self._unrestored:
@@ -362,10 +363,27 @@ class Daemon:
         self.metrics.loop_last.set(time.time())
         self.metrics.loop_seconds.observe(self.stats.last_loop - t0)
 
+    def _check_topic_id(self, now: float) -> None:
+        """A new topic id means the topic was re-created (a broker that restarted empty): the old
+        offsets mean nothing there. (Comparing positions with end offsets cannot tell: Tansu reports
+        the end at the start of its last batch.)"""
+        assert self.ingest is not None
+        tid = self.ingest.topic_id()
+        if tid is None:
+            return
+        if self._topic_id is not None and tid != self._topic_id:
+            log.error("topic %s was re-created (id %s -> %s): the broker lost its data; reading every "
+                      "partition from the start", self.cfg.kafka.topic, self._topic_id, tid)
+            for pk in list(self.parts):
+                self.ingest.resets[pk] = now
+                self.ingest.seek(pk, 0)
+        self._topic_id = tid
+
     def _confirm_idle(self, now: float) -> None:
         assert self.ingest is not None
         if now - self._last_confirm < CONFIRM_EVERY_S:
             return
+        self._check_topic_id(now)
         quiet = [pk for pk in self.parts if pk not in self.ingest.last_polled]
         if not quiet:
             return
@@ -551,7 +569,8 @@ class Daemon:
         if offset is None:
             offset = part.start_offset if part.start_offset is not None else self.ingest.position(part.pk)
         pc = self.wm.parts.get(part.pk)
-        blob = P.checkpoint_blob(part, offset, pc.max_ts if pc else None, self.cfg.instance, now)
+        blob = P.checkpoint_blob(part, offset, pc.max_ts if pc else None, self.cfg.instance, now,
+                                 topic_id=self._topic_id)
         full = part.full
         routes = part.routes if full else part.dirty_routes & part.routes
         by_route = P.engine_states_by_route(self.engine) if routes else {}
@@ -721,7 +740,7 @@ class Daemon:
             r.set("dlq", "; ".join(f"partition {pk[1]} paused: {e}" for pk, e in sorted(dlq.items()))[:300], now)
         else:
             r.clear("dlq", now)
-        resets = {pk: t for pk, t in self.ingest.resets.items() if now - t < 60}
+        resets = {pk: t for pk, t in self.ingest.resets.items() if now - t < 3}
         if resets:
             r.set("offsets-reset", f"partitions {sorted(pk[1] for pk in resets)}: offsets went back (broker "
                   f"restarted empty?)", now)

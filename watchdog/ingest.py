@@ -267,8 +267,7 @@ class Ingest:
         """A revoked partition: its dead letters and marks are someone else's now."""
         self._dlq.pop(pkey, None)
         self.final_offsets.pop(pkey, None)
-        self.next_offset.pop(pkey, None)
-        self.resets.pop(pkey, None)
+        self.next_offset.pop(pkey, None)  # (``resets`` stay: readiness reports them for a while)
 
     # -- position ------------------------------------------------------------------------------
     def seek(self, pkey: PartitionKey, offset: int) -> None:
@@ -324,6 +323,15 @@ class Ingest:
             self._commits_in_flight = max(0, self._commits_in_flight - 1)
             self.metrics.commits.labels("error").inc()
             log.debug("mirror commit failed: %s", exc)
+
+    def topic_id(self) -> str | None:
+        """The topic's id from the client's metadata (None when unknown or the broker predates ids);
+        it changes when the topic was re-created, e.g. by a broker that restarted empty."""
+        try:
+            tid = self.consumer._client.cluster.topic_id(self.topic)  # noqa: SLF001 - no public accessor
+        except Exception:  # noqa: BLE001
+            return None
+        return str(tid) if tid else None
 
     def assignment(self) -> list[PartitionKey]:
         return sorted((tp.topic, tp.partition) for tp in self.consumer.assignment())

@@ -81,6 +81,8 @@ def window_record(sig: Signal, instance: str) -> str:
                        "values": sig.values, "instance": instance})
 
 
-def checkpoint_blob(part: Partition, offset: int | None, max_ts: float | None, instance: str, now: float) -> str:
+def checkpoint_blob(part: Partition, offset: int | None, max_ts: float | None, instance: str, now: float,
+                    topic_id: str | None = None) -> str:
     return json.dumps({"schema": SCHEMA, "offset": offset, "max_ts": max_ts, "closed_end": part.agg.closed_end,
-                       "routes": sorted(part.routes), "instance": instance, "saved_at": now}, check_circular=False)
+                       "routes": sorted(part.routes), "instance": instance, "saved_at": now, "topic_id": topic_id},
+                      check_circular=False)

@@ -26,6 +26,13 @@ _SEVERITY = {"redis": "critical", "redis-auth": "critical", "redis-tls": "critic
              "fenced": "warning", "loop-stuck": "critical"}
 
 
+#: events rather than conditions: paged at once, shown in readiness only briefly
+_IMMEDIATE = {"offsets-reset"}
+#: reasons paged under another reason's incident (one page per outage: a broker restart that lost its
+#: data is one Kafka outage, whether we saw it as "not answering" first or only as offsets going back)
+_ALERT_KEY = {"offsets-reset": "kafka", "kafka-startup": "kafka", "undecodable": "undecodable"}
+
+
 @dataclass
 class _Condition:
     message: str
@@ -92,7 +99,8 @@ class Readiness:
         with self._lock:
             for reason, c in list(self._cond.items()):
                 if c.cleared_at is None:
-                    if not c.alerted and now - c.since >= self.fire_after_s and reason in _SEVERITY:
+                    delay = 0.0 if reason in _IMMEDIATE else self.fire_after_s
+                    if not c.alerted and now - c.since >= delay and reason in _SEVERITY:
                         c.alerted = True
                         fire.append((reason, c.message))
                 elif now - c.cleared_at >= self.resolve_after_s or not c.alerted:
@@ -102,6 +110,10 @@ class Readiness:
         self._gauges()
         for reason, message in fire:
             self.metrics.ops_alerts.labels(reason).inc()
-            self._ops_alert(reason, message, _SEVERITY[reason])
+            self._ops_alert(_ALERT_KEY.get(reason, reason), message, _SEVERITY[reason])
         for reason in resolve:
-            self._ops_resolve(reason)
+            key = _ALERT_KEY.get(reason, reason)
+            with self._lock:
+                shared = any(c.alerted and _ALERT_KEY.get(r, r) == key for r, c in self._cond.items())
+            if not shared:
+                self._ops_resolve(key)
