@@ -334,6 +334,10 @@ class Daemon:
         self.ingest.poll(poll_ms)
         now = self.clock()
         self.wm.records_read(self.ingest.last_polled, now)
+        for pk in self.ingest.dead_lettered:
+            if pk in self.parts:
+                self.parts[pk].dirty = True  # its checkpoint must pass the dead letter once acknowledged
+        self.ingest.dead_lettered.clear()
         if self._unrestored and now - self._last_restore_try >= 1.0:
             self._last_restore_try = now
             assigned = set(self.ingest.assignment())

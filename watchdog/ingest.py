@@ -133,6 +133,8 @@ class Ingest:
         self._dlq: dict[PartitionKey, _DlqState] = {}
         self.last_polled: set[PartitionKey] = set()
         self._commits_in_flight = 0
+        #: partitions that dead-lettered since the daemon last looked (their checkpoint must advance)
+        self.dead_lettered: set[PartitionKey] = set()
         self.broker_silent_since: float | None = None
         self.broker_error = ""
         #: checkpointed offsets to commit synchronously at close (set by the daemon's shutdown)
@@ -187,6 +189,7 @@ class Ingest:
         log.warning("dead-lettering %s:%s@%s: %s", rec.topic, rec.partition, rec.offset, error[:300])
         if self.producer is None:
             return
+        self.dead_lettered.add(pkey)
         dl = _DeadLetter(rec, reason, error)
         st = self._dlq.setdefault(pkey, _DlqState())
         if not st.pending:
