@@ -485,6 +485,19 @@ class Alerter:
         with self._lock:
             self._book.restore(incidents)
 
+    def incident(self, key: str) -> dict[str, Any] | None:
+        """One open incident as JSON (None when closed or unknown)."""
+        with self._lock:
+            inc = self._book._open.get(key)  # noqa: SLF001 - the book is this class's own state
+            return inc.to_json() if inc is not None else None
+
+    def set_incident(self, key: str, data: dict[str, Any] | None) -> None:
+        """Make the book's view of ``key`` what the shared store says (another replica may have paged it)."""
+        with self._lock:
+            self._book._open.pop(key, None)  # noqa: SLF001
+            if data is not None:
+                self._book.restore([data])
+
     def ops_alert(self, key: str, summary: str, severity: AlertSeverity = "warning",
                   detail: Mapping[str, Any] | None = None) -> list[Alert]:
         """Open (or escalate) an operational incident not tied to a route, e.g. "Redis unreachable"."""

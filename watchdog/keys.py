@@ -88,7 +88,8 @@ class Keys:
         return f"{self.prefix}:outbox"
 
     def incidents(self, group: str) -> str:
-        """String ``{prefix}:incidents:{group}``: JSON of the open incidents (survives restarts)."""
+        """Hash ``{prefix}:incidents:{group}``: one field per open incident key (``model/route/policy``),
+        its JSON as the value; written by the pager as it acknowledges outbox records."""
         return f"{self.prefix}:incidents:{group}"
 
     def lease(self, name: str) -> str:

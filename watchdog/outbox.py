@@ -4,7 +4,9 @@ A flip, the engine state it implies and its page record land together (``flip.lu
 resolves land with the partition checkpoint (``checkpoint.lua``). The pager reads the outbox stream
 through a Redis consumer group (``pager``), one record at a time in order, hands it to the
 ``Alerter``, and once every channel has delivered (or given up) stores the open incidents and
-acknowledges the record in one MULTI. So:
+acknowledges the record in one MULTI (the incidents are a Redis hash, one field per incident key, so
+replicas that share the outbox share them too; a record's incident is re-read from it before the
+record is handled). So:
 
 * no page goes out before its flip is in Redis (the record does not exist before);
 * a restarted daemon re-reads its unacknowledged record and the incidents as they were before it,
@@ -58,6 +60,7 @@ class Pager:
         self._ready = False
         self._restored = False
         self._current: str | None = None
+        self._current_key: str | None = None
         self._done = threading.Event()
         self._last_claim = 0.0
         self.delivered = 0
@@ -70,9 +73,8 @@ class Pager:
             if "BUSYGROUP" not in str(exc):
                 raise
         if not self._restored:
-            raw = self.client.get(self._incidents_key)
-            if raw:
-                self.alerter.restore_incidents(json.loads(text(raw)))
+            raw = self.client.hgetall(self._incidents_key)
+            self.alerter.restore_incidents([json.loads(text(v)) for v in raw.values()])
             self._restored = True
         self._ready = True
 
@@ -95,7 +97,12 @@ class Pager:
             if not self._done.is_set():
                 return
             pipe = self.client.pipeline(transaction=True)
-            pipe.set(self._incidents_key, json.dumps(self.alerter.export_incidents(), default=str))
+            if self._current_key:
+                inc = self.alerter.incident(self._current_key)
+                if inc is None:
+                    pipe.hdel(self._incidents_key, self._current_key)
+                else:
+                    pipe.hset(self._incidents_key, self._current_key, json.dumps(inc, default=str))
             pipe.xack(self.keys.outbox, GROUP, self._current)
             pipe.execute()
             self.delivered += 1
@@ -110,8 +117,12 @@ class Pager:
             action = action_from_record(raw)
         except (ValueError, KeyError, TypeError) as exc:
             log.error("outbox record %s unreadable, skipped: %s", entry_id, exc)
+            self._current_key = None
             self._done.set()
             return
+        self._current_key = action.incident_key
+        raw = self.client.hget(self._incidents_key, action.incident_key)
+        self.alerter.set_incident(action.incident_key, json.loads(text(raw)) if raw else None)
         self.alerter.handle(action, on_done=self._done.set)
 
     def _next(self, now: float) -> tuple[str, str] | None:
