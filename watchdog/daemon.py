@@ -767,6 +767,13 @@ class Daemon:
         """Checkpoint every partition (open windows stay open, in the checkpoint) and close."""
         deadline = time.monotonic() + 6.0
         try:
+            if self.ingest is not None and not self.ingest.assigned():
+                # stopped while joining the group: finish the join (bounded) so that close() can leave
+                # as a full member. Tansu keeps a member that vanished mid-join and hands the next
+                # replica no partitions for minutes (bench/tansu_wedge.py reproduces it)
+                until = time.monotonic() + 4.0
+                while not self.ingest.assigned() and time.monotonic() < until:
+                    self.ingest.poll(100)
             if self.ingest is not None:
                 while self.actuator.pending() and time.monotonic() < deadline - 3:
                     self._act(self.clock())
