@@ -10,12 +10,17 @@ every mode, interleaved, and the timer runs from the first non-empty poll to the
 * ``decode``    consume + ``decode_event`` (orjson + validation)
 * ``pipeline``  ``watchdog.daemon.Daemon.step()`` in a loop: consume -> decode/validate -> DLQ check
                 -> ``WindowAggregator`` -> close windows -> ``PolicyEngine.observe`` (policies/default.yaml)
-                -> actuator -> persist window records + state to Redis -> offset commits
+                -> actuator -> per-partition checkpoints in Redis (open windows, window records, engine
+                state, offsets; ``checkpoint.lua``) -> outbox pager -> mirrored offset commits
+
+Mixes: ``light`` (30 % of events shadowed, short completions) and ``heavy`` (every successful event
+shadowed, logprobs on all, ~40-word completions; a quarter of the shadow pairs differ, as healthy FP8
+does on a trained model, see FACTS.md).
 
 All consumers use the daemon's own ``make_consumer`` settings (max_poll_records 2000). The result
 is the ratio pipeline / json per repetition, reported as the median of the repetitions.
 
-    .venv/bin/python bench/ingest.py [--events 200000] [--routes 50] [--repeats 3] [--quick]
+    .venv/bin/python bench/ingest.py [--events 200000] [--routes 50] [--repeats 3] [--quick] [--mix heavy]
 """
 
 from __future__ import annotations
@@ -131,14 +136,129 @@ def pipeline(address: str, topic: str, redis_url: str, n: int, timeout_s: float,
         if prof is not None:
             prof.disable()
             prof.dump_stats(profile)  # type: ignore[arg-type]
+        ckpt = daemon.metrics.checkpoint_seconds
         info = {"windows_closed": daemon.stats.windows_closed, "actions": daemon.stats.actions,
-                "folded": daemon.aggregator.folded, "late": daemon.aggregator.late}
+                "folded": sum(p.agg.folded for p in daemon.parts.values()),
+                "late": daemon.metrics.dlq.labels("late")._value.get(), "checkpoints": daemon.stats.checkpoints,
+                "checkpoint_ms_mean": round(1000 * ckpt._sum.get() / max(1, daemon.stats.checkpoints), 3)}
         return elapsed, cpu, info
     finally:
         daemon.stop()
         daemon.shutdown()
         if freeze is not None:
             gc.unfreeze()  # the other modes run in this process too
+
+
+_WORDS = ["the", "model", "returns", "a", "short", "answer", "about", "contracts", "invoices", "shipping", "refunds", "policy", "customer", "account", "balance", "order", "status", "delivery", "window", "terms", "payment", "schedule", "renewal", "notice", "clause"]
+
+
+def heavy_event(gen: Any, r: Any, ts: float, rng: Any) -> dict[str, Any]:
+    """A ``TrafficGenerator`` event made heavy: ~40-word completion, shadow on every success, logprobs on
+    both; a quarter of the shadows differ by a few words."""
+    ev = gen.event(r, now=ts)
+    if ev["status"] != "ok":
+        return ev
+    words = [rng.choice(_WORDS) for _ in range(40)]
+    text = " ".join(words)
+    shadow = words[:]
+    if rng.random() < 0.25:
+        for _ in range(3):
+            shadow[rng.randrange(40)] = rng.choice(_WORDS)
+    lp = [round(min(0.0, rng.gauss(-0.25, 0.2)), 4) for _ in range(42)]
+    ev.update(completion=text, completion_tokens=42, completion_logprobs=lp)
+    ev["shadow"] = {"precision": "fp16" if ev["precision"] == "fp8" else "fp8", "completion": " ".join(shadow),
+                    "completion_logprobs": lp, "latency_ms": ev["latency_ms"]}
+    return ev
+
+
+def produce_heavy(address: str, topic: str, n_events: int, n_routes: int, *, events_per_s: float, end_ts: float,
+                  partitions: int = 1, seed: int = 11) -> tuple[int, float]:
+    import random
+
+    import orjson
+    from common import MODEL, create_topic, route_names
+    from kafka import KafkaProducer
+
+    from watchdog.traffic import Route, TrafficGenerator
+
+    create_topic(address, topic, partitions)
+    gen = TrafficGenerator([Route(MODEL, r) for r in route_names(n_routes)], seed=seed)
+    rng = random.Random(seed)
+    producer = KafkaProducer(bootstrap_servers=address, linger_ms=20, batch_size=256 * 1024)
+    start_ts = end_ts - n_events / events_per_s
+    total = 0
+    t0 = time.perf_counter()
+    try:
+        for i in range(n_events):
+            r = gen.routes[rng.randrange(n_routes)]
+            value = orjson.dumps(heavy_event(gen, r, round(start_ts + i / events_per_s, 3), rng))
+            total += len(value)
+            producer.send(topic, key=f"{r.model}/{r.route}".encode(), value=value)
+        producer.flush(timeout=120)
+    finally:
+        producer.close(timeout=10)
+    return total, time.perf_counter() - t0
+
+
+def checkpoint_cost(redis_url: str, routes: int = 1000, events_per_window: int = 200, repeats: int = 10) -> dict[str, float]:
+    """Bytes and ms of one partition checkpoint holding ``routes`` routes x 2 precisions of open windows
+    (heavy-mix events, ``events_per_window`` each) and their policy-engine state, saved with the
+    daemon's own code (``partitions.checkpoint_blob`` + ``CheckpointStore.save``, ``checkpoint.lua``)."""
+    import random
+
+    import orjson
+    import redis
+
+    from watchdog import partitions as P
+    from watchdog.checkpoint import CheckpointStore, PendingSave
+    from watchdog.events import decode_event
+    from watchdog.keys import Keys
+    from watchdog.policy import PolicyEngine, PolicyLoader
+    from watchdog.signals import Signal
+    from watchdog.traffic import Route, TrafficGenerator
+    from watchdog.windows import WindowAggregator
+
+    client = redis.Redis.from_url(redis_url)
+    keys = Keys(f"ck{uuid.uuid4().hex[:6]}")
+    store = CheckpointStore(client, keys, "bench", "t", "bench")
+    claim = store.claim(0)
+    agg = WindowAggregator(length_s=10.0)
+    gen = TrafficGenerator([Route("m", f"route-{i}") for i in range(routes)], seed=3)
+    rng = random.Random(3)
+    now = time.time()
+    now = (now // 10) * 10 + 1  # every event inside one 10 s window
+    for r in gen.routes:
+        for j in range(events_per_window):
+            agg.add(decode_event(orjson.dumps(heavy_event(gen, r, now + j * 0.001, rng))), ("t", 0), j)
+    engine = PolicyEngine(PolicyLoader([str(ROOT / "policies" / "default.yaml")]).policy_set)
+    sigs = [Signal("live", "m", r.route, p, now - 10, now, 200, {"error_rate": 0.01, "latency_p99_ms": 500.0})
+            for r in gen.routes for p in ("fp8", "fp16")]
+    engine.observe(sigs, now, {}, "fp8")
+    part = P.Partition(("t", 0), claim.token, claim.seq, agg, routes={("m", r.route) for r in gen.routes})
+    by_route = P.engine_states_by_route(engine)
+    out: dict[str, Any] = {"routes": routes, "open_windows": agg.open_windows()}
+    seq = claim.seq
+    # steady state: every window got events since the last save (worst case), and the engine state of
+    # a tenth of the routes changed (10 s windows close once per 10 s per route)
+    for label, full, engine_share in (("full snapshot", True, 1.0), ("steady 1 s", False, 0.1)):
+        sizes, ms = [], []
+        for i in range(repeats):
+            for key in list(agg._open):
+                agg._open[key].dirty = True
+            t0 = time.perf_counter()
+            blob = P.checkpoint_blob(part, 123456, now, "bench", now)
+            changed, closed = agg.export_changes(everything=full)
+            chosen = sorted(part.routes)[: int(len(part.routes) * engine_share)]
+            engines = {keys.engine("bench", m, r): P.engine_json(by_route[(m, r)]) for m, r in chosen
+                       if (m, r) in by_route}
+            seq += 1
+            save = PendingSave(seq, blob, [], [], engines, changed, closed, incremental=not full or i > 0)
+            assert store.save(0, claim.token, save) == "saved"
+            ms.append(1000 * (time.perf_counter() - t0))
+            sizes.append(save.size)
+        out[label] = {"bytes": median(sizes), "ms_median": round(median(ms), 1), "ms_max": round(max(ms), 1)}
+    client.close()
+    return out
 
 
 def main() -> int:
@@ -153,6 +273,9 @@ def main() -> int:
     ap.add_argument("--modes", default=None, help=f"comma list of {','.join(MODES)} (default: all)")
     ap.add_argument("--profile", help="write a cProfile of the first pipeline run to this file")
     ap.add_argument("--quick", action="store_true", help="40k events, 3 repeats, json+pipeline only (< 60 s)")
+    ap.add_argument("--mix", choices=("light", "heavy"), default="light")
+    ap.add_argument("--checkpoint-cost", type=int, metavar="ROUTES",
+                    help="only measure one partition checkpoint holding ROUTES routes (e.g. 1000)")
     args = ap.parse_args()
     if args.quick:
         args.events, args.windows = 40_000, 8
@@ -163,16 +286,26 @@ def main() -> int:
     except ImportError:
         print("WARNING: crc32c is not installed: kafka-python checks CRCs in pure Python (~10x slower)")
 
+    if args.checkpoint_cost:
+        with services() as svc:
+            print(checkpoint_cost(svc.redis_url, args.checkpoint_cost))
+        print(f"machine: {machine_note()}")
+        return 0
     times: dict[str, list[float]] = {m: [] for m in modes}
     cpus: dict[str, list[float]] = {m: [] for m in modes}
     info: dict[str, Any] = {}
     with services() as svc:
         topic = f"bench.ingest.{uuid.uuid4().hex[:8]}"
         span_s = args.windows * 10.0
-        nbytes, prod_s = produce_events(svc.kafka_address, topic, args.events, args.routes,
-                                        events_per_s=args.events / span_s, end_ts=time.time() - 3.0,
-                                        partitions=args.partitions)
-        print(f"produced {args.events:,} events ({nbytes / args.events:.0f} B avg) over {args.routes} routes, "
+        if args.mix == "heavy":
+            nbytes, prod_s = produce_heavy(svc.kafka_address, topic, args.events, args.routes,
+                                           events_per_s=args.events / span_s, end_ts=time.time() - 3.0,
+                                           partitions=args.partitions)
+        else:
+            nbytes, prod_s = produce_events(svc.kafka_address, topic, args.events, args.routes,
+                                            events_per_s=args.events / span_s, end_ts=time.time() - 3.0,
+                                            partitions=args.partitions)
+        print(f"mix {args.mix}: produced {args.events:,} events ({nbytes / args.events:.0f} B avg) over {args.routes} routes, "
               f"{args.windows} windows, {args.partitions} partition(s), in {prod_s:.1f} s")
         timeout = max(60.0, args.events / 2000.0)
         for rep in range(args.repeats):

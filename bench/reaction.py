@@ -194,7 +194,7 @@ def main() -> int:
                 sig = _signal_at.get(route)
                 if changed_at is None or sig is None:
                     print(f"  trial {k + 1:>2}: no flip seen (signal={sig}, changed_at={changed_at}, "
-                          f"late events so far {daemon.aggregator.late})")
+                          f"late events so far {int(daemon.metrics.dlq.labels('late')._value.get())})")
                     continue
                 seen = watcher.seen.get(route)
                 rows.append({"close_to_flip": changed_at - sig,
@@ -204,7 +204,7 @@ def main() -> int:
                       f"first bad event->flip {changed_at - first_bad:5.2f} s", flush=True)
                 time.sleep(0.2 if args.quick else 0.5)
             hist = _histogram(daemon)
-            late = daemon.aggregator.late
+            late = int(daemon.metrics.dlq.labels("late")._value.get())
         finally:
             background.stop()
             daemon.stop()

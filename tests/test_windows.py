@@ -330,7 +330,7 @@ def test_bounded_memory_in_a_busy_window() -> None:
         agg.add(e, ("t", 0), i)
     (w,) = agg._open.values()
     assert len(w.latency.buckets) < 1000
-    assert len(w.pairs) == 50 and all(len(a) <= 40 and len(b) <= 40 for a, b in w.pairs)
+    assert len(w.pairs) == 50  # scores of the 50 sampled pairs are kept, not their texts
     (sig,) = agg.close_all()
     assert sig.samples == 100_000
     assert sig.detail["shadow_seen"] == 100_000 and sig.detail["shadow_pairs"] == 50
@@ -355,13 +355,20 @@ def test_shadow_sampling_rate_is_deterministic_per_request() -> None:
     assert "shadow_rougeL" not in no_pairs.values and no_pairs.detail["shadow_seen"] == 1
 
 
-def test_reservoir_keeps_pairs_from_the_whole_window() -> None:
-    agg = WindowAggregator(shadow_max_pairs=20, seed=1)
-    for i in range(2000):
-        agg.add(ev(ts=1000.0, request_id=f"q{i}", completion=f"c{i}", shadow="s"))
-    (w,) = agg._open.values()
-    picked = sorted(int(a[1:]) for a, _ in w.pairs)
-    assert len(picked) == 20 and max(picked) > 1000  # not just the first 20 seen
+def test_pair_sample_is_the_smallest_request_hashes_of_the_whole_window_in_any_order() -> None:
+    import random
+    import zlib
+
+    ids = [f"q{i}" for i in range(2000)]
+    smallest = sorted(zlib.crc32(i.encode()) for i in ids)[:20]
+    for order_seed in (1, 2):
+        shuffled = ids[:]
+        random.Random(order_seed).shuffle(shuffled)
+        agg = WindowAggregator(shadow_max_pairs=20)
+        for rid in shuffled:
+            agg.add(ev(ts=1000.0, request_id=rid, completion=f"c {rid}", shadow="s"))
+        (w,) = agg._open.values()
+        assert sorted(-h for h, _ in w.pairs) == smallest  # uniform over the window, replay-proof
 
 
 @pytest.mark.parametrize(
@@ -448,3 +455,24 @@ def test_rouge_l_equals_rouge_score_on_random_and_real_pairs() -> None:
                  (ZH_CLOSE, ZH_REF), ("使用 VPN token 重置", "使用 VPN token 重新设置"),
                  ("Café déjà vu 42", "cafe deja vu 42")]:
         assert shadow_agreement([(a, b)])[0] == pytest.approx(scorer.agreement(b, a), abs=1e-12)
+
+
+def test_open_windows_survive_a_checkpoint_round_trip_exactly() -> None:
+    import json
+
+    def feed(agg: WindowAggregator, lo: int, hi: int) -> None:
+        for i in range(lo, hi):
+            agg.add(ev(ts=1000.0 + i * 0.01, request_id=f"r{i}", latency_ms=100.0 + i,
+                       completion=f"the cat {i % 7}", shadow="the cat 3", status="error" if i % 13 == 0 else "ok"),
+                    ("t", 0), i)
+
+    straight = WindowAggregator(length_s=10.0, shadow_max_pairs=30)
+    feed(straight, 0, 600)
+    half = WindowAggregator(length_s=10.0, shadow_max_pairs=30)
+    feed(half, 0, 300)
+    restored = WindowAggregator(length_s=10.0, shadow_max_pairs=30)
+    restored.import_open(json.loads(json.dumps(half.export_open())))
+    feed(restored, 300, 600)
+    a, b = straight.close_all(), restored.close_all()
+    assert [(s.route, s.samples, s.values, s.detail) for s in a] == [(s.route, s.samples, s.values, s.detail) for s in b]
+    assert a[0].samples == 600 and a[0].detail["shadow_pairs"] == 30

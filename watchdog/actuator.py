@@ -30,6 +30,22 @@ log = logging.getLogger(__name__)
 STALE = "stale_epoch"
 PINNED = "pinned"
 MISSING = "missing"
+FENCED = "fenced"
+#: ``FlipExtras.token`` of a route whose partition this replica lost: the flip is dropped unsent
+REVOKED = "revoked"
+
+
+@dataclass(frozen=True, slots=True)
+class FlipExtras:
+    """What a policy flip writes in the same script: the ownership fence of the partition carrying the
+    route, the route's engine state, and the page (outbox record)."""
+
+    owner_key: str
+    token: str
+    engine_key: str
+    engine_json: str
+    outbox_key: str
+    outbox_json: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,15 +82,18 @@ class FlagStore:
 
     def _run(self, op: str, mode: str, model: str, route: str, precision: str, *,
              expected_epoch: int | None, reason: str, policy: str, changed_by: str,
-             now: float | None, pin_ttl_s: float = 0.0) -> FlipResult:
+             now: float | None, pin_ttl_s: float = 0.0, extras: FlipExtras | None = None) -> FlipResult:
         args = [op, mode, precision, "" if expected_epoch is None else str(int(expected_epoch)),
                 reason, policy, changed_by, "" if now is None else repr(float(now)), repr(float(pin_ttl_s)),
                 str(self.audit_maxlen), self.keys.channel, model, route, str(SCHEMA_VERSION)]
-        reply = self._flip(keys=[self.keys.route(model, route), self.keys.routes_index, self.keys.audit],
-                           args=args, client=self.client)
+        keys = [self.keys.route(model, route), self.keys.routes_index, self.keys.audit]
+        if extras is not None:
+            keys += [extras.owner_key, extras.engine_key, extras.outbox_key]
+            args += [extras.token, extras.engine_json, extras.outbox_json]
+        reply = self._flip(keys=keys, args=args, client=self.client)
         status, epoch, current, pin = (text(v) for v in reply)
         pinned_until = float(pin) if pin else None
-        refused = {"stale": STALE, "pinned": PINNED, "missing": MISSING}.get(status)
+        refused = {"stale": STALE, "pinned": PINNED, "missing": MISSING, "fenced": FENCED}.get(status)
         result = FlipResult(applied=status == "applied", epoch=int(epoch), refused=refused, model=model,
                             route=route, precision=current, unchanged=status == "unchanged",
                             pinned_until=pinned_until, policy=policy)
@@ -83,13 +102,15 @@ class FlagStore:
         return result
 
     def flip(self, model: str, route: str, precision: str, *, expected_epoch: int | None, reason: str,
-             policy: str = "", changed_by: str, now: float | None = None, manual: bool = False) -> FlipResult:
+             policy: str = "", changed_by: str, now: float | None = None, manual: bool = False,
+             extras: FlipExtras | None = None) -> FlipResult:
         """Set the precision of one route. ``expected_epoch`` fences the write (None: whatever is
         current, still checked atomically). Policy writes (``manual=False``) are refused while the
-        route is pinned. ``now`` defaults to the Redis server clock."""
+        route is pinned. ``now`` defaults to the Redis server clock. ``extras`` adds the ownership
+        fence, the engine state and the page (see ``FlipExtras``)."""
         return self._run("set", "manual" if manual else "policy", model, route, precision,
                          expected_epoch=expected_epoch, reason=reason, policy=policy,
-                         changed_by=changed_by, now=now)
+                         changed_by=changed_by, now=now, extras=extras)
 
     def pin(self, model: str, route: str, precision: str, ttl_s: float, *, reason: str, changed_by: str,
             now: float | None = None, expected_epoch: int | None = None) -> FlipResult:
@@ -162,6 +183,7 @@ class _Decision:
     policy: str
     expected_epoch: int | None
     submitted_at: float
+    action: Action | None = None
 
 
 class Actuator:
@@ -178,7 +200,8 @@ class Actuator:
 
     def __init__(self, store: FlagStore | Callable[[], FlagStore], backoff_initial: float = 0.5,
                  backoff_max: float = 30.0, changed_by: str = "watchdog", max_stale_retries: int = 3,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None,
+                 extras: Callable[[Action], FlipExtras | None] | None = None) -> None:
         if isinstance(store, FlagStore):
             self._store: FlagStore | None = store
             self._factory: Callable[[], FlagStore] | None = None
@@ -190,6 +213,8 @@ class Actuator:
         self.changed_by = changed_by
         self.max_stale_retries = max_stale_retries
         self._rng = rng or random.Random()
+        #: computes, at each attempt, what the flip writes with it (fence, engine state, page)
+        self.extras = extras
         self._pending: dict[tuple[str, str], _Decision] = {}
         self._failures = 0
         self._next_try = 0.0
@@ -204,7 +229,7 @@ class Actuator:
         self._pending[(action.model, action.route)] = _Decision(
             model=action.model, route=action.route, precision=action.precision, reason=action.reason,
             policy=action.policy, expected_epoch=epoch if isinstance(epoch, int) else None,
-            submitted_at=time.time() if now is None else now)
+            submitted_at=time.time() if now is None else now, action=action)
         return True
 
     def pending(self) -> int:
@@ -237,9 +262,18 @@ class Actuator:
         """One decision against Redis; None when it must stay pending (stale retries exhausted)."""
         store = self._get_store()
         for _ in range(self.max_stale_retries + 1):
+            extras = self.extras(d.action) if self.extras is not None and d.action is not None else None
+            if extras is not None and extras.token == REVOKED:
+                log.warning("%s/%s: %s of policy %s dropped: the route's partition moved to another replica",
+                            d.model, d.route, d.precision, d.policy)
+                return FlipResult(applied=False, epoch=0, refused=FENCED, model=d.model, route=d.route,
+                                  precision=d.precision, policy=d.policy)
             result = store.flip(d.model, d.route, d.precision, expected_epoch=d.expected_epoch,
-                                reason=d.reason, policy=d.policy, changed_by=self.changed_by)
+                                reason=d.reason, policy=d.policy, changed_by=self.changed_by, extras=extras)
             if result.refused != STALE:
+                if result.refused == FENCED:
+                    log.warning("%s/%s: %s of policy %s refused: this replica no longer owns the route's "
+                                "partition", d.model, d.route, d.precision, d.policy)
                 if result.refused == PINNED:
                     log.warning("%s/%s pinned until %s: %s of policy %s not applied", d.model, d.route,
                                 result.pinned_until, d.precision, d.policy)

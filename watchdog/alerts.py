@@ -73,6 +73,20 @@ class Incident:
             "last_reason": self.last_reason,
         }
 
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "severity": self.severity, "summary": self.summary,
+                "description": self.description, "opened_at": self.opened_at, "updated_at": self.updated_at,
+                "event": self.event, "model": self.model, "route": self.route, "policy": self.policy,
+                "dry_run": self.dry_run, "announced": sorted(self.announced), "repeats": self.repeats,
+                "last_reason": self.last_reason, "detail": self.detail}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Incident:
+        return cls(d["key"], d["severity"], d["summary"], d["description"], float(d["opened_at"]),
+                   float(d["updated_at"]), d["event"], d.get("model"), d.get("route"), d.get("policy"),
+                   bool(d.get("dry_run")), set(d.get("announced") or []), int(d.get("repeats", 0)),
+                   d.get("last_reason", ""), dict(d.get("detail") or {}))
+
 
 def _precision(p: str | None, default: str) -> str:
     return (p or default).upper()
@@ -157,6 +171,15 @@ class IncidentBook:
     def __len__(self) -> int:
         return len(self._open)
 
+    def export(self, prefix: str = "") -> list[dict[str, Any]]:
+        """Open incidents whose key starts with ``prefix``, as JSON (stored in Redis by the pager)."""
+        return [i.to_json() for k, i in sorted(self._open.items()) if k.startswith(prefix)]
+
+    def restore(self, incidents: list[dict[str, Any]]) -> None:
+        for d in incidents:
+            inc = Incident.from_json(d)
+            self._open[inc.key] = inc
+
     # -- internals ----------------------------------------------------------------------------
 
     def _fire(self, key: str, severity: AlertSeverity, summary: str, description: str, event: str,
@@ -226,6 +249,8 @@ class _Delivery:
     alert: Alert
     attempt: int = 0
     due: float = 0.0
+    #: called once the message is delivered or given up (not when abandoned at stop)
+    done: Callable[[bool], None] | None = None
 
 
 class ChannelWorker:
@@ -255,9 +280,9 @@ class ChannelWorker:
 
     # -- called from any thread ---------------------------------------------------------------
 
-    def put(self, alert: Alert) -> None:
+    def put(self, alert: Alert, done: Callable[[bool], None] | None = None) -> None:
         with self._cond:
-            self._append(_Delivery(alert))
+            self._append(_Delivery(alert, done=done))
             self._cond.notify()
 
     def queued(self) -> int:
@@ -351,12 +376,16 @@ class ChannelWorker:
                 with self._cond:
                     if outcome == "ok":
                         self.sent += 1
+                        if item.done is not None:
+                            item.done(True)
                     elif outcome == "retry" and item.attempt < self.max_attempts:
                         self.retried += 1
                         item.due = time.monotonic() + self._backoff(item.attempt, retry_after)
                         self._append(item, front=True)
                     else:
                         self.failed += 1
+                        if item.done is not None:
+                            item.done(False)
                         log.error("alert %s (%s) to %s given up after %d attempt(s): %s", item.alert.key,
                                   item.alert.status, ch.name, item.attempt, self.last_error)
 
@@ -434,17 +463,40 @@ class Alerter:
 
     # -- inputs (never block on I/O) ----------------------------------------------------------
 
-    def handle(self, action: Action) -> list[Alert]:
-        """Record an action; returns the messages it produced (empty when suppressed)."""
+    def handle(self, action: Action, on_done: Callable[[], None] | None = None) -> list[Alert]:
+        """Record an action; returns the messages it produced (empty when suppressed). ``on_done`` is
+        called once every message is delivered or given up on every channel (at once when none)."""
         with self._lock:
             try:
                 alerts = self._book.on_action(action)
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 self.invalid += 1
                 log.error("alerter: cannot handle action %r for %s: %s", action.kind, action.incident_key, exc)
-                return []
-            self._dispatch(alerts)
+                alerts = []
+            self._dispatch(alerts, on_done)
         return alerts
+
+    def export_incidents(self) -> list[dict[str, Any]]:
+        """Open route incidents (ops incidents are about this process and are not kept)."""
+        with self._lock:
+            return [d for d in self._book.export() if not d["key"].startswith(OPS_PREFIX)]
+
+    def restore_incidents(self, incidents: list[dict[str, Any]]) -> None:
+        with self._lock:
+            self._book.restore(incidents)
+
+    def incident(self, key: str) -> dict[str, Any] | None:
+        """One open incident as JSON (None when closed or unknown)."""
+        with self._lock:
+            inc = self._book._open.get(key)  # noqa: SLF001 - the book is this class's own state
+            return inc.to_json() if inc is not None else None
+
+    def set_incident(self, key: str, data: dict[str, Any] | None) -> None:
+        """Make the book's view of ``key`` what the shared store says (another replica may have paged it)."""
+        with self._lock:
+            self._book._open.pop(key, None)  # noqa: SLF001
+            if data is not None:
+                self._book.restore([data])
 
     def ops_alert(self, key: str, summary: str, severity: AlertSeverity = "warning",
                   detail: Mapping[str, Any] | None = None) -> list[Alert]:
@@ -465,13 +517,30 @@ class Alerter:
             self._dispatch(alerts)
         return alerts
 
-    def _dispatch(self, alerts: list[Alert]) -> None:
+    def _dispatch(self, alerts: list[Alert], on_done: Callable[[], None] | None = None) -> None:
         # called under self._lock so two threads' messages for one key reach the queues in order
+        targets = [(alert, w) for alert in alerts for w in self.workers if w.channel.accepts(alert)]
         for alert in alerts:
             log.info("alert %s %s %s: %s", alert.status, alert.severity, alert.key, alert.summary)
-            for worker in self.workers:
-                if worker.channel.accepts(alert):
-                    worker.put(alert)
+        if on_done is None:
+            for alert, worker in targets:
+                worker.put(alert)
+            return
+        if not targets:
+            on_done()
+            return
+        left = [len(targets)]
+        guard = threading.Lock()
+
+        def one_done(_ok: bool) -> None:
+            with guard:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                on_done()
+
+        for alert, worker in targets:
+            worker.put(alert, one_done)
 
     def _active_alerts(self) -> list[Alert]:
         with self._lock:

@@ -55,6 +55,10 @@ class KafkaConfig(_Section):
     #: Collector's Kafka exporter writes them (watchdog/otlp.py); ``otlp`` maps spans to events
     codec: Codec = "json"
     otlp: OtlpOptions = Field(default_factory=OtlpOptions)
+    #: bound on each start-up attempt against the brokers (then retried with backoff, not ready)
+    startup_timeout_s: float = Field(10.0, gt=0)
+    #: assigned no partition for longer than this: not ready (``unassigned``)
+    unassigned_grace_s: float = Field(30.0, gt=0)
 
     @property
     def dead_letter_topic(self) -> str:
@@ -67,6 +71,8 @@ class RedisConfig(_Section):
     socket_timeout_s: float = Field(2.0, gt=0)
     #: closed live windows kept in the ``{prefix}:windows`` stream (history for backtests, audits)
     windows_maxlen: int = Field(100_000, ge=0)
+    #: seconds between two checkpoints of a partition that keeps receiving events
+    checkpoint_every_s: float = Field(1.0, gt=0)
 
 
 class WindowConfig(_Section):
@@ -75,6 +81,10 @@ class WindowConfig(_Section):
     max_event_bytes: int = Field(1_048_576, ge=256)
     shadow_sample_rate: float = Field(1.0, ge=0, le=1)
     shadow_max_pairs: int = Field(200, ge=0)
+    #: events stamped later than now + this are dead-lettered as ``future`` (they never move a watermark)
+    max_future_s: float = Field(300.0, gt=0)
+    #: windows stay open this long past the watermark; an event whose window closed is ``late``
+    allowed_lateness_s: float = Field(0.0, ge=0)
 
 
 class AlertChannelConfig(_Section):

@@ -11,11 +11,32 @@
 -- ARGV[9] pin ttl seconds (pin only)
 -- ARGV[10] audit MAXLEN (approximate)  ARGV[11] pub/sub channel
 -- ARGV[12] model  ARGV[13] route  ARGV[14] schema version
+-- Optional, for the daemon's policy writes (decision, state and page in one step):
+-- KEYS[4] owner key of the partition carrying the route   ARGV[15] the writer's ownership token
+-- KEYS[5] engine-state key of the route   ARGV[16] its JSON ('' = leave it)
+-- KEYS[6] outbox stream                   ARGV[17] the page record JSON ('' = none)
+-- The engine state and the page are written when the flip is applied or the route already served
+-- the target; nothing is written when the token is stale (status fenced). An absent owner key (Redis
+-- lost it) lets the write through: a claim by another replica would have set it.
 --
 -- Returns {status, epoch, precision, pinned_until}; status is one of
--- applied | unchanged | stale | pinned | missing.
+-- applied | unchanged | stale | pinned | missing | fenced.
 
 local op, mode, precision, expected = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+
+if #KEYS >= 4 and ARGV[15] ~= nil and ARGV[15] ~= '' then
+  local owner = redis.call('GET', KEYS[4])
+  if owner and owner ~= ARGV[15] then
+    return {'fenced', '0', '', ''}
+  end
+end
+
+local function side_effects()
+  if #KEYS >= 6 then
+    if ARGV[16] ~= '' then redis.call('SET', KEYS[5], ARGV[16]) end
+    if ARGV[17] ~= '' then redis.call('XADD', KEYS[6], '*', 'json', ARGV[17]) end
+  end
+end
 
 local now
 if ARGV[8] == '' then
@@ -33,6 +54,7 @@ local pinned_until = tonumber(pin_raw) or 0
 
 -- Already serving the target: nothing to write, whatever epoch the caller saw.
 if op == 'set' and cur_precision == precision then
+  side_effects()
   return {'unchanged', tostring(epoch), cur_precision, pin_raw}
 end
 if expected ~= '' and tonumber(expected) ~= epoch then
@@ -78,5 +100,6 @@ local msg = {schema = tonumber(ARGV[14]), model = ARGV[12], route = ARGV[13], pr
   epoch = new_epoch, changed_at = now, pinned_until = cjson.null}
 if new_pin ~= '' then msg.pinned_until = tonumber(new_pin) end
 redis.call('PUBLISH', ARGV[11], cjson.encode(msg))
+side_effects()
 
 return {'applied', tostring(new_epoch), precision, new_pin}

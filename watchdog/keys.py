@@ -65,6 +65,37 @@ class Keys:
         written by the daemon with its state, capped with MAXLEN ~ (for backtests and replays)."""
         return f"{self.prefix}:windows"
 
+    def checkpoint(self, group: str, topic: str, partition: int) -> str:
+        """Hash ``{prefix}:ckpt:{group}:{topic}:{partition}``: fields ``seq`` (save sequence number) and
+        ``json`` (next offset, watermark, open windows, routes), written by ``watchdog/checkpoint.lua``."""
+        return f"{self.prefix}:ckpt:{group}:{topic}:{partition}"
+
+    def owner(self, group: str, topic: str, partition: int) -> str:
+        """String ``{prefix}:owner:{group}:{topic}:{partition}``: the ownership token
+        ``<generation>:<instance>`` of the replica that holds the partition (``...:gen`` counts them).
+        Checkpoint and flip writes carrying another token are refused (fencing)."""
+        return f"{self.prefix}:owner:{group}:{topic}:{partition}"
+
+    def engine(self, group: str, model: str, route: str) -> str:
+        """String ``{prefix}:engine:{group}:{model}:{route}``: JSON policy-engine state of one route
+        (cooldown, budget, promote timer, rule streaks), written with checkpoints and flips."""
+        return f"{self.prefix}:engine:{group}:{model}:{route}"
+
+    @property
+    def outbox(self) -> str:
+        """Stream ``{prefix}:outbox``: one JSON record (field ``json``) per page to send, written in the
+        same atomic step as the decision that causes it; delivered through consumer group ``pager``."""
+        return f"{self.prefix}:outbox"
+
+    def incidents(self, group: str) -> str:
+        """Hash ``{prefix}:incidents:{group}``: one field per open incident key (``model/route/policy``),
+        its JSON as the value; written by the pager as it acknowledges outbox records."""
+        return f"{self.prefix}:incidents:{group}"
+
+    def lease(self, name: str) -> str:
+        """String ``{prefix}:lease:{name}`` with a TTL: the holder of singleton work (golden scheduler)."""
+        return f"{self.prefix}:lease:{name}"
+
     def heartbeat(self, instance: str) -> str:
         """String ``{prefix}:heartbeat:{instance}`` with a TTL: a JSON blob a live daemon refreshes."""
         return f"{self.prefix}:heartbeat:{instance}"

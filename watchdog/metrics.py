@@ -34,3 +34,24 @@ class Metrics:
         self.reaction_seconds = Histogram(
             "llmwd_reaction_seconds", "From a window's close to its rollback written in Redis",
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r)
+        # readiness and reliability (the metric contract in docs/OPERATIONS.md; rules in deploy/ use these names)
+        self.ready = Gauge("llmwd_ready", "1 when the daemon is ready (no not-ready reason active)", registry=r)
+        self.not_ready = Gauge("llmwd_not_ready", "1 per active not-ready reason", ["reason"], registry=r)
+        self.loop_last = Gauge("llmwd_loop_last_timestamp_seconds", "Unix time of the last main-loop iteration",
+                               registry=r)
+        self.budget_exhausted = Counter("llmwd_flip_budget_exhausted_total",
+                                        "Flips blocked because the policy's daily flip budget is spent",
+                                        ["policy"], registry=r)
+        self.ops_alerts = Counter("llmwd_ops_alerts_total", "Operational alerts raised (one per outage)",
+                                  ["reason"], registry=r)
+        self.checkpoints = Counter("llmwd_checkpoints_total", "Partition checkpoint saves, by result",
+                                   ["result"], registry=r)
+        self.checkpoint_seconds = Histogram("llmwd_checkpoint_seconds", "Time of one partition checkpoint save",
+                                            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
+                                            registry=r)
+        self.checkpoint_bytes = Gauge("llmwd_checkpoint_bytes", "Size of the last checkpoint save, per partition",
+                                      ["partition"], registry=r)
+        self.watermark = Gauge("llmwd_watermark_seconds", "Event-time watermark per partition (unix seconds)",
+                               ["partition"], registry=r)
+        self.pages = Counter("llmwd_pages_total", "Outbox records delivered to the alert channels, by result",
+                             ["result"], registry=r)

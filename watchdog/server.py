@@ -1,4 +1,5 @@
-"""HTTP surface: /metrics (Prometheus), /healthz, /readyz, /status (JSON)."""
+"""HTTP surface: /metrics (Prometheus), /livez (the loop is alive), /healthz (same, kept for
+compatibility), /readyz (connected and current: 503 with the named reasons otherwise), /status (JSON)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ class StatusServer:
                 try:
                     if path == "/metrics":
                         self._send(200, generate_latest(outer.registry), CONTENT_TYPE_LATEST)
-                    elif path == "/healthz":
+                    elif path in ("/livez", "/healthz"):
                         ok = outer.alive()
                         self._json(200 if ok else 503, {"status": "ok" if ok else "stalled"})
                     elif path == "/readyz":

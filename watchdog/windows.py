@@ -10,15 +10,24 @@ commit Kafka offsets: up to the oldest event still held in an open window.
 
 Memory per window is bounded: latencies go into a ``QuantileSketch`` (through a buffer of at
 most 256, added in one batch: cheaper per event than one sketch update each), and at most
-``shadow_max_pairs`` (reservoir-sampled) completion/shadow pairs are kept for agreement scoring.
+``shadow_max_pairs`` completion/shadow pairs are scored for agreement. The sampling rule is
+deterministic and order-free: a window keeps the pairs whose ``crc32(request_id)`` is smallest
+(bottom-k, a uniform sample of the window), after the ``shadow_sample_rate`` hash threshold. A pair
+is scored when it enters the sample (ROUGE-L; BLEU, five times dearer, only while it is among the
+``shadow_bleu_max_pairs`` smallest hashes, a uniform sub-sample), so a window keeps scores, not texts: closing
+it costs no scoring, and its checkpoint stays small. Expected scorings per window with ``M``
+sampled pairs and cap ``k``: about ``k * (1 + ln(M / k))``.
 """
 
 from __future__ import annotations
 
+import base64
 import functools
+import heapq
+import json
 import logging
 import math
-import random
+import struct
 import zlib
 from functools import reduce
 from itertools import repeat
@@ -54,7 +63,7 @@ class _Window:
         "index", "count", "ok", "errors", "timeouts", "latency", "ttft", "ok_latency_s",
         "ok_completion_tokens", "prompt_tokens", "with_completion", "empty", "lp_sum", "lp_tokens",
         "lp_events", "shadow_seen", "shadow_sampled", "shadow_precisions", "pairs", "offsets",
-        "latency_buf", "ttft_buf",
+        "latency_buf", "ttft_buf", "shadow_error", "bleu", "dirty",
     )
 
     def __init__(self, index: int) -> None:
@@ -76,7 +85,13 @@ class _Window:
         self.shadow_seen = 0
         self.shadow_sampled = 0
         self.shadow_precisions: dict[str, int] = {}
-        self.pairs: list[tuple[str, str]] = []
+        #: max-heap (by negated hash) of the sampled pairs' (-crc32(request_id), rouge_l)
+        self.pairs: list[tuple[int, float]] = []
+        #: changed since the last checkpoint export
+        self.dirty = True
+        self.shadow_error: str | None = None
+        #: the same for BLEU (5x the cost of ROUGE-L) over the ``shadow_bleu_max_pairs`` smallest hashes
+        self.bleu: list[tuple[int, float]] = []
         self.offsets: dict[PartitionKey, int] = {}
         # latencies and TTFTs not yet in the sketches: appending is far cheaper per event than a
         # sketch update, and ``flush`` adds them in C-level batches (at most _BUFFERED each)
@@ -109,6 +124,7 @@ class WindowAggregator:
         shadow_sample_rate: float = 1.0,
         shadow_max_pairs: int = 200,
         shadow_max_chars: int = DEFAULT_SHADOW_MAX_CHARS,
+        shadow_bleu_max_pairs: int = 50,
         seed: int = 0,
         max_future_s: float = 300.0,
     ) -> None:
@@ -125,10 +141,10 @@ class WindowAggregator:
         self.shadow_sample_rate = shadow_sample_rate
         self.shadow_max_pairs = shadow_max_pairs
         self.shadow_max_chars = shadow_max_chars
+        self.shadow_bleu_max_pairs = min(shadow_bleu_max_pairs, shadow_max_pairs)
         #: events stamped further than this past the last close_due clock are dropped as ``future``:
         #: a skewed producer clock would otherwise hold a window (and the Kafka commit) open for long
         self.max_future_s = max_future_s
-        self._rng = random.Random(seed)
         self._sample_below = int(shadow_sample_rate * 2**32)
         #: events with ts < skip_before are dropped as already counted (set after a restart)
         self.skip_before: float | None = None
@@ -141,6 +157,8 @@ class WindowAggregator:
         # windows with end index <= this are closed; integer indices avoid float drift at boundaries
         self._closed_end: int | None = None
         self._open: dict[tuple[int, str, str, str], _Window] = {}
+        #: windows closed since the last ``export_changes`` (their checkpoint fields are deleted)
+        self._closed_keys: list[tuple[int, str, str, str]] = []
 
     # --- folding ----------------------------------------------------------------------------
 
@@ -172,6 +190,7 @@ class WindowAggregator:
         if w is None:
             w = self._open[key] = _Window(index)
         w.count += 1
+        w.dirty = True
         w.prompt_tokens += event.prompt_tokens
         status = event.status
         if status == "ok":
@@ -214,20 +233,37 @@ class WindowAggregator:
         w.shadow_seen += 1
         if precision:
             w.shadow_precisions[precision] = w.shadow_precisions.get(precision, 0) + 1
-        if self.shadow_max_pairs == 0:
+        cap = self.shadow_max_pairs
+        if cap == 0:
             return
-        # hash sampling: the same request is kept or skipped identically when a window is replayed
-        if self._sample_below < 2**32 and zlib.crc32(request_id.encode()) >= self._sample_below:
+        h = zlib.crc32(request_id.encode())
+        if h >= self._sample_below:
             return
         w.shadow_sampled += 1
-        cap = self.shadow_max_chars
-        pair = (completion[:cap], shadow[:cap])
-        if len(w.pairs) < self.shadow_max_pairs:
-            w.pairs.append(pair)
-        else:  # reservoir sampling keeps a uniform sample of the whole window, not its first pairs
-            j = self._rng.randrange(w.shadow_sampled)
-            if j < self.shadow_max_pairs:
-                w.pairs[j] = pair
+        heap = w.pairs
+        if len(heap) >= cap and -heap[0][0] <= h:
+            return  # not among the window's smallest hashes
+        bheap = w.bleu
+        bcap = self.shadow_bleu_max_pairs
+        in_bleu = bcap > 0 and (len(bheap) < bcap or -bheap[0][0] > h)
+        chars = self.shadow_max_chars
+        try:
+            rouge, bleu = _pair_scores(completion[:chars], shadow[:chars], in_bleu)
+        except Exception as exc:  # a broken scorer install must not stop the window
+            if w.shadow_error is None:
+                log.warning("shadow agreement scoring failed: %s", exc)
+            w.shadow_error = f"{type(exc).__name__}: {exc}"[:200]
+            return
+        item = (-h, rouge)
+        if len(heap) < cap:
+            heapq.heappush(heap, item)
+        else:
+            heapq.heapreplace(heap, item)
+        if in_bleu and bleu is not None:
+            if len(bheap) < bcap:
+                heapq.heappush(bheap, (-h, bleu))
+            else:
+                heapq.heapreplace(bheap, (-h, bleu))
 
     # --- closing ----------------------------------------------------------------------------
 
@@ -255,6 +291,7 @@ class WindowAggregator:
         out = []
         for key in keys:
             w = self._open.pop(key)
+            self._closed_keys.append(key)
             out.append(self._signal(key[1], key[2], key[3], w))
         self.windows_closed += len(out)
         if out:
@@ -302,15 +339,13 @@ class WindowAggregator:
             values["perplexity"] = math.exp(min(-w.lp_sum / w.lp_tokens, _MAX_NLL))
         if w.shadow_precisions:
             detail["shadow_precisions"] = dict(w.shadow_precisions)
+        if w.shadow_error:
+            detail["shadow_error"] = w.shadow_error
         if w.pairs:
-            try:
-                rouge_l, bleu = shadow_agreement(w.pairs)
-            except Exception as exc:  # a broken scorer install must not stop the window from closing
-                log.warning("shadow agreement scoring failed for %s/%s/%s: %s", model, route, precision, exc)
-                detail["shadow_error"] = f"{type(exc).__name__}: {exc}"[:200]
-            else:
-                values["shadow_rougeL"] = rouge_l
-                values["shadow_bleu"] = bleu
+            values["shadow_rougeL"] = _fsum(p[1] for p in w.pairs) / len(w.pairs)
+        if w.bleu:
+            values["shadow_bleu"] = _fsum(p[1] for p in w.bleu) / len(w.bleu)
+            detail["shadow_bleu_pairs"] = len(w.bleu)
         start = w.index * self.length_s
         return Signal(
             source="live",
@@ -323,6 +358,70 @@ class WindowAggregator:
             values=values,
             detail=detail,
         )
+
+    # --- checkpoints --------------------------------------------------------------------------
+
+    @staticmethod
+    def _export(key: tuple[int, str, str, str], w: _Window) -> dict[str, Any]:
+        w.flush()
+        index, model, route, precision = key
+        return {
+            "i": index, "m": model, "r": route, "p": precision,
+            "n": [w.count, w.ok, w.errors, w.timeouts, w.ok_completion_tokens, w.prompt_tokens,
+                  w.with_completion, w.empty, w.lp_tokens, w.lp_events, w.shadow_seen, w.shadow_sampled],
+            "f": [w.ok_latency_s, w.lp_sum],
+            "lat": w.latency.to_dict(), "ttft": w.ttft.to_dict() if w.ttft is not None else None,
+            "sp": w.shadow_precisions, "pairs": _pack(w.pairs), "bleu": _pack(w.bleu), "err": w.shadow_error,
+            "off": [[t, p, o] for (t, p), o in w.offsets.items()],
+        }
+
+    def export_open(self) -> list[dict[str, Any]]:
+        """Every open window as JSON-able data (a checkpoint); ``import_open`` restores it exactly."""
+        return [self._export(key, w) for key, w in self._open.items()]
+
+    def export_changes(self, everything: bool = False) -> tuple[dict[str, str], list[str]]:
+        """Checkpoint fields of the windows changed since the last call (all with ``everything``), and
+        the fields of the windows closed since; resets both."""
+        changed = {}
+        for key, w in self._open.items():
+            if w.dirty or everything:
+                changed[window_field(key)] = json.dumps(self._export(key, w), check_circular=False)
+                w.dirty = False
+        closed = [window_field(k) for k in self._closed_keys]
+        self._closed_keys = []
+        return changed, closed
+
+    def import_open(self, data: list[dict[str, Any]]) -> None:
+        for d in data:
+            w = _Window(int(d["i"]))
+            (w.count, w.ok, w.errors, w.timeouts, w.ok_completion_tokens, w.prompt_tokens, w.with_completion,
+             w.empty, w.lp_tokens, w.lp_events, w.shadow_seen, w.shadow_sampled) = (int(x) for x in d["n"])
+            w.ok_latency_s, w.lp_sum = (float(x) for x in d["f"])
+            w.latency = QuantileSketch.from_dict(d["lat"])
+            w.ttft = QuantileSketch.from_dict(d["ttft"]) if d.get("ttft") else None
+            w.shadow_precisions = {str(k): int(v) for k, v in (d.get("sp") or {}).items()}
+            w.pairs = _unpack(d.get("pairs") or "")
+            heapq.heapify(w.pairs)
+            w.bleu = _unpack(d.get("bleu") or "")
+            heapq.heapify(w.bleu)
+            w.shadow_error = d.get("err")
+            w.offsets = {(str(t), int(p)): int(o) for t, p, o in d.get("off") or []}
+            w.dirty = False
+            self._open[(w.index, str(d["m"]), str(d["r"]), str(d["p"]))] = w
+
+    def set_closed_end(self, index: int | None) -> None:
+        """Restore the "windows closed up to index" mark of a checkpoint."""
+        if index is not None and (self._closed_end is None or index > self._closed_end):
+            self._closed_end = index
+
+    @property
+    def closed_end(self) -> int | None:
+        return self._closed_end
+
+    def is_closed(self, ts: float) -> bool:
+        """True when the window ``ts`` falls in has already closed (an event for it is late)."""
+        closed = self._closed_end
+        return closed is not None and _floor(ts / self.length_s) + 1 <= closed
 
     # --- state for the ingest -----------------------------------------------------------------
 
@@ -338,6 +437,24 @@ class WindowAggregator:
                 if prev is None or off < prev:
                     out[pk] = off
         return out
+
+
+def window_field(key: tuple[int, str, str, str]) -> str:
+    """The checkpoint hash field of one open window."""
+    return "w" + json.dumps(list(key))
+
+
+def _pack(items: list[tuple[int, float]]) -> str:
+    """(negated crc32, score) pairs as base64 of little-endian uint32 + float64 (exact, ~1/3 of JSON)."""
+    return base64.b64encode(struct.pack(f"<{len(items)}I{len(items)}d", *(-h for h, _ in items),
+                                        *(v for _, v in items))).decode()
+
+
+def _unpack(text: str) -> list[tuple[int, float]]:
+    raw = base64.b64decode(text)
+    n = len(raw) // 12
+    vals = struct.unpack(f"<{n}I{n}d", raw)
+    return list(zip((-int(h) for h in vals[:n]), (float(v) for v in vals[n:]), strict=True))
 
 
 # --- shadow agreement scoring -----------------------------------------------------------------
@@ -390,9 +507,11 @@ class _AgreementScorer:
         self._bleu = BLEU(tokenize="13a", effective_order=True)
         self._bleu_zh = BLEU(tokenize="zh", effective_order=True)
 
-    def pair(self, completion: str, shadow: str) -> tuple[float, float]:
-        cjk = self._has_cjk(completion) or self._has_cjk(shadow)
+    def pair(self, completion: str, shadow: str, with_bleu: bool = True) -> tuple[float, float | None]:
         score = rouge_l(self._tokenize(shadow), self._tokenize(completion))
+        if not with_bleu:
+            return float(score), None
+        cjk = self._has_cjk(completion) or self._has_cjk(shadow)
         bleu = (self._bleu_zh if cjk else self._bleu).sentence_score(completion, [shadow]).score
         return float(score), min(max(float(bleu), 0.0), 100.0)
 
@@ -407,14 +526,14 @@ def preload_scorers() -> None:
     _agreement_scorer()
 
 
-def _pair_scores(completion: str, shadow: str) -> tuple[float, float]:
-    """(ROUGE-L F-measure in [0, 1], sentence BLEU in [0, 100]) of one completion vs its shadow."""
+def _pair_scores(completion: str, shadow: str, with_bleu: bool = True) -> tuple[float, float | None]:
+    """(ROUGE-L F-measure in [0, 1], sentence BLEU in [0, 100] or None without ``with_bleu``)."""
     a, b = completion.strip(), shadow.strip()
     if a == b:  # identical (including both empty): full agreement, and no scorer cost
         return 1.0, 100.0
     if not a or not b:
         return 0.0, 0.0
-    return _agreement_scorer().pair(a, b)
+    return _agreement_scorer().pair(a, b, with_bleu)
 
 
 def shadow_agreement(pairs: list[tuple[str, str]]) -> tuple[float, float]:
@@ -430,5 +549,5 @@ def shadow_agreement(pairs: list[tuple[str, str]]) -> tuple[float, float]:
     for completion, shadow in pairs:
         r, b = _pair_scores(completion, shadow)
         rouge_sum += r
-        bleu_sum += b
+        bleu_sum += b or 0.0
     return rouge_sum / len(pairs), bleu_sum / len(pairs)

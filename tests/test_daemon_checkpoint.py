@@ -1,0 +1,110 @@
+"""Per-partition checkpoints: idempotent saves, fencing of zombies, rebalances that lose nothing."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.daemon_harness import (
+    CountingProducer,
+    make_config,
+    recorded_windows,
+    running_daemon,
+    wait_until,
+    write_policy,
+)
+from watchdog.actuator import FENCED, FlagStore, FlipExtras
+from watchdog.checkpoint import DUPLICATE, SAVED, CheckpointStore, PendingSave
+from watchdog.keys import Keys
+
+pytestmark = pytest.mark.services
+
+
+def _store(client, instance: str) -> CheckpointStore:
+    return CheckpointStore(client, Keys(), "g", "t", instance)
+
+
+def test_a_retried_save_records_its_windows_once_and_a_zombie_is_refused(redis_client):
+    a = _store(redis_client, "a")
+    claim = a.claim(0)
+    assert (claim.seq, claim.data) == (0, None)
+    save = PendingSave(1, json.dumps({"schema": 1, "offset": 10}), windows=['{"w": 1}', '{"w": 2}'],
+                       outbox=['{"page": 1}'], engines={"llmwd:engine:g:m:r": '{"schema": 1}'},
+                       changed={"w[1]": '{"i": 1}'}, incremental=False)
+    assert a.save(0, claim.token, save) == SAVED
+    assert a.save(0, claim.token, save) == DUPLICATE  # the reply of the first attempt was lost: retried
+    assert (redis_client.xlen("llmwd:windows"), redis_client.xlen("llmwd:outbox")) == (2, 1)
+    # another replica takes the partition; the old owner wakes and tries to save
+    b = _store(redis_client, "b")
+    claim_b = b.claim(0)
+    assert claim_b.seq == 1 and claim_b.data == {"schema": 1, "offset": 10, "windows": [{"i": 1}]}
+    assert a.save(0, claim.token, PendingSave(2, json.dumps({"schema": 1, "offset": 99}), ['{"w": 3}'])) == "fenced"
+    assert redis_client.xlen("llmwd:windows") == 2
+    assert b.claim(0).data == {"schema": 1, "offset": 10, "windows": [{"i": 1}]}
+    # an incremental save on top of a checkpoint Redis lost is refused: the writer must send everything
+    redis_client.delete("llmwd:ckpt:g:t:0")
+    assert b.save(0, b.claim(0).token, PendingSave(5, json.dumps({"schema": 1}))) == "resync"
+    # flips carry the token too: the zombie's flip writes nothing, not even the page
+    store = FlagStore(redis_client, Keys())
+    stale = FlipExtras(a.owner_key(0), claim.token, "llmwd:engine:g:m:r", '{"zombie": 1}', "llmwd:outbox", '{"p": 2}')
+    res = store.flip("m", "r", "fp16", expected_epoch=None, reason="x", changed_by="watchdog@a", extras=stale)
+    assert res.refused == FENCED and store.get("m", "r") is None
+    assert redis_client.xlen("llmwd:outbox") == 1 and redis_client.get("llmwd:engine:g:m:r") == '{"schema": 1}'
+    current = b.claim(0)
+    fresh = FlipExtras(b.owner_key(0), current.token, "llmwd:engine:g:m:r", '{"b": 1}', "llmwd:outbox", '{"p": 3}')
+    res = store.flip("m", "r", "fp16", expected_epoch=None, reason="x", changed_by="watchdog@b", extras=fresh)
+    assert res.applied and redis_client.xlen("llmwd:outbox") == 2
+    assert redis_client.get("llmwd:engine:g:m:r") == '{"b": 1}'
+    assert store.audit(1)[0]["changed_by"] == "watchdog@b"
+
+
+def test_a_woken_zombie_stops_writing_and_says_so(kafka_service, redis_service, redis_client, topic, tmp_path):
+    cfg = make_config(kafka_service.address, redis_service.port, topic, write_policy(tmp_path / "p.yaml"), None)
+    prod = CountingProducer(kafka_service.address, topic, ["a"], rate=60.0).start()
+    try:
+        with running_daemon(cfg) as (daemon, _server):
+            assert wait_until(lambda: daemon.stats.checkpoints >= 3, 30)
+            (pk,) = [pk for pk, p in daemon.parts.items() if ("llama-test", "a") in p.routes]
+            # what a replica that got the partition in a rebalance does first
+            other = CheckpointStore(redis_client, Keys(), cfg.kafka.group_id, topic, "other")
+            seq = other.claim(pk[1]).seq
+            assert wait_until(lambda: any(p.startswith("fenced") for p in daemon.problems()), 10)
+            assert pk not in daemon.parts
+            time.sleep(1.5)
+            assert other.claim(pk[1]).seq == seq  # the zombie wrote nothing after the claim
+    finally:
+        prod.stop()
+
+
+def test_replicas_joining_and_leaving_mid_traffic_count_every_event_once(kafka_service, redis_service,
+                                                                        redis_client, topic, tmp_path):
+    policy = write_policy(tmp_path / "p.yaml")
+    cfg_a = make_config(kafka_service.address, redis_service.port, topic, policy, None, instance="a")
+    cfg_b = make_config(kafka_service.address, redis_service.port, topic, policy, None, instance="b")
+    prod = CountingProducer(kafka_service.address, topic, [f"r{i}" for i in range(6)], rate=25.0).start()
+    ctx_a, ctx_b = running_daemon(cfg_a), running_daemon(cfg_b)
+    try:
+        a, _ = ctx_a.__enter__()
+        assert wait_until(lambda: a.stats.windows_closed >= 12, 30)
+        b, _ = ctx_b.__enter__()
+        assert wait_until(lambda: bool(b.parts) and bool(a.parts), 40), "no rebalance"
+        assert not set(a.parts) & set(b.parts)
+        nparts = a._nparts
+        closed = b.stats.windows_closed
+        assert wait_until(lambda: b.stats.windows_closed >= closed + 6, 30)
+        ctx_a.__exit__(None, None, None)  # a leaves (rolling deploy): b resumes a's partitions from checkpoints
+        assert wait_until(lambda: len(b.parts) == nparts, 40)
+        closed = b.stats.windows_closed
+        assert wait_until(lambda: b.stats.windows_closed >= closed + 6, 30)
+        prod.stop()
+        total = prod.total()
+        assert wait_until(lambda: sum(recorded_windows(redis_client)[0].values()) >= total, 30)
+        ctx_b.__exit__(None, None, None)
+    finally:
+        if prod._thread.is_alive():
+            prod.stop()
+    seen, twice = recorded_windows(redis_client)
+    assert twice == 0
+    assert seen == dict(prod.acked), (sum(seen.values()), prod.total())

@@ -1,0 +1,144 @@
+"""Event time: watermarks over partitions, idle partitions, stalls, future and late events."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import pytest
+from kafka import KafkaConsumer
+
+from tests.daemon_harness import (
+    CountingProducer,
+    make_config,
+    recorded_windows,
+    running_daemon,
+    wait_until,
+    write_policy,
+)
+from watchdog.eventtime import Watermarks
+
+A, B, C = ("t", 0), ("t", 1), ("t", 2)
+
+
+def test_close_time_is_the_slowest_active_partition_and_idle_ones_only_cap_it() -> None:
+    wm = Watermarks(out_of_order_s=1.0, max_future_s=60.0)
+    for pk in (A, B, C):
+        wm.assign(pk, None, now=100.0)
+    assert wm.close_time(200.0) is None  # nobody delivered yet: a backlog may be waiting
+    wm.observe(A, 150.0, 200.0)
+    wm.observe(B, 120.0, 200.0)
+    assert wm.close_time(200.0) is None  # C may still hold records
+    wm.confirm_caught_up(C, asked_at=199.0)
+    assert wm.close_time(200.0) == 119.0  # min over A, B; C idle is excluded (its cap is 198)
+    wm.observe(B, 160.0, 201.0)
+    assert wm.close_time(201.0) == 149.0
+    wm.confirm_caught_up(A, 201.0)
+    wm.confirm_caught_up(B, 201.0)
+    assert wm.close_time(202.0) == 198.0  # all idle: the oldest broker confirmation bounds it
+    # a record after the confirmation makes the partition active again
+    wm.records_read({C}, 203.0)
+    wm.observe(C, 202.5, 203.0)
+    assert wm.close_time(203.0) == 200.0
+
+
+def test_a_frozen_broker_is_a_stall_not_lateness() -> None:
+    wm = Watermarks(out_of_order_s=1.0, max_future_s=60.0)
+    wm.assign(A, None, now=0.0)
+    wm.observe(A, 100.0, 100.0)
+    wm.confirm_caught_up(A, 100.5)
+    assert wm.close_time(100.6) == 99.5
+    # no confirmation and no record for 30 s of wall clock: the close time does not move
+    assert wm.close_time(130.0) == 99.5
+    assert wm.close_time(130.0) == wm.close_time(1e9 + 5)
+
+
+def test_watermark_restored_and_stuck_detection() -> None:
+    wm = Watermarks(out_of_order_s=2.0, max_future_s=60.0)
+    wm.assign(A, 500.0, now=1000.0)  # restored from a checkpoint
+    assert wm.mark(A) == 498.0
+    assert wm.is_future(1061.0, 1000.0) and not wm.is_future(1059.0, 1000.0)
+    wm.records_read({A}, 1000.0)
+    assert wm.stuck(1010.0, after_s=30.0) == []
+    wm.records_read({A}, 1040.0)  # records keep coming, none moves the watermark (all late)
+    assert wm.stuck(1040.0, after_s=30.0) == [A]
+    wm.observe(A, 1039.0, 1040.0)
+    assert wm.stuck(1040.0, after_s=30.0) == []
+
+
+def _dlq_reasons(kafka_address: str, dlq_topic: str, want: int) -> list[str]:
+    consumer = KafkaConsumer(dlq_topic, bootstrap_servers=kafka_address, auto_offset_reset="earliest",
+                             consumer_timeout_ms=8000, group_id=None)
+    out = []
+    for rec in consumer:
+        out.append(dict(rec.headers)["llmwd.reason"].decode())
+        if len(out) >= want:
+            break
+    consumer.close()
+    return out
+
+
+@pytest.mark.services
+def test_future_and_late_events_are_dead_lettered_and_counting_stays_exact_across_a_restart(
+        kafka_service, redis_service, redis_client, topic, tmp_path):
+    cfg = make_config(kafka_service.address, redis_service.port, topic, write_policy(tmp_path / "p.yaml"), None,
+                      windows={"length_s": 1.0, "grace_s": 0.3, "max_future_s": 60.0})
+    prod = CountingProducer(kafka_service.address, topic, ["a", "b"], rate=60.0).start()
+    r = prod.gen.routes[0]
+    try:
+        with running_daemon(cfg) as (daemon, _server):
+            assert wait_until(lambda: daemon.stats.windows_closed >= 4, 30)
+            prod.send(*prod.gen.encoded(r, now=time.time() + 240), counted=False)  # a skewed producer clock
+            prod.send(*prod.gen.encoded(r, now=time.time() - 120), counted=False)  # its window closed long ago
+            closed = daemon.stats.windows_closed
+            assert wait_until(lambda: daemon.stats.windows_closed >= closed + 6, 30)
+            assert daemon.metrics.dlq.labels("future")._value.get() == 1
+            assert daemon.metrics.dlq.labels("late")._value.get() == 1
+        # restart; the very first event read is ten years ahead
+        prod.send(*prod.gen.encoded(r, now=time.time() + 10 * 365 * 86400), counted=False)
+        with running_daemon(cfg) as (daemon, _server):
+            assert wait_until(lambda: daemon.metrics.dlq.labels("future")._value.get() == 1, 30)
+            closed = daemon.stats.windows_closed
+            assert wait_until(lambda: daemon.stats.windows_closed >= closed + 4, 30)
+            prod.stop()
+            total = prod.total()
+            assert wait_until(lambda: sum(recorded_windows(redis_client)[0].values()) >= total, 20)
+            assert not daemon.problems(), daemon.problems()
+    finally:
+        if prod._thread.is_alive():
+            prod.stop()
+    seen, twice = recorded_windows(redis_client)
+    assert twice == 0
+    assert seen == dict(prod.acked)
+    assert sorted(_dlq_reasons(kafka_service.address, cfg.kafka.dead_letter_topic, 3)) == ["future", "future", "late"]
+
+
+@pytest.mark.services
+def test_broker_frozen_for_seconds_loses_nothing(kafka_service, redis_service, redis_client, topic, tmp_path):
+    cfg = make_config(kafka_service.address, redis_service.port, topic, write_policy(tmp_path / "p.yaml"), None)
+    prod = CountingProducer(kafka_service.address, topic, ["a", "b"], rate=60.0).start()
+    try:
+        with running_daemon(cfg) as (daemon, _server):
+            assert wait_until(lambda: daemon.stats.windows_closed >= 4, 30)
+            kafka_service.proc.send_signal(signal.SIGSTOP)
+            try:
+                time.sleep(6.0)
+                frozen_closed = daemon.stats.windows_closed
+                time.sleep(2.0)
+                # windows do not close on the wall clock while the broker cannot be read
+                assert daemon.stats.windows_closed == frozen_closed
+            finally:
+                kafka_service.proc.send_signal(signal.SIGCONT)
+            assert wait_until(lambda: daemon.stats.windows_closed >= frozen_closed + 8, 40)
+            prod.stop()
+            total = prod.total()
+            assert wait_until(lambda: sum(recorded_windows(redis_client)[0].values()) >= total, 30)
+            late = daemon.metrics.dlq.labels("late")._value.get()
+    finally:
+        kafka_service.proc.send_signal(signal.SIGCONT)
+        if prod._thread.is_alive():
+            prod.stop()
+    seen, twice = recorded_windows(redis_client)
+    assert (late, twice, prod.failed) == (0, 0, 0)
+    assert seen == dict(prod.acked), json.dumps({"seen": sum(seen.values()), "acked": prod.total()})

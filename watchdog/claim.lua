@@ -1,0 +1,11 @@
+-- Take ownership of one partition and read its checkpoint in one step. Loaded by watchdog/checkpoint.py.
+-- KEYS[1] owner key  KEYS[2] checkpoint hash   ARGV[1] instance name
+-- Returns {token, field1, value1, ...} (the whole checkpoint hash); the token is
+-- "<generation>:<instance>", so a writer that held an older token (a zombie after a rebalance) is
+-- refused by checkpoint.lua and flip.lua.
+local gen = redis.call('INCR', KEYS[1] .. ':gen')
+local token = tostring(gen) .. ':' .. ARGV[1]
+redis.call('SET', KEYS[1], token)
+local out = redis.call('HGETALL', KEYS[2])
+table.insert(out, 1, token)
+return out

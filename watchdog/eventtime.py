@@ -1,0 +1,112 @@
+"""Event time: per-partition watermarks, idle partitions, and the time up to which windows may close.
+
+Modelled on Flink's bounded-out-of-orderness watermarks with idle sources, on kafka-python:
+
+* a partition's watermark is the newest event time read from it minus the allowed out-of-orderness
+  (``out_of_order_s``, the window grace);
+* a partition is *idle* when the broker confirmed, at wall time ``T``, that nothing is left to read
+  (our position >= its end offset, asked with a bounded ``end_offsets`` request) and no record came
+  since; an idle partition does not hold the others back, it only caps the close time at
+  ``T - out_of_order_s``;
+* windows close up to the minimum over the assigned partitions; a partition that may still hold
+  records (behind, or not confirmed caught up) and has not delivered any holds everything back.
+
+The wall clock is used only through broker confirmations, so a frozen broker, a poll or a commit
+that hangs, or a loop that stalls is a *stall* (nothing closes), never lateness.
+
+An event is validated before it can move a watermark: stamped beyond ``now + max_future_s`` it is
+rejected as ``future`` (it would otherwise push the watermark ahead and make every later event late).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PartitionKey = tuple[str, int]
+
+
+@dataclass(slots=True)
+class PartitionClock:
+    #: newest valid event time read (restored from the checkpoint after a restart)
+    max_ts: float | None = None
+    #: wall time the broker last confirmed this partition had nothing more to read
+    caught_up_at: float | None = None
+    #: wall time of the last record read from it
+    last_record_at: float | None = None
+    #: wall time the watermark last moved forward
+    advanced_at: float | None = None
+
+
+class Watermarks:
+    def __init__(self, out_of_order_s: float, max_future_s: float) -> None:
+        self.out_of_order_s = out_of_order_s
+        self.max_future_s = max_future_s
+        self.parts: dict[PartitionKey, PartitionClock] = {}
+
+    # -- partitions ----------------------------------------------------------------------------
+    def assign(self, pk: PartitionKey, max_ts: float | None, now: float) -> None:
+        self.parts[pk] = PartitionClock(max_ts=max_ts, advanced_at=now)
+
+    def revoke(self, pk: PartitionKey) -> None:
+        self.parts.pop(pk, None)
+
+    # -- events --------------------------------------------------------------------------------
+    def is_future(self, ts: float, now: float) -> bool:
+        return ts > now + self.max_future_s
+
+    def observe(self, pk: PartitionKey, ts: float, now: float) -> None:
+        """A valid event of ``pk`` (already checked: not future, not late)."""
+        pc = self.parts.get(pk)
+        if pc is None:
+            pc = self.parts[pk] = PartitionClock()
+        if pc.max_ts is None or ts > pc.max_ts:
+            pc.max_ts = ts
+            pc.advanced_at = now
+
+    def records_read(self, pks: set[PartitionKey], now: float) -> None:
+        """``pks`` returned records in the last poll: they are not idle any more."""
+        for pk in pks:
+            pc = self.parts.get(pk)
+            if pc is not None:
+                pc.last_record_at = now
+                pc.caught_up_at = None
+
+    def confirm_caught_up(self, pk: PartitionKey, asked_at: float) -> None:
+        """The broker said, in answer to a request sent at ``asked_at``, that ``pk`` is fully read."""
+        pc = self.parts.get(pk)
+        if pc is not None and (pc.last_record_at is None or pc.last_record_at <= asked_at):
+            pc.caught_up_at = asked_at
+
+    # -- the close time ------------------------------------------------------------------------
+    def mark(self, pk: PartitionKey) -> float | None:
+        pc = self.parts.get(pk)
+        return None if pc is None or pc.max_ts is None else pc.max_ts - self.out_of_order_s
+
+    def close_time(self, now: float) -> float | None:
+        """Windows ending at or before this may close; None while some partition holds them back."""
+        if not self.parts:
+            return None
+        active: list[float] = []
+        caps: list[float] = []
+        for pc in self.parts.values():
+            if pc.caught_up_at is not None:
+                caps.append(pc.caught_up_at - self.out_of_order_s)
+                continue
+            if pc.max_ts is None:
+                return None  # may hold records and has delivered none: wait for it
+            active.append(pc.max_ts - self.out_of_order_s)
+        t = min(active) if active else min(caps)
+        if caps:
+            t = min(t, min(caps))
+        return min(t, now)
+
+    def stuck(self, now: float, after_s: float) -> list[PartitionKey]:
+        """Partitions that keep delivering records while their watermark has not moved for ``after_s``."""
+        out = []
+        for pk, pc in self.parts.items():
+            if pc.last_record_at is None or now - pc.last_record_at > 5.0:
+                continue
+            since = pc.advanced_at
+            if since is not None and now - since > after_s:
+                out.append(pk)
+        return out
