@@ -86,7 +86,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     try:
         resp = httpx.get(f"{args.url.rstrip('/')}/status", timeout=5)
     except httpx.HTTPError as exc:
-        print(f"llm-watchdog: cannot reach {args.url}: {exc}", file=sys.stderr)
+        print(f"fp8-watchdog status: cannot reach {args.url}: {exc} (is the daemon running? "
+              f"--url picks another address)", file=sys.stderr)
         return 1
     body = resp.json()
     if args.json:
