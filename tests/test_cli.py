@@ -148,6 +148,23 @@ def test_init_into_an_unwritable_place_is_one_line(tmp_path: Path, capsys: pytes
     assert len(err) == 1 and "cannot write" in err[0] and "a-file" in err[0], err
 
 
+def test_run_on_a_taken_port_is_one_line_and_a_mistyped_variable_is_named(monkeypatch: pytest.MonkeyPatch,
+                                                                          capsys: pytest.CaptureFixture[str],
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        monkeypatch.setenv("LLMWD_SERVER__PORT", str(taken.getsockname()[1]))
+        monkeypatch.setenv("LLMWD_REDIS__URL", _dead_redis())
+        monkeypatch.setenv("LLMWD_KAFKA_BOOTSTRAP_SERVERS", "typo:9092")  # one underscore: not a config key
+        code = main(["run", "--config", str(ROOT / "deploy/config.example.yaml")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "cannot serve HTTP on 127.0.0.1:" in err[0], err
+    assert "$LLMWD_KAFKA_BOOTSTRAP_SERVERS matches no config key" in caplog.text
+
+
 def test_a_real_process_prints_one_line_and_no_traceback(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "LLMWD_REDIS_URL": _dead_redis()}
     out = subprocess.run([sys.executable, "-m", "watchdog.cli", "flags", "set", "m", "r", "FP9"], cwd=tmp_path,
