@@ -131,6 +131,16 @@ def test_backtest_png_without_matplotlib_is_one_line_before_any_work(tmp_path: P
     assert not (tmp_path / "t.png").exists()
 
 
+def test_policy_validate_of_a_daemon_config_points_at_config_check(capsys: pytest.CaptureFixture[str]) -> None:
+    config = str(ROOT / "deploy/config.example.yaml")
+    assert main(["policy", "validate", config]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"{config}: this looks like a daemon config, not a policy file; check it with "
+                       f"`fp8-watchdog config check --config {config}`")
+    assert main(["policy", "validate", str(ROOT / "policies/default.yaml")]) == 0
+    assert "daemon config" not in capsys.readouterr().err
+
+
 def test_status_without_a_daemon_says_where_it_looked(capsys: pytest.CaptureFixture[str]) -> None:
     from watchdog.embedded import free_port
 

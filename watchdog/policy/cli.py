@@ -52,6 +52,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
             failed = True
             for msg in exc.messages:
                 print(msg, file=sys.stderr)
+            if any("unknown key 'kafka'" in m or "unknown key 'redis'" in m for m in exc.messages):
+                print(f"{path}: this looks like a daemon config, not a policy file; check it with "
+                      f"`fp8-watchdog config check --config {path}`", file=sys.stderr)
             continue
         names = ", ".join(ps.names) or "no policies"
         print(f"{path}: OK ({len(ps.policies)} polic{'y' if len(ps.policies) == 1 else 'ies'}: {names})")
