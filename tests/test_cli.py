@@ -64,6 +64,10 @@ def _dead_redis() -> str:
 BAD: list[tuple[list[str], str]] = [
     (["flags", "set", "llama", "chat", "FP9"], "did you mean 'fp8'"),
     (["flags", "pin", "llama", "chat", "bf16", "--ttl", "30m"], "not one of the configured precisions"),
+    (["flags", "set", "", "chat", "fp16"], "must not be empty"),
+    (["flags", "pin", "llama", " ", "fp16", "--ttl", "5m"], "must not be empty"),
+    (["flags", "get", "llama", "chat\n"], "control character"),
+    (["flags", "unpin", "", "chat"], "argument model"),
     (["flags", "audit", "--count", "-1"], "--count"),
     (["flags", "audit", "--count", "0"], "--count"),
     (["flags", "pin", "llama", "chat", "fp16", "--ttl", "-5m"], "--ttl"),
@@ -106,6 +110,69 @@ def test_bad_invocations_exit_2_with_one_line(argv: list[str], says: str, tmp_pa
     assert code == 2, lines
     assert len(lines) == 1, lines
     assert says in lines[0] and "redis at" not in lines[0], lines[0]
+
+
+def test_a_usage_error_found_after_parsing_names_the_command(monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("LLMWD_REDIS_URL", _dead_redis())
+    monkeypatch.delenv("LLMWD_CONFIG", raising=False)
+    assert main(["flags", "set", "llama", "chat", "FP9"]) == 2
+    assert capsys.readouterr().err.startswith("fp8-watchdog flags set: error: argument precision:")
+
+
+def test_backtest_png_without_matplotlib_is_one_line_before_any_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an install without the plot extra sees
+    code = main(["policy", "backtest", "--policy", str(ROOT / "policies/default.yaml"), "--events",
+                 str(ROOT / "tests/data/backtest_healthy.jsonl.gz"), "--png", str(tmp_path / "t.png")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "fp8-watchdog[plot]" in err[0], err
+    assert err[0].startswith("fp8-watchdog policy backtest: error:")
+    assert not (tmp_path / "t.png").exists()
+
+
+def test_policy_validate_of_a_daemon_config_points_at_config_check(capsys: pytest.CaptureFixture[str]) -> None:
+    config = str(ROOT / "deploy/config.example.yaml")
+    assert main(["policy", "validate", config]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"{config}: this looks like a daemon config, not a policy file; check it with "
+                       f"`fp8-watchdog config check --config {config}`")
+    assert main(["policy", "validate", str(ROOT / "policies/default.yaml")]) == 0
+    assert "daemon config" not in capsys.readouterr().err
+
+
+def test_status_without_a_daemon_says_where_it_looked(capsys: pytest.CaptureFixture[str]) -> None:
+    from watchdog.embedded import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    assert main(["status", "--url", url]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"fp8-watchdog status: cannot reach {url}")
+    assert "is the daemon running" in err[0]
+
+
+def test_init_into_an_unwritable_place_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "a-file").write_text("x")
+    assert main(["init", str(tmp_path / "a-file" / "wd")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot write" in err[0] and "a-file" in err[0], err
+
+
+def test_run_on_a_taken_port_is_one_line_and_a_mistyped_variable_is_named(monkeypatch: pytest.MonkeyPatch,
+                                                                          capsys: pytest.CaptureFixture[str],
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        monkeypatch.setenv("LLMWD_SERVER__PORT", str(taken.getsockname()[1]))
+        monkeypatch.setenv("LLMWD_REDIS__URL", _dead_redis())
+        monkeypatch.setenv("LLMWD_KAFKA_BOOTSTRAP_SERVERS", "typo:9092")  # one underscore: not a config key
+        code = main(["run", "--config", str(ROOT / "deploy/config.example.yaml")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "cannot serve HTTP on 127.0.0.1:" in err[0], err
+    assert "$LLMWD_KAFKA_BOOTSTRAP_SERVERS matches no config key" in caplog.text
 
 
 def test_a_real_process_prints_one_line_and_no_traceback(tmp_path: Path) -> None:

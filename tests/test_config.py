@@ -37,6 +37,18 @@ def test_an_unset_variable_is_named_with_its_position(tmp_path: Path) -> None:
     assert "c.yaml:4:20:" in str(err.value) and "PAGERDUTY_KEY is not set" in str(err.value)
 
 
+def test_every_unset_variable_is_named_in_file_order(tmp_path: Path) -> None:
+    path = write(tmp_path, "alerts:\n  channels:\n    - kind: pagerduty\n      routing_key: ${PD_KEY}\n"
+                           "    - kind: slack\n      url: https://hooks.slack.com/services/${SLACK_PATH}\n"
+                           "redis:\n  url: ${REDIS_URL:-redis://127.0.0.1:6379/0}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, env={})
+    lines = str(err.value).splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].endswith("PD_KEY is not set (set it, or write ${PD_KEY:-default})") and "c.yaml:4:20:" in lines[0]
+    assert "PD_KEY is not set" in lines[0] and "SLACK_PATH is not set" in lines[1] and "c.yaml:6:12:" in lines[1]
+
+
 def test_env_json_replaces_a_section_and_nested_keys_merge(tmp_path: Path) -> None:
     path = write(tmp_path, "kafka:\n  topic: t\n  security: {security_protocol: SASL_SSL, sasl_mechanism: PLAIN}\n"
                            "policies: [a.yaml, /abs/b.yaml]\n")
@@ -105,6 +117,7 @@ def test_init_writes_a_starter_that_checks_clean(tmp_path: Path, monkeypatch: py
     assert main(["init", "wd"]) == 0
     assert main(["config", "check", "--config", "wd/config.yaml"]) == 0
     assert "wd/policies/default.yaml" in capsys.readouterr().out
+    assert "deploy/config.example.yaml" not in (tmp_path / "wd/config.yaml").read_text()  # no checkout here
     assert main(["init", "wd"]) == 2 and "--force" in capsys.readouterr().err
     assert main(["init", "wd", "--force"]) == 0
 

@@ -100,3 +100,15 @@ def test_wheel_init_validate_check_and_run(venv: Path, tmp_path: Path, redis_ser
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_installed_wheel_names_nothing_of_the_checkout(venv: Path) -> None:
+    site = next((venv / "lib").glob("python*/site-packages"))
+    dist = next(site.glob("fp8_watchdog-*.dist-info"))
+    files = [site / line.split(",", 1)[0] for line in (dist / "RECORD").read_text().splitlines() if line]
+    assert any(f.match("watchdog/starter/policies/default.yaml") for f in files)
+    assert any(f.match("watchdog/starter/golden_sets/code/items.jsonl") for f in files)
+    needles = [str(ROOT)]  # the checkout the wheel was built from
+    leaks = [str(f.relative_to(site)) for f in files if f.is_file() and f.suffix in (".py", ".yaml", ".json", ".txt",
+             ".lua", ".jsonl") and any(n in f.read_text(errors="replace") for n in needles)]
+    assert not leaks, leaks

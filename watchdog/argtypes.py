@@ -77,6 +77,15 @@ def non_negative_float(value: str) -> float:
     return x
 
 
+def route_name(value: str) -> str:
+    """A model or route name as events carry it: not blank, no control characters."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise argparse.ArgumentTypeError(f"has a control character: {value!r}")
+    return value
+
+
 def existing_file(value: str) -> str:
     p = Path(value)
     if not p.exists():
@@ -131,7 +140,8 @@ def add_log_level_everywhere(parser: argparse.ArgumentParser) -> None:
             for sub in set(action.choices.values()):
                 if not any("--log-level" in a.option_strings for a in sub._actions):
                     sub.add_argument("--log-level", type=log_level, default=argparse.SUPPRESS,
-                                     help="DEBUG, INFO, WARNING, ERROR (default INFO)")
+                                     help="DEBUG, INFO, WARNING, ERROR (default INFO for run/demo/embedded, "
+                                          "else WARNING)")
                 add_log_level_everywhere(sub)
 
 

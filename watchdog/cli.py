@@ -48,7 +48,7 @@ _PLUGINS = [
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from watchdog.config import ConfigError, load_config
+    from watchdog.config import ConfigError, env_overrides, load_config
     from watchdog.daemon import Daemon
     from watchdog.policy import PolicyError
     from watchdog.server import StatusServer
@@ -58,13 +58,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     except (ConfigError, OSError) as exc:
         print(f"{args.prog}: invalid configuration: {exc}", file=sys.stderr)
         return 2
+    for var in env_overrides(os.environ)[1]:  # a typo such as LLMWD_KAFKA_BOOTSTRAP_SERVERS (one _)
+        log.warning("$%s matches no config key and is ignored", var)
     try:
         daemon = Daemon(cfg)
     except PolicyError as exc:
         print(f"{args.prog}: invalid policies: {exc}", file=sys.stderr)
         return 2
-    server = StatusServer(cfg.server.host, cfg.server.port, daemon.metrics.registry, daemon.status,
-                          daemon.problems, daemon.alive).start()
+    try:
+        server = StatusServer(cfg.server.host, cfg.server.port, daemon.metrics.registry, daemon.status,
+                              daemon.problems, daemon.alive).start()
+    except OSError as exc:
+        print(f"{args.prog}: cannot serve HTTP on {cfg.server.host}:{cfg.server.port}: {exc.strerror or exc} "
+              f"(another daemon there? set server.port or $LLMWD_SERVER__PORT)", file=sys.stderr)
+        return 2
     log.info("serving /metrics /healthz /readyz /status on %s", server.url)
 
     def _stop(signum: int, _frame: Any) -> None:
@@ -87,7 +94,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     try:
         resp = httpx.get(f"{args.url.rstrip('/')}/status", timeout=5)
     except httpx.HTTPError as exc:
-        print(f"llm-watchdog: cannot reach {args.url}: {exc}", file=sys.stderr)
+        print(f"fp8-watchdog status: cannot reach {args.url}: {exc} (is the daemon running? "
+              f"--url picks another address)", file=sys.stderr)
         return 1
     body = resp.json()
     if args.json:

@@ -213,7 +213,9 @@ def expand(value: str, env: Mapping[str, str], where: str) -> str:
 
 
 def _expand_nodes(root: yaml.Node, loader: yaml.SafeLoader, name: str, env: Mapping[str, str]) -> None:
+    """Expand every placeholder; all the problems are reported together, in file order."""
     seen: set[int] = set()  # an alias shares its node: visit each once (no alias-bomb walk)
+    problems: list[tuple[int, int, str]] = []
     work = [root]
     while work:
         node = work.pop()
@@ -224,13 +226,19 @@ def _expand_nodes(root: yaml.Node, loader: yaml.SafeLoader, name: str, env: Mapp
             if "${" not in node.value:
                 continue
             where = f"{name}:{node.start_mark.line + 1}:{node.start_mark.column + 1}"
-            node.value = expand(node.value, env, where)
+            try:
+                node.value = expand(node.value, env, where)
+            except ConfigError as exc:
+                problems.append((node.start_mark.line, node.start_mark.column, str(exc)))
+                continue
             if node.style is None and node.tag == "tag:yaml.org,2002:str":  # plain: type the result
                 node.tag = loader.resolve(yaml.ScalarNode, node.value, (True, False))
         elif isinstance(node, yaml.MappingNode):
             work.extend(value for _key, value in node.value)
         elif isinstance(node, yaml.SequenceNode):
             work.extend(node.value)
+    if problems:
+        raise ConfigError("\n".join(msg for _line, _col, msg in sorted(problems)))
 
 
 def _line_index(root: yaml.Node) -> Marks:

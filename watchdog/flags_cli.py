@@ -31,7 +31,14 @@ from rich.console import Console
 from rich.table import Table
 
 from watchdog.actuator import FlagStore, FlipResult
-from watchdog.argtypes import did_you_mean, existing_file, non_negative_int, positive_float, positive_int
+from watchdog.argtypes import (
+    did_you_mean,
+    existing_file,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    route_name,
+)
 from watchdog.config import Config, ConfigError, load_config
 from watchdog.keys import Flag, Keys, client_from_url
 
@@ -258,7 +265,7 @@ def _guarded(handler: Callable[[argparse.Namespace, FlagStore], int]) -> Callabl
             store = _store(args)
             code = handler(args, store)
         except _UsageError as exc:
-            sys.stderr.write(f"error: {exc}\n")
+            sys.stderr.write(f"fp8-watchdog flags {getattr(args, 'flags_command', '')}: error: {exc}\n")
             return 2
         except (redis.RedisError, OSError) as exc:
             sys.stderr.write(f"error: redis at {redact(args.redis_url)}: {type(exc).__name__}: {exc}\n")
@@ -306,13 +313,13 @@ def add_flags_commands(subparsers: Any) -> argparse.ArgumentParser:
     _handler(p, cmd_list)
 
     p = sub.add_parser("get", parents=[common], help="one route's flag (exit 1 when none)")
-    p.add_argument("model")
-    p.add_argument("route")
+    p.add_argument("model", type=route_name)
+    p.add_argument("route", type=route_name)
     _handler(p, cmd_get)
 
     p = sub.add_parser("set", parents=[common, change], help="set a route's precision (manual, audited)")
-    p.add_argument("model")
-    p.add_argument("route")
+    p.add_argument("model", type=route_name)
+    p.add_argument("route", type=route_name)
     p.add_argument("precision")
     p.add_argument("--reason", default="manual change")
     p.add_argument("--expected-epoch", type=non_negative_int, default=None,
@@ -320,16 +327,16 @@ def add_flags_commands(subparsers: Any) -> argparse.ArgumentParser:
     _handler(p, cmd_set)
 
     p = sub.add_parser("pin", parents=[common, change], help="set a precision and hold it against policies for --ttl")
-    p.add_argument("model")
-    p.add_argument("route")
+    p.add_argument("model", type=route_name)
+    p.add_argument("route", type=route_name)
     p.add_argument("precision")
     p.add_argument("--ttl", type=parse_duration, required=True, help="how long, e.g. 30m, 2h")
     p.add_argument("--reason", default="manual pin")
     _handler(p, cmd_pin)
 
     p = sub.add_parser("unpin", parents=[common, change], help="let policies change the route again")
-    p.add_argument("model")
-    p.add_argument("route")
+    p.add_argument("model", type=route_name)
+    p.add_argument("route", type=route_name)
     p.add_argument("--reason", default="manual unpin")
     _handler(p, cmd_unpin)
 

@@ -32,7 +32,8 @@ def starter_path(name: str) -> Path:
 def starter_config() -> str:
     """The example config with its policy path pointing at ``policies/`` beside it."""
     text = starter_path("config.example.yaml").read_text()
-    return text.replace("  - ../policies/default.yaml", "  - policies/default.yaml")
+    return (text.replace("  - ../policies/default.yaml", "  - policies/default.yaml")
+            .replace("run --config deploy/config.example.yaml", "run --config DIR/config.yaml"))
 
 
 def init_dir(target: str | Path, *, force: bool = False) -> list[Path]:
@@ -49,9 +50,12 @@ def init_dir(target: str | Path, *, force: bool = False) -> list[Path]:
     if existing and not force:
         raise InitError(f"{existing[0]} exists ({len(existing)} file(s) would be overwritten; use --force)")
     for dst, origin in plan:
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        if origin is None:
-            dst.write_text(starter_config())
-        else:
-            shutil.copyfile(origin, dst)
+        try:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if origin is None:
+                dst.write_text(starter_config())
+            else:
+                shutil.copyfile(origin, dst)
+        except OSError as exc:
+            raise InitError(f"cannot write {dst}: {exc.strerror or exc}") from exc
     return [dst for dst, _ in plan]

@@ -1,4 +1,4 @@
-"""``policy`` subcommands for the ``llm-watchdog`` CLI (wired in by watchdog/cli.py).
+"""``policy`` subcommands for the ``fp8-watchdog`` CLI (wired in by watchdog/cli.py).
 
 Each command sets ``func`` on the parsed namespace; call ``args.func(args)`` and exit with the
 integer it returns.
@@ -7,6 +7,7 @@ integer it returns.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 from watchdog.argtypes import did_you_mean, existing_file, existing_path, output_file, usage_error
 from watchdog.policy.loader import PolicyError, load_policy_files
 
-_PROG = "llm-watchdog policy backtest"
+_PROG = "fp8-watchdog policy backtest"
 
 
 def add_policy_commands(subparsers: Any) -> argparse.ArgumentParser:
@@ -51,6 +52,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
             failed = True
             for msg in exc.messages:
                 print(msg, file=sys.stderr)
+            if any("unknown key 'kafka'" in m or "unknown key 'redis'" in m for m in exc.messages):
+                print(f"{path}: this looks like a daemon config, not a policy file; check it with "
+                      f"`fp8-watchdog config check --config {path}`", file=sys.stderr)
             continue
         names = ", ".join(ps.names) or "no policies"
         print(f"{path}: OK ({len(ps.policies)} polic{'y' if len(ps.policies) == 1 else 'ies'}: {names})")
@@ -82,6 +86,8 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         return usage_error(_PROG, f"--window/--grace: {exc}")
     if window <= 0:
         return usage_error(_PROG, "--window must be > 0")
+    if args.png and importlib.util.find_spec("matplotlib") is None:
+        return usage_error(_PROG, "--png needs matplotlib: pip install 'fp8-watchdog[plot]'")
     problem = _not_json_lines(args.events, read_lines)
     if problem:
         return usage_error(_PROG, f"--events {args.events}: {problem}")
@@ -103,7 +109,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     try:
         result = run_backtest(ps, read_lines(args.events), golden, window_s=window, grace_s=grace)
     except OSError as exc:
-        print(f"llm-watchdog policy backtest: cannot read events: {exc}", file=sys.stderr)
+        print(f"{_PROG}: cannot read events: {exc}", file=sys.stderr)
         return 2
     result.golden_bad = bad
     metric = None
@@ -139,7 +145,7 @@ def _not_json_lines(path: str, read_lines: Any) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     from watchdog.argtypes import Parser
 
-    parser = Parser(prog="llm-watchdog")
+    parser = Parser(prog="fp8-watchdog")
     add_policy_commands(parser.add_subparsers(dest="command", required=True))
     try:
         args = parser.parse_args(argv)
