@@ -45,6 +45,9 @@ from watchdog.windows import WindowAggregator
 
 log = logging.getLogger(__name__)
 
+#: golden/GPU signal records held for the windows stream while Redis is down, at most
+MAX_UNOWNED_RECORDS = 10_000
+
 #: a source of signals other than Kafka (golden replays, GPU health): called every loop
 SignalSource = Callable[[float], list[Signal]]
 #: seconds between two broker confirmations that idle partitions are fully read
@@ -90,6 +93,8 @@ class Daemon:
         self.loader.on_error = self._policy_rejected
         self.engine = PolicyEngine(self.loader.policy_set)
         self.sources = list(sources or [])
+        #: records of golden/GPU signals no owned partition's checkpoint carries, for the windows stream
+        self._unowned_records: list[str] = []
         self.golden = self._golden_scheduler()
         self.golden_lease = Lease(self.redis, self.keys.lease(f"golden:{self.group}"), cfg.instance)
         self._golden_running = False
@@ -352,14 +357,18 @@ class Daemon:
         signals = self._close_windows(now)
         for source in self.sources:
             try:
-                signals.extend(source(now))
+                extra = source(now)
             except Exception as exc:  # noqa: BLE001 - a broken probe must not stop the daemon
                 log.exception("signal source failed")
                 self.alerter.ops_alert("source-failed", f"a signal source failed: {exc}", "warning", {})
+                continue
+            self._record_source_signals(extra)
+            signals.extend(extra)
         if signals:
             self._decide(signals, now)
         self._act(now)
         self._checkpoint(now)
+        self._flush_unowned_records()
         self._pump_pager(now)
         self._golden_tick(now)
         self._reconcile(now)
@@ -428,6 +437,37 @@ class Daemon:
             if mark is not None:
                 self.metrics.watermark.labels(str(pk[1])).set(mark)
         return out
+
+    def _record_source_signals(self, signals: list[Signal]) -> None:
+        """Golden and GPU signals go into the windows stream too (backtests replay them): with the
+        checkpoint of the partition that owns their route, which holds the engine state they move;
+        else (a "*" route, or a route no owned partition carries) straight to the stream."""
+        for sig in signals:
+            pk = self._owner_of(sig.model, sig.route)
+            record = P.window_record(sig, self.cfg.instance)
+            if pk is not None and pk in self.parts:
+                self.parts[pk].unsaved.append(record)
+                self.parts[pk].dirty = True
+            else:
+                self._unowned_records.append(record)
+        if len(self._unowned_records) > MAX_UNOWNED_RECORDS:  # Redis down for long: keep the newest
+            log.warning("dropping %d golden/GPU signal records Redis could not take",
+                        len(self._unowned_records) - MAX_UNOWNED_RECORDS)
+            del self._unowned_records[:-MAX_UNOWNED_RECORDS]
+
+    def _flush_unowned_records(self) -> None:
+        if not self._unowned_records:
+            return
+        try:
+            pipe = self.redis.pipeline(transaction=True)
+            for record in self._unowned_records:
+                pipe.xadd(self.keys.windows, {"json": record}, maxlen=self.cfg.redis.windows_maxlen,
+                          approximate=True)
+            pipe.execute()
+        except (redis.RedisError, OSError) as exc:
+            self._redis_failed(exc, "recording golden/GPU signals")
+            return
+        self._unowned_records.clear()
 
     def _decide(self, signals: list[Signal], now: float) -> None:
         flags = dict(self.flags.snapshot())

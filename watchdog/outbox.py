@@ -62,6 +62,9 @@ class Pager:
         self._current: str | None = None
         self._current_key: str | None = None
         self._done = threading.Event()
+        #: the record in flight is acknowledged by the delivery thread or, on a retry, by the loop
+        self._lock = threading.Lock()
+        self._loop_thread: int | None = None
         self._last_claim = 0.0
         self.delivered = 0
 
@@ -91,22 +94,15 @@ class Pager:
             self._current = None
 
     def _pump(self, now: float) -> None:
+        self._loop_thread = threading.get_ident()
         if not self._ready:
             self.start()
         if self._current is not None:
             if not self._done.is_set():
                 return
-            pipe = self.client.pipeline(transaction=True)
-            if self._current_key:
-                inc = self.alerter.incident(self._current_key)
-                if inc is None:
-                    pipe.hdel(self._incidents_key, self._current_key)
-                else:
-                    pipe.hset(self._incidents_key, self._current_key, json.dumps(inc, default=str))
-            pipe.xack(self.keys.outbox, GROUP, self._current)
-            pipe.execute()
-            self.delivered += 1
-            self._current = None
+            self._ack()  # the delivery thread's own acknowledgement failed (Redis): retry it here
+            if self._current is not None:
+                return
         entry = self._next(now)
         if entry is None:
             return
@@ -123,7 +119,35 @@ class Pager:
         self._current_key = action.incident_key
         raw = self.client.hget(self._incidents_key, action.incident_key)
         self.alerter.set_incident(action.incident_key, json.loads(text(raw)) if raw else None)
-        self.alerter.handle(action, on_done=self._done.set)
+        self.alerter.handle(action, on_done=self._delivered)
+
+    def _delivered(self) -> None:
+        """Every channel is done with the record: acknowledge it at once, from the delivery thread,
+        so the window in which a crash re-sends a delivered page is one Redis round trip, not a loop
+        iteration; if Redis fails here, the next ``pump`` retries."""
+        self._done.set()
+        if threading.get_ident() == self._loop_thread:
+            return  # called from inside Alerter.handle (no channel to wait for): the loop acknowledges
+        try:
+            self._ack()
+        except (redis.RedisError, OSError) as exc:
+            log.warning("outbox acknowledgement failed (retried by the loop): %s", exc)
+
+    def _ack(self) -> None:
+        with self._lock:
+            if self._current is None:
+                return
+            pipe = self.client.pipeline(transaction=True)
+            if self._current_key:
+                inc = self.alerter.incident(self._current_key)
+                if inc is None:
+                    pipe.hdel(self._incidents_key, self._current_key)
+                else:
+                    pipe.hset(self._incidents_key, self._current_key, json.dumps(inc, default=str))
+            pipe.xack(self.keys.outbox, GROUP, self._current)
+            pipe.execute()
+            self.delivered += 1
+            self._current = None
 
     def _next(self, now: float) -> tuple[str, str] | None:
         # our own unacknowledged record first (a restart), then new ones, then a dead replica's
