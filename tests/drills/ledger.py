@@ -67,6 +67,10 @@ class Result:
     deaths: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     error: str = ""
+    #: readiness transitions: (seconds since start, replica, ready, first problem)
+    readiness: list[tuple[float, str, bool | None, str]] = field(default_factory=list)
+    #: fault intervals, seconds since start: (start, end, what)
+    faults: list[tuple[float, float, str]] = field(default_factory=list)
     #: (route, precision, window start, produced, recorded) of every window that differs
     diffs: list[tuple[str, str, float, int, int]] = field(default_factory=list)
 
@@ -239,6 +243,13 @@ def check_readiness(result: Result, samples: list[Sample], expect: Expect, downt
                     every_s: float) -> None:
     tol = expect.tolerance_s
     edges = [t for f in expect.faults for t in (f[0], f[1])]
+    t0 = samples[0].at if samples else 0.0
+    last: dict[str, bool | None] = {}
+    for s in samples:
+        if s.replica not in last or last[s.replica] != s.ready:
+            last[s.replica] = s.ready
+            result.readiness.append((round(s.at - t0, 1), s.replica, s.ready, (s.problems or [""])[0][:120]))
+    result.faults = [(round(a - t0, 1), round(b - t0, 1), w) for a, b, w, _r in expect.faults]
     for s in samples:
         if any(abs(s.at - t) < tol for t in edges):
             continue
