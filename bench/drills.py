@@ -127,6 +127,14 @@ def render(runs: dict[str, list[dict[str, Any]]]) -> str:
         "",
     ]
     labels = list(runs)
+    lines += ["## Trees", "", "| label | checkout | commits | forms |", "| --- | --- | --- | --- |"]
+    for lab in labels:
+        roots = sorted({str(r.get("tree", "")) for r in runs[lab]})
+        commits = sorted({str(r.get("commit", "?")) for r in runs[lab]})
+        forms = sorted({"full" if r.get("full") else "ci" for r in runs[lab]})
+        lines.append(f"| {lab} | {', '.join(roots)} | {', '.join(commits)} | {', '.join(forms)} |")
+    lines += ["", "`/work/wt/drills8` is main's daemon (its `watchdog/` is main's fc98b85; the branch adds only the",
+              "drills). `+dirty` = the checkout had uncommitted changes under `watchdog/` when the drill ran.", ""]
     names = [n for n in DRILLS if any(r["drill"] == n for rs in runs.values() for r in rs)]
     lines += ["## Summary (latest run per tree)", "",
               "| drill | " + " | ".join(labels) + " |", "| --- |" + " --- |" * len(labels)]
@@ -138,7 +146,11 @@ def render(runs: dict[str, list[dict[str, Any]]]) -> str:
                 cells.append("–")
                 continue
             r = rs[-1]
-            cells.append(f"{_cell(r)} ({r['lost']} lost, {r['twice']} twice)")
+            if r["passed"]:
+                cells.append(f"**pass** ({r['produced']} events)")
+            else:
+                first = "; ".join(r["failures"])
+                cells.append(f"{_cell(r)}: {first[:90]}{'…' if len(first) > 90 else ''}")
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     lines.append("")
     for n in names:

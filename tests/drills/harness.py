@@ -580,14 +580,19 @@ def wait_until(cond: Callable[[], bool], timeout: float, interval: float = 0.2) 
     return bool(cond())
 
 
-def read_topic(address: str, topic: str, partitions: int, idle_s: float = 2.0, limit_s: float = 30.0) -> Counter[str]:
-    """Every record of ``topic`` now in the broker, as request ids (to check acks against the log)."""
+def read_topic(address: str, topic: str, partitions: int | None = None, idle_s: float = 2.0,
+               limit_s: float = 30.0) -> Counter[str]:
+    """Every record of ``topic`` now in the broker, as request ids (to check acks against the log).
+    ``partitions`` None: as many as the broker says the topic has (none if it does not exist)."""
     from kafka import KafkaConsumer, TopicPartition
 
     c = KafkaConsumer(bootstrap_servers=address, enable_auto_commit=False, consumer_timeout_ms=500)
     ids: Counter[str] = Counter()
     try:
-        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        found = sorted(c.partitions_for_topic(topic) or []) if partitions is None else list(range(partitions))
+        if not found:
+            return ids
+        tps = [TopicPartition(topic, p) for p in found]
         c.assign(tps)
         c.seek_to_beginning()
         deadline = time.monotonic() + limit_s
