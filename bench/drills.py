@@ -134,7 +134,12 @@ def render(runs: dict[str, list[dict[str, Any]]]) -> str:
         forms = sorted({"full" if r.get("full") else "ci" for r in runs[lab]})
         lines.append(f"| {lab} | {', '.join(roots)} | {', '.join(commits)} | {', '.join(forms)} |")
     lines += ["", "`/work/wt/drills8` is main's daemon (its `watchdog/` is main's fc98b85; the branch adds only the",
-              "drills). `+dirty` = the checkout had uncommitted changes under `watchdog/` when the drill ran.", ""]
+              "drills). `+dirty` = the checkout had uncommitted changes under `watchdog/` when the drill ran.",
+              "`main-ci-0900` and `core8-ci-0925` ran an earlier version of the harness: readiness edge",
+              "tolerance 10 s, audit time from the writer's `ts` field, rolling restarts 5 s apart regardless of",
+              "start-up, the S3 drill at 120 events/s (more batches than moto serves), a missing codec",
+              "declaration counted as a failure. Poison-drill runs before 10:10 UTC were dropped: the DLQ was",
+              "read from partition 0 only.", ""]
     names = [n for n in DRILLS if any(r["drill"] == n for rs in runs.values() for r in rs)]
     lines += ["## Summary (latest run per tree)", "",
               "| drill | " + " | ".join(labels) + " |", "| --- |" + " --- |" * len(labels)]
@@ -150,7 +155,7 @@ def render(runs: dict[str, list[dict[str, Any]]]) -> str:
                 cells.append(f"**pass** ({r['produced']} events)")
             else:
                 first = "; ".join(r["failures"])
-                cells.append(f"{_cell(r)}: {first[:90]}{'…' if len(first) > 90 else ''}")
+                cells.append(f"{_cell(r)}: {first[:90]}{'…' if len(first) > 90 else ''}".replace("|", "\\|"))
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     lines.append("")
     for n in names:
@@ -174,7 +179,7 @@ def render(runs: dict[str, list[dict[str, Any]]]) -> str:
                 if r.get("ops_pages"):
                     detail.append(f"ops pages: {r['ops_pages']}")
                 if detail:
-                    notes.append(f"- {lab} {r['at']}: " + "; ".join(dict.fromkeys(detail)))
+                    notes.append((f"- {lab} {r['at']}: " + "; ".join(dict.fromkeys(detail))).replace("|", "\\|"))
         lines += ["", *notes, ""]
     return "\n".join(lines) + "\n"
 
