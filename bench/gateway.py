@@ -231,8 +231,8 @@ def emitter_cost(kafka: str, n: int = 30_000) -> None:
     """CPU per event of the emitter alone (this process, all threads), for both producer libraries."""
     import importlib.util
 
+    from watchdog.event_emitter import EventEmitter
     from watchdog.gateway.config import EventsConfig
-    from watchdog.gateway.emitter import EventEmitter
 
     ev = {"schema": 1, "request_id": "r", "ts": time.time(), "model": MODEL, "route": "default",
           "precision": "fp8", "status": "ok", "latency_ms": 1.0, "prompt_tokens": 12, "completion_tokens": 6,

@@ -38,6 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.gpu_replay import token_agreement  # noqa: E402
 from probes.engines.torch_engine import TorchEngine, calibrate_engine  # noqa: E402
 from probes.tiny_model import byte_tokenizer  # noqa: E402
 
@@ -175,19 +176,6 @@ def dist(deltas: list[float]) -> dict[str, Any]:
             "share_above_+0.2": sum(1 for d in deltas if d > 0.2) / max(1, n),
             "p05": q[0] if q else None, "p95": q[-1] if q else None,
             "top10pct_share_of_abs_mass": sum(absd[:top]) / mass if mass else 0.0}
-
-
-def token_agreement(a: list[list[int]], b: list[list[int]]) -> tuple[float, float]:
-    same = prefix = total = 0
-    for x, y in zip(a, b, strict=True):
-        n = max(len(x), len(y))
-        total += n
-        same += sum(1 for u, v in zip(x, y, strict=False) if u == v)
-        k = 0
-        while k < min(len(x), len(y)) and x[k] == y[k]:
-            k += 1
-        prefix += n if (k == len(x) == len(y)) else k
-    return same / max(1, total), prefix / max(1, total)
 
 
 def measure(model: Any, label: str, items: list[dict[str, str]], cal_texts: list[str], max_new: int,

@@ -7,7 +7,6 @@ own API (``/api/v2/alerts``) and the notifications it sends after grouping and d
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import subprocess
@@ -19,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.helpers import missing
 from watchdog.alerts import Alerter
 from watchdog.alertsink import AlertSink
 from watchdog.embedded import free_port, wait_for_port
@@ -39,9 +39,8 @@ def webhook() -> Iterator[AlertSink]:
 @pytest.fixture
 def alertmanager(tmp_path: Path, webhook: AlertSink) -> Iterator[str]:
     if AM_BINARY is None:
-        if os.environ.get("CI"):
-            pytest.fail("prometheus-alertmanager missing: scripts/setup.sh installs it")
-        pytest.skip("prometheus-alertmanager not installed (apt-get install prometheus-alertmanager)")
+        missing("prometheus-alertmanager missing: scripts/setup.sh installs it",
+                "prometheus-alertmanager not installed (apt-get install prometheus-alertmanager)")
     port = free_port()
     config = tmp_path / "alertmanager.yml"
     config.write_text(

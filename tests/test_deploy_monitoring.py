@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
+
+from tests.helpers import missing
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "deploy/prometheus/llm-watchdog-rules.yaml"
@@ -44,9 +44,8 @@ def metric_names(expr: str) -> set[str]:
 def promtool() -> str:
     path = shutil.which("promtool")
     if path is None:
-        if os.environ.get("CI"):
-            pytest.fail("promtool missing: scripts/setup.sh installs Debian's prometheus package")
-        pytest.skip("promtool not installed (apt-get install prometheus)")
+        missing("promtool missing: scripts/setup.sh installs Debian's prometheus package",
+                "promtool not installed (apt-get install prometheus)")
     return path
 
 

@@ -15,12 +15,10 @@ pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 pytest.importorskip("torch")
 
-from kafka import KafkaConsumer  # noqa: E402
-
 from probes.engines.torch_engine import TorchEngine  # noqa: E402
 from probes.openai_server import OpenAIServer  # noqa: E402
+from tests import helpers  # noqa: E402
 from watchdog.actuator import FlagStore  # noqa: E402
-from watchdog.events import decode_event  # noqa: E402
 from watchdog.gateway.config import load_gateway_config  # noqa: E402
 from watchdog.gateway.server import GatewayServer, build_gateway  # noqa: E402
 from watchdog.keys import Keys, client_from_url  # noqa: E402
@@ -80,16 +78,7 @@ def chat(c: Any, route: str | None = "support", stream: bool = False) -> tuple[A
 
 
 def read_events(kafka: str, topic: str, n: int, timeout: float = 10.0) -> list[Any]:
-    consumer = KafkaConsumer(topic, bootstrap_servers=kafka, auto_offset_reset="earliest",
-                             consumer_timeout_ms=500, group_id=None)
-    out: list[Any] = []
-    deadline = time.monotonic() + timeout
-    try:
-        while len(out) < n and time.monotonic() < deadline:
-            out += [decode_event(m.value) for m in consumer]
-    finally:
-        consumer.close()
-    return sorted(out, key=lambda e: e.ts)  # keyed by model/route: partitions interleave
+    return sorted(helpers.read_events(kafka, topic, n, timeout), key=lambda e: e.ts)  # partitions interleave
 
 
 def wait_for(cond: Any, timeout: float = 5.0) -> None:

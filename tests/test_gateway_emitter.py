@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from watchdog.embedded import free_port
+from watchdog.event_emitter import EventEmitter
 from watchdog.events import decode_event
 from watchdog.gateway.config import EventsConfig
-from watchdog.gateway.emitter import EventEmitter
 
 pytestmark = pytest.mark.services
 CLIENTS = ["kafka-python", pytest.param("confluent", marks=pytest.mark.skipif(

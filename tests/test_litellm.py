@@ -25,13 +25,12 @@ if importlib.util.find_spec("fastapi") is None or importlib.util.find_spec("webs
 
 import httpx  # noqa: E402
 import openai  # noqa: E402
-from kafka import KafkaConsumer  # noqa: E402
 
 from probes.engines.torch_engine import TorchEngine  # noqa: E402
 from probes.openai_server import OpenAIServer  # noqa: E402
+from tests.helpers import read_events  # noqa: E402
 from watchdog.actuator import FlagStore  # noqa: E402
 from watchdog.embedded import free_port  # noqa: E402
-from watchdog.events import decode_event  # noqa: E402
 from watchdog.keys import Keys  # noqa: E402
 
 pytestmark = [pytest.mark.services, pytest.mark.torch, pytest.mark.slow]
@@ -132,19 +131,6 @@ general_settings:
         logf.close()
 
 
-def _events(kafka_address: str, topic: str, want: int, timeout_s: float = 20.0) -> list[Any]:
-    consumer = KafkaConsumer(topic, bootstrap_servers=kafka_address, auto_offset_reset="earliest",
-                             group_id=None, consumer_timeout_ms=500)
-    got: list[Any] = []
-    deadline = time.monotonic() + timeout_s
-    try:
-        while len(got) < want and time.monotonic() < deadline:
-            got += [decode_event(m.value) for m in consumer]
-    finally:
-        consumer.close()
-    return got
-
-
 def test_flag_picks_the_deployment_and_every_answer_becomes_an_event(proxy, upstreams, redis_client, kafka_service):
     store = FlagStore(redis_client, Keys(proxy["prefix"]))
     client = openai.OpenAI(base_url=proxy["url"] + "/v1", api_key=MASTER_KEY, max_retries=0, timeout=30)
@@ -186,7 +172,7 @@ def test_flag_picks_the_deployment_and_every_answer_becomes_an_event(proxy, upst
 
     d8, d16 = upstreams["fp8"].calls - before["fp8"], upstreams["fp16"].calls - before["fp16"]
     sent = d8 + d16 + 1
-    events = _events(kafka_service.address, proxy["topic"], sent)
+    events = read_events(kafka_service.address, proxy["topic"], sent, timeout=20.0)
     assert len(events) == sent, (events, proxy["log"].read_text()[-2000:])
     by_route = {}
     for ev in events:

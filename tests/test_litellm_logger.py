@@ -16,8 +16,8 @@ pytest.importorskip("litellm")
 
 from watchdog.actuator import FlagStore  # noqa: E402
 from watchdog.embedded import free_port  # noqa: E402
+from watchdog.event_emitter import EventEmitter, EventsConfig  # noqa: E402
 from watchdog.events import decode_event, encode_event  # noqa: E402
-from watchdog.integrations.kafka_events import EventQueue  # noqa: E402
 from watchdog.integrations.litellm import LiteLLMSettings, WatchdogLogger, failure_status  # noqa: E402
 from watchdog.keys import Keys  # noqa: E402
 from watchdog.routing import RoutingFlags  # noqa: E402
@@ -34,7 +34,8 @@ def logger(redis_service: Any, redis_client: Any):
                                key_routes={"team-legal": "legal"}, model_routes={"tiny": "by-model"})
     flags = RoutingFlags(settings.redis_url, Keys(prefix), default_precision="fp8")
     assert flags.wait_ready(3)
-    events = EventQueue(settings.bootstrap_servers, settings.topic, buffer_size=3)
+    events = EventEmitter(EventsConfig(bootstrap_servers=settings.bootstrap_servers, topic=settings.topic,
+                                       buffer_size=3), name="litellm").start()
     lg = WatchdogLogger(settings, flags=flags, events=events)
     yield lg, FlagStore(redis_client, Keys(prefix))
     events.close(timeout=0.1)
@@ -100,7 +101,7 @@ def test_failure_status():
 
 def test_event_buffer_is_bounded_and_a_dead_broker_costs_events_not_requests(logger):
     lg, _ = logger
-    q: EventQueue = lg.events
+    q: EventEmitter = lg.events
     t0 = time.monotonic()
     results = [q.emit({"schema": 1, "request_id": str(i)}) for i in range(50)]
     assert time.monotonic() - t0 < 0.5  # emit never waits for the broker

@@ -37,41 +37,43 @@ def log_level(value: str) -> str:
     return level
 
 
-def positive_int(value: str) -> int:
+def _int(value: str) -> int:
     try:
-        n = int(value)
+        return int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
+
+
+def _float(value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+
+
+def positive_int(value: str) -> int:
+    n = _int(value)
     if n <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {value!r}")
     return n
 
 
 def non_negative_int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
+    n = _int(value)
     if n < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value!r}")
     return n
 
 
 def positive_float(value: str) -> float:
-    try:
-        x = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    x = _float(value)
     if not x > 0 or x == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a positive number, got {value!r}")
     return x
 
 
 def non_negative_float(value: str) -> float:
-    try:
-        x = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    x = _float(value)
     if not x >= 0 or x == float("inf"):
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value!r}")
     return x

@@ -18,7 +18,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from watchdog.argtypes import (
     Parser,
@@ -28,6 +28,9 @@ from watchdog.argtypes import (
     positive_float,
     setup_logging,
 )
+
+if TYPE_CHECKING:
+    from watchdog.config import Config
 
 log = logging.getLogger("watchdog")
 
@@ -47,16 +50,25 @@ _PLUGINS = [
 ]
 
 
+def _load_config(args: argparse.Namespace) -> Config | None:
+    """The ``Config`` named by ``--config``, or None after printing the one-line cause."""
+    from watchdog.config import ConfigError, load_config
+
+    try:
+        return load_config(args.config)
+    except (ConfigError, OSError) as exc:
+        print(f"{args.prog}: invalid configuration: {exc}", file=sys.stderr)
+        return None
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    from watchdog.config import ConfigError, env_overrides, load_config
+    from watchdog.config import env_overrides
     from watchdog.daemon import Daemon
     from watchdog.policy import PolicyError
     from watchdog.server import StatusServer
 
-    try:
-        cfg = load_config(args.config)
-    except (ConfigError, OSError) as exc:
-        print(f"{args.prog}: invalid configuration: {exc}", file=sys.stderr)
+    cfg = _load_config(args)
+    if cfg is None:
         return 2
     for var in env_overrides(os.environ)[1]:  # a typo such as LLMWD_KAFKA_BOOTSTRAP_SERVERS (one _)
         log.warning("$%s matches no config key and is ignored", var)
@@ -125,13 +137,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_config_check(args: argparse.Namespace) -> int:
     import yaml
 
-    from watchdog.config import ConfigError, env_overrides, load_config, redacted
+    from watchdog.config import env_overrides, redacted
     from watchdog.policy import PolicyError, load_policy_files
 
-    try:
-        cfg = load_config(args.config)
-    except (ConfigError, OSError) as exc:
-        print(f"{args.prog}: invalid configuration: {exc}", file=sys.stderr)
+    cfg = _load_config(args)
+    if cfg is None:
         return 2
     problems: list[str] = []
     try:

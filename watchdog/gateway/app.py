@@ -22,8 +22,8 @@ import orjson
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from watchdog.event_emitter import EventEmitter
 from watchdog.gateway.config import GatewayConfig, PoolConfig, UpstreamConfig
-from watchdog.gateway.emitter import EventEmitter
 from watchdog.gateway.openai_io import Result, StreamParser, error_body, parse_response, prompt_of
 
 log = logging.getLogger(__name__)

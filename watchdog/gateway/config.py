@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from watchdog.event_emitter import EventsConfig
+
+__all__ = ["EventsConfig", "GatewayConfig", "GatewayConfigError", "PoolConfig", "UpstreamConfig",
+           "load_gateway_config"]
 
 
 class _Section(BaseModel):
@@ -67,24 +72,6 @@ class PoolConfig(_Section):
 
     def matches(self, model: str, route: str) -> bool:
         return self.model in ("*", model) and self.route in ("*", route)
-
-
-class EventsConfig(_Section):
-    enabled: bool = True
-    bootstrap_servers: str = "127.0.0.1:9092"
-    topic: str = "llm.inference.logs"
-    #: events waiting for the producer; past this, new events are dropped and counted
-    buffer_size: int = Field(10_000, ge=1)
-    #: the producer thread sends what has gathered at most this often
-    flush_interval_s: float = Field(0.05, gt=0)
-    linger_ms: int = Field(20, ge=0)
-    #: producer library: ``auto`` takes confluent-kafka (librdkafka, ~10x less CPU per event) when
-    #: it is installed, else kafka-python
-    client: Literal["auto", "confluent", "kafka-python"] = "auto"
-    #: passed to kafka-python unchanged (security_protocol, sasl_*, ssl_*, compression_type, ...)
-    producer: dict[str, Any] = Field(default_factory=dict)
-    #: passed to confluent-kafka unchanged (librdkafka names: security.protocol, sasl.*, compression.type ...)
-    librdkafka: dict[str, Any] = Field(default_factory=dict)
 
 
 class GatewayConfig(_Section):

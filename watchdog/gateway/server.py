@@ -8,9 +8,9 @@ import threading
 import time
 from typing import Any
 
+from watchdog.event_emitter import EventEmitter
 from watchdog.gateway.app import Gateway
 from watchdog.gateway.config import GatewayConfig
-from watchdog.gateway.emitter import EventEmitter
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ In the LiteLLM proxy config (docs/INTEGRATIONS_otlp_litellm.md)::
   current over pub/sub, last known value while Redis is down; no I/O on the request path) and
   rewrites ``data["model"]`` to the deployment in ``variants[model][precision]``;
 * ``async_log_success_event`` / ``async_log_failure_event`` queue one event on a bounded buffer that
-  a thread drains to Kafka (``EventQueue``): full buffer → dropped and counted.
+  a thread drains to Kafka (``watchdog.event_emitter.EventEmitter``): full buffer → dropped and counted.
 
 No hook ever raises: an internal error is logged and counted, and the request goes on unchanged.
 """
@@ -37,7 +37,7 @@ from typing import Any
 from litellm.integrations.custom_logger import CustomLogger
 from pydantic import BaseModel, ConfigDict, Field
 
-from watchdog.integrations.kafka_events import EventQueue
+from watchdog.event_emitter import EventEmitter, EventsConfig
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +99,10 @@ class WatchdogLogger(CustomLogger):
             flags = RoutingFlags(settings.redis_url, Keys(settings.redis_prefix),
                                  default_precision=settings.default_precision)
         self.flags = flags
-        self.events = events or EventQueue(settings.bootstrap_servers, settings.topic,
-                                           buffer_size=settings.buffer_size)
+        if events is None:
+            events = EventEmitter(EventsConfig(bootstrap_servers=settings.bootstrap_servers, topic=settings.topic,
+                                               buffer_size=settings.buffer_size), name="litellm").start()
+        self.events = events
         self.route_header = settings.route_header.lower()
         self._variant_of = {name: (m, p) for m, v in settings.variants.items() for p, name in v.items()}
         #: litellm_call_id -> context, for calls whose metadata does not reach the logging hooks

@@ -1,5 +1,6 @@
 """Events off the request path: a bounded buffer drained by one producer thread.
 
+Used by the gateway (``watchdog.gateway``) and the LiteLLM logger (``watchdog.integrations.litellm``).
 ``emit`` never blocks and never raises: when the buffer is full the event is dropped and counted.
 The thread hands batches to the Kafka producer (confluent-kafka when installed, else kafka-python;
 both batch again per partition); a send
@@ -13,23 +14,47 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from watchdog.events import encode_event
-from watchdog.gateway.config import EventsConfig
 
 log = logging.getLogger(__name__)
+
+
+class EventsConfig(BaseModel):
+    """Where and how events go (the gateway's ``events:`` section)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    bootstrap_servers: str = "127.0.0.1:9092"
+    topic: str = "llm.inference.logs"
+    #: events waiting for the producer; past this, new events are dropped and counted
+    buffer_size: int = Field(10_000, ge=1)
+    #: the producer thread sends what has gathered at most this often
+    flush_interval_s: float = Field(0.05, gt=0)
+    linger_ms: int = Field(20, ge=0)
+    #: producer library: ``auto`` takes confluent-kafka (librdkafka, ~10x less CPU per event) when
+    #: it is installed, else kafka-python
+    client: Literal["auto", "confluent", "kafka-python"] = "auto"
+    #: passed to kafka-python unchanged (security_protocol, sasl_*, ssl_*, compression_type, ...)
+    producer: dict[str, Any] = Field(default_factory=dict)
+    #: passed to confluent-kafka unchanged (librdkafka names: security.protocol, sasl.*, compression.type ...)
+    librdkafka: dict[str, Any] = Field(default_factory=dict)
 
 
 class _KafkaPython:
     """kafka-python behind the emitter's three calls."""
 
-    def __init__(self, cfg: EventsConfig, on_sent: Callable[[Any], None], on_error: Callable[[BaseException], None]) -> None:
+    def __init__(self, cfg: EventsConfig, on_sent: Callable[[Any], None], on_error: Callable[[BaseException], None],
+                 client_id: str) -> None:
         from kafka import KafkaProducer
 
         self._p = KafkaProducer(bootstrap_servers=cfg.bootstrap_servers, linger_ms=cfg.linger_ms, acks=1,
                                 retries=3, max_block_ms=1000, batch_size=256 * 1024,
-                                client_id="llm-watchdog-gateway", **cfg.producer)
+                                client_id=client_id, **cfg.producer)
         self._on_sent, self._on_error = on_sent, on_error
 
     def send(self, topic: str, value: bytes) -> None:
@@ -52,13 +77,14 @@ class _KafkaPython:
 class _Confluent:
     """confluent-kafka (librdkafka): produce() queues in C; delivery reports come on poll()."""
 
-    def __init__(self, cfg: EventsConfig, on_sent: Callable[[Any], None], on_error: Callable[[BaseException], None]) -> None:
+    def __init__(self, cfg: EventsConfig, on_sent: Callable[[Any], None], on_error: Callable[[BaseException], None],
+                 client_id: str) -> None:
         from confluent_kafka import KafkaException, Producer
 
         self._on_sent, self._on_error = on_sent, on_error
         self._exc = KafkaException
         conf: dict[str, Any] = {"bootstrap.servers": cfg.bootstrap_servers, "linger.ms": cfg.linger_ms,
-                                "acks": 1, "client.id": "llm-watchdog-gateway", "message.timeout.ms": 30_000,
+                                "acks": 1, "client.id": client_id, "message.timeout.ms": 30_000,
                                 "queue.buffering.max.messages": max(cfg.buffer_size, 1000),
                                 "error_cb": lambda err: on_error(KafkaException(err)), **cfg.librdkafka}
         self._p = Producer(conf)
@@ -95,9 +121,14 @@ def _backend(cfg: EventsConfig) -> type[_KafkaPython] | type[_Confluent]:
 
 
 class EventEmitter:
-    def __init__(self, cfg: EventsConfig, producer_factory: Callable[[], Any] | None = None) -> None:
+    """``name`` (``gateway``, ``litellm``) goes into the Kafka client id, the thread name and the logs."""
+
+    def __init__(self, cfg: EventsConfig, producer_factory: Callable[[], Any] | None = None,
+                 name: str = "gateway") -> None:
         self.cfg = cfg
-        self._factory = producer_factory or (lambda: _backend(cfg)(cfg, self._on_sent, self._count_error))
+        self.name = name
+        self._factory = producer_factory or (
+            lambda: _backend(cfg)(cfg, self._on_sent, self._count_error, f"llm-watchdog-{name}"))
         self._buf: deque[dict[str, Any]] = deque()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -127,7 +158,7 @@ class EventEmitter:
     # -- producer thread -----------------------------------------------------------------------
 
     def start(self) -> EventEmitter:
-        self._thread = threading.Thread(target=self._run, name="llmwd-gateway-events", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"llmwd-{self.name}-events", daemon=True)
         self._thread.start()
         return self
 
@@ -191,7 +222,7 @@ class EventEmitter:
         self.errors += 1
         msg = f"{type(exc).__name__}: {exc}"
         if msg != self.last_error:
-            log.warning("gateway events: %s", msg)
+            log.warning("%s events: %s", self.name, msg)
         self.last_error = msg
 
     def wait_sent(self, n: int, timeout: float = 10.0) -> bool:
