@@ -310,12 +310,20 @@ def validate_golden_set(path: str | os.PathLike[str]) -> list[str]:
 
 
 def default_root() -> Path:
-    """``$WATCHDOG_GOLDEN_DIR``, else ``./golden_sets``, else the repository's ``golden_sets``."""
+    """``$WATCHDOG_GOLDEN_DIR``, else ``./golden_sets``, else the shipped sets (the wheel's starter
+    copy, or the repository's ``golden_sets`` in a checkout)."""
     env = os.environ.get("WATCHDOG_GOLDEN_DIR")
     if env:
         return Path(env)
     local = Path.cwd() / "golden_sets"
-    return local if local.is_dir() else Path(__file__).resolve().parents[1] / "golden_sets"
+    if local.is_dir():
+        return local
+    from watchdog.init import InitError, starter_path
+
+    try:
+        return starter_path("golden_sets")
+    except InitError:
+        return local
 
 
 def list_golden_sets(root: str | os.PathLike[str] | None = None) -> list[Path]:

@@ -281,13 +281,13 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         base_opts = {**shared, "precision": args.baseline, **_parse_options(args.baseline_option)}
         candidate = get_engine(args.engine, **cand_opts)
     except Exception as exc:  # noqa: BLE001 - report, do not trace back
-        print(f"cannot build candidate engine {args.engine!r}: {exc}", file=sys.stderr)
+        print(f"cannot build candidate engine {args.engine!r}: {exc}{_extra_hint(exc)}", file=sys.stderr)
         return 1
     try:
         baseline = get_engine(args.baseline_engine or args.engine, **base_opts)
     except Exception as exc:  # noqa: BLE001
         candidate.close()
-        print(f"cannot build baseline engine: {exc}", file=sys.stderr)
+        print(f"cannot build baseline engine: {exc}{_extra_hint(exc)}", file=sys.stderr)
         return 1
     try:
         report = replay(
@@ -348,3 +348,14 @@ def add_replay_command(subparsers: argparse._SubParsersAction) -> argparse.Argum
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_cmd_replay)
     return p
+
+
+#: the extra that brings each engine's missing module
+_EXTRAS = {"torch": "torch", "transformers": "torch", "safetensors": "torch", "tensorrt_llm": "tensorrt"}
+
+
+def _extra_hint(exc: BaseException) -> str:
+    """' (install ...)' when the engine failed for want of an optional dependency."""
+    name = getattr(exc, "name", None) if isinstance(exc, ImportError) else None
+    extra = _EXTRAS.get((name or "").split(".")[0])
+    return f" (install it with: pip install 'fp8-watchdog[{extra}]')" if extra else ""

@@ -285,3 +285,17 @@ def test_actuator_with_failing_store_factory_stays_pending() -> None:
     act.submit(rollback())
     assert act.pump(0.0) == [] and act.pending() == 1 and not act.healthy
     assert "ConnectionRefusedError" in (act.last_error or "") and calls == [1]
+
+
+def test_model_and_route_with_colons_name_distinct_keys(redis_client):
+    from watchdog.keys import Keys, key_part
+
+    keys = Keys("kp")
+    assert keys.route("a:b", "c") != keys.route("a", "b:c")
+    assert keys.route("llama3:8b", "chat") == "kp:route:llama3%3A8b:chat"
+    assert key_part("50%:x") == "50%25%3Ax" and key_part("plain/route") == "plain/route"
+    store = FlagStore(redis_client, keys)
+    store.flip("a:b", "c", "fp16", expected_epoch=None, reason="t", changed_by="test")
+    store.flip("a", "b:c", "fp8", expected_epoch=None, reason="t", changed_by="test")
+    got = {(f.model, f.route): f.precision for f in store.list()}
+    assert got == {("a:b", "c"): "fp16", ("a", "b:c"): "fp8"}

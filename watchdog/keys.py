@@ -23,6 +23,13 @@ ROUTE_FIELDS = ("model", "route", "precision", "epoch", "reason", "policy", "cha
                 "mode", "pinned_until")
 
 
+def key_part(name: str) -> str:
+    """A model or route name as it stands in a key: ``%`` and ``:`` percent-encoded, so that
+    model ``llama3:8b`` + route ``chat`` and model ``llama3`` + route ``8b:chat`` name two keys.
+    Names without either character are unchanged."""
+    return name.replace("%", "%25").replace(":", "%3A")
+
+
 @dataclass(frozen=True, slots=True)
 class Keys:
     """Names of every Redis key under one prefix (default ``llmwd``)."""
@@ -37,7 +44,7 @@ class Keys:
         ``changed_by``, ``mode`` (``policy`` or ``manual``), ``model``, ``route`` and, while pinned,
         ``pinned_until`` (unix seconds). Written only by the flip script in ``watchdog/flip.lua``.
         """
-        return f"{self.prefix}:route:{model}:{route}"
+        return f"{self.prefix}:route:{key_part(model)}:{key_part(route)}"
 
     @property
     def routes_index(self) -> str:
@@ -79,7 +86,7 @@ class Keys:
     def engine(self, group: str, model: str, route: str) -> str:
         """String ``{prefix}:engine:{group}:{model}:{route}``: JSON policy-engine state of one route
         (cooldown, budget, promote timer, rule streaks), written with checkpoints and flips."""
-        return f"{self.prefix}:engine:{group}:{model}:{route}"
+        return f"{self.prefix}:engine:{group}:{key_part(model)}:{key_part(route)}"
 
     @property
     def outbox(self) -> str:
