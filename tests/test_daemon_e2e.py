@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import httpx
@@ -106,6 +107,7 @@ def test_invalid_policy_edit_is_rejected_and_old_policy_keeps_acting(kafka_servi
         assert wait_until(lambda: daemon.flags.precision_for(MODEL, "legal/contracts") == "fp16", 30)
     rejected = [r.body for r in s.received if "rejected" in json.dumps(r.body)]
     assert "p.yaml:" in json.dumps(rejected[0])  # the alert names file:line:col
+    assert re.search(r"p\.yaml:\d+:\d+", rejected[0]["summary"])  # in the line on-call reads (Slack text)
 
 
 def test_dry_run_alerts_would_roll_back_but_never_flips(kafka_service, redis_service, redis_client, topic,

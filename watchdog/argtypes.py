@@ -150,4 +150,7 @@ def add_log_level_everywhere(parser: argparse.ArgumentParser) -> None:
 def setup_logging(level: str = "INFO") -> None:
     logging.basicConfig(level=getattr(logging, log_level(level)),
                         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
-    logging.getLogger("kafka").setLevel(logging.WARNING)
+    # kafka-python logs every failed connection attempt (several lines a second while a broker is
+    # unreachable); the daemon reports Kafka trouble itself, in one line naming the likely cause, and
+    # in /readyz. Its own lines come back with --log-level DEBUG.
+    logging.getLogger("kafka").setLevel(logging.DEBUG if log_level(level) == "DEBUG" else logging.CRITICAL)

@@ -87,7 +87,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     log.info("serving /metrics /healthz /readyz /status on %s", server.url)
 
     def _stop(signum: int, _frame: Any) -> None:
-        log.info("signal %s: finishing the open windows and stopping", signal.Signals(signum).name)
+        log.info("signal %s: checkpointing and stopping", signal.Signals(signum).name)
         daemon.stop()
 
     signal.signal(signal.SIGTERM, _stop)

@@ -727,8 +727,10 @@ class Daemon:
     def _policy_rejected(self, errors: list[str]) -> None:
         self.metrics.policy_reloads.labels("rejected").inc()
         log.error("policy edit rejected, previous policies stay in force:\n%s", "\n".join(errors))
-        self.alerter.ops_alert("policy-reload", "policy edit rejected; the last good policies stay in force",
-                               "warning", {"errors": errors[:20]})
+        more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+        first = errors[0] if errors else "unknown error"  # starts with file:line:col
+        self.alerter.ops_alert("policy-reload", f"policy edit rejected: {first}{more}; the last good policies "
+                               "stay in force", "warning", {"errors": errors[:20]})
 
     # -- health --------------------------------------------------------------------------------
     def _raise_ops_alert(self, reason: str, message: str, severity: str) -> None:
