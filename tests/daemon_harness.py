@@ -55,19 +55,7 @@ def write_policy(path: Path, dry_run: bool = False) -> Path:
 
 def make_config(kafka_address: str, redis_port: int, topic: str, policy: Path, sink_url: str | None,
                 **overrides: Any) -> Config:
-    channels = [{"kind": "webhook", "url": f"{sink_url}/webhook"}] if sink_url else []
-    data: dict[str, Any] = {
-        "policies": [str(policy)],
-        "kafka": {"bootstrap_servers": kafka_address, "topic": topic, "group_id": f"g-{topic}",
-                  "session_timeout_ms": 6000, "heartbeat_interval_ms": 1000},
-        "redis": {"url": f"redis://127.0.0.1:{redis_port}/0", "socket_timeout_s": 0.5},
-        "windows": {"length_s": 1.0, "grace_s": 0.3},
-        "alerts": {"channels": channels},
-        "server": {"port": free_port()},
-        "policy_poll_s": 0.2,
-    }
-    data.update(overrides)
-    return load_config(None, **data)
+    return load_config(None, **daemon_cfg(kafka_address, redis_port, topic, policy, sink_url, **overrides))
 
 
 @contextmanager
@@ -206,7 +194,7 @@ def start_daemon_process(cfg: dict[str, Any], tmp_path: Path, name: str = "daemo
 
 def daemon_cfg(kafka_address: str, redis_port: int, topic: str, policy: Path, sink_url: str | None,
                **overrides: Any) -> dict[str, Any]:
-    """The config ``make_config`` builds, as a plain dict for a daemon subprocess."""
+    """The test config as a plain dict (for a daemon subprocess); ``make_config`` validates it."""
     channels = [{"kind": "webhook", "url": f"{sink_url}/webhook"}] if sink_url else []
     data: dict[str, Any] = {
         "policies": [str(policy)],
