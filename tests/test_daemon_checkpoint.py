@@ -78,6 +78,29 @@ def test_a_woken_zombie_stops_writing_and_says_so(kafka_service, redis_service, 
         prod.stop()
 
 
+def test_a_fenced_replica_is_ready_again_once_the_rebalance_moved_its_partitions(
+        kafka_service, redis_service, redis_client, topic, tmp_path):
+    # drill replicas-rebalance-zombie: every partition of a is claimed away (a woken zombie), then b
+    # joins; whatever b gets, a no longer holds it, and what a gets back it re-claims: not fenced any more
+    policy = write_policy(tmp_path / "p.yaml")
+    cfg_a = make_config(kafka_service.address, redis_service.port, topic, policy, None, instance="a")
+    cfg_b = make_config(kafka_service.address, redis_service.port, topic, policy, None, instance="b")
+    prod = CountingProducer(kafka_service.address, topic, [f"r{i}" for i in range(6)], rate=25.0).start()
+    try:
+        with running_daemon(cfg_a) as (a, _):
+            assert wait_until(lambda: a.stats.checkpoints >= 3 and len(a.parts) == a._nparts > 1, 30)
+            thief = CheckpointStore(redis_client, Keys(), cfg_a.kafka.group_id, topic, "thief")
+            for pk in list(a.parts):
+                thief.claim(pk[1])
+            assert wait_until(lambda: any(p.startswith("fenced") for p in a.problems()), 10)
+            with running_daemon(cfg_b) as (b, _):
+                assert wait_until(lambda: bool(b.parts), 40), "no rebalance"
+                assert wait_until(lambda: not any(p.startswith("fenced") for p in a.problems()), 10), a.problems()
+                assert not set(a.parts) & set(b.parts)
+    finally:
+        prod.stop()
+
+
 def test_replicas_joining_and_leaving_mid_traffic_count_every_event_once(kafka_service, redis_service,
                                                                         redis_client, topic, tmp_path):
     policy = write_policy(tmp_path / "p.yaml")

@@ -67,6 +67,23 @@ def test_watermark_restored_and_stuck_detection() -> None:
     assert wm.stuck(1040.0, after_s=30.0) == []
 
 
+def test_a_watermark_pinned_ahead_by_an_accepted_future_event_is_not_stuck() -> None:
+    # drill future-240s-restart: one event at now+240 s (inside max_future) pins max_ts; the events
+    # behind it keep counting, so readiness must not say watermark-stuck until wall time passes it
+    wm = Watermarks(out_of_order_s=2.0, max_future_s=300.0)
+    wm.assign(A, None, now=1000.0)
+    wm.observe(A, 1240.0, 1000.0)
+    for t in range(1001, 1300):
+        wm.records_read({A}, float(t))
+        wm.observe(A, float(t), float(t))
+        assert wm.stuck(float(t), after_s=30.0) == [], t
+    # records that no longer move it (all late): stuck once it is after_s behind the wall clock
+    wm.records_read({A}, 1329.0)
+    assert wm.stuck(1329.0, after_s=30.0) == []
+    wm.records_read({A}, 1330.0)
+    assert wm.stuck(1330.0, after_s=30.0) == [A]
+
+
 def _dlq_reasons(kafka_address: str, dlq_topic: str, want: int) -> list[str]:
     consumer = KafkaConsumer(dlq_topic, bootstrap_servers=kafka_address, auto_offset_reset="earliest",
                              consumer_timeout_ms=8000, group_id=None)

@@ -794,6 +794,9 @@ class Daemon:
                   f"restarted empty?)", now)
         else:
             r.clear("offsets-reset", now)
+        # fenced is wrong only while the group still hands us what another replica holds: once the
+        # rebalance has moved those partitions elsewhere (or we re-claimed them) our assignment is consistent
+        self._fenced &= set(self.ingest.assignment())
         if self._fenced:
             r.set("fenced", f"partitions {sorted(pk[1] for pk in self._fenced)} taken by another replica", now)
         else:

@@ -101,10 +101,16 @@ class Watermarks:
         return min(t, now)
 
     def stuck(self, now: float, after_s: float) -> list[PartitionKey]:
-        """Partitions that keep delivering records while their watermark has not moved for ``after_s``."""
+        """Partitions that keep delivering records while their watermark has not moved for ``after_s``.
+
+        A watermark at or ahead of ``now - after_s`` is not stuck however long since it last moved: an
+        accepted event stamped up to ``max_future_s`` ahead pins ``max_ts`` until wall time catches up,
+        while the events behind it still count."""
         out = []
         for pk, pc in self.parts.items():
             if pc.last_record_at is None or now - pc.last_record_at > 5.0:
+                continue
+            if pc.max_ts is not None and pc.max_ts >= now - after_s:
                 continue
             since = pc.advanced_at
             if since is not None and now - since > after_s:
