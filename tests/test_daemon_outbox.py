@@ -127,6 +127,12 @@ def test_a_flag_lost_from_redis_is_reasserted_despite_the_cooldown(kafka_service
         assert wait_until(lambda: daemon.stats.windows_closed >= 2, 30)
         gen.inject(MODEL, "legal/contracts", "quality")
         assert wait_until(lambda: (f := store.get(MODEL, "legal/contracts")) is not None and f.precision == "fp16", 30)
+        # no rollback still on its way (the engine may decide one more while the cache said fp8):
+        # the flip that follows the loss must be the re-assertion, not a late policy write
+        assert wait_until(lambda: daemon.flags.precision_for(MODEL, "legal/contracts") == "fp16"
+                          and daemon.actuator.pending() == 0, 10)
+        time.sleep(1.5)
+        assert daemon.actuator.pending() == 0
         redis_client.flushall()  # Redis restarted without persistence
         assert wait_until(lambda: (f := store.get(MODEL, "legal/contracts")) is not None and f.precision == "fp16", 15)
         windows = redis_client.xlen("llmwd:windows")
