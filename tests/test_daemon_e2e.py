@@ -129,13 +129,13 @@ def test_pin_wins_over_policy_until_it_expires(kafka_service, redis_service, red
     s, url = sink
     cfg = make_config(kafka_service.address, redis_service.port, topic, write_policy(tmp_path / "p.yaml"), url)
     store = FlagStore(redis_client, Keys())
-    pin_s = 15.0  # long enough for the join and two windows on a loaded 2-core machine
+    pin_s = 20.0  # the refusal must come while pinned: the join and two windows on a loaded 2-core machine
     store.pin(MODEL, "legal/contracts", "fp8", pin_s, reason="incident drill", changed_by="test")
     pinned_at = time.time()
     with running_daemon(cfg) as (daemon, _server), \
             traffic(kafka_service.address, topic, ["legal/contracts"], daemon.flags.precision_for) as gen:
         gen.inject(MODEL, "legal/contracts", "quality")
-        assert wait_until(lambda: any("refused" in json.dumps(r.body) for r in s.received), 20)
+        assert wait_until(lambda: any("refused" in json.dumps(r.body) for r in s.received), pin_s)
         flag = store.get(MODEL, "legal/contracts")
         assert flag is not None and flag.precision == "fp8" and time.time() < pinned_at + pin_s
         assert wait_until(lambda: daemon.flags.precision_for(MODEL, "legal/contracts") == "fp16", 30)
