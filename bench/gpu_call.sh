@@ -2,7 +2,7 @@
 # One device call: install the carried wheels, GPU-relevant tests, then the given benchmark command.
 # Usage (on the device, from the copied worktree): bash bench/gpu_call.sh TESTS_TIMEOUT_S CMD...
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site ../whl/*.whl || exit 3
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "${WHL:-.gpu/whl}"/*.whl || exit 3
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"

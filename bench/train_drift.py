@@ -178,6 +178,64 @@ def dist(deltas: list[float]) -> dict[str, Any]:
             "top10pct_share_of_abs_mass": sum(absd[:top]) / mass if mass else 0.0}
 
 
+def _decode_all(engine: Any, rows: list[list[int]], batch: int, max_new: int) -> list[list[int]]:
+    return [t for i in range(0, len(rows), batch) for t, _ in engine._generate_batch(rows[i:i + batch], max_new)]
+
+
+def _attend_fp16_scores(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, kmask: torch.Tensor) -> torch.Tensor:
+    """The fast path's attention before 2026-12-01 (scores rounded to fp16 before the softmax), for comparison."""
+    b, nh, d = q.shape
+    kvh = kc.shape[1]
+    scores = torch.matmul(q.view(b, kvh, nh // kvh, d), kc.transpose(-1, -2)).float() * (1.0 / math.sqrt(d))
+    scores = scores.masked_fill(~kmask[:, None, None, :], float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1).to(q.dtype), vc).reshape(b, nh * d)
+
+
+def fast_equivalence(fp16: Any, rows: list[list[int]], batch: int, max_new: int, label: str) -> dict[str, Any]:
+    """FP16 greedy tokens of the fast path vs the eager transformers loop on the same weights, beside
+    the eager loop's own batch-size sensitivity and the previous attention kernel; for each row that
+    diverges, the eager top-1 minus top-2 log-probability where it did (a near-tie or a real gap)."""
+    from probes.engines import fast_decode
+
+    eager = copy.copy(fp16)
+    eager.fast_decoder = None
+    got = _decode_all(fp16, rows, batch, max_new)
+    want = _decode_all(eager, rows, batch, max_new)
+    fast = token_agreement(got, want)
+    floor = token_agreement(_decode_all(eager, rows, 8, max_new), want)
+    gaps = []
+    with torch.inference_mode():
+        for row, x, y in zip(rows, got, want, strict=True):
+            k = next((i for i, (u, v) in enumerate(zip(x, y, strict=False)) if u != v), None)
+            if k is None:
+                continue
+            ids = torch.tensor([row + y[:k]], device=fp16.device)
+            top = torch.log_softmax(fp16.model(input_ids=ids).logits[0, -1].float(), -1).topk(2).values
+            gaps.append(float(top[0] - top[1]))
+    old_fn, prev = fast_decode.attend, None
+    try:  # the same decoder with the previous attention (recompiled: dynamo guards on the global)
+        torch._dynamo.reset()
+        fast_decode.attend = _attend_fp16_scores
+        old = copy.copy(fp16)
+        old.fast_decoder = None
+        old._setup_fast("on", None, None)
+        prev = token_agreement(_decode_all(old, rows, batch, max_new), want)
+    finally:
+        fast_decode.attend = old_fn
+        torch._dynamo.reset()
+    gaps.sort()
+    say(f"{label}: fast vs eager FP16 greedy tokens, {len(rows)} prompts x {max_new}: same token at {fast[0]:.2%} "
+        f"of positions, {fast[1]:.2%} before each row's first difference, {fast[2]:.2%} of the decisions made from "
+        f"the same history; {len(gaps)} rows diverge, eager top-1 - top-2 logprob there: median "
+        f"{gaps[len(gaps) // 2] if gaps else float('nan'):.4f}, max {max(gaps, default=float('nan')):.4f}")
+    say(f"{label}: floor, the eager loop at batch 8 vs batch {batch}: {floor[0]:.2%} / {floor[1]:.2%} / {floor[2]:.2%}; "
+        f"previous fast attention (fp16-rounded scores) vs eager: {prev[0]:.2%} / {prev[1]:.2%} / {prev[2]:.2%}")
+    keys = ("same_position", "before_first_diff", "same_history_decisions")
+    return {**dict(zip(keys, fast, strict=True)), "eager_batch8_floor": dict(zip(keys, floor, strict=True)),
+            "previous_attention": dict(zip(keys, prev, strict=True)), "diverged_rows": len(gaps),
+            "first_diff_top2_gaps": gaps, "prompts": len(rows), "new_tokens": max_new}
+
+
 def measure(model: Any, label: str, items: list[dict[str, str]], cal_texts: list[str], max_new: int,
             batch: int, device: str) -> dict[str, Any]:
     from probes.fp8 import Fp8Linear
@@ -191,19 +249,11 @@ def measure(model: Any, label: str, items: list[dict[str, str]], cal_texts: list
                        name=f"{label}:fp16")
     amax = calibrate_engine(fp16, cal_texts)
     say(f"{label}: engine {fp16.fast_reason}; calibrated {len(amax)} layers over {len(cal_texts)} texts")
-    # fast path vs the eager loop on the trained model (FP16 greedy tokens)
-    rows = [fp16.encode_prompt(gs.render(it)) for it in gs.items[:min(64, len(gs.items))]]
-    eager = copy.copy(fp16)
-    eager.fast_decoder = None
-    got = [t for i in range(0, len(rows), batch) for t, _ in fp16._generate_batch(rows[i:i + batch], max_new)]
-    want = [t for i in range(0, len(rows), batch) for t, _ in eager._generate_batch(rows[i:i + batch], max_new)]
-    fast_eager = token_agreement(got, want)
-    say(f"{label}: fast vs eager FP16 greedy tokens, {len(rows)} prompts x {max_new}: same token at "
-        f"{fast_eager[0]:.2%} of positions, {fast_eager[1]:.2%} before the first difference")
+    rows = [fp16.encode_prompt(gs.render(it)) for it in gs.items]
+    equiv = fast_equivalence(fp16, rows, batch, max_new, label)
     variants = {"fp8 per-tensor": {"fp8_weight_scale": "tensor"}, "fp8 per-row": {"fp8_weight_scale": "row"},
                 "fp8 stale x0.25": {"fp8_weight_scale": "tensor", "scale_multiplier": 0.25}}
-    out: dict[str, Any] = {"fast_vs_eager_fp16": {"same_position": fast_eager[0], "before_first_diff": fast_eager[1],
-                                                  "prompts": len(rows), "new_tokens": max_new},
+    out: dict[str, Any] = {"fast_vs_eager_fp16": equiv,
                            "calibration_texts": len(cal_texts), "variants": {}}
     for name, opts in variants.items():
         fp8 = TorchEngine(precision="fp8", model=copy.deepcopy(model).to(getattr(torch, dt)), tokenizer=tok,

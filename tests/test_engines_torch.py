@@ -175,7 +175,7 @@ def test_fast_path_gives_the_eager_paths_greedy_tokens(precision: str) -> None:
         # fp16 with a compiled step: rounding differs from eager, and a RANDOM model turns a rounding
         # difference into a different token within a few steps (seen on the H200: first difference at
         # step 4-15). The first token comes from the same prefill and must match; the agreement on a
-        # trained model is measured in bench/train_drift.py (97.8 % of positions, docs/DRIFT.md).
+        # trained model is measured in bench/train_drift.py (99.9 % of decisions, docs/DRIFT.md).
         got = fast._generate_batch(rows[:3], 24)
         want = eager._generate_batch(rows[:3], 24)
         assert [t[0] for t, _ in got] == [t[0] for t, _ in want]

@@ -86,3 +86,25 @@ def test_measure_without_or_with_a_gpu() -> None:
     name = torch.cuda.get_device_name(0)
     a = assess(res, name)
     print(f"{name}: {res['gbps']:.0f} GB/s, nominal {a['nominal_gbps']}, ratio {a['ratio']}")
+
+
+def test_daemon_config_keys_reach_the_monitor() -> None:
+    from types import SimpleNamespace
+
+    from prometheus_client import CollectorRegistry
+    from pydantic import ValidationError
+
+    from tests.test_gpu_read import ReplayNvml
+    from watchdog.config import GpuConfig
+    from watchdog.daemon import Daemon
+
+    def monitor(g: GpuConfig) -> GpuMonitor:
+        host = SimpleNamespace(cfg=SimpleNamespace(gpu=g), metrics=SimpleNamespace(registry=CollectorRegistry()),
+                               sources=[])
+        return Daemon._gpu_monitor(host, ReplayNvml(recorded()))  # type: ignore[arg-type]
+
+    on = monitor(GpuConfig(enabled=True, bandwidth_test=True, bandwidth_every_s=600))
+    assert on.bandwidth_test is True and on.bandwidth_every_s == 600
+    assert monitor(GpuConfig(enabled=True)).bandwidth_test is False  # off by default: no torch import
+    with pytest.raises(ValidationError, match="bandwidth_every_s"):
+        GpuConfig(enabled=True, bandwidth_test=True, bandwidth_every_s=5)

@@ -131,6 +131,10 @@ class GpuConfig(_Section):
     interval_s: float = Field(1.0, gt=0)
     #: GPU UUID (or MIG instance UUID) -> the "model/route" entries (globs allowed) it serves
     routes: dict[str, list[str]] = Field(default_factory=dict)
+    #: device-to-device bandwidth self-test (imports torch, needs CUDA): at start, then every
+    #: ``bandwidth_every_s``; off by default so the daemon stays torch-free (docs/GPU.md)
+    bandwidth_test: bool = False
+    bandwidth_every_s: float = Field(3600.0, ge=60)
 
 
 class ServerConfig(_Section):

@@ -150,7 +150,7 @@ class Daemon:
 
         mapping = {gpu: [tuple(entry.split("/", 1)) for entry in entries] for gpu, entries in g.routes.items()}
         monitor = GpuMonitor(interval_s=g.interval_s, mapping=mapping, gauges=GpuGauges(self.metrics.registry),
-                             nvml=nvml)
+                             nvml=nvml, bandwidth_test=g.bandwidth_test, bandwidth_every_s=g.bandwidth_every_s)
         last = [0.0]
 
         def gpu_source(now: float) -> list[Signal]:

@@ -24,7 +24,6 @@ activations other than SiLU, dynamic FP8 activation scales.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections import OrderedDict
@@ -109,6 +108,16 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-b, a), dim=-1)
 
 
+def attend(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, kmask: torch.Tensor) -> torch.Tensor:
+    """Attention of one new query per row over the static cache: q [B, NH, D], kc/vc [B, KVH, T, D],
+    kmask [B, T]. Through ``scaled_dot_product_attention`` like the eager transformers path (scores
+    kept in float32 inside the kernel; rounding them to fp16 first flipped near-tied greedy picks)."""
+    b, nh, d = q.shape
+    out = F.scaled_dot_product_attention(q[:, :, None, :], kc, vc, attn_mask=kmask[:, None, None, :],
+                                         enable_gqa=nh != kc.shape[1])
+    return out.reshape(b, nh * d)
+
+
 def decode_layer(x: torch.Tensor, p: dict[str, Any], kc: torch.Tensor, vc: torch.Tensor, slot: torch.Tensor,
                  cos: torch.Tensor, sin: torch.Tensor, kmask: torch.Tensor, eps: float) -> torch.Tensor:
     """One Llama layer for one new token per row. x [B, hidden]; kc, vc [B, KVH, T, D] (written at
@@ -124,12 +133,7 @@ def decode_layer(x: torch.Tensor, p: dict[str, Any], kc: torch.Tensor, vc: torch
     k = k * c + rotate_half(k) * s
     kc.index_copy_(2, slot, k.unsqueeze(2))
     vc.index_copy_(2, slot, v.unsqueeze(2))
-    nh = q.shape[1]
-    qg = q.view(b, kvh, nh // kvh, d)
-    scores = torch.matmul(qg, kc.transpose(-1, -2)).float() * (1.0 / math.sqrt(d))
-    scores = scores.masked_fill(~kmask[:, None, None, :], float("-inf"))
-    att = torch.matmul(torch.softmax(scores, dim=-1).to(x.dtype), vc).reshape(b, nh * d)
-    x = x + linear(att, p["o"])
+    x = x + linear(attend(q, kc, vc, kmask), p["o"])
     h = rms_norm(x, p["ln2"], eps)
     return x + linear(F.silu(linear(h, p["gate"])) * linear(h, p["up"]), p["down"])
 
