@@ -52,7 +52,8 @@ def _learn(rule: Rule, rs: RuleState, v: Verdict) -> None:
         return
     detail = jd.get("detail") or {}
     if j.learn is not None and isinstance(detail.get("window_estimate"), list):
-        rs.null.append({"end": v.end, "e": float(detail["window_estimate"][0])})
+        est = detail["window_estimate"]
+        rs.null.append({"end": v.end, "e": float(est[0]), "v": float(est[1])})
         del rs.null[:-j.learn]
         return
     if j.test == "paired" and j.learn is not None and rs.pool and rs.pool[-1].get("end") == v.end:

@@ -29,7 +29,8 @@ class RuleState:
     #: pooled judge history (watchdog/policy/pooling.py): the last ``pool`` windows' sketches or
     #: counts, or the last ``replays`` golden replays' per-item differences; emptied by a flip
     pool: list[dict[str, Any]] = field(default_factory=list)
-    #: learned null (judge.learn): the last healthy windows' differences {"end", "e"}, or for a
+    #: learned null (judge.learn): the last healthy windows' differences and their stated sampling
+    #: variances {"end", "e", "v"} ("v" absent in states saved before it was kept), or for a
     #: paired rule with ``broken`` the passing replays' broken counts {"end", "broken", "n"};
     #: bounded, kept across flips (it describes healthy FP8 vs FP16, not the serving state)
     null: list[dict[str, Any]] = field(default_factory=list)
