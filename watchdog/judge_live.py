@@ -164,19 +164,19 @@ def _residual_sd(hist: np.ndarray, k: int, recent: int) -> tuple[float, int]:
     return float(np.sqrt(np.mean(r * r))), max(1, int(r.size // k))
 
 
-def _sampling_excess(hist: np.ndarray, hv: np.ndarray, k: int, recent: int) -> tuple[float, int]:
-    """Between-window variance beyond sampling noise of the judged statistic: the mean over the
-    history of (residual^2 - its stated sampling variance), residual = mean of k windows - mean
-    of the ``recent`` before them, floored at 0; and its degrees of freedom (as ``_residual_sd``)."""
-    n = hist.size
-    if n < recent + k:
-        return math.nan, 0
-    c = np.concatenate([[0.0], np.cumsum(hist)])
-    cv = np.concatenate([[0.0], np.cumsum(hv)])
-    j = np.arange(recent, n - k + 1)
-    r = (c[j + k] - c[j]) / k - (c[j] - c[j - recent]) / recent
-    s2 = (cv[j + k] - cv[j]) / (k * k) + (cv[j] - cv[j - recent]) / (recent * recent)
-    return max(0.0, float(np.mean(r * r - s2))), max(1, int(r.size // k))
+def _dispersion(hist: np.ndarray, hv: np.ndarray) -> tuple[float, float]:
+    """How many times its stated sampling variance a healthy window varies: the mean of
+    (e_t - e_{t-1})^2 / (v_t + v_{t-1}) over the history (successive differences: a slow drift
+    of the level barely enters), and its degrees of freedom (2 (n - 1) / 3, the efficiency of
+    successive differences against the plain variance for white noise)."""
+    if hist.size < 3:
+        return math.nan, 0.0
+    d = np.diff(hist)
+    s = hv[1:] + hv[:-1]
+    ok = s > 0
+    if not ok.any():
+        return math.nan, 0.0
+    return float(np.mean(d[ok] ** 2 / s[ok])), 2.0 * (int(ok.sum())) / 3.0
 
 
 def judge_learned(
@@ -201,12 +201,15 @@ def judge_learned(
     ``effect_threshold``; see the module docstring for the model.
 
     ``null_model="sampling"`` (needs ``null_v``, the stated sampling variances of the history):
-    the null variance is the stated sampling variance of the judged statistic (the pool's and
-    the level's windows) plus the between-window excess learned from the history
-    (``_sampling_excess``), with a Satterthwaite critical value (normal when no excess is seen).
-    For statistics whose between-window variation is mostly sampling noise (a tail contrast,
-    whose replica effects cancel) this keeps the power that a t on a few residual degrees of
-    freedom would cost. Without usable ``null_v`` it falls back to the residual model.
+    for a statistic whose healthy windows differ by sampling noise alone (the tail contrast,
+    whose replica and load effects cancel), the null variance is the stated sampling variance
+    of the judged statistic (the pool's and the level's windows) times the dispersion learned
+    from the history (``_dispersion``; 1 = sampling noise only), blended with a dispersion of 1
+    at 2 pseudo degrees of freedom, and the critical value Student t on those degrees of
+    freedom. The history's successive differences give it about 2/3 of the windows as degrees
+    of freedom, where the residual model has one per ``k`` windows; that is where its power
+    comes from. A level that wanders (replica offsets) is not what it models: use the residual
+    model there. Without usable ``null_v`` it falls back to the residual model.
 
     ``level_sd``: the prior sd of the level itself, used while the null warms up (default
     ``prior_sd``). A replica offset makes the level spread wider than the window-to-window
@@ -220,6 +223,7 @@ def judge_learned(
     v = np.array([p[1] for p in pool], dtype=float)
     d = float(e.mean())
     hist = np.asarray(null, dtype=float)
+    dispersion: float | None = None
     # a long level (a stationary null) is built up over the history: half of it at first
     recent = max(1, min(recent, hist.size // 2))
     learned = hist.size >= max(learn_min, recent + k)
@@ -230,14 +234,14 @@ def judge_learned(
         level = min(level, effect_threshold if level_cap is None else level_cap)
         hv = np.asarray(null_v if null_v is not None else [], dtype=float)
         if null_model == "sampling" and hv.size == hist.size and np.all(np.isfinite(hv)):
-            excess, df = _sampling_excess(hist, hv, k, recent)
+            phi, dfd = _dispersion(hist, hv)
+            phi = (dfd * phi + PRIOR_DF) / (dfd + PRIOR_DF) if math.isfinite(phi) else 1.0
             rv = hv[-recent:]
-            var = float(v.sum()) / (k * k) + float(rv.sum()) / (rv.size * rv.size) + excess
-            sd_r = math.sqrt(excess)
-            # Satterthwaite: only the excess is estimated (on df), the sampling part is stated
-            crit = st.z_quantile(1 - alpha / 2) if excess <= 0 else \
-                st.t_quantile(1 - alpha / 2, df * (var / excess) ** 2)
+            var = phi * (float(v.sum()) / (k * k) + float(rv.sum()) / (rv.size * rv.size))
+            sd_r, df = math.sqrt(var), int(dfd)
+            crit = st.t_quantile(1 - alpha / 2, dfd + PRIOR_DF)
             method = "learned_null_sampling"
+            dispersion = phi
         else:
             sd_r, df = _residual_sd(hist, k, recent)
             var = (df * sd_r * sd_r + PRIOR_DF * prior_sd * prior_sd) / (df + PRIOR_DF)
@@ -266,5 +270,5 @@ def judge_learned(
     return Judgement(metric=metric, status=status, reason=reason, message=msg, estimate=shift, ci_low=lo,
                      ci_high=hi, p_value=p, n=k, effect_threshold=effect_threshold, method=method,
                      detail={"difference": d, "level": level, "learned": learned, "null_windows": int(hist.size),
-                             "null_sd": None if math.isnan(sd_r) else sd_r, "df": df, "alpha": alpha,
+                             "null_sd": None if math.isnan(sd_r) else sd_r, "df": df, "alpha": alpha, "dispersion": dispersion,
                              "window_estimate": [float(e[-1]), float(v[-1])]})
