@@ -224,6 +224,40 @@ class Tally:
     rollbacks: int = 0
     by_rule: dict[str, int] = field(default_factory=dict)
     first: list[int] = field(default_factory=list)  # window of the first rollback per route (-1: none)
+    #: per "policy:rule": each judged window's distance to failing, (estimate - effect) / (estimate
+    #: - ci_low): the rule fails at 1 (``margin_summary``)
+    margins: dict[str, list[float]] = field(default_factory=dict)
+
+
+def _record_margins(engine: PolicyEngine, tally: Tally, end: float) -> None:
+    for (policy, _, _), st in engine.states.items():
+        for name, rs in st.rules.items():
+            v = rs.last
+            j = v.judgement if v is not None and v.end == end else None
+            if not j or j.get("estimate") is None or j.get("ci_low") is None:
+                continue
+            if not (j.get("detail") or {}).get("learned", True):
+                continue  # warm-up: judged against the prior, not the learned null
+            est, lo, eff = float(j["estimate"]), float(j["ci_low"]), float(j.get("effect_threshold") or 0.0)
+            if est > lo:
+                tally.margins.setdefault(f"{policy}:{name}", []).append((est - eff) / (est - lo))
+
+
+def margin_summary(margins: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    """Per rule: how far its healthy judged windows stayed from failing (margin 1 = fail), and
+    an EXTRAPOLATED per-window failure rate: a normal fitted to the healthy margins, its tail
+    beyond 1 (a model of the tail, not a count; t-based rules have heavier tails)."""
+    out = {}
+    for key, xs in sorted(margins.items()):
+        x = np.asarray(xs)
+        if x.size < 30:
+            continue
+        m, sd = float(x.mean()), float(x.std(ddof=1))
+        z = (1 - m) / sd if sd > 0 else math.inf
+        out[key] = {"windows": int(x.size), "max": float(x.max()), "mean": m, "sd": sd,
+                    "share_above_half": float(np.mean(x > 0.5)),
+                    "extrapolated_per_10k": 1e4 * 0.5 * math.erfc(z / math.sqrt(2))}
+    return out
 
 
 def _reset_route(engine: PolicyEngine, route: str) -> None:
@@ -260,6 +294,8 @@ def run_live(ps: PolicySet, model: Live, routes: int, windows: int, seed: int, r
             if tally.first[r] < 0:
                 tally.first[r] = t
             _reset_route(engine, a.route)
+        if reg is None:
+            _record_margins(engine, tally, T0 + (t + 1) * WINDOW_S)
         tally.windows += routes
         if stop_after is not None and reg is not None and t >= reg.onset + stop_after:
             break
@@ -478,10 +514,13 @@ def main(argv: list[str] | None = None) -> int:
             tl = run_live(ps, model, args.routes, args.windows, args.seed + i, prefix)
             row = {"model": model.name, "routes": label, "windows": tl.windows, "rollbacks": tl.rollbacks,
                    "per_10k": 1e4 * tl.rollbacks / tl.windows, "upper95_per_10k": 1e4 * upper95(tl.rollbacks, tl.windows),
-                   "by_rule": tl.by_rule, "target": model.target}
+                   "by_rule": tl.by_rule, "target": model.target, "margins": margin_summary(tl.margins)}
             res["live"].append(row)
             print(f"{model.name:28s} {label:>6s} {tl.windows:8d} {tl.rollbacks:9d} {row['per_10k']:8.2f} "
                   f"{row['upper95_per_10k']:8.2f}  {tl.by_rule}")
+            for rule, mg in row["margins"].items():
+                print(f"    margin {rule:34s} max {mg['max']:+.2f}  mean {mg['mean']:+.2f} sd {mg['sd']:.2f}  "
+                      f"extrapolated {mg['extrapolated_per_10k']:.2g} per 10k")
     golden = GOLDEN_MODELS[1:2] + GOLDEN_MODELS[3:] if args.quick else GOLDEN_MODELS
     if "golden" not in parts:
         golden = []

@@ -18,7 +18,7 @@ from watchdog.policy.causes import attribute_rule, gpu_problems, gpu_reading
 from watchdog.policy.evaluate import Verdict, combine_window, evaluate_rule
 from watchdog.policy.loader import PolicySet
 from watchdog.policy.pooling import learn_items
-from watchdog.policy.schema import Policy, Rule
+from watchdog.policy.schema import MAX_POOL_WINDOWS, Policy, Rule
 from watchdog.policy.state import STATE_VERSION, RuleState, ScopeState, rule_fingerprint
 from watchdog.signals import Action, Signal
 
@@ -189,7 +189,9 @@ class PolicyEngine:
             rs.fails = rs.errors = 0
             _learn(rule, rs, v)
             if v.candidate is not None and v.baseline is not None:
-                rs.ref = {"candidate": v.candidate, "baseline": v.baseline}
+                recent = [e for e in (rs.ref or {}).get("recent", []) if isinstance(e, list) and len(e) == 3]
+                recent = (recent + [[v.end, v.candidate, v.baseline]])[-(MAX_POOL_WINDOWS + 1):]
+                rs.ref = {"candidate": v.candidate, "baseline": v.baseline, "recent": recent}
         elif v.status == "marginal":  # measured, not clearly bad: breaks the streaks, not healthy
             rs.fails = rs.errors = 0
         if v.status in ("inconclusive", "marginal") and v.judgement is not None \
