@@ -11,8 +11,13 @@ import scipy.stats as ss
 
 from watchdog import judge_stats as st
 from watchdog.judge import judge_broken
-from watchdog.judge_live import (judge_learned, quantile_log_diff, sketch_log_quantile, sketch_log_tail_contrast,
-                                 sketch_log_tail_mean)
+from watchdog.judge_live import (
+    judge_learned,
+    quantile_log_diff,
+    sketch_log_quantile,
+    sketch_log_tail_contrast,
+    sketch_log_tail_mean,
+)
 from watchdog.policy.engine import PolicyEngine
 from watchdog.policy.loader import PolicySet, parse_policy_text
 from watchdog.signals import Signal

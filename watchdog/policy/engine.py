@@ -189,7 +189,8 @@ class PolicyEngine:
             rs.fails = rs.errors = 0
             _learn(rule, rs, v)
             if v.candidate is not None and v.baseline is not None:
-                recent = [e for e in (rs.ref or {}).get("recent", []) if isinstance(e, list) and len(e) == 3]
+                old = (rs.ref or {}).get("recent")
+                recent = [e for e in old if isinstance(e, list) and len(e) == 3] if isinstance(old, list) else []
                 recent = (recent + [[v.end, v.candidate, v.baseline]])[-(MAX_POOL_WINDOWS + 1):]
                 rs.ref = {"candidate": v.candidate, "baseline": v.baseline, "recent": recent}
         elif v.status == "marginal":  # measured, not clearly bad: breaks the streaks, not healthy
