@@ -526,10 +526,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replays", type=int, default=80, help="healthy replays per route and golden model")
     ap.add_argument("--golden-routes", type=int, default=30, help="healthy golden routes per golden model")
     ap.add_argument("--seed", type=int, default=9)
-    ap.add_argument("--power-routes", type=int, default=30, help="regressed routes per live power scenario")
+    ap.add_argument("--power-routes", type=int, default=80, help="regressed routes per live power scenario")
     ap.add_argument("--golden-power-routes", type=int, default=30, help="regressed routes per golden power scenario")
     ap.add_argument("--strict-power-routes", type=int, default=200,
                     help="regressed routes of the legal (strict policy) fixed golden-200 scenario")
+    ap.add_argument("--default-power-routes", type=int, default=100,
+                    help="regressed routes of the chat (default policy) fixed golden-200 scenario")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--parts", default="live,golden,power,trained", help="which parts to run (comma-separated): "
                     "live, golden, power (power includes the baselines), trained (golden models with the drift "
@@ -587,9 +589,9 @@ def main(argv: list[str] | None = None) -> int:
     g_onset = 30 if args.quick else 40
     for label, prefix in (list(prefixes.items())[-1:] if args.quick else prefixes.items()):
         for g in golden_power:
-            # the strict policy's 0.99 target on a fixed set needs enough routes to resolve it
-            n_gpow = 8 if args.quick else args.strict_power_routes if (label, g) == ("legal", GOLDEN_MODELS[1]) \
-                else args.golden_power_routes
+            # the targets on a fixed set (strict 0.99, default 0.95) need enough routes to resolve them
+            n_gpow = 8 if args.quick else args.golden_power_routes if g != GOLDEN_MODELS[1] \
+                else args.strict_power_routes if label == "legal" else args.default_power_routes
             tgs = run_golden(ps, g, n_gpow, g_onset + 2, args.seed + 300, prefix, damages=("diffuse", "concentrated"),
                              onset=g_onset)
             for damage, tg in zip(("diffuse", "concentrated"), tgs, strict=True):
@@ -598,7 +600,9 @@ def main(argv: list[str] | None = None) -> int:
                                      "within": "2 replays", "power": p, "n": n_gpow, "by_rule": tg.by_rule})
                 print(f"power {label:6s} {g.name:20s} -0.03 {damage:12s} within 2 replays: {p:.3f} "
                       f"({n_gpow} routes) {tg.by_rule}")
-        if "power" not in parts:
+        # the latency rules are the default policy's (the strict one has none that rolls back): their
+        # power is measured on the chat routes only, with more of them
+        if "power" not in parts or (label == "legal" and not args.quick):
             continue
         regs = {"p99-only +10%": (Regression(onset=onset, p99=0.10), 5),
                 "whole distribution +10%": (Regression(onset=onset, shift=0.10), 3)}
