@@ -11,7 +11,13 @@ import scipy.stats as ss
 
 from watchdog import judge_stats as st
 from watchdog.judge import judge_broken
-from watchdog.judge_live import judge_learned, quantile_log_diff, sketch_log_quantile
+from watchdog.judge_live import (
+    judge_learned,
+    quantile_log_diff,
+    sketch_log_quantile,
+    sketch_log_tail_contrast,
+    sketch_log_tail_mean,
+)
 from watchdog.policy.engine import PolicyEngine
 from watchdog.policy.loader import PolicySet, parse_policy_text
 from watchdog.signals import Signal
@@ -137,3 +143,95 @@ def test_engine_learns_the_null_and_keeps_it_in_its_state() -> None:
     for t in range(40, 43):  # then +25 %
         acts += other.observe(_window(t, rng, 1.05 * 1.25), 300.0 * (t + 1) + 1, flags)
     assert acts and acts[0].kind == "rollback" and acts[0].detail["rules"] == ["p99"]
+
+
+# --- the tail contrast (relative_to: mean) and the sampling null ------------------------------
+
+
+def _bucketed(x: np.ndarray, acc: float = 0.01) -> dict[str, object]:
+    """A sketch export of ``x`` (the QuantileSketch's log buckets), without the per-value loop."""
+    keys, counts = np.unique(np.ceil(np.log(x) / math.log((1 + acc) / (1 - acc))).astype(int), return_counts=True)
+    return {"relative_accuracy": acc, "bins": np.column_stack((keys, counts)).tolist()}
+
+
+@pytest.mark.parametrize(("n", "p", "sigma"), [(1000, 0.95, 0.35), (1000, 0.9, 0.35), (300, 0.9, 0.6), (5000, 0.8, 0.35)])
+def test_tail_contrast_variance_matches_its_sampling_variance(n: int, p: float, sigma: float) -> None:
+    """The influence-function variance of (tail mean - mean) of one sketch against the spread
+    of 2,000 simulated windows: the two terms are correlated, so neither the sum nor the tail
+    mean's own variance would match."""
+    rng = np.random.default_rng(int(n * p))
+    est, var = [], []
+    for _ in range(2000):
+        e, v = sketch_log_tail_contrast(_bucketed(np.exp(6 + sigma * rng.standard_normal(n))), p)
+        est.append(e)
+        var.append(v)
+    ratio = float(np.var(est, ddof=1) / np.mean(var))
+    assert 0.9 < ratio < 1.1, ratio  # 2,000 draws: the ratio's own sd is ~0.03
+    v_tail = np.mean([sketch_log_tail_mean(_bucketed(np.exp(6 + sigma * rng.standard_normal(n))), p)[1]  # type: ignore[index]
+                      for _ in range(200)])
+    assert np.mean(var) < 0.9 * v_tail  # and it is smaller than the tail mean's alone
+
+
+def test_tail_contrast_ignores_a_scale_change_and_sees_a_tail_change() -> None:
+    rng = np.random.default_rng(8)
+    z = rng.standard_normal(20000)
+    base = np.exp(6 + 0.35 * z)
+    tail_only = base * (1 + 0.10 * np.clip((ss.norm.cdf(z) - 0.9) / 0.09, 0, 1))
+    ref = sketch_log_tail_contrast(_bucketed(base), 0.95)
+    assert ref is not None
+    for scale in (0.625, 1.04, 1.3):  # a 1.6x speed-up, a replica offset, a slow hour
+        other = sketch_log_tail_contrast(_bucketed(base * scale), 0.95)
+        assert other is not None and other[0] == pytest.approx(ref[0], abs=0.004)  # bucket width 0.02
+    bad = quantile_log_diff(_bucketed(tail_only), _bucketed(base), 0.99, tail=0.95, relative_to="mean")
+    assert bad is not None and bad[0] == pytest.approx(0.068, abs=0.008)
+    assert bad[0] > 4 * math.sqrt(bad[1])
+    scaled = quantile_log_diff(_bucketed(base * 1.3), _bucketed(base), 0.99, tail=0.95, relative_to="mean")
+    assert scaled is not None and abs(scaled[0]) < 0.004
+
+
+def _stationary(rng: np.random.Generator, n: int, v: float, excess_sd: float) -> tuple[list[float], list[float]]:
+    e = rng.normal(0, math.sqrt(v), n) + rng.normal(0, excess_sd, n)
+    return list(e), [v] * n
+
+
+@pytest.mark.parametrize("excess_sd", [0.0, 0.03])
+def test_sampling_null_scales_the_stated_variance_by_the_learned_dispersion(excess_sd: float) -> None:
+    rng = np.random.default_rng(21)
+    v = 0.01**2
+    hist, hv = _stationary(rng, 200, v, excess_sd)
+    j = judge_learned([(0.01, v)] * 5, hist, null_v=hv, null_model="sampling", effect_threshold=0.0, alpha=1e-4,
+                      prior_sd=0.02, recent=48)
+    assert j.method == "learned_null_sampling" and j.detail["learned"] and j.status == "pass", j.message
+    phi = j.detail["dispersion"]
+    # dispersion: 1 for sampling noise alone, 1 + 0.03^2 / 0.01^2 = 10 with the excess
+    assert phi == pytest.approx(1.0 + excess_sd**2 / v, rel=0.4)  # df 132: its sd is ~12 %
+    df = 2 * 199 / 3 + 2
+    half = st.t_quantile(1 - 5e-5, df) * math.sqrt(phi * (v / 5 + v / 48))
+    assert j.ci_high - j.estimate == pytest.approx(half)
+    # +4 %: 8.5 sampling sds, but within the spread of an excess of 3 % per window
+    strong = judge_learned([(0.04, v)] * 5, hist, null_v=hv, null_model="sampling", effect_threshold=0.0,
+                           alpha=1e-4, prior_sd=0.02, recent=48)
+    assert strong.status == ("fail" if excess_sd == 0.0 else "pass"), strong.message
+
+
+def test_sampling_null_without_stated_variances_falls_back_to_the_residual_model() -> None:
+    rng = np.random.default_rng(2)
+    hist, _ = _stationary(rng, 100, 1e-4, 0.0)
+    j = judge_learned([(0.0, 1e-4)] * 3, hist, null_v=[math.nan] * 100, null_model="sampling",
+                      effect_threshold=0.0, alpha=0.01, prior_sd=0.01)
+    assert j.method == "learned_null" and j.detail["learned"]
+
+
+@pytest.mark.parametrize("excess_ratio", [0.0, 1.0, 4.0])
+def test_sampling_null_false_alarm_rate_is_near_nominal(excess_ratio: float) -> None:
+    """Healthy stationary histories (sampling noise, plus a between-window excess of 0, 1 or 4
+    times the sampling variance): the one-sided harmful rate of the sampling null at alpha 0.02
+    stays within [0.3, 1.6] x nominal (2,000 pools; 1 % nominal, binomial sd 0.22 %)."""
+    rng = np.random.default_rng(int(10 * excess_ratio) + 1)
+    v, k, hits, trials = 0.01**2, 5, 0, 2000
+    for _ in range(trials):
+        e, hv = _stationary(rng, 140, v * rng.uniform(0.5, 2.0), math.sqrt(excess_ratio * v))
+        j = judge_learned([(x, hv[0]) for x in e[-k:]], e[:-k], null_v=hv[:-k], null_model="sampling",
+                          effect_threshold=0.0, alpha=0.02, prior_sd=0.01, recent=24)
+        hits += j.ci_low > 0
+    assert 0.3 * 0.01 * trials <= hits <= 1.6 * 0.01 * trials, hits

@@ -313,3 +313,37 @@ def test_pool_keys_validated_with_positions(rule: str, key: str, expected: str) 
     line = next(i for i, x in enumerate(text.splitlines(), 1) if f"{key}: " in x)
     col = text.splitlines()[line - 1].index(f"{key}: ") + len(key) + 3  # the value, 1-based
     assert found == [] and len(errors) == 1 and errors[0].startswith(f"t.yaml:{line}:{col}: {expected}"), errors
+
+
+def test_a_pooled_rule_attributes_against_the_last_passing_window_before_its_pool() -> None:
+    """A pool with one regressed window still passes; the cause check must not take that window
+    as "before", or FP16's own window-to-window noise explains the regression away."""
+    from watchdog.policy.causes import attribute_rule
+    from watchdog.policy.evaluate import Verdict
+    from watchdog.policy.loader import parse_policy_text
+    from watchdog.policy.state import RuleState
+
+    text = """
+policies:
+  - name: p
+    rules:
+      - name: lat
+        metric: latency_p50_ms
+        judge: {test: quantile, tail: 0.0, effect: 0.0, alpha: 0.001, pool: 3, learn: 96}
+        action: rollback
+"""
+    (policy,), errors = parse_policy_text(text, "p.yaml")
+    assert not errors
+    rule = policy.rules[0]
+    rs = RuleState("f")
+    # passing windows ending at 300..1500; the regression (+80 ms on FP8) started in the window
+    # ending at 1500, which passed; FP16 moved +30 ms by noise since the one before
+    rs.ref = {"candidate": 880.0, "baseline": 830.0,
+              "recent": [[300.0 * i, 800.0, 800.0] for i in range(1, 5)] + [[1500.0, 880.0, 830.0]]}
+    rs.pool = [{"start": 1200.0 + 300 * i, "end": 1500.0 + 300 * i, "e": 0.1, "v": 1e-4} for i in range(3)]
+    rs.last = Verdict(rule="lat", status="fail", reason="", source="live", metric="latency_p50_ms",
+                      start=1800.0, end=2100.0, candidate=885.0, baseline=835.0)
+    a = attribute_rule(policy, rule, rs, [])
+    assert a.cause == "candidate", a  # against the window ending at 1200: +85 ms vs +35 ms
+    rs.pool = rs.pool[-1:]  # a pool of one: the latest passing window, as for unpooled rules
+    assert attribute_rule(policy, rule, rs, []).cause == "input_shift"

@@ -63,6 +63,17 @@ def test_good_file_parses_with_defaults() -> None:
         # gpu rules have no baseline
         ("metric: error_rate\n        fail_if: candidate > 0.05", "metric: xid_critical\n        source: gpu\n        fail_if: baseline > 0",
          "f.yaml:8:18: fail_if: gpu signals have no baseline"),
+        # judge options that only fit one test, pointed at the key
+        ("fail_if: candidate > 0.05", "judge: {test: rate, effect: 0.01, relative_to: mean}",
+         "f.yaml:7:56: judge: relative_to contrasts an upper-tail mean"),
+        ("metric: error_rate\n        fail_if: candidate > 0.05",
+         "metric: latency_p99_ms\n        judge: {test: quantile, effect: 0.0, relative_to: median}",
+         "f.yaml:7:59: policies[0].rules[0].judge.relative_to: Input should be 'mean'"),
+        ("metric: error_rate\n        fail_if: candidate > 0.05",
+         "metric: latency_p99_ms\n        judge: {test: quantile, effect: 0.0, relative_to: mean}",
+         "f.yaml:7:59: judge: relative_to contrasts an upper-tail mean"),
+        ("fail_if: candidate > 0.05", "judge: {test: rate, effect: 0.01, null_model: sampling}",
+         "f.yaml:7:55: judge: null_model applies to a learned null"),
         # YAML syntax
         ("    cooldown: 90s\n", "    cooldown: [90s\n", "f.yaml:4:"),
     ],

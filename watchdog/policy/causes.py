@@ -42,13 +42,15 @@ def gpu_problems(policy: Policy, st: ScopeState, now: float) -> list[str]:
 def attribute_rule(policy: Policy, rule: Rule, rs: RuleState, problems: list[str]) -> Attribution:
     """Why ``rule`` trips: ``candidate`` (roll back), ``input_shift`` or ``gpu_health`` (alert only).
 
-    The "before" values are those of the rule's last passing window; without them (or without
-    this window's numbers) only the GPU can be blamed instead of the candidate."""
+    The "before" values are those of the rule's last passing window - for a pooled rule the last
+    one before the pool's first window: a window inside the pool may have passed while a
+    regression was already in it, and comparing with it sees no candidate change beyond one
+    window's noise. Without them (or without this window's numbers) only the GPU can be blamed
+    instead of the candidate."""
     v = rs.last
     now_c = v.candidate if v else None
     now_b = v.baseline if v else None
-    ref = rs.ref or {}
-    before_c, before_b = ref.get("candidate"), ref.get("baseline")
+    before_c, before_b = _before(rs)
     numbers = (now_c, before_c, now_b, before_b)
     usable = (policy.inhibit.input_shift and rule.metric not in PAIRWISE_METRICS
               and all(x is not None for x in numbers))
@@ -59,3 +61,15 @@ def attribute_rule(policy: Policy, rule: Rule, rs: RuleState, problems: list[str
         now_c = before_c = now_b = before_b = math.nan
     return attribute(float(now_c), float(before_c), float(now_b), float(before_b),  # type: ignore[arg-type]
                      problems, direction=rule.direction, shared_fraction=policy.inhibit.shared_fraction)
+
+
+def _before(rs: RuleState) -> tuple[float | None, float | None]:
+    """(candidate, baseline) of the reference window of ``attribute_rule``."""
+    ref = rs.ref or {}
+    recent = ref.get("recent")
+    if not rs.pool or len(rs.pool) < 2 or not isinstance(recent, list):
+        return ref.get("candidate"), ref.get("baseline")  # no pool (or a state saved before "recent")
+    first = rs.pool[0]
+    # live windows carry their start; golden replays only their end
+    earlier = [e for e in recent if (e[0] <= float(first["start"]) if "start" in first else e[0] < float(first["end"]))]
+    return (earlier[-1][1], earlier[-1][2]) if earlier else (None, None)

@@ -18,7 +18,7 @@ from watchdog.policy.causes import attribute_rule, gpu_problems, gpu_reading
 from watchdog.policy.evaluate import Verdict, combine_window, evaluate_rule
 from watchdog.policy.loader import PolicySet
 from watchdog.policy.pooling import learn_items
-from watchdog.policy.schema import Policy, Rule
+from watchdog.policy.schema import MAX_POOL_WINDOWS, Policy, Rule
 from watchdog.policy.state import STATE_VERSION, RuleState, ScopeState, rule_fingerprint
 from watchdog.signals import Action, Signal
 
@@ -52,7 +52,8 @@ def _learn(rule: Rule, rs: RuleState, v: Verdict) -> None:
         return
     detail = jd.get("detail") or {}
     if j.learn is not None and isinstance(detail.get("window_estimate"), list):
-        rs.null.append({"end": v.end, "e": float(detail["window_estimate"][0])})
+        est = detail["window_estimate"]
+        rs.null.append({"end": v.end, "e": float(est[0]), "v": float(est[1])})
         del rs.null[:-j.learn]
         return
     if j.test == "paired" and j.learn is not None and rs.pool and rs.pool[-1].get("end") == v.end:
@@ -188,7 +189,10 @@ class PolicyEngine:
             rs.fails = rs.errors = 0
             _learn(rule, rs, v)
             if v.candidate is not None and v.baseline is not None:
-                rs.ref = {"candidate": v.candidate, "baseline": v.baseline}
+                old = (rs.ref or {}).get("recent")
+                recent = [e for e in old if isinstance(e, list) and len(e) == 3] if isinstance(old, list) else []
+                recent = (recent + [[v.end, v.candidate, v.baseline]])[-(MAX_POOL_WINDOWS + 1):]
+                rs.ref = {"candidate": v.candidate, "baseline": v.baseline, "recent": recent}
         elif v.status == "marginal":  # measured, not clearly bad: breaks the streaks, not healthy
             rs.fails = rs.errors = 0
         if v.status in ("inconclusive", "marginal") and v.judgement is not None \

@@ -221,6 +221,12 @@ def _judge_checks(rule: dict[str, Any], rpath: tuple[str | int, ...], source: ob
     if judge.get("replays") is not None and test != "paired":
         out.append((doc.pos((*jpath, "replays")), "judge: replays pools golden replays (test: paired); a live "
                                                   "rule pools windows with pool: N"))
+    if judge.get("relative_to") is not None and (test != "quantile" or not judge.get("tail")):
+        out.append((doc.pos((*jpath, "relative_to")), "judge: relative_to contrasts an upper-tail mean with the "
+                                                      "mean of the same sketch: use it with test: quantile and "
+                                                      "tail: p (0 < p < 1)"))
+    if judge.get("null_model") == "sampling" and judge.get("learn") is None and test != "quantile":
+        out.append((doc.pos((*jpath, "null_model")), "judge: null_model applies to a learned null: add learn: N"))
     if test == "rate" and judge.get("direction") == "higher_is_better":
         out.append((doc.pos((*jpath, "direction")), "judge: a rate (errors, timeouts) is lower_is_better"))
     effect, marginal = judge.get("effect"), judge.get("marginal")

@@ -85,7 +85,8 @@ def window_difference(rule: Rule, cand: Signal, base: Signal) -> tuple[float, fl
             return "no latency_hist in the window's detail"
         try:
             out = quantile_log_diff(hists[0], hists[1], j.q if j.test == "quantile" else 0.5,  # type: ignore[arg-type]
-                                    j.tail if j.test == "quantile" else None)
+                                    j.tail if j.test == "quantile" else None,
+                                    j.relative_to if j.test == "quantile" else None)
         except (KeyError, TypeError, ValueError) as exc:
             return f"unreadable latency_hist: {exc}"
     else:
@@ -113,13 +114,15 @@ def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
         return (f"too few samples in a window of the pool: {n_cand}/{n_base} "
                 f"< {max(rule.min_samples, j.min_n)}")
     first = float(pool[0]["start"])
-    hist = [float(x["e"]) for x in (null or []) if float(x.get("end", math.inf)) <= first] \
-        if j.learn is not None else []
+    past = [x for x in (null or []) if float(x.get("end", math.inf)) <= first] if j.learn is not None else []
+    hist = [float(x["e"]) for x in past]
+    # stated sampling variances of the history (states saved before they were kept have none)
+    hist_v = [float(x.get("v", math.nan)) for x in past]
     unit = " (log ratio)" if j.test != "rate" else " pts"
     out = judge_learned([(float(e["e"]), float(e["v"])) for e in pool], hist, effect_threshold=j.effect,
                         level_cap=j.level_cap,
                         alpha=j.alpha, prior_sd=j.prior_sd, learn_min=j.learn_min, recent=j.recent,
-                        metric=rule.metric, unit=unit)
+                        metric=rule.metric, unit=unit, null_v=hist_v, null_model=j.null_model, level_sd=j.level_sd)
     out.detail["pool_size"] = len(pool)
     return out
 

@@ -206,6 +206,13 @@ class Judge(_Strict):
     #: quantile test: compare the mean log latency above this quantile instead of the ``q`` point
     #: (the upper-tail mean: p99-aware with several times less noise; e.g. 0.9)
     tail: Annotated[float, Field(ge=0, lt=1)] | None = None
+    #: quantile test with ``tail``: judge the tail mean minus the mean log latency of the same
+    #: precision (the distribution's shape: replica, load and speed-up effects that scale every
+    #: request cancel), FP8 minus FP16
+    relative_to: Literal["mean"] | None = None
+    #: learned null: ``residual`` (the history's residual variance, t on its degrees of freedom)
+    #: or ``sampling`` (the windows' stated sampling variance plus the learned excess over it)
+    null_model: Literal["residual", "sampling"] = "residual"
     #: live: judge against a null learned from the last ``learn`` healthy windows of the rule
     #: (watchdog/judge_live.py); null = an absolute comparison with ``between_sd`` added
     learn: Annotated[int, Field(ge=8, le=MAX_LEARN_WINDOWS)] | None = None
@@ -219,6 +226,10 @@ class Judge(_Strict):
     #: prior sd of the between-window variation of the difference (harm units: log ratio for
     #: latency, rate points for rates); default 0.03 for latency tests, 0.002 for rates
     between_sd: Annotated[float, Field(ge=0)] | None = None
+    #: prior sd of the FP8 - FP16 level while the null warms up (before ``learn_min`` windows;
+    #: harm units; default: ``between_sd``): a replica offset spreads the level more than it
+    #: moves one window from the next
+    level_sd: Annotated[float, Field(ge=0)] | None = None
     #: interval wider than this -> inconclusive (thin evidence)
     max_ci_width: Annotated[float, Field(gt=0)] | None = None
     #: live rules (mann_whitney, rate): judge the sum of the last ``pool`` windows' latency sketches

@@ -25,11 +25,14 @@ class RuleState:
     errors: int = 0
     last: Verdict | None = None
     #: candidate and baseline values of the last passing window: the "before" of cause attribution
-    ref: dict[str, float] | None = None
+    #: ... and "recent": [[end, candidate, baseline], ...] of the last passing windows (a pooled
+    #: rule compares with the last one before its pool; watchdog/policy/causes.py)
+    ref: dict[str, Any] | None = None
     #: pooled judge history (watchdog/policy/pooling.py): the last ``pool`` windows' sketches or
     #: counts, or the last ``replays`` golden replays' per-item differences; emptied by a flip
     pool: list[dict[str, Any]] = field(default_factory=list)
-    #: learned null (judge.learn): the last healthy windows' differences {"end", "e"}, or for a
+    #: learned null (judge.learn): the last healthy windows' differences and their stated sampling
+    #: variances {"end", "e", "v"} ("v" absent in states saved before it was kept), or for a
     #: paired rule with ``broken`` the passing replays' broken counts {"end", "broken", "n"};
     #: bounded, kept across flips (it describes healthy FP8 vs FP16, not the serving state)
     null: list[dict[str, Any]] = field(default_factory=list)
