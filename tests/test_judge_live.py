@@ -104,6 +104,57 @@ def test_broken_items_ranks_the_damage_and_tests_it_exactly() -> None:
     assert healthy.status == "pass"
 
 
+@pytest.mark.parametrize(("k", "total", "marked", "draws"), [(13, 4600, 82, 200), (0, 50, 5, 10), (3, 50, 10, 20),
+                                                         (21, 30, 25, 20), (5, 40, 30, 10), (1, 10, 1, 1)])
+def test_hypergeometric_tail_matches_scipy(k: int, total: int, marked: int, draws: int) -> None:
+    assert st.hypergeom_sf(k, total, marked, draws) == pytest.approx(ss.hypergeom.sf(k - 1, total, marked, draws),
+                                                                     rel=1e-9, abs=1e-300)
+
+
+def test_broken_items_exact_test_holds_its_size_and_beats_the_bound_then_tail() -> None:
+    """Fisher's exact test (effect 0): under the null (replay and history break at the same share)
+    it rejects at most alpha of the time; at a count the old Wilson-bound-then-binomial-tail
+    decision let pass (13 of 200 vs 69 of 4,400, the shape of 6 % of items destroyed) it fails."""
+    rng = np.random.default_rng(5)
+    alpha, p = 0.01, 0.016
+    x, k0 = rng.binomial(200, p, 20_000), rng.binomial(4400, p, 20_000)
+    cache: dict[tuple[int, int], bool] = {}
+    fails = 0
+    for xi, ki in zip(x.tolist(), k0.tolist(), strict=True):
+        if (xi, ki) not in cache:
+            j = judge_broken([-0.5] * xi + [0.0] * (200 - xi), direction="higher_is_better", drop=0.2,
+                             effect_threshold=0.0, null_broken=ki, null_items=4400, alpha=alpha)
+            cache[xi, ki] = j.status == "fail"
+        fails += cache[xi, ki]
+    assert fails / x.size <= alpha  # exact: conservative by discreteness, never above
+    assert fails / x.size > alpha / 20  # and not a test that never fires
+    j = judge_broken([-0.5] * 13 + [0.0] * 187, direction="higher_is_better", drop=0.2, effect_threshold=0.0,
+                     null_broken=69, null_items=4400, alpha=1e-4)
+    assert j.status == "fail" and j.detail["test"] == "fisher_exact" and j.p_value == pytest.approx(4.23e-5, rel=0.01)
+    j12 = judge_broken([-0.5] * 12 + [0.0] * 188, direction="higher_is_better", drop=0.2, effect_threshold=0.0,
+                       null_broken=69, null_items=4400, alpha=1e-4)
+    assert j12.status == "pass"
+
+
+def test_broken_alpha_is_taken_from_the_rules_alpha() -> None:
+    text = """
+policies:
+  - name: p
+    rules:
+      - name: g
+        source: golden
+        metric: rougeL
+        judge: {test: paired, effect: 0.0, alpha: 0.001, broken: {drop: 0.2, effect: 0.0, alpha: 0.002}}
+        action: rollback
+"""
+    _, errors = parse_policy_text(text, "p.yaml")
+    assert len(errors) == 1 and "broken.alpha (0.002)" in errors[0] and errors[0].startswith("p.yaml:8:"), errors
+    ok, errors = parse_policy_text(text.replace("alpha: 0.002", "alpha: 0.0001"), "p.yaml")
+    assert not errors
+    judge = ok[0].rules[0].judge
+    assert judge is not None and judge.broken_alpha == 0.0001 and judge.mean_alpha == pytest.approx(0.0009)
+
+
 POLICY = """
 policies:
   - name: p

@@ -186,14 +186,14 @@ STALE = [min(0.0, -0.4 + 0.2 * NormalDist().inv_cdf((i + 0.5) / GOLDEN_N)) for i
 
 @pytest.mark.parametrize(("name", "diffs", "status", "ci"), [
     # 5 of 32 items destroyed: neither the mean (interval straddles 0) nor the exact broken-items
-    # test (5/32 vs the prior null 6/400, binomial tail 0.016 > alpha/4) is sure on 32 items
-    ("5 items at -0.5", [-0.5] * 5 + [0.0] * 27, "pass", (-0.2273, 0.0710)),
+    # test (5/32 vs the prior null 6/400, Fisher exact p 5.5e-4 > broken.alpha 1e-4) is sure on 32 items
+    ("5 items at -0.5", [-0.5] * 5 + [0.0] * 27, "pass", (-0.2190, 0.0628)),
     # 10 of 32: the broken-items test fails; the interval shown is that of the broken shares
-    ("10 items at -0.3", [-0.3] * 10 + [0.0] * 22, "fail", (0.0968, 0.5975)),
+    ("10 items at -0.3", [-0.3] * 10 + [0.0] * 22, "fail", (0.0831, 0.6274)),
     # 3 of 32: neither test is sure at alpha 0.001 on 32 items (straddle: pass)
-    ("3 items at -0.5", [-0.5] * 3 + [0.0] * 29, "pass", (-0.1768, 0.0830)),
-    ("stale calibration, -0.4 +- 0.2", STALE, "fail", (-0.5571, -0.2448)),
-    ("identical", [0.0] * GOLDEN_N, "pass", (-0.0846, 0.0846)),
+    ("3 items at -0.5", [-0.5] * 3 + [0.0] * 29, "pass", (-0.1696, 0.0759)),
+    ("stale calibration, -0.4 +- 0.2", STALE, "fail", (-0.5485, -0.2534)),
+    ("identical", [0.0] * GOLDEN_N, "pass", (-0.0799, 0.0799)),
 ])
 def test_default_golden_rule_on_a_32_item_replay(name: str, diffs: list[float], status: str,
                                                  ci: tuple[float, float]) -> None:
@@ -218,4 +218,4 @@ def test_default_golden_rule_demo_sequence() -> None:
     j = a.detail["verdicts"][0]["judgement"]
     assert (a.kind, a.detail["rule"]) == ("rollback", "golden-rougeL")
     assert j["detail"]["looks"]["latest"]["status"] == "fail"
-    assert j["detail"]["looks"]["latest"]["alpha"] == pytest.approx(0.001 / 2 * 0.1)  # half for the broken test
+    assert j["detail"]["looks"]["latest"]["alpha"] == pytest.approx((0.001 - 0.0001) * 0.1)  # broken.alpha for the broken test

@@ -297,15 +297,24 @@ def judge_broken(
                    alpha=alpha, min_samples=min_items, metric=metric)
     j.method = "broken_items"
     if j.status not in ("inconclusive", "error"):
-        # the decision is exact: the count is tested against the null share's upper 1 - alpha
-        # bound (Wilson), binomial tail at alpha / 2, and must exceed that share by the effect;
-        # a score interval on a handful of broken items is too optimistic for a 1e-4 target
-        _, p0_hi = st.wilson(null_broken, max(null_items, 1), st.z_quantile(1 - alpha / 2))
-        p0 = float(p0_hi)
-        tail = st.binom_sf(int(broken.size), n, min(p0 + effect_threshold, 1.0))
+        # the decision is exact (a score interval on a handful of broken items is too optimistic
+        # for a 1e-4 target). With no tolerated effect: Fisher's exact test, one-sided - given
+        # the broken items of the replay and of the null together, the chance that the replay
+        # holds this many of them. With an effect: the count against the null share's upper
+        # 1 - alpha/2 bound (Wilson) plus the effect, binomial tail at alpha / 2.
+        if effect_threshold <= 0:
+            p0 = null_broken / max(null_items, 1)
+            tail = st.hypergeom_sf(int(broken.size), null_items + n, null_broken + int(broken.size), n)
+            level = alpha
+        else:
+            _, p0_hi = st.wilson(null_broken, max(null_items, 1), st.z_quantile(1 - alpha / 2))
+            p0 = float(p0_hi)
+            tail = st.binom_sf(int(broken.size), n, min(p0 + effect_threshold, 1.0))
+            level = alpha / 2
         j.p_value = tail
         j.detail["null_share_upper"] = p0
-        if tail <= alpha / 2:
+        j.detail["test"] = "fisher_exact" if effect_threshold <= 0 else "binomial_at_null_upper"
+        if tail <= level:
             j.status, j.reason = "fail", st.REASONS["fail"]
         else:
             j.status, j.reason = "pass", st.REASONS["pass"]
@@ -314,8 +323,10 @@ def judge_broken(
     if j.status != "inconclusive" and j.status != "error":
         j.message = (f"{metric}: {j.status} ({j.reason}); {broken.size}/{n} items broke by > {drop:g} vs "
                      f"{null_broken}/{null_items} in the null; share difference {j.estimate:+.3f} "
-                     f"[{j.ci_low:+.3f}, {j.ci_high:+.3f}], binomial tail p={j.p_value:.2g} at null share "
-                     f"{j.detail['null_share_upper']:.3f} + {effect_threshold:g}")
+                     f"[{j.ci_low:+.3f}, {j.ci_high:+.3f}], "
+                     + (f"Fisher exact p={j.p_value:.2g}" if j.detail.get("test") == "fisher_exact" else
+                        f"binomial tail p={j.p_value:.2g} at null share {j.detail['null_share_upper']:.3f} + "
+                        f"{effect_threshold:g}"))
     return j
 
 

@@ -223,6 +223,25 @@ def binom_sf(k: int, n: int, p: float) -> float:
     return min(1.0, math.exp(top) * float(np.exp(logs - top).sum()))
 
 
+def hypergeom_sf(k: int, total: int, marked: int, draws: int) -> float:
+    """P(X >= k) for X ~ Hypergeometric: ``draws`` taken without replacement from ``total`` of
+    which ``marked`` are marked (exact, log-space sum)."""
+    lo, hi = max(0, draws - (total - marked)), min(draws, marked)
+    if k <= lo:
+        return 1.0
+    if k > hi:
+        return 0.0
+
+    def lchoose(a: int, b: int) -> float:
+        return math.lgamma(a + 1) - math.lgamma(b + 1) - math.lgamma(a - b + 1)
+
+    i = np.arange(k, hi + 1)
+    logs = np.array([lchoose(marked, int(x)) + lchoose(total - marked, draws - int(x)) for x in i])
+    logs -= lchoose(total, draws)
+    top = float(logs.max())
+    return min(1.0, math.exp(top) * float(np.exp(logs - top).sum()))
+
+
 def average_replays(replays: list[np.ndarray]) -> np.ndarray:
     """Per-item mean over replays of the same items (rows x items each); an item missing
     (NaN/inf) in one replay takes the mean of the others, NaN if missing everywhere."""

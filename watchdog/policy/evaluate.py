@@ -298,8 +298,9 @@ def _with_broken(rule: Rule, mean_j: Judgement | str, items: list[float] | None,
                  base: Signal | None, null: list[dict[str, Any]] | None,
                  prev_ids: list[Any] | None = None, pooled: bool = False) -> Judgement | str:
     """A paired rule with ``judge.broken``: the mean-drift judgement and the broken-items test of
-    the latest replay, each at half the rule's alpha (Bonferroni); the failing one (mean first)
-    is the verdict, and the broken-items ranking is always in its detail."""
+    the latest replay, which split the rule's alpha (Bonferroni: ``broken.alpha``, default half,
+    and the rest); the failing one (mean first) is the verdict, and the broken-items ranking is
+    always in its detail."""
     j = rule.judge
     assert j is not None and j.broken is not None
     if isinstance(mean_j, str) or not items:
@@ -318,7 +319,7 @@ def _with_broken(rule: Rule, mean_j: Judgement | str, items: list[float] | None,
     k0 = prior_k + sum(float(x.get("broken", 0)) for x in same)
     n0 = b.null_items + sum(float(x.get("n", 0)) for x in same)
     bj = judge_broken(items, direction=j.harm_direction, drop=b.drop, effect_threshold=b.effect,
-                      null_broken=round(k0), null_items=round(n0), alpha=j.alpha / 2, min_items=j.min_n,
+                      null_broken=round(k0), null_items=round(n0), alpha=j.broken_alpha, min_items=j.min_n,
                       item_ids=ids, metric=rule.metric)
     summary = {"status": bj.status, "count": bj.detail.get("broken_count"), "null": [round(k0), round(n0)],
                "pooled": pooled, "n": len(items),
@@ -360,7 +361,7 @@ def _run_judge(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool 
         items = _paired_items(rule, cand, base)
         if not items:
             return f"no paired values for {rule.metric}"
-        alpha = j.alpha / 2 if j.broken is not None else j.alpha
+        alpha = j.mean_alpha
         out = judge_paired(items, direction=j.harm_direction, effect_threshold=j.effect,
                            marginal_threshold=j.marginal, alpha=alpha, min_items=j.min_n, method=j.method,
                            max_ci_width=j.max_ci_width, metric=rule.metric, prior_jump=j.prior_jump)

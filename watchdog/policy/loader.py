@@ -235,6 +235,12 @@ def _judge_checks(rule: dict[str, Any], rpath: tuple[str | int, ...], source: ob
     if test == "mann_whitney" and judge.get("direction") == "higher_is_better" and isinstance(effect, int | float) \
             and effect >= 1:
         out.append((doc.pos((*jpath, "effect")), "judge: a relative drop must be below 1 (100 %)"))
+    broken = judge.get("broken")
+    b_alpha = broken.get("alpha") if isinstance(broken, dict) else None
+    alpha = judge.get("alpha", 0.01)
+    if isinstance(b_alpha, int | float) and isinstance(alpha, int | float) and b_alpha >= alpha:
+        out.append((doc.pos((*jpath, "broken", "alpha")), f"judge: broken.alpha ({b_alpha}) is taken from the "
+                    f"rule's alpha ({alpha}) and must be below it"))
     return out
 
 

@@ -207,7 +207,7 @@ def judge_pool(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool,
             entry["ids"] = [str(i) for i in ids]
         _push_replay(pool, entry, k)
         rotated = len(pool) >= 2 and "ids" in pool[-1] and "ids" in pool[-2] and pool[-1]["ids"] != pool[-2]["ids"]
-        alpha = j.alpha / 2 if j.broken is not None else j.alpha  # the broken-items test takes the rest
+        alpha = j.mean_alpha  # the broken-items test takes the rest
         replays = [_diffs(e) for e in pool]
         level = None
         if j.learn is not None:

@@ -175,6 +175,9 @@ class Broken(_Strict):
     effect: Annotated[float, Field(ge=0, lt=1)] = 0.02
     null_share: Annotated[float, Field(ge=0, lt=1)] = 0.02
     null_items: Annotated[int, Field(ge=1)] = 500
+    #: error rate of this test per evaluation, taken from the judge's alpha (the mean-drift test
+    #: gets the rest); default half of it
+    alpha: Annotated[float, Field(gt=0, lt=0.5)] | None = None
 
 
 class Judge(_Strict):
@@ -254,6 +257,17 @@ class Judge(_Strict):
         if self.between_sd is not None:
             return self.between_sd
         return 0.002 if self.test == "rate" else 0.03
+
+    @property
+    def broken_alpha(self) -> float:
+        """The broken-items test's share of ``alpha`` (``broken.alpha``, else half)."""
+        assert self.broken is not None
+        return self.broken.alpha if self.broken.alpha is not None else self.alpha / 2
+
+    @property
+    def mean_alpha(self) -> float:
+        """The mean-drift test's share of ``alpha``: what the broken-items test leaves."""
+        return self.alpha - self.broken_alpha if self.broken is not None else self.alpha
 
     @property
     def history(self) -> int:
