@@ -29,6 +29,7 @@ from watchdog.actuator import REVOKED, Actuator, FlagStore, FlipExtras
 from watchdog.alerts import Alerter
 from watchdog.checkpoint import DUPLICATE, FENCED, RESYNC, SAVED, CheckpointStore, PendingSave
 from watchdog.config import Config
+from watchdog.events import partition_key
 from watchdog.eventtime import Watermarks
 from watchdog.ingest import Ingest, make_consumer, make_producer
 from watchdog.keys import Keys, client_from_url
@@ -274,7 +275,7 @@ class Daemon:
         pk = self._route_part.get((model, route))
         if pk is not None or not self._nparts or "*" in (model, route):
             return pk
-        guess = (self.cfg.kafka.topic, (murmur2(f"{model}/{route}".encode()) & 0x7FFFFFFF) % self._nparts)
+        guess = (self.cfg.kafka.topic, (murmur2(partition_key(model, route)) & 0x7FFFFFFF) % self._nparts)
         part = self.parts.get(guess)
         if part is None:
             return None

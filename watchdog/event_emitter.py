@@ -3,7 +3,7 @@
 Used by the gateway (``watchdog.gateway``) and the LiteLLM logger (``watchdog.integrations.litellm``).
 ``emit`` never blocks and never raises: when the buffer is full the event is dropped and counted.
 The thread hands batches to the Kafka producer (confluent-kafka when installed, else kafka-python;
-both batch again per partition); a send
+both batch again per partition), each event keyed by its route (``events.partition_key``); a send
 that fails, or a broker that cannot be reached, is counted and logged, never seen by a client.
 """
 
@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from watchdog.events import encode_event
+from watchdog.events import encode_event, partition_key
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +57,8 @@ class _KafkaPython:
                                 client_id=client_id, **cfg.producer)
         self._on_sent, self._on_error = on_sent, on_error
 
-    def send(self, topic: str, value: bytes) -> None:
-        # no key: partitioning by key costs a pure-Python murmur2 per event, and the daemon's
-        # windows go by event time, not partition order
-        future = self._p.send(topic, value=value)
+    def send(self, topic: str, value: bytes, key: bytes) -> None:
+        future = self._p.send(topic, value=value, key=key)
         future.add_callback(self._on_sent)
         future.add_errback(self._on_error)
 
@@ -86,6 +84,9 @@ class _Confluent:
         conf: dict[str, Any] = {"bootstrap.servers": cfg.bootstrap_servers, "linger.ms": cfg.linger_ms,
                                 "acks": 1, "client.id": client_id, "message.timeout.ms": 30_000,
                                 "queue.buffering.max.messages": max(cfg.buffer_size, 1000),
+                                # the Java/kafka-python partitioner: a route's events land where the
+                                # daemon expects them (murmur2 of the key, docs/OPERATIONS.md)
+                                "partitioner": "murmur2_random",
                                 "error_cb": lambda err: on_error(KafkaException(err)), **cfg.librdkafka}
         self._p = Producer(conf)
 
@@ -95,8 +96,8 @@ class _Confluent:
         else:
             self._on_error(self._exc(err))
 
-    def send(self, topic: str, value: bytes) -> None:
-        self._p.produce(topic, value=value, on_delivery=self._delivered)
+    def send(self, topic: str, value: bytes, key: bytes) -> None:
+        self._p.produce(topic, value=value, key=key, on_delivery=self._delivered)
 
     def poll(self) -> None:
         self._p.poll(0)
@@ -207,7 +208,8 @@ class EventEmitter:
         for _ in range(len(buf)):
             event = buf.popleft()
             try:
-                producer.send(topic, encode_event(event))
+                key = partition_key(str(event.get("model", "")), str(event.get("route", "")))
+                producer.send(topic, encode_event(event), key)
             except Exception as exc:  # noqa: BLE001 - client queue full, broker gone, bad value
                 self._count_error(exc)
         try:

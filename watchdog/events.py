@@ -444,6 +444,13 @@ def event_to_dict(event: InferenceEvent) -> dict[str, Any]:
     return out
 
 
+def partition_key(model: str, route: str) -> bytes:
+    """The Kafka message key of a route's events: ``model/route``. The daemon places a route on the
+    partition its key hashes to (murmur2, as Java and kafka-python do), so every producer keys by it
+    and a route's windows and policy state live in one partition (docs/OPERATIONS.md, "Ownership")."""
+    return f"{model}/{route}".encode()
+
+
 def encode_event(event: InferenceEvent | dict[str, Any]) -> bytes:
     """Serialise an event (or a plain dict, written as given) to the bytes a producer sends."""
     if isinstance(event, InferenceEvent):

@@ -20,6 +20,8 @@ from typing import Any, Literal
 
 import orjson
 
+from watchdog.events import partition_key
+
 log = logging.getLogger(__name__)
 
 Regression = Literal["errors", "quality", "slow", "timeouts"]
@@ -138,7 +140,7 @@ class TrafficGenerator:
 
     def encoded(self, r: Route, now: float | None = None) -> tuple[bytes, bytes]:
         ev = self.event(r, now)
-        return f"{r.model}/{r.route}".encode(), orjson.dumps(ev)
+        return partition_key(r.model, r.route), orjson.dumps(ev)
 
     # -- real-time sending -------------------------------------------------------------
     def run(self, producer: Any, topic: str, duration_s: float | None = None) -> None:
