@@ -115,6 +115,10 @@ def sigterm_while_joining(root: Path, workdir: Path, full: bool) -> Result:
 def broker_freeze(root: Path, workdir: Path, full: bool) -> Result:
     """SIGSTOP the broker 30 s (CI: 12 s) under load, then SIGCONT."""
     with Drill("broker-freeze", root, workdir, full) as d:
+        # a frozen broker is named after 3 s without an answer, noticed when the next 1 s offset
+        # lookup times out: 5.1-5.9 s after the freeze measured here, past the default 5 s (one
+        # loaded CI-like run failed on a single 0.5 s sample); docs/OPERATIONS.md states the bound
+        d.expect.tolerance_s = 8.0
         d.start()
         d.sleep(4.0)
         with d.fault("broker frozen"):
