@@ -116,9 +116,12 @@ def broker_freeze(root: Path, workdir: Path, full: bool) -> Result:
     """SIGSTOP the broker 30 s (CI: 12 s) under load, then SIGCONT."""
     with Drill("broker-freeze", root, workdir, full) as d:
         # a frozen broker is named after 3 s without an answer, noticed when the next 1 s offset
-        # lookup times out: 5.1-5.9 s after the freeze measured here, past the default 5 s (one
-        # loaded CI-like run failed on a single 0.5 s sample); docs/OPERATIONS.md states the bound
-        d.expect.tolerance_s = 8.0
+        # lookup times out: 5.1-5.9 s after the freeze measured here, past the default 5 s; and
+        # after SIGCONT the broker's clock has jumped past the session timeout, so the consumer
+        # may have to rejoin the group: a clean-clone CI run stayed not ready (rightly: not
+        # consuming) for more than 8 s after SIGCONT. Both edges get 12 s, and the drill runs
+        # 15 s past the fault so the recovery is still checked.
+        d.expect.tolerance_s = 12.0
         d.start()
         d.sleep(4.0)
         with d.fault("broker frozen"):
@@ -127,7 +130,7 @@ def broker_freeze(root: Path, workdir: Path, full: bool) -> Result:
                 d.sleep(30.0 if full else 20.0)
             finally:
                 os.kill(d.stack.tansu.proc.pid, signal.SIGCONT)
-        d.sleep(8.0)
+        d.sleep(15.0)
         return d.finish()
 
 
