@@ -41,7 +41,7 @@ from common import ROOT, machine_note, median, produce_events, services, table  
 
 from watchdog.config import Config, KafkaConfig, load_config  # noqa: E402
 from watchdog.daemon import Daemon  # noqa: E402
-from watchdog.events import decode_event  # noqa: E402
+from watchdog.events import decode_event, partition_key  # noqa: E402
 from watchdog.ingest import make_consumer  # noqa: E402
 
 MODES = ("raw", "json", "decode", "pipeline")
@@ -193,7 +193,7 @@ def produce_heavy(address: str, topic: str, n_events: int, n_routes: int, *, eve
             r = gen.routes[rng.randrange(n_routes)]
             value = orjson.dumps(heavy_event(gen, r, round(start_ts + i / events_per_s, 3), rng))
             total += len(value)
-            producer.send(topic, key=f"{r.model}/{r.route}".encode(), value=value)
+            producer.send(topic, key=partition_key(r.model, r.route), value=value)
         producer.flush(timeout=120)
     finally:
         producer.close(timeout=10)

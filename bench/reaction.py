@@ -41,6 +41,7 @@ from kafka import KafkaProducer  # noqa: E402
 
 from watchdog.config import load_config  # noqa: E402
 from watchdog.daemon import Daemon  # noqa: E402
+from watchdog.events import partition_key  # noqa: E402
 from watchdog.keys import Keys  # noqa: E402
 from watchdog.traffic import Route, TrafficGenerator  # noqa: E402
 from watchdog.windows import WindowAggregator  # noqa: E402
@@ -180,7 +181,7 @@ def main() -> int:
                 first_bad = time.time()
                 payload = bad_events(gen, route, BURST)  # stamped now
                 for value in payload:
-                    producer.send(topic, key=f"{MODEL}/{route}".encode(), value=value)
+                    producer.send(topic, key=partition_key(MODEL, route), value=value)
                 producer.flush()
                 changed_at = None
                 deadline = time.monotonic() + 15
