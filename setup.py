@@ -1,7 +1,7 @@
 """Build hook: the wheel carries the starter files (``policies/``, ``golden_sets/`` and
 ``deploy/config.example.yaml``) as package data under ``watchdog/starter/``, so that
 ``llm-watchdog init DIR`` works from an installed wheel. In a checkout they stay where they are
-(``watchdog.init`` falls back to the repository paths). Everything else is in pyproject.toml.
+(``watchdog.cli.init`` falls back to the repository paths). Everything else is in pyproject.toml.
 """
 
 import shutil

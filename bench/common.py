@@ -1,7 +1,7 @@
 """Shared helpers for the spine benchmarks: local services, a pre-produced topic, tables, statistics.
 
 Every benchmark starts its own Tansu broker and Redis on free loopback ports
-(``watchdog.embedded``) and stops them when it ends, whatever happens.
+(``watchdog.dev.embedded``) and stops them when it ends, whatever happens.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from watchdog.embedded import Service, start_redis, start_tansu  # noqa: E402
-from watchdog.traffic import Route, TrafficGenerator  # noqa: E402
+from watchdog.dev.embedded import Service, start_redis, start_tansu  # noqa: E402
+from watchdog.dev.traffic import Route, TrafficGenerator  # noqa: E402
 
 MODEL = "llama-3-8b-instruct"
 

@@ -1,7 +1,7 @@
 """Decision benchmark: the shipped PolicyEngine over simulated fleet signals (docs/BENCHMARKS_decisions.md).
 
 The daemon, ``policy backtest`` and this benchmark run the same decision path:
-``watchdog.policy.engine.PolicyEngine.observe`` over ``watchdog.signals.Signal`` objects, with the
+``watchdog.policy.engine.PolicyEngine.observe`` over ``watchdog.core.signals.Signal`` objects, with the
 policy files given on the command line (the shipped policies/*.yaml by default). Live windows are
 5 minutes of traffic per (route, precision) with the detail the daemon's windows carry (counts,
 latency sketch bins, shadow pairs, logprob tokens); golden replays are per-item differences.
@@ -42,10 +42,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.baselines import FlaggerConfig, flagger_rollbacks  # noqa: E402
+from watchdog.core.signals import Signal  # noqa: E402
 from watchdog.policy.engine import PolicyEngine  # noqa: E402
 from watchdog.policy.loader import PolicySet, load_policy_files  # noqa: E402
 from watchdog.policy.state import ScopeState  # noqa: E402
-from watchdog.signals import Signal  # noqa: E402
 
 WINDOW_S = 300.0
 T0 = 1_780_000_000.0
@@ -451,8 +451,8 @@ def baseline_windows(model: Live, routes: int, windows: int, seed: int, reg: Reg
     """The same simulated windows as ``run_live`` (same seed) reduced to what the baselines read:
     per window the FP8/FP16 ratio of the medians, and Kayenta's Mann-Whitney 98 % interval of
     the Hodges-Lehmann log ratio (low end, estimate) from the windows' sketches."""
-    from watchdog.judge import judge_unpaired
     from watchdog.policy.evaluate import sketch_histograms
+    from watchdog.policy.judge.unpaired import judge_unpaired
 
     sim = LiveSim(model, routes, windows, seed, None)
     names = [f"b/r{i}" for i in range(routes)]

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import orjson  # noqa: E402
 from common import ROOT, machine_note, median, percentile, services, table  # noqa: E402
 
-from watchdog.embedded import free_port, wait_for_port  # noqa: E402
+from watchdog.dev.embedded import free_port, wait_for_port  # noqa: E402
 
 MODEL = "bench-model"
 CHUNKS = 16
@@ -178,7 +178,7 @@ def main() -> int:
                 ports[name] = free_port()
                 cfg = gateway_config(svc.workdir / f"{name}.yaml", ports[name], f"http://127.0.0.1:{up_port}/v1",
                                      svc.redis_url, svc.kafka_address, events)
-                procs.append(start([sys.executable, "-m", "watchdog.cli", "--log-level", "WARNING", "gateway",
+                procs.append(start([sys.executable, "-m", "watchdog.cli.main", "--log-level", "WARNING", "gateway",
                                     "--config", str(cfg)], ports[name], svc.workdir / f"{name}.log"))
             pids = {"gateway": procs[1].pid, "gateway-noevents": procs[2].pid}
             results: dict[tuple[str, bool, int], list[tuple[float, float, float, float]]] = {}
@@ -231,8 +231,8 @@ def emitter_cost(kafka: str, n: int = 30_000) -> None:
     """CPU per event of the emitter alone (this process, all threads), for both producer libraries."""
     import importlib.util
 
-    from watchdog.event_emitter import EventEmitter
     from watchdog.gateway.config import EventsConfig
+    from watchdog.ingest.emitter import EventEmitter
 
     ev = {"schema": 1, "request_id": "r", "ts": time.time(), "model": MODEL, "route": "default",
           "precision": "fp8", "status": "ok", "latency_ms": 1.0, "prompt_tokens": 12, "completion_tokens": 6,
@@ -290,7 +290,7 @@ def real_upstream(svc: Any, args: argparse.Namespace) -> None:
     server = OpenAIServer(TorchEngine(model_dir, "fp16"), model_name=MODEL).start()
     port = free_port()
     cfg = gateway_config(svc.workdir / "real.yaml", port, server.base_url, svc.redis_url, svc.kafka_address, True)
-    proc = start([sys.executable, "-m", "watchdog.cli", "--log-level", "WARNING", "gateway", "--config", str(cfg)],
+    proc = start([sys.executable, "-m", "watchdog.cli.main", "--log-level", "WARNING", "gateway", "--config", str(cfg)],
                  port, svc.workdir / "real.log")
     try:
         rows = []

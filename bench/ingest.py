@@ -1,14 +1,14 @@
 """Benchmark: events/s through the daemon's full ingest pipeline vs raw consume + json.loads.
 
 One Tansu broker and one Redis on free ports; one topic pre-produced with realistic ~600-byte
-events (``watchdog.traffic.TrafficGenerator``) with explicit timestamps spread over many 10 s
+events (``watchdog.dev.traffic.TrafficGenerator``) with explicit timestamps spread over many 10 s
 windows and ~50 routes. Each repetition then reads the whole topic with a fresh consumer group in
 every mode, interleaved, and the timer runs from the first non-empty poll to the last event:
 
 * ``raw``       kafka-python consume only (values untouched)
 * ``json``      consume + ``json.loads`` of each value  (the **baseline**)
 * ``decode``    consume + ``decode_event`` (orjson + validation)
-* ``pipeline``  ``watchdog.daemon.Daemon.step()`` in a loop: consume -> decode/validate -> DLQ check
+* ``pipeline``  ``watchdog.runtime.daemon.Daemon.step()`` in a loop: consume -> decode/validate -> DLQ check
                 -> ``WindowAggregator`` -> close windows -> ``PolicyEngine.observe`` (policies/default.yaml)
                 -> actuator -> per-partition checkpoints in Redis (open windows, window records, engine
                 state, offsets; ``checkpoint.lua``) -> outbox pager -> mirrored offset commits
@@ -39,10 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import ROOT, machine_note, median, produce_events, services, table  # noqa: E402
 
-from watchdog.config import Config, KafkaConfig, load_config  # noqa: E402
-from watchdog.daemon import Daemon  # noqa: E402
-from watchdog.events import decode_event, partition_key  # noqa: E402
-from watchdog.ingest import make_consumer  # noqa: E402
+from watchdog.config.settings import Config, KafkaConfig, load_config  # noqa: E402
+from watchdog.core.events import decode_event, partition_key  # noqa: E402
+from watchdog.ingest.consumer import make_consumer  # noqa: E402
+from watchdog.runtime.daemon import Daemon  # noqa: E402
 
 MODES = ("raw", "json", "decode", "pipeline")
 
@@ -179,7 +179,7 @@ def produce_heavy(address: str, topic: str, n_events: int, n_routes: int, *, eve
     from common import MODEL, create_topic, route_names
     from kafka import KafkaProducer
 
-    from watchdog.traffic import Route, TrafficGenerator
+    from watchdog.dev.traffic import Route, TrafficGenerator
 
     create_topic(address, topic, partitions)
     gen = TrafficGenerator([Route(MODEL, r) for r in route_names(n_routes)], seed=seed)
@@ -209,14 +209,14 @@ def checkpoint_cost(redis_url: str, routes: int = 1000, events_per_window: int =
     import orjson
     import redis
 
-    from watchdog import partitions as P
-    from watchdog.checkpoint import CheckpointStore, PendingSave
-    from watchdog.events import decode_event
-    from watchdog.keys import Keys
+    from watchdog.core.events import decode_event
+    from watchdog.core.keys import Keys
+    from watchdog.core.signals import Signal
+    from watchdog.dev.traffic import Route, TrafficGenerator
     from watchdog.policy import PolicyEngine, PolicyLoader
-    from watchdog.signals import Signal
-    from watchdog.traffic import Route, TrafficGenerator
-    from watchdog.windows import WindowAggregator
+    from watchdog.state import partitions as P
+    from watchdog.state.checkpoint import CheckpointStore, PendingSave
+    from watchdog.windows.aggregator import WindowAggregator
 
     client = redis.Redis.from_url(redis_url)
     keys = Keys(f"ck{uuid.uuid4().hex[:6]}")

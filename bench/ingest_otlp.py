@@ -8,8 +8,8 @@ fresh consumer group in every mode, interleaved; the timer runs from the first n
 
 * ``raw``       kafka-python consume only
 * ``parse``     consume + parse of each record (``ExportTraceServiceRequest.FromString`` / ``orjson.loads``)
-* ``decode``    consume + ``watchdog.otlp.OtlpDecoder`` (parse, map, validate every span)  (the **baseline**)
-* ``pipeline``  ``watchdog.daemon.Daemon.step()`` in a loop with ``kafka.codec`` set: consume -> decode
+* ``decode``    consume + ``watchdog.ingest.otlp.OtlpDecoder`` (parse, map, validate every span)  (the **baseline**)
+* ``pipeline``  ``watchdog.runtime.daemon.Daemon.step()`` in a loop with ``kafka.codec`` set: consume -> decode
                 -> DLQ check -> windows -> policies/default.yaml -> Redis -> offset commits
 
 The result is the ratio pipeline / decode per repetition (median of the repetitions), the same
@@ -35,10 +35,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import ROOT, create_topic, machine_note, median, route_names, services, table  # noqa: E402
 
-from watchdog.config import Config, KafkaConfig, load_config  # noqa: E402
-from watchdog.daemon import Daemon  # noqa: E402
-from watchdog.ingest import make_consumer  # noqa: E402
-from watchdog.otlp import OtlpDecoder, OtlpOptions  # noqa: E402
+from watchdog.config.settings import (  # noqa: E402
+    Config,
+    KafkaConfig,
+    OtlpOptions,  # noqa: E402
+    load_config,
+)
+from watchdog.ingest.consumer import make_consumer  # noqa: E402
+from watchdog.ingest.otlp import OtlpDecoder  # noqa: E402
+from watchdog.runtime.daemon import Daemon  # noqa: E402
 
 MODES = ("raw", "parse", "decode", "pipeline")
 OPTIONS = {"model_precisions": {"*-fp8": "fp8", "*-fp16": "fp16"}}

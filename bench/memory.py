@@ -1,14 +1,14 @@
 """Benchmark: the daemon's resident memory with 1,000 active routes under sustained load.
 
 Starts Tansu + Redis (free ports), then the daemon exactly as deployed, as its own process
-(``python -m watchdog.cli run --config ...``, shipped ``policies/default.yaml``, 10 s windows), and
-a producer thread here sending ``watchdog.traffic`` events across 1,000 routes (FP8 with a 15 %
+(``python -m watchdog.cli.main run --config ...``, shipped ``policies/default.yaml``, 10 s windows), and
+a producer thread here sending ``watchdog.dev.traffic`` events across 1,000 routes (FP8 with a 15 %
 FP16 baseline slice, 30 % of requests carrying a shadow completion, 2 % of routes with a quality
 regression so that agreement scoring runs and rollbacks happen). The daemon's RSS is read from
 ``/proc/PID/status`` (VmRSS) every few seconds: idle after start-up, then under load. Reports idle,
 start, peak and end RSS, and the least-squares slope over the second half of the load (MB/min).
 Also checks that the daemon never loaded torch or transformers (``/proc/PID/maps`` for their
-native libraries, and ``sys.modules`` of a process that imports what ``watchdog.cli run`` imports).
+native libraries, and ``sys.modules`` of a process that imports what ``watchdog.cli.main run`` imports).
 
     .venv/bin/python bench/memory.py [--minutes 5] [--rate 1000] [--routes 1000] [--quick]
 """
@@ -33,8 +33,8 @@ import yaml  # noqa: E402
 from common import MODEL, ROOT, machine_note, route_names, services, table  # noqa: E402
 from kafka import KafkaProducer  # noqa: E402
 
-from watchdog.embedded import free_port  # noqa: E402
-from watchdog.traffic import Route, TrafficGenerator  # noqa: E402
+from watchdog.dev.embedded import free_port  # noqa: E402
+from watchdog.dev.traffic import Route, TrafficGenerator  # noqa: E402
 
 HEAVY_LIBS = ("libtorch", "libc10", "tokenizers", "safetensors")
 HEAVY_MODULES = ("torch", "transformers", "evaluate", "datasets", "pynvml", "rouge_score", "nltk", "scipy")
@@ -56,8 +56,8 @@ def heavy_maps(pid: int) -> list[str]:
 
 def heavy_modules_on_cli_path() -> list[str]:
     """Heavy modules imported by the daemon's own import path (CLI with its plugins + Daemon)."""
-    code = ("import sys; from watchdog.cli import build_parser; build_parser(); "
-            "import watchdog.daemon, watchdog.windows; watchdog.windows.preload_scorers(); "
+    code = ("import sys; from watchdog.cli.main import build_parser; build_parser(); "
+            "import watchdog.runtime.daemon, watchdog.windows.aggregator; watchdog.windows.aggregator.preload_scorers(); "
             f"print(','.join(m for m in {HEAVY_MODULES!r} if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     if out.returncode != 0:
@@ -120,7 +120,7 @@ def main() -> int:
         log_path = svc.workdir / "daemon.log"
         log_file = open(log_path, "wb")  # noqa: SIM115 - closed below
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        proc = subprocess.Popen([sys.executable, "-m", "watchdog.cli", "--log-level", "WARNING", "run",
+        proc = subprocess.Popen([sys.executable, "-m", "watchdog.cli.main", "--log-level", "WARNING", "run",
                                  "--config", str(cfg_path)], cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT,
                                 env=env, start_new_session=True)
         producer = None

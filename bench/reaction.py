@@ -39,12 +39,12 @@ import redis  # noqa: E402
 from common import MODEL, machine_note, median, percentile, services, table  # noqa: E402
 from kafka import KafkaProducer  # noqa: E402
 
-from watchdog.config import load_config  # noqa: E402
-from watchdog.daemon import Daemon  # noqa: E402
-from watchdog.events import partition_key  # noqa: E402
-from watchdog.keys import Keys  # noqa: E402
-from watchdog.traffic import Route, TrafficGenerator  # noqa: E402
-from watchdog.windows import WindowAggregator  # noqa: E402
+from watchdog.config.settings import load_config  # noqa: E402
+from watchdog.core.events import partition_key  # noqa: E402
+from watchdog.core.keys import Keys  # noqa: E402
+from watchdog.dev.traffic import Route, TrafficGenerator  # noqa: E402
+from watchdog.runtime.daemon import Daemon  # noqa: E402
+from watchdog.windows.aggregator import WindowAggregator  # noqa: E402
 
 POLICY = """\
 policies:

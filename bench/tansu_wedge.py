@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kafka import KafkaConsumer, KafkaProducer  # noqa: E402
 
-from watchdog.embedded import start_tansu  # noqa: E402
+from watchdog.dev.embedded import start_tansu  # noqa: E402
 
 
 def main() -> int:

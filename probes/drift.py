@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from probes.metrics import LOWER_IS_BETTER
-from watchdog.signals import Signal
+from watchdog.core.signals import Signal
 
 SCHEMA = 1
 BOOTSTRAP_RESAMPLES = 2000

@@ -22,7 +22,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from probes.metrics import KNOWN_METRICS
-from watchdog import safe_yaml
+from watchdog.core import safe_yaml
 
 log = logging.getLogger(__name__)
 
@@ -318,7 +318,7 @@ def default_root() -> Path:
     local = Path.cwd() / "golden_sets"
     if local.is_dir():
         return local
-    from watchdog.init import InitError, starter_path
+    from watchdog.core.starter import InitError, starter_path
 
     try:
         return starter_path("golden_sets")

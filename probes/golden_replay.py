@@ -312,7 +312,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 def add_replay_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """``replay --set NAME [--candidate fp8 --baseline fp16 --engine KIND ...]``; sets ``func``."""
-    from watchdog.argtypes import positive_int
+    from watchdog.core.argtypes import positive_int
 
     p = subparsers.add_parser(
         "replay", help="replay a golden set through candidate and baseline engines",

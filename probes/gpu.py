@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from probes.xid import XidEvent, XidSummary
-from watchdog.signals import Signal
+from watchdog.core.signals import Signal
 
 ProblemSeverity = Literal["info", "warning", "critical"]
 

@@ -17,7 +17,7 @@ from typing import Any
 from probes.gpu import GpuHealth, decode_reading
 from probes.gpu_read import init_nvml, read_all
 from probes.xid import XidListener, XidLog
-from watchdog.argtypes import non_negative_float, non_negative_int, output_file, positive_float
+from watchdog.core.argtypes import non_negative_float, non_negative_int, output_file, positive_float
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ def run_gpu_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from watchdog.argtypes import Parser
+    from watchdog.core.argtypes import Parser
 
     parser = Parser(prog="python -m probes.gpu_cli", description="GPU health via NVML")
     _add_arguments(parser)

@@ -16,7 +16,7 @@ from typing import Any
 from probes.gpu import GpuHealth, Scope, decode_reading, gpu_signals, rewindow
 from probes.gpu_read import init_nvml, read_all, unavailable_reading
 from probes.xid import XidListener, XidLog
-from watchdog.signals import Signal
+from watchdog.core.signals import Signal
 
 log = logging.getLogger(__name__)
 

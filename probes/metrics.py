@@ -34,7 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from watchdog.core.text import CjkTokenizer, has_cjk
+
 log = logging.getLogger(__name__)
+
+_SPACE_RE = re.compile(r"\s+")
 
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
 #: per-pair text metrics computed by ``Scorer.score``
@@ -47,25 +51,6 @@ AGREEMENT_METRICS = ("agreement_rougeL",)
 KNOWN_METRICS = (*TEXT_METRICS, *PERPLEXITY_METRICS, *AGREEMENT_METRICS)
 #: metrics where a lower value is better (drift ranking and signals need the direction)
 LOWER_IS_BETTER = frozenset({*PERPLEXITY_METRICS, "error_rate"})
-
-# CJK ideographs (basic, ext. A, compatibility), kana and Hangul syllables.
-_CJK_CLASS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af"
-_CJK_RE = re.compile(f"[{_CJK_CLASS}]")
-_CJK_TOKEN_RE = re.compile(f"[a-z0-9]+|[{_CJK_CLASS}]")
-_SPACE_RE = re.compile(r"\s+")
-
-
-def has_cjk(text: str) -> bool:
-    return _CJK_RE.search(text) is not None
-
-
-class CjkTokenizer:
-    """rouge-score tokenizer: lower-cases, keeps ``[a-z0-9]+`` runs (exactly like the default
-    tokenizer without stemming) and makes every CJK character its own token."""
-
-    def tokenize(self, text: str) -> list[str]:
-        return _CJK_TOKEN_RE.findall(text.lower())
-
 
 def normalize_for_exact_match(text: str) -> str:
     """Unicode NFKC, strip, collapse whitespace runs to one space. Case and punctuation are kept

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.embedded import Service, start_redis, start_tansu
+from watchdog.dev.embedded import Service, start_redis, start_tansu
 
 
 @pytest.fixture(scope="session")

@@ -11,11 +11,11 @@ from typing import Any
 
 from kafka import KafkaProducer
 
-from watchdog.config import Config, load_config
-from watchdog.daemon import Daemon
-from watchdog.embedded import free_port
-from watchdog.server import StatusServer
-from watchdog.traffic import Route, TrafficGenerator
+from watchdog.config.settings import Config, load_config
+from watchdog.dev.embedded import free_port
+from watchdog.dev.traffic import Route, TrafficGenerator
+from watchdog.runtime.daemon import Daemon
+from watchdog.runtime.http import StatusServer
 
 MODEL = "llama-test"
 
@@ -176,7 +176,7 @@ def recorded_windows(redis_client: Any, prefix: str = "llmwd") -> tuple[dict[tup
 
 
 def start_daemon_process(cfg: dict[str, Any], tmp_path: Path, name: str = "daemon") -> Any:
-    """``python -m watchdog.cli run`` on ``cfg`` (written as YAML), output appended to ``tmp_path/name.log``."""
+    """``python -m watchdog.cli.main run`` on ``cfg`` (written as YAML), output appended to ``tmp_path/name.log``."""
     import os
     import subprocess
     import sys
@@ -188,7 +188,7 @@ def start_daemon_process(cfg: dict[str, Any], tmp_path: Path, name: str = "daemo
     cfg_path.write_text(yaml.safe_dump(cfg))
     log = open(tmp_path / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
     env = {**os.environ, "PYTHONPATH": str(root)}
-    return subprocess.Popen([sys.executable, "-m", "watchdog.cli", "run", "--config", str(cfg_path)],
+    return subprocess.Popen([sys.executable, "-m", "watchdog.cli.main", "run", "--config", str(cfg_path)],
                             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root)
 
 

@@ -20,7 +20,7 @@ def read_events(kafka: str, topic: str, n: int, timeout: float = 10.0) -> list[A
     """The decoded events of ``topic`` from the start, until ``n`` arrived or ``timeout`` passed."""
     from kafka import KafkaConsumer
 
-    from watchdog.events import decode_event
+    from watchdog.core.events import decode_event
 
     consumer = KafkaConsumer(topic, bootstrap_servers=kafka, auto_offset_reset="earliest",
                              consumer_timeout_ms=500, group_id=None)

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from watchdog.actuator import MISSING, PINNED, STALE, Actuator, FlagStore
-from watchdog.keys import Flag, Keys, client_from_url
-from watchdog.signals import Action
+from watchdog.actuation.actuator import MISSING, PINNED, STALE, Actuator, FlagStore
+from watchdog.core.keys import Flag, Keys
+from watchdog.core.signals import Action
+from watchdog.state.redis_conn import client_from_url
 
 pytestmark = pytest.mark.services
 
@@ -288,7 +289,7 @@ def test_actuator_with_failing_store_factory_stays_pending() -> None:
 
 
 def test_model_and_route_with_colons_name_distinct_keys(redis_client):
-    from watchdog.keys import Keys, key_part
+    from watchdog.core.keys import Keys, key_part
 
     keys = Keys("kp")
     assert keys.route("a:b", "c") != keys.route("a", "b:c")

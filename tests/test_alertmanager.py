@@ -19,10 +19,10 @@ import httpx
 import pytest
 
 from tests.helpers import missing
-from watchdog.alerts import Alerter
-from watchdog.alertsink import AlertSink
-from watchdog.embedded import free_port, wait_for_port
-from watchdog.signals import Action
+from watchdog.alerting.alerter import Alerter
+from watchdog.core.signals import Action
+from watchdog.dev.alertsink import AlertSink
+from watchdog.dev.embedded import free_port, wait_for_port
 
 AM_BINARY = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 FAST = {"backoff_initial": 0.05, "backoff_max": 0.2}

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from watchdog.alert_channels import (
+from watchdog.alerting.alerter import Alerter, IncidentBook
+from watchdog.alerting.channels import (
     SLACK_COLORS,
     WEBHOOK_SCHEMA,
     Channel,
@@ -18,9 +19,8 @@ from watchdog.alert_channels import (
     channel_config,
     register_channel,
 )
-from watchdog.alerts import Alerter, IncidentBook
-from watchdog.alertsink import AlertSink, summarize
-from watchdog.signals import Action
+from watchdog.core.signals import Action
+from watchdog.dev.alertsink import AlertSink, summarize
 
 RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 FAST = {"backoff_initial": 0.01, "backoff_max": 0.05}
@@ -87,7 +87,7 @@ def test_config_checks_required_fields_and_duplicate_kinds() -> None:
 
 
 def test_daemon_config_model_is_accepted() -> None:
-    from watchdog.config import AlertChannelConfig
+    from watchdog.config.settings import AlertChannelConfig
 
     cfg = AlertChannelConfig(kind="alertmanager", url="http://am:9093/", min_severity="warning")
     alerter = Alerter.from_config([cfg.model_dump()])

@@ -2,7 +2,7 @@
 policy engine, golden reports at their times, the CLI, the PNG.
 
 The recorded files are made by ``generate()`` below (``.venv/bin/python tests/test_backtest.py``
-rewrites them): synthetic traffic from watchdog/traffic.py with simulated timestamps, FP8 errors
+rewrites them): synthetic traffic from watchdog/dev/traffic.py with simulated timestamps, FP8 errors
 injected on chat/general at T0 + 8 min in the regression file.
 """
 
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.backtest import load_golden_reports, read_lines, run_backtest
+from watchdog.cli.policy import main as policy_cli
+from watchdog.dev.traffic import Route, TrafficGenerator
 from watchdog.policy import PolicySet, load_policy_files, parse_policy_text
+from watchdog.policy.backtest import load_golden_reports, read_lines, run_backtest
 from watchdog.policy.backtest_report import threshold_at
-from watchdog.policy.cli import main as policy_cli
-from watchdog.traffic import Route, TrafficGenerator
 
 DATA = Path(__file__).resolve().parent / "data"
 REGRESSION = DATA / "backtest_regression.jsonl.gz"

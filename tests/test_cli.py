@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.cli import build_parser, main
+from watchdog.cli.main import build_parser, main
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -56,7 +56,7 @@ def test_log_level_before_and_after_the_subcommand() -> None:
 
 
 def _dead_redis() -> str:
-    from watchdog.embedded import free_port
+    from watchdog.dev.embedded import free_port
 
     return f"redis://127.0.0.1:{free_port()}/0"
 
@@ -142,7 +142,7 @@ def test_policy_validate_of_a_daemon_config_points_at_config_check(capsys: pytes
 
 
 def test_status_without_a_daemon_says_where_it_looked(capsys: pytest.CaptureFixture[str]) -> None:
-    from watchdog.embedded import free_port
+    from watchdog.dev.embedded import free_port
 
     url = f"http://127.0.0.1:{free_port()}"
     assert main(["status", "--url", url]) == 1
@@ -177,7 +177,7 @@ def test_run_on_a_taken_port_is_one_line_and_a_mistyped_variable_is_named(monkey
 
 def test_a_real_process_prints_one_line_and_no_traceback(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "LLMWD_REDIS_URL": _dead_redis()}
-    out = subprocess.run([sys.executable, "-m", "watchdog.cli", "flags", "set", "m", "r", "FP9"], cwd=tmp_path,
+    out = subprocess.run([sys.executable, "-m", "watchdog.cli.main", "flags", "set", "m", "r", "FP9"], cwd=tmp_path,
                          env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr
 
@@ -189,7 +189,7 @@ def test_embedded_prints_sourceable_exports_and_stops_on_sigterm(tmp_path: Path)
     import redis
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "watchdog.cli", "embedded", "--redis-port", "0",
+    proc = subprocess.Popen([sys.executable, "-m", "watchdog.cli.main", "embedded", "--redis-port", "0",
                              "--kafka-port", "0"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:

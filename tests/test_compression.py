@@ -10,10 +10,10 @@ import uuid
 
 import pytest
 
-from watchdog.config import KafkaConfig
-from watchdog.events import InferenceEvent, encode_event
-from watchdog.ingest import Ingest, make_consumer, make_producer
-from watchdog.metrics import Metrics
+from watchdog.config.settings import KafkaConfig
+from watchdog.core.events import InferenceEvent, encode_event
+from watchdog.core.metrics import Metrics
+from watchdog.ingest.consumer import Ingest, make_consumer, make_producer
 
 pytestmark = pytest.mark.services
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.cli import main
-from watchdog.config import ConfigError, load_config, redacted
+from watchdog.cli.main import main
+from watchdog.config.settings import ConfigError, load_config, redacted
 
 ROOT = Path(__file__).resolve().parent.parent
 

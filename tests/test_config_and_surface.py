@@ -11,9 +11,9 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from watchdog.cli import main
-from watchdog.config import ConfigError, load_config
-from watchdog.server import StatusServer
+from watchdog.cli.main import main
+from watchdog.config.settings import ConfigError, load_config
+from watchdog.runtime.http import StatusServer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -49,7 +49,7 @@ def test_config_errors_name_file_line_and_column(tmp_path: Path, text: str, wher
 def test_run_with_a_bad_config_exits_2_and_says_where(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text("server:\n  port: 99999999\n")
-    out = subprocess.run([sys.executable, "-m", "watchdog.cli", "run", "--config", str(path)], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "watchdog.cli.main", "run", "--config", str(path)], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "bad.yaml:2:3" in out.stderr
 

@@ -15,9 +15,9 @@ from tests.daemon_harness import (
     wait_until,
     write_policy,
 )
-from watchdog.actuator import FENCED, FlagStore, FlipExtras
-from watchdog.checkpoint import DUPLICATE, SAVED, CheckpointStore, PendingSave
-from watchdog.keys import Keys
+from watchdog.actuation.actuator import FENCED, FlagStore, FlipExtras
+from watchdog.core.keys import Keys
+from watchdog.state.checkpoint import DUPLICATE, SAVED, CheckpointStore, PendingSave
 
 pytestmark = pytest.mark.services
 

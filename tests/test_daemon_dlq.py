@@ -16,7 +16,7 @@ from tests.daemon_harness import (
     wait_until,
     write_policy,
 )
-from watchdog.traffic import Route, TrafficGenerator
+from watchdog.dev.traffic import Route, TrafficGenerator
 
 pytestmark = pytest.mark.services
 

@@ -12,9 +12,9 @@ import redis
 from kafka import KafkaConsumer, KafkaProducer
 
 from tests.daemon_harness import MODEL, make_config, running_daemon, traffic, wait_until, write_policy
-from watchdog.actuator import FlagStore
-from watchdog.alertsink import AlertSink
-from watchdog.keys import Keys
+from watchdog.actuation.actuator import FlagStore
+from watchdog.core.keys import Keys
+from watchdog.dev.alertsink import AlertSink
 
 pytestmark = pytest.mark.services
 

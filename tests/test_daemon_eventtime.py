@@ -17,7 +17,7 @@ from tests.daemon_harness import (
     wait_until,
     write_policy,
 )
-from watchdog.eventtime import Watermarks
+from watchdog.ingest.eventtime import Watermarks
 
 A, B, C = ("t", 0), ("t", 1), ("t", 2)
 

@@ -20,9 +20,9 @@ from tests.daemon_harness import (
     wait_until,
     write_policy,
 )
-from watchdog.actuator import FlagStore
-from watchdog.alertsink import AlertSink
-from watchdog.keys import Keys
+from watchdog.actuation.actuator import FlagStore
+from watchdog.core.keys import Keys
+from watchdog.dev.alertsink import AlertSink
 
 pytestmark = pytest.mark.services
 

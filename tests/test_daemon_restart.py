@@ -17,8 +17,8 @@ import yaml
 from kafka import KafkaProducer
 
 from tests.daemon_harness import MODEL, wait_until, write_policy
-from watchdog.embedded import free_port
-from watchdog.traffic import Route, TrafficGenerator
+from watchdog.dev.embedded import free_port
+from watchdog.dev.traffic import Route, TrafficGenerator
 
 pytestmark = pytest.mark.services
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _start(cfg_path: Path, log_path: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-m", "watchdog.cli", "run", "--config", str(cfg_path)],
+    return subprocess.Popen([sys.executable, "-m", "watchdog.cli.main", "run", "--config", str(cfg_path)],
                             stdout=open(log_path, "ab"), stderr=subprocess.STDOUT, env=env, cwd=ROOT)
 
 

@@ -18,7 +18,7 @@ pytest.importorskip("torch")
 from rich.console import Console  # noqa: E402
 
 from tests.daemon_harness import make_config, running_daemon  # noqa: E402
-from watchdog.gateway.demo import GatewayDemo  # noqa: E402
+from watchdog.dev.gateway_demo import GatewayDemo  # noqa: E402
 
 pytestmark = [pytest.mark.services, pytest.mark.torch, pytest.mark.slow]
 MODEL, ROUTE = "llama-demo", "support/chat"

@@ -1,5 +1,5 @@
 """The chart's ConfigMaps start a real daemon: the rendered config.yaml and policies, run by
-``python -m watchdog.cli run`` against the test Redis and Kafka-protocol broker, as the pod would."""
+``python -m watchdog.cli.main run`` against the test Redis and Kafka-protocol broker, as the pod would."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import httpx
 import pytest
 import yaml
 
-from watchdog.embedded import Service, free_port
+from watchdog.dev.embedded import Service, free_port
 from watchdog.policy.loader import parse_policy_text
 
 try:  # the dev extra; CI installs it, so there a missing one is a failure
@@ -74,7 +74,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, redis_service: Service,
            "LLMWD_SERVER__HOST": "127.0.0.1"}         # the chart binds 0.0.0.0 for the kubelet's probes
     log_path = tmp / "daemon.log"
     log = log_path.open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "watchdog.cli", "run", "--config", str(tmp / "config.yaml")],
+    proc = subprocess.Popen([sys.executable, "-m", "watchdog.cli.main", "run", "--config", str(tmp / "config.yaml")],
                             cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from watchdog.config import load_config
+from watchdog.config.settings import load_config
 from watchdog.policy.loader import parse_policy_text
 
 try:  # the dev extra; CI installs it, so there a missing one is a failure

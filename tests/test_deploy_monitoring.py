@@ -17,7 +17,7 @@ RULES = ROOT / "deploy/prometheus/llm-watchdog-rules.yaml"
 RULE_TESTS = ROOT / "deploy/prometheus/tests/llm-watchdog-rules.test.yaml"
 DASHBOARD = ROOT / "deploy/grafana/llm-watchdog.json"
 
-#: the metric-name contract of this wave (docs/OPERATIONS.md); names the daemon adds to watchdog/metrics.py
+#: the metric-name contract of this wave (docs/OPERATIONS.md); names the daemon adds to watchdog/core/metrics.py
 CONTRACT = {
     "llmwd_ready": "gauge",
     "llmwd_not_ready": "gauge",
@@ -29,10 +29,10 @@ _SERIES_SUFFIX = {"histogram": ("_bucket", "_sum", "_count"), "counter": ("",), 
 
 
 def known_series() -> set[str]:
-    """Every series name the daemon exports: watchdog/metrics.py's metrics plus the contract."""
-    text = (ROOT / "watchdog/metrics.py").read_text()
+    """Every series name the daemon exports: watchdog/core/metrics.py's metrics plus the contract."""
+    text = (ROOT / "watchdog/core/metrics.py").read_text()
     found = {name: kind.lower() for kind, name in re.findall(r"\b(Counter|Gauge|Histogram)\(\s*\"(llmwd_\w+)\"", text)}
-    assert len(found) >= 10, "watchdog/metrics.py changed shape; update this parser"
+    assert len(found) >= 10, "watchdog/core/metrics.py changed shape; update this parser"
     merged = {**CONTRACT, **found}
     return {name + suffix for name, kind in merged.items() for suffix in _SERIES_SUFFIX[kind]}
 

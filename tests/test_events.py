@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 import pytest
 
-from watchdog.events import (
+from watchdog.core.events import (
     InferenceEvent,
     InvalidEvent,
     ShadowResult,

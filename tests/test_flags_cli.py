@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from watchdog.actuator import FlagStore
-from watchdog.flags_cli import add_flags_commands, parse_duration, redact, who
-from watchdog.keys import Keys
+from watchdog.actuation.actuator import FlagStore
+from watchdog.cli.flags import add_flags_commands, parse_duration, redact, who
+from watchdog.core.keys import Keys
 
 pytestmark = pytest.mark.services
 
@@ -102,7 +102,7 @@ def test_prefix_option(url: str, redis_client: Any, capsys: pytest.CaptureFixtur
 
 
 def test_unreachable_redis_is_a_message_not_a_traceback(capsys: pytest.CaptureFixture[str]) -> None:
-    from watchdog.embedded import free_port
+    from watchdog.dev.embedded import free_port
 
     dead = f"redis://user:hunter2@127.0.0.1:{free_port()}/0"
     assert run(dead, "list") == 2
@@ -125,7 +125,7 @@ def test_precision_comes_from_the_configured_set(url: str, redis_client: Any, tm
 
 def test_manual_changes_are_announced_with_the_external_link(url: str, tmp_path: Any,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
-    from watchdog.alertsink import AlertSink
+    from watchdog.dev.alertsink import AlertSink
 
     with AlertSink() as sink:
         cfg = tmp_path / "c.yaml"
@@ -154,8 +154,8 @@ def test_reasons_wrap_at_words_and_are_never_cut(url: str, capsys: pytest.Captur
     capsys.readouterr()
     from rich.console import Console
 
-    from watchdog.flags_cli import _flags_table
-    from watchdog.keys import Flag
+    from watchdog.cli.flags import _flags_table
+    from watchdog.core.keys import Flag
 
     flag = Flag("llama-3-8b-instruct-long-model-name", "legal/contracts/long-route-name", "fp16", 1, reason=reason,
                 policy="quality-floor", changed_at=time.time(), changed_by="cli:someone@host-with-long-name")
@@ -179,6 +179,6 @@ def test_reasons_wrap_at_words_and_are_never_cut(url: str, capsys: pytest.Captur
     ("averyveryverylongtoken and more", 10, "averyvery…"),
 ])
 def test_shorten_cuts_at_a_word(text: str, width: int, expected: str) -> None:
-    from watchdog.flags_cli import shorten
+    from watchdog.core.text import shorten
 
     assert shorten(text, width) == expected and len(shorten(text, width)) <= width

@@ -18,10 +18,11 @@ pytest.importorskip("torch")
 from probes.engines.torch_engine import TorchEngine  # noqa: E402
 from probes.openai_server import OpenAIServer  # noqa: E402
 from tests import helpers  # noqa: E402
-from watchdog.actuator import FlagStore  # noqa: E402
+from watchdog.actuation.actuator import FlagStore  # noqa: E402
+from watchdog.core.keys import Keys  # noqa: E402
 from watchdog.gateway.config import load_gateway_config  # noqa: E402
 from watchdog.gateway.server import GatewayServer, build_gateway  # noqa: E402
-from watchdog.keys import Keys, client_from_url  # noqa: E402
+from watchdog.state.redis_conn import client_from_url  # noqa: E402
 
 pytestmark = [pytest.mark.services, pytest.mark.torch]
 MODEL = "tiny"

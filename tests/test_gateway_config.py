@@ -9,7 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from watchdog.config import load_config
+from watchdog.config.settings import load_config
 from watchdog.gateway.app import Gateway
 from watchdog.gateway.config import GatewayConfigError, load_gateway_config
 from watchdog.gateway.openai_io import StreamParser, parse_response
@@ -48,7 +48,7 @@ def test_a_bad_gateway_section_is_one_line_and_exit_2(tmp_path: Path) -> None:
     path.write_text("gateway:\n  pools:\n    - {candidate: {url: fp8}, baseline: {url: 'http://x/v1'}}\n")
     with pytest.raises(GatewayConfigError, match=r"gateway\.pools\.0\.candidate\.url: Value error, url must start"):
         load_gateway_config(path)
-    proc = subprocess.run([sys.executable, "-m", "watchdog.cli", "gateway", "--config", str(path)],
+    proc = subprocess.run([sys.executable, "-m", "watchdog.cli.main", "gateway", "--config", str(path)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "url must start" in proc.stderr
 

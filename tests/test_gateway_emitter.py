@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from watchdog.embedded import free_port
-from watchdog.event_emitter import EventEmitter
-from watchdog.events import decode_event
+from watchdog.core.events import decode_event
+from watchdog.dev.embedded import free_port
 from watchdog.gateway.config import EventsConfig
+from watchdog.ingest.emitter import EventEmitter
 
 pytestmark = pytest.mark.services
 CLIENTS = ["kafka-python", pytest.param("confluent", marks=pytest.mark.skipif(

@@ -13,7 +13,7 @@ from probes.golden import GoldenItem, GoldenSet, Manifest
 from probes.golden_replay import replay
 from tests.daemon_harness import make_config, running_daemon, wait_until
 from tests.test_replay import TableEngine
-from watchdog.golden_source import GoldenJob, GoldenScheduler
+from watchdog.sources.golden import GoldenJob, GoldenScheduler
 
 ANSWERS = {f"q{i}?": f"answer {i}" for i in range(6)}
 

@@ -95,8 +95,8 @@ def test_daemon_config_keys_reach_the_monitor() -> None:
     from pydantic import ValidationError
 
     from tests.test_gpu_read import ReplayNvml
-    from watchdog.config import GpuConfig
-    from watchdog.daemon import Daemon
+    from watchdog.config.settings import GpuConfig
+    from watchdog.runtime.daemon import Daemon
 
     def monitor(g: GpuConfig) -> GpuMonitor:
         host = SimpleNamespace(cfg=SimpleNamespace(gpu=g), metrics=SimpleNamespace(registry=CollectorRegistry()),

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from watchdog.events import InvalidEvent, decode_event
+from watchdog.core.events import InvalidEvent, decode_event
 
 BASE = {"schema": 1, "request_id": "r1", "ts": 1_764_000_000.0, "model": "m", "route": "chat", "precision": "fp8",
         "status": "ok", "latency_ms": 120.0, "prompt_tokens": 10, "completion_tokens": 20}

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from watchdog import safe_yaml
+from watchdog.core import safe_yaml
 from watchdog.policy import PolicyError, PolicyLoader, load_policy_files
 from watchdog.policy.schema import MAX_SCOPE_GLOBS, Scope
 
@@ -262,7 +262,7 @@ def test_background_reload_never_blocks_and_swaps_atomically(tmp_path: Path) -> 
 
 
 def test_config_refuses_alias_bomb_and_tags(tmp_path: Path) -> None:
-    from watchdog.config import ConfigError, load_config
+    from watchdog.config.settings import ConfigError, load_config
 
     path = tmp_path / "watchdog.yaml"
     path.write_text(laughs(), encoding="utf-8")

@@ -8,22 +8,18 @@ import numpy as np
 import pytest
 import scipy.stats as ss
 
-from watchdog import judge_stats as st
-from watchdog.judge import (
-    Judgement,
-    attribute,
-    combine,
-    judge_paired,
-    judge_paired_replays,
-    judge_rate,
+from watchdog.policy.judge import stats as st
+from watchdog.policy.judge.paired import judge_paired, judge_paired_replays
+from watchdog.policy.judge.pooled import (
     judge_rate_pooled,
-    judge_unpaired,
     judge_unpaired_pooled,
     pool_counts,
     pool_histograms,
     zero_bucket_index,
 )
-from watchdog.sketch import QuantileSketch
+from watchdog.policy.judge.unpaired import judge_rate, judge_unpaired
+from watchdog.policy.judge.verdict import Judgement, attribute, combine
+from watchdog.windows.sketch import QuantileSketch
 
 
 def _golden_like(seed: int, n: int = 200, shift: float = 0.0) -> np.ndarray:
@@ -490,8 +486,8 @@ def test_kayenta_screen_is_exact(direction: str) -> None:
 
 
 def test_pooling_helpers_live_in_judge_pool_and_are_re_exported() -> None:
-    import watchdog.judge as judge
-    import watchdog.judge_pool as judge_pool
+    import watchdog.policy.judge.paired as judge
+    import watchdog.policy.judge.pooled as judge_pool
 
     for name in judge_pool.__all__:
         assert getattr(judge, name) is getattr(judge_pool, name), name

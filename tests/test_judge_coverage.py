@@ -27,7 +27,7 @@ import math
 import numpy as np
 import pytest
 
-from watchdog import judge_stats as st
+from watchdog.policy.judge import stats as st
 
 N_SIM = 20_000
 

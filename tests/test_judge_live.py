@@ -1,4 +1,4 @@
-"""Live rules against a learned null (watchdog/judge_live.py) and the exact broken-items test."""
+"""Live rules against a learned null (watchdog/policy/judge/live.py) and the exact broken-items test."""
 
 from __future__ import annotations
 
@@ -9,19 +9,19 @@ import numpy as np
 import pytest
 import scipy.stats as ss
 
-from watchdog import judge_stats as st
-from watchdog.judge import judge_broken
-from watchdog.judge_live import (
+from watchdog.core.signals import Signal
+from watchdog.policy.engine import PolicyEngine
+from watchdog.policy.judge import stats as st
+from watchdog.policy.judge.live import (
     judge_learned,
     quantile_log_diff,
     sketch_log_quantile,
     sketch_log_tail_contrast,
     sketch_log_tail_mean,
 )
-from watchdog.policy.engine import PolicyEngine
+from watchdog.policy.judge.paired import judge_broken
 from watchdog.policy.loader import PolicySet, parse_policy_text
-from watchdog.signals import Signal
-from watchdog.sketch import QuantileSketch
+from watchdog.windows.sketch import QuantileSketch
 
 
 def _ar1(rng: np.random.Generator, n: int, sd: float, rho: float = 0.95) -> np.ndarray:

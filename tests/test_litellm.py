@@ -29,9 +29,9 @@ import openai  # noqa: E402
 from probes.engines.torch_engine import TorchEngine  # noqa: E402
 from probes.openai_server import OpenAIServer  # noqa: E402
 from tests.helpers import read_events  # noqa: E402
-from watchdog.actuator import FlagStore  # noqa: E402
-from watchdog.embedded import free_port  # noqa: E402
-from watchdog.keys import Keys  # noqa: E402
+from watchdog.actuation.actuator import FlagStore  # noqa: E402
+from watchdog.core.keys import Keys  # noqa: E402
+from watchdog.dev.embedded import free_port  # noqa: E402
 
 pytestmark = [pytest.mark.services, pytest.mark.torch, pytest.mark.slow]
 

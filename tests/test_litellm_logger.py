@@ -14,13 +14,13 @@ import pytest
 
 pytest.importorskip("litellm")
 
-from watchdog.actuator import FlagStore  # noqa: E402
-from watchdog.embedded import free_port  # noqa: E402
-from watchdog.event_emitter import EventEmitter, EventsConfig  # noqa: E402
-from watchdog.events import decode_event, encode_event  # noqa: E402
+from watchdog.actuation.actuator import FlagStore  # noqa: E402
+from watchdog.actuation.routing import RoutingFlags  # noqa: E402
+from watchdog.core.events import decode_event, encode_event  # noqa: E402
+from watchdog.core.keys import Keys  # noqa: E402
+from watchdog.dev.embedded import free_port  # noqa: E402
+from watchdog.ingest.emitter import EventEmitter, EventsConfig  # noqa: E402
 from watchdog.integrations.litellm import LiteLLMSettings, WatchdogLogger, failure_status  # noqa: E402
-from watchdog.keys import Keys  # noqa: E402
-from watchdog.routing import RoutingFlags  # noqa: E402
 
 pytestmark = pytest.mark.services
 

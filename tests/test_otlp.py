@@ -23,9 +23,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 from opentelemetry.trace import Status, StatusCode  # noqa: E402
 
-from watchdog.events import InferenceEvent  # noqa: E402
-from watchdog.otlp import OtlpDecoder, OtlpOptions, decoder_for  # noqa: E402
-from watchdog.windows import WindowAggregator  # noqa: E402
+from watchdog.config.settings import OtlpOptions  # noqa: E402
+from watchdog.core.events import InferenceEvent  # noqa: E402
+from watchdog.ingest.otlp import OtlpDecoder, decoder_for  # noqa: E402
+from watchdog.windows.aggregator import WindowAggregator  # noqa: E402
 
 VLLM = {  # the attribute names vllm/tracing.py SpanAttributes writes (latencies in seconds)
     "gen_ai.response.model": "llama-3-8b-fp8",
@@ -190,7 +191,7 @@ def test_codec_selection():
     assert decoder_for("json") is None  # the ingest keeps its own JSON fast path
     with pytest.raises(ValueError, match="unknown codec 'avro'"):
         decoder_for("avro")
-    from watchdog.config import load_config
+    from watchdog.config.settings import load_config
 
     cfg = load_config(None, kafka={"codec": "otlp_proto", "otlp": {"route_attributes": ["k8s.namespace.name"]}})
     assert cfg.kafka.codec == "otlp_proto" and cfg.kafka.otlp.route_attributes == ["k8s.namespace.name"]

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 
 import pytest
 
+from watchdog.core.signals import Action, Signal
 from watchdog.policy import PolicyEngine, PolicySet, parse_policy_text
-from watchdog.signals import Action, Signal
 
 M, R = "llama-3-8b", "chat/general"
 DAY0 = 1_800_000_000.0  # 2027-01-15 08:00 UTC

@@ -8,10 +8,10 @@ from collections.abc import Mapping
 import numpy as np
 import pytest
 
+from watchdog.core.signals import Action, Signal
 from watchdog.policy import PolicyEngine, PolicySet, parse_policy_text
 from watchdog.policy.evaluate import Verdict, combine_window, evaluate_rule
-from watchdog.signals import Action, Signal
-from watchdog.sketch import QuantileSketch
+from watchdog.windows.sketch import QuantileSketch
 
 M, R = "llama-3-8b", "chat/general"
 T0 = 1_800_000_000.0  # 2027-01-15 08:00 UTC

@@ -13,9 +13,9 @@ import pytest
 
 from tests.test_policy_judge import T0, M, R, policies, policy
 from tests.test_policy_judge import Sim as TextSim
+from watchdog.core.signals import Signal
 from watchdog.policy import PolicyEngine, PolicySet, parse_policy_text
-from watchdog.signals import Signal
-from watchdog.sketch import QuantileSketch
+from watchdog.windows.sketch import QuantileSketch
 
 
 def policy_set(rules: str, head: str = "") -> PolicySet:

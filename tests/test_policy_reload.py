@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from watchdog.core.signals import Signal
 from watchdog.policy import LIVE_METRICS, PolicyEngine, PolicyLoader
-from watchdog.signals import Signal
 
 GOOD = """\
 policies:

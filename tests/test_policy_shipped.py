@@ -11,10 +11,10 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from watchdog.backtest import run_backtest
+from watchdog.core.signals import Action, Signal
+from watchdog.dev.traffic import Route, TrafficGenerator
 from watchdog.policy import PolicyEngine, load_policy_files
-from watchdog.signals import Action, Signal
-from watchdog.traffic import Route, TrafficGenerator
+from watchdog.policy.backtest import run_backtest
 
 REPO = Path(__file__).resolve().parents[1]
 M = "llama-3-8b"
@@ -108,9 +108,9 @@ def test_fp8_no_faster_alerts_without_flipping() -> None:
 
 
 # --- the embedded demo's traffic through the default policy ------------------------------------
-# Events from watchdog/traffic.py (15 % FP16 baseline slice, 30 % shadows, FP8 1.6x faster) at
+# Events from watchdog/dev/traffic.py (15 % FP16 baseline slice, 30 % shadows, FP8 1.6x faster) at
 # 60 requests/s per route, folded into windows and judged by policies/default.yaml exactly as the
-# daemon does (watchdog.backtest: WindowAggregator + PolicyEngine, flags simulated).
+# daemon does (watchdog.policy.backtest: WindowAggregator + PolicyEngine, flags simulated).
 
 DEMO_MODEL = "llama-3.1-8b-instruct"
 DEMO_ROUTE, OTHER_ROUTE = "legal/contracts", "support/chat"

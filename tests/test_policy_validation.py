@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from watchdog.cli.policy import main as cli_main
 from watchdog.policy import PolicyError, load_policy_files, parse_policy_text
-from watchdog.policy.cli import main as cli_main
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from watchdog.actuator import FlagStore
-from watchdog.keys import Keys, client_from_url
-from watchdog.routing import RoutingFlags
+from watchdog.actuation.actuator import FlagStore
+from watchdog.actuation.routing import RoutingFlags
+from watchdog.core.keys import Keys
+from watchdog.state.redis_conn import client_from_url
 
 pytestmark = pytest.mark.services
 

@@ -1,4 +1,4 @@
-"""Redis Sentinel: the daemon's client (FlagStore through keys.client_from_url) and the gateway
+"""Redis Sentinel: the daemon's client (FlagStore through redis_conn.client_from_url) and the gateway
 reader (RoutingFlags, with its pub/sub invalidation) follow a failover to the new master.
 
 A master, a replica and one sentinel (Debian's ``redis-sentinel``, quorum 1) on free ports."""
@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import redis
 
-from watchdog.actuator import FlagStore
-from watchdog.embedded import Service, find_redis_server, free_port
-from watchdog.keys import Keys, client_from_url
-from watchdog.redis_conn import parse_sentinel_url
-from watchdog.routing import RoutingFlags
+from watchdog.actuation.actuator import FlagStore
+from watchdog.actuation.routing import RoutingFlags
+from watchdog.core.keys import Keys
+from watchdog.dev.embedded import Service, find_redis_server, free_port
+from watchdog.state.redis_conn import client_from_url, parse_sentinel_url
 
 pytestmark = pytest.mark.services
 SERVICE = "llmwd"
@@ -70,7 +70,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         pytest.skip("redis-sentinel is not installed (Debian: apt-get install redis-sentinel)")
     mport, rport, sport = free_port(), free_port(), free_port()
     # min-replicas-to-write: a master cut off from its replica (promoted away) refuses writes
-    # instead of accepting ones its resync would wipe (see watchdog/redis_conn.py)
+    # instead of accepting ones its resync would wipe (see watchdog/state/redis_conn.py)
     master = _redis("master", tmp_path / "m", mport, "--min-replicas-to-write", "1", "--min-replicas-max-lag", "10")
     replica = _redis("replica", tmp_path / "r", rport, "--replicaof", "127.0.0.1", str(mport))
     rc = redis.Redis(port=rport, decode_responses=True)

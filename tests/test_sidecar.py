@@ -12,13 +12,13 @@ HEAVY = ["torch", "transformers", "evaluate", "datasets", "pynvml", "rouge_score
 
 SCRIPT = f"""
 import json, sys, time
-from watchdog.cli import build_parser
-from watchdog.config import load_config
-from watchdog.daemon import Daemon
-from watchdog.events import decode_event
+from watchdog.cli.main import build_parser
+from watchdog.config.settings import load_config
+from watchdog.runtime.daemon import Daemon
+from watchdog.core.events import decode_event
 from watchdog.policy import PolicyEngine, load_policy_files
-from watchdog.traffic import Route, TrafficGenerator
-from watchdog.windows import WindowAggregator
+from watchdog.dev.traffic import Route, TrafficGenerator
+from watchdog.windows.aggregator import WindowAggregator
 build_parser()
 load_config(None)
 engine = PolicyEngine(load_policy_files(["policies/default.yaml", "policies/strict-legal-medical.yaml"]))

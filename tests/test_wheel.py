@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from watchdog.embedded import Service, free_port
+from watchdog.dev.embedded import Service, free_port
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 

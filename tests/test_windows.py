@@ -9,10 +9,10 @@ import numpy as np
 import orjson
 import pytest
 
-from watchdog.events import InferenceEvent, ShadowResult
-from watchdog.signals import Signal
-from watchdog.sketch import QuantileSketch
-from watchdog.windows import WindowAggregator, preload_scorers, shadow_agreement
+from watchdog.core.events import InferenceEvent, ShadowResult
+from watchdog.core.signals import Signal
+from watchdog.windows.aggregator import WindowAggregator, preload_scorers, shadow_agreement
+from watchdog.windows.sketch import QuantileSketch
 
 # --- sketch -----------------------------------------------------------------------------------
 
@@ -435,7 +435,7 @@ def test_rouge_l_equals_rouge_score_on_random_and_real_pairs() -> None:
     from rouge_score import rouge_scorer
 
     from probes.metrics import CjkTokenizer, Scorer
-    from watchdog.windows import lcs_length, rouge_l
+    from watchdog.windows.aggregator import lcs_length, rouge_l
 
     reference = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=False, tokenizer=CjkTokenizer())
     scorer = Scorer()

@@ -1,7 +1,7 @@
 """The parts of a drill: real services, the daemon under test as a subprocess, traffic counted by
 broker ack, and a readiness sampler.
 
-The daemon is black box: it runs as ``python -m watchdog.cli run --config FILE`` from the checkout
+The daemon is black box: it runs as ``python -m watchdog.cli.main run --config FILE`` from the checkout
 given as ``root`` (its cwd and PYTHONPATH), so the same harness measures main and any branch.
 Only its outputs are read: the Redis windows and audit streams, the alert sink, ``/readyz``.
 """
@@ -30,9 +30,9 @@ import httpx
 import orjson
 import yaml
 
-from watchdog.alertsink import AlertSink
-from watchdog.embedded import Service, find_redis_server, free_port, start_tansu, wait_for_port
-from watchdog.traffic import Route, TrafficGenerator
+from watchdog.dev.alertsink import AlertSink
+from watchdog.dev.embedded import Service, find_redis_server, free_port, start_tansu, wait_for_port
+from watchdog.dev.traffic import Route, TrafficGenerator
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def start_s3_tansu(workdir: Path) -> tuple[Service, Service]:
            "AWS_DEFAULT_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
     port = free_port()
     url = f"tcp://127.0.0.1:{port}"
-    from watchdog.embedded import find_tansu
+    from watchdog.dev.embedded import find_tansu
 
     argv = [find_tansu(), "broker", "--listener-url", url, "--advertised-listener-url", url,
             "--storage-engine", "s3://tansu/"]
@@ -165,7 +165,7 @@ class DaemonProc:
         env.pop("LLMWD_CONFIG", None)
         with open(self.log_path, "ab") as out:
             out.write(f"\n==== start {self.name} at {time.time():.3f}\n".encode())
-            self.proc = subprocess.Popen([sys.executable, "-m", "watchdog.cli", "run", "--config", str(self.cfg_path)],
+            self.proc = subprocess.Popen([sys.executable, "-m", "watchdog.cli.main", "run", "--config", str(self.cfg_path)],
                                          stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          cwd=self.root, env=env, start_new_session=True)
         _cap_memory(self.proc.pid)

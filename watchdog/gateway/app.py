@@ -22,9 +22,9 @@ import orjson
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from watchdog.event_emitter import EventEmitter
 from watchdog.gateway.config import GatewayConfig, PoolConfig, UpstreamConfig
 from watchdog.gateway.openai_io import Result, StreamParser, error_body, parse_response, prompt_of
+from watchdog.ingest.emitter import EventEmitter
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from watchdog.event_emitter import EventsConfig
+from watchdog.ingest.emitter import EventsConfig
 
 __all__ = ["EventsConfig", "GatewayConfig", "GatewayConfigError", "PoolConfig", "UpstreamConfig",
            "load_gateway_config"]

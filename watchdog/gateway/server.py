@@ -8,9 +8,9 @@ import threading
 import time
 from typing import Any
 
-from watchdog.event_emitter import EventEmitter
 from watchdog.gateway.app import Gateway
 from watchdog.gateway.config import GatewayConfig
+from watchdog.ingest.emitter import EventEmitter
 
 log = logging.getLogger(__name__)
 
@@ -18,8 +18,8 @@ log = logging.getLogger(__name__)
 def build_gateway(cfg: GatewayConfig, flags: Any = None, emitter: EventEmitter | None = None) -> Gateway:
     """A gateway with a ``RoutingFlags`` reader and an event emitter made from ``cfg`` unless given."""
     if flags is None:
-        from watchdog.keys import Keys
-        from watchdog.routing import RoutingFlags
+        from watchdog.actuation.routing import RoutingFlags
+        from watchdog.core.keys import Keys
 
         flags = RoutingFlags(cfg.redis_url, Keys(cfg.redis_prefix), default_precision=cfg.default_precision)
     if emitter is None and cfg.events.enabled:

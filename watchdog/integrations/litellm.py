@@ -11,11 +11,11 @@ In the LiteLLM proxy config (docs/INTEGRATIONS_otlp_litellm.md)::
 
 * ``async_pre_call_hook`` finds the route (the ``X-LLMWD-Route`` header, else the virtual key's or
   team's alias in ``key_routes``, else ``model_routes``, else ``default_route``), reads the
-  precision from the routing flags (``watchdog.routing.RoutingFlags``: an in-memory cache kept
+  precision from the routing flags (``watchdog.actuation.routing.RoutingFlags``: an in-memory cache kept
   current over pub/sub, last known value while Redis is down; no I/O on the request path) and
   rewrites ``data["model"]`` to the deployment in ``variants[model][precision]``;
 * ``async_log_success_event`` / ``async_log_failure_event`` queue one event on a bounded buffer that
-  a thread drains to Kafka (``watchdog.event_emitter.EventEmitter``): full buffer → dropped and counted.
+  a thread drains to Kafka (``watchdog.ingest.emitter.EventEmitter``): full buffer → dropped and counted.
 
 No hook ever raises: an internal error is logged and counted, and the request goes on unchanged.
 """
@@ -37,7 +37,7 @@ from typing import Any
 from litellm.integrations.custom_logger import CustomLogger
 from pydantic import BaseModel, ConfigDict, Field
 
-from watchdog.event_emitter import EventEmitter, EventsConfig
+from watchdog.ingest.emitter import EventEmitter, EventsConfig
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +93,8 @@ class WatchdogLogger(CustomLogger):
         super().__init__()
         self.settings = settings
         if flags is None:
-            from watchdog.keys import Keys
-            from watchdog.routing import RoutingFlags
+            from watchdog.actuation.routing import RoutingFlags
+            from watchdog.core.keys import Keys
 
             flags = RoutingFlags(settings.redis_url, Keys(settings.redis_prefix),
                                  default_precision=settings.default_precision)

@@ -1,5 +1,5 @@
 """Rendering of a backtest: a rich table for humans and a timeline PNG (matplotlib, Agg, imported
-lazily). The numbers come from ``watchdog.backtest.BacktestResult``."""
+lazily). The numbers come from ``watchdog.policy.backtest.BacktestResult``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from watchdog.policy.loader import PolicySet
 from watchdog.policy.schema import Rule
 
 if TYPE_CHECKING:
-    from watchdog.backtest import BacktestResult
+    from watchdog.policy.backtest import BacktestResult
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ def render_table(result: BacktestResult, console: Any | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from watchdog.backtest import iso
+    from watchdog.policy.backtest import iso
 
     console = console or Console()
     span = "-" if result.start is None else f"{iso(result.start)} .. {iso(result.end or result.start)}"

@@ -1,15 +1,15 @@
 """Cause-aware inhibition: is a tripped rule better explained by an input shift or by GPU health
-than by the candidate precision? Thin policy-side glue over ``watchdog.judge.attribute``. Pure."""
+than by the candidate precision? Thin policy-side glue over ``watchdog.policy.judge.paired.attribute``. Pure."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from watchdog.judge import Attribution, attribute
+from watchdog.core.signals import Signal
+from watchdog.policy.judge.verdict import Attribution, attribute
 from watchdog.policy.schema import Policy, Rule
 from watchdog.policy.state import RuleState, ScopeState
-from watchdog.signals import Signal
 
 #: metrics that compare the two precisions' outputs with each other: a broken candidate drags the
 #: baseline's value down with it (the FP16 window's shadow is the FP8 answer), so a "baseline drop"

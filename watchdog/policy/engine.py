@@ -14,13 +14,13 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from watchdog.core.signals import Action, Signal
 from watchdog.policy.causes import attribute_rule, gpu_problems, gpu_reading
 from watchdog.policy.evaluate import Verdict, combine_window, evaluate_rule
 from watchdog.policy.loader import PolicySet
 from watchdog.policy.pooling import learn_items
 from watchdog.policy.schema import MAX_POOL_WINDOWS, Policy, Rule
 from watchdog.policy.state import STATE_VERSION, RuleState, ScopeState, rule_fingerprint
-from watchdog.signals import Action, Signal
 
 __all__ = ["STATE_VERSION", "PolicyEngine", "RuleState", "ScopeState", "rule_fingerprint"]
 

@@ -1,7 +1,7 @@
 """One rule against one window: candidate and baseline signals in, a ``Verdict`` out. Pure.
 
 A rule with ``fail_if`` only is a plain threshold. A rule with ``judge`` runs a statistical test
-of watchdog/judge.py (paired, mann_whitney, rate); with both, the judge decides and a judged fail
+of watchdog/policy/judge/paired.py (paired, mann_whitney, rate); with both, the judge decides and a judged fail
 whose ``fail_if`` is false is only ``marginal``. A judged rule with ``pool: k`` (live) or
 ``replays: 2`` (golden) judges this window together with the previous ones kept in the rule's
 ``pool`` (a list of JSON-able entries the engine stores; see ``watchdog/policy/pooling.py``).
@@ -16,11 +16,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from watchdog.judge import Judgement, combine, judge_broken, judge_paired, judge_rate, judge_unpaired
+from watchdog.core.signals import Signal, VerdictStatus
 from watchdog.policy.conditions import Condition
+from watchdog.policy.judge.paired import judge_broken, judge_paired
+from watchdog.policy.judge.unpaired import judge_rate, judge_unpaired
+from watchdog.policy.judge.verdict import Judgement, combine
 from watchdog.policy.pooling import Pool, item_levels, judge_pool, learned, rate_counts
 from watchdog.policy.schema import SAMPLE_COUNTS, Policy, Rule
-from watchdog.signals import Signal, VerdictStatus
 
 
 @dataclass(slots=True)
@@ -39,7 +41,7 @@ class Verdict:
     extra: dict[str, float] = field(default_factory=dict)
     #: ``restore_if`` evaluated on this window (None: the rule has none, or it could not be read)
     restore: bool | None = None
-    #: the judge's result (watchdog.judge.Judgement.to_dict()) for judged rules
+    #: the judge's result (watchdog.policy.judge.paired.Judgement.to_dict()) for judged rules
     judgement: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:

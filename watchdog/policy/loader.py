@@ -6,7 +6,7 @@ valid; on a bad edit the last good set stays in force and the errors go to ``on_
 ``reload()`` never block the caller; the result is swapped in by a later ``check()``.
 
 Nothing a file contains makes loading raise: size, nesting, aliases and tags are bounded by
-``watchdog.safe_yaml``; anything unexpected still becomes a ``file:line:col`` error.
+``watchdog.core.safe_yaml``; anything unexpected still becomes a ``file:line:col`` error.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from watchdog import safe_yaml
+from watchdog.config.yamlpos import Pos, PosDoc, YamlSyntaxError, load_with_positions
+from watchdog.core import safe_yaml
 from watchdog.policy.conditions import ConditionError, parse_condition
 from watchdog.policy.schema import LATENCY_METRICS, LIVE_METRICS, RATE_COUNTS, Policy, PolicyFile
-from watchdog.policy.yamlpos import Pos, PosDoc, YamlSyntaxError, load_with_positions
 
 log = logging.getLogger(__name__)
 

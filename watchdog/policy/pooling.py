@@ -14,10 +14,12 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from watchdog.judge import Judgement, judge_paired_replays, judge_rate_pooled, judge_unpaired_pooled
-from watchdog.judge_live import judge_learned, quantile_log_diff, rate_diff_estimate
+from watchdog.core.signals import Signal
+from watchdog.policy.judge.live import judge_learned, quantile_log_diff, rate_diff_estimate
+from watchdog.policy.judge.paired import judge_paired_replays
+from watchdog.policy.judge.pooled import judge_rate_pooled, judge_unpaired_pooled
+from watchdog.policy.judge.verdict import Judgement
 from watchdog.policy.schema import RATE_COUNTS, Rule
-from watchdog.signals import Signal
 
 #: a rule's pooled history, oldest first (JSON-able)
 Pool = list[dict[str, Any]]

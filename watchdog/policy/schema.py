@@ -167,7 +167,7 @@ class Scope(_Strict):
 
 
 class Broken(_Strict):
-    """Concentrated-damage test of a paired rule (watchdog.judge.judge_broken): the share of items
+    """Concentrated-damage test of a paired rule (watchdog.policy.judge.paired.judge_broken): the share of items
     whose harm exceeds ``drop`` against the null share (learned from passing replays, seeded
     with ``null_share`` over ``null_items`` pseudo-items)."""
 
@@ -181,7 +181,7 @@ class Broken(_Strict):
 
 
 class Judge(_Strict):
-    """A statistical test of candidate vs baseline (watchdog/judge.py) in place of, or on top of,
+    """A statistical test of candidate vs baseline (watchdog/policy/judge/paired.py) in place of, or on top of,
     a plain ``fail_if`` threshold."""
 
     test: Literal["paired", "mann_whitney", "rate", "quantile"]
@@ -217,7 +217,7 @@ class Judge(_Strict):
     #: or ``sampling`` (the windows' stated sampling variance plus the learned excess over it)
     null_model: Literal["residual", "sampling"] = "residual"
     #: live: judge against a null learned from the last ``learn`` healthy windows of the rule
-    #: (watchdog/judge_live.py); null = an absolute comparison with ``between_sd`` added
+    #: (watchdog/policy/judge/live.py); null = an absolute comparison with ``between_sd`` added
     learn: Annotated[int, Field(ge=8, le=MAX_LEARN_WINDOWS)] | None = None
     #: learned level credited at most this far on the harmful side (harm units; default: effect):
     #: a golden set's healthy FP8 may sit a little below FP16 on a route, a regression may not
@@ -338,7 +338,7 @@ class MinTime(_Strict):
 
 
 class Combine(_Strict):
-    """How the non-critical judged rules of one window are combined (watchdog.judge.combine)."""
+    """How the non-critical judged rules of one window are combined (watchdog.policy.judge.paired.combine)."""
 
     method: Literal["holm", "none"] = "holm"
     alpha: Annotated[float, Field(gt=0, lt=0.5)] = 0.01

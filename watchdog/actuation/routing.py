@@ -1,0 +1,201 @@
+"""Gateway-side reader of the routing flags: ``RoutingFlags.precision_for(model, route)``.
+
+Lookups never touch the network: they read an in-memory cache. A background thread keeps the
+cache current: it subscribes to the flags channel (a change arrives within a millisecond or so),
+reloads everything after each (re)connect and every ``ttl_s`` seconds as a safety net. While Redis
+is unreachable the cache keeps the last known values; a route never seen gets
+``default_precision``. ``redis_url`` may name a Sentinel-managed master
+(``redis+sentinel://h1:26379,h2:26379/<service>/<db>``, see ``watchdog.state.redis_conn``): each
+reconnect asks the sentinels again, so the reader follows a failover. Contract: docs/ROUTING.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import redis
+
+from watchdog.core.keys import Flag, Keys, text
+from watchdog.state.redis_conn import client_from_url, connection_is_current
+
+log = logging.getLogger(__name__)
+
+#: how often the reader checks that its subscription is on the master the sentinels name
+MASTER_CHECK_S = 0.5
+
+
+class RoutingFlags:
+    """A cached, self-refreshing view of every route's precision flag."""
+
+    def __init__(self, redis_url: str | None = None, keys: Keys | None = None, *,
+                 client_factory: Callable[[], Any] | None = None, default_precision: str = "fp8",
+                 ttl_s: float = 10.0, reconnect_s: float = 0.5, poll_s: float = 0.05,
+                 start: bool = True) -> None:
+        if client_factory is None:
+            if redis_url is None:
+                raise ValueError("give redis_url or client_factory")
+            url = redis_url
+            client_factory = lambda: client_from_url(url)  # noqa: E731
+        self._factory = client_factory
+        self.keys = keys or Keys()
+        self.default_precision = default_precision
+        self.ttl_s = ttl_s
+        self.reconnect_s = reconnect_s
+        self.poll_s = poll_s
+        self._flags: dict[tuple[str, str], Flag] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.healthy = False
+        self.last_error: str | None = None
+        self.last_refresh: float | None = None
+        self.messages = 0
+        if start:
+            self.start()
+
+    # -- lookups (no I/O) ---------------------------------------------------------------------
+
+    def precision_for(self, model: str, route: str) -> str:
+        flag = self._flags.get((model, route))
+        return flag.precision if flag is not None else self.default_precision
+
+    def flag(self, model: str, route: str) -> Flag | None:
+        return self._flags.get((model, route))
+
+    def snapshot(self) -> dict[tuple[str, str], str]:
+        """``{(model, route): precision}`` for every route that has a flag."""
+        return {key: flag.precision for key, flag in self._flags.items()}
+
+    def flags(self) -> dict[tuple[str, str], Flag]:
+        return dict(self._flags)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="llmwd-routing-flags", daemon=True)
+        self._thread.start()
+
+    def wait_ready(self, timeout: float = 2.0) -> bool:
+        """Block until the first full load succeeded (True) or ``timeout`` passed (False)."""
+        return self._ready.wait(timeout)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def __enter__(self) -> RoutingFlags:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- cache maintenance --------------------------------------------------------------------
+
+    def refresh(self, client: Any) -> None:
+        """Reload every flag from Redis (replaces the cache; raises on Redis errors)."""
+        names = sorted(text(k) for k in client.smembers(self.keys.routes_index))
+        loaded: dict[tuple[str, str], Flag] = {}
+        if names:
+            pipe = client.pipeline(transaction=False)
+            for name in names:
+                pipe.hgetall(name)
+            for raw in pipe.execute():
+                flag = Flag.from_hash(raw)
+                if flag is not None:
+                    loaded[(flag.model, flag.route)] = flag
+        with self._lock:
+            self._flags = loaded
+        self.last_refresh = time.time()
+        self._ready.set()
+
+    def _apply_message(self, client: Any, data: Any) -> None:
+        msg = json.loads(text(data))
+        model, route = str(msg["model"]), str(msg["route"])
+        epoch = int(msg["epoch"])
+        key = (model, route)
+        with self._lock:
+            old = self._flags.get(key)
+            if old is not None and old.epoch >= epoch:
+                return  # a reload already brought this change or a newer one
+            pinned = msg.get("pinned_until")
+            if old is None:
+                new = Flag(model=model, route=route, precision=str(msg["precision"]), epoch=epoch,
+                           pinned_until=float(pinned) if pinned is not None else None)
+            else:
+                new = replace(old, precision=str(msg["precision"]), epoch=epoch,
+                              pinned_until=float(pinned) if pinned is not None else None)
+            self._flags = {**self._flags, key: new}
+        # fill reason/policy/changed_by; the cache already serves the new precision
+        full = Flag.from_hash(client.hgetall(self.keys.route(model, route)), model, route)
+        if full is not None:
+            with self._lock:
+                cur = self._flags.get(key)
+                if cur is None or cur.epoch <= full.epoch:
+                    self._flags = {**self._flags, key: full}
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            client = pubsub = None
+            try:
+                client = self._factory()
+                pubsub = client.pubsub(ignore_subscribe_messages=True)
+                pubsub.subscribe(self.keys.channel)
+                self.refresh(client)  # after SUBSCRIBE, so no change falls between load and listen
+                self._mark_healthy()
+                next_refresh = time.monotonic() + self.ttl_s
+                next_master_check = time.monotonic() + MASTER_CHECK_S
+                while not self._stop.is_set():
+                    message = pubsub.get_message(timeout=self.poll_s)
+                    if message is not None and message.get("type") == "message":
+                        self.messages += 1
+                        try:
+                            self._apply_message(client, message["data"])
+                        except (ValueError, KeyError, TypeError) as exc:
+                            log.warning("ignoring malformed flags message: %s", exc)
+                    if time.monotonic() >= next_refresh:
+                        self.refresh(client)
+                        next_refresh = time.monotonic() + self.ttl_s
+                    if time.monotonic() >= next_master_check:
+                        # Sentinel: a subscription on a demoted master hears nothing new
+                        if not connection_is_current(client, pubsub.connection):
+                            raise redis.ConnectionError("the sentinels name another master; resubscribing")
+                        next_master_check = time.monotonic() + MASTER_CHECK_S
+            except (redis.RedisError, OSError) as exc:
+                self._mark_unhealthy(exc)
+                self._stop.wait(self.reconnect_s)
+            finally:
+                self._close_quietly(pubsub, client)
+
+    def _mark_healthy(self) -> None:
+        if not self.healthy:
+            log.info("routing flags: connected, %d route flag(s) loaded", len(self._flags))
+        self.healthy = True
+        self.last_error = None
+
+    def _mark_unhealthy(self, exc: BaseException) -> None:
+        err = f"{type(exc).__name__}: {exc}"
+        if self.healthy or err != self.last_error:
+            log.warning("routing flags: redis unavailable (%s); serving %d cached flag(s)",
+                        err, len(self._flags))
+        self.healthy = False
+        self.last_error = err
+
+    @staticmethod
+    def _close_quietly(pubsub: Any, client: Any) -> None:
+        for thing in (pubsub, client):
+            if thing is None:
+                continue
+            with contextlib.suppress(redis.RedisError, OSError):
+                thing.close()

@@ -1,0 +1,395 @@
+"""Alert channels: what an on-call alert looks like on the wire for each receiver.
+
+One registry maps a channel kind (``webhook``, ``slack``, ``pagerduty``, ``alertmanager``) to its
+class. A channel is pure: it turns an :class:`Alert` into (url, headers, JSON body); the HTTP
+POST, retries and queueing live in :mod:`watchdog.alerting.alerter`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import socket
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, ClassVar, Literal
+from urllib.parse import quote
+
+AlertSeverity = Literal["info", "warning", "error", "critical"]
+AlertStatus = Literal["firing", "resolved"]
+
+#: ordering used by ``min_severity`` filters and by escalation
+SEVERITY_RANK: dict[str, int] = {"info": 0, "warning": 1, "error": 2, "critical": 3}
+
+#: version of the generic webhook body; bump when a field changes meaning
+WEBHOOK_SCHEMA = "llm-watchdog.alert/v1"
+
+#: detail keys that may carry customer text; never sent to a receiver
+PRIVATE_KEYS = frozenset(
+    {
+        "prompt",
+        "prompts",
+        "completion",
+        "completions",
+        "messages",
+        "message_text",
+        "input",
+        "inputs",
+        "output",
+        "outputs",
+        "response",
+        "responses",
+        "text",
+        "texts",
+        "reference",
+        "references",
+        "candidate_text",
+        "baseline_text",
+    }
+)
+_MAX_DETAIL_STR = 300
+_MAX_DETAIL_ITEMS = 50
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    """One message about one incident, as every channel sees it."""
+
+    key: str
+    status: AlertStatus
+    severity: AlertSeverity
+    summary: str
+    description: str
+    #: what caused this message: alert, rollback, promote, resolve, escalate, ops, ops_resolve
+    event: str
+    started_at: float
+    ended_at: float | None = None
+    model: str | None = None
+    route: str | None = None
+    policy: str | None = None
+    dry_run: bool = False
+    #: set when the message raises the severity of an already open incident
+    previous_severity: AlertSeverity | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+    #: back-link to the watchdog status page, if known
+    url: str | None = None
+
+    @property
+    def is_ops(self) -> bool:
+        return self.route is None
+
+
+def scrub(detail: Mapping[str, Any], depth: int = 0) -> dict[str, Any]:
+    """Copy ``detail`` without keys that may hold prompts/completions, with long values cut."""
+    out: dict[str, Any] = {}
+    for i, (k, v) in enumerate(detail.items()):
+        if i >= _MAX_DETAIL_ITEMS:
+            out["_truncated"] = True
+            break
+        if str(k).lower() in PRIVATE_KEYS:
+            continue
+        out[str(k)] = _scrub_value(v, depth)
+    return out
+
+
+def _scrub_value(v: Any, depth: int) -> Any:
+    if v is None or isinstance(v, bool | int | float):
+        return v
+    if isinstance(v, str):
+        return v if len(v) <= _MAX_DETAIL_STR else v[:_MAX_DETAIL_STR] + "…"
+    if depth >= 3:
+        return str(v)[:_MAX_DETAIL_STR]
+    if isinstance(v, Mapping):
+        return scrub(v, depth + 1)
+    if isinstance(v, list | tuple | set | frozenset):
+        return [_scrub_value(x, depth + 1) for x in list(v)[:_MAX_DETAIL_ITEMS]]
+    return str(v)[:_MAX_DETAIL_STR]
+
+
+def rfc3339(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelConfig:
+    """One entry of ``alerts: channels:`` in the daemon config."""
+
+    kind: str
+    url: str | None = None
+    routing_key: str | None = field(default=None, repr=False)
+    headers: dict[str, str] = field(default_factory=dict, repr=False)
+    min_severity: AlertSeverity = "info"
+    timeout_s: float = 5.0
+    #: label used in logs and stats; defaults to the kind (plus an index when repeated)
+    name: str | None = None
+    #: PagerDuty ``payload.source``; defaults to this host's name
+    source: str | None = None
+    #: Alertmanager forgets alerts not re-sent within its resolve_timeout; re-post open ones this often
+    resend_interval_s: float | None = None
+
+
+def channel_config(raw: ChannelConfig | Mapping[str, Any] | Any) -> ChannelConfig:
+    """Build a checked :class:`ChannelConfig` from a mapping, a pydantic model or a config.
+
+    Raises ``ValueError`` naming the bad field (unknown kinds get a "did you mean").
+    """
+    if isinstance(raw, ChannelConfig):
+        data: dict[str, Any] = {f: getattr(raw, f) for f in ChannelConfig.__dataclass_fields__}
+    elif isinstance(raw, Mapping):
+        data = dict(raw)
+    elif hasattr(raw, "model_dump"):
+        data = raw.model_dump()
+    else:
+        raise ValueError(f"alert channel config must be a mapping, got {type(raw).__name__}")
+    unknown = sorted(set(data) - set(ChannelConfig.__dataclass_fields__))
+    if unknown:
+        raise ValueError(f"alert channel: unknown field(s) {', '.join(unknown)}")
+    if "kind" not in data:
+        raise ValueError("alert channel: 'kind' is required")
+    data = {k: v for k, v in data.items() if v is not None or k in ("url", "routing_key", "name", "source")}
+    cls = channel_class(str(data["kind"]))
+    if data.get("min_severity", "info") not in SEVERITY_RANK:
+        raise ValueError(
+            f"alert channel {data['kind']}: min_severity must be one of {', '.join(SEVERITY_RANK)}, "
+            f"got {data.get('min_severity')!r}"
+        )
+    timeout = data.get("timeout_s", 5.0)
+    if not isinstance(timeout, int | float) or timeout <= 0:
+        raise ValueError(f"alert channel {data['kind']}: timeout_s must be > 0, got {timeout!r}")
+    if not data.get("url") and cls.default_url is None:
+        raise ValueError(f"alert channel {data['kind']}: 'url' is required")
+    if cls.requires_routing_key and not data.get("routing_key"):
+        raise ValueError(f"alert channel {data['kind']}: 'routing_key' is required")
+    if data.get("headers") is None:
+        data["headers"] = {}
+    return ChannelConfig(**data)
+
+
+class Channel(ABC):
+    """Base class: turns an alert into one HTTP POST. Subclasses set ``kind`` and ``payload``."""
+
+    kind: ClassVar[str] = ""
+    default_url: ClassVar[str | None] = None
+    requires_routing_key: ClassVar[bool] = False
+    #: None: this receiver keeps state, a message is sent once
+    default_resend_interval_s: ClassVar[float | None] = None
+
+    def __init__(self, config: ChannelConfig | Mapping[str, Any] | Any) -> None:
+        self.config = channel_config(config)
+        self.name = self.config.name or self.config.kind
+        self.resend_interval_s = self.config.resend_interval_s or self.default_resend_interval_s
+
+    def accepts(self, alert: Alert) -> bool:
+        return SEVERITY_RANK[alert.severity] >= SEVERITY_RANK[self.config.min_severity]
+
+    def endpoint(self) -> str:
+        url = self.config.url or self.default_url
+        assert url is not None  # checked by channel_config
+        return url
+
+    def headers(self) -> dict[str, str]:
+        return {"Content-Type": "application/json", "User-Agent": "llm-watchdog", **self.config.headers}
+
+    @abstractmethod
+    def payload(self, alert: Alert) -> Any:
+        """The request body this channel's receiver expects for ``alert``."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, url={self.endpoint()!r})"
+
+
+_REGISTRY: dict[str, type[Channel]] = {}
+
+
+def register_channel(cls: type[Channel]) -> type[Channel]:
+    """Class decorator: add a channel kind to the registry (duplicate kinds are rejected)."""
+    if not cls.kind:
+        raise ValueError(f"{cls.__name__} has no kind")
+    if cls.kind in _REGISTRY and _REGISTRY[cls.kind] is not cls:
+        raise ValueError(f"alert channel kind {cls.kind!r} is already registered by {_REGISTRY[cls.kind].__name__}")
+    _REGISTRY[cls.kind] = cls
+    return cls
+
+
+def channel_kinds() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def channel_class(kind: str) -> type[Channel]:
+    try:
+        return _REGISTRY[kind]
+    except KeyError:
+        close = difflib.get_close_matches(kind, _REGISTRY, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(
+            f"unknown alert channel kind {kind!r}{hint} (known: {', '.join(channel_kinds())})"
+        ) from None
+
+
+def build_channel(raw: ChannelConfig | Mapping[str, Any] | Any) -> Channel:
+    config = channel_config(raw)
+    return channel_class(config.kind)(config)
+
+
+def _title(alert: Alert) -> str:
+    state = "RESOLVED" if alert.status == "resolved" else alert.severity.upper()
+    return f"[{state}] {alert.summary}"
+
+
+def _facts(alert: Alert) -> dict[str, str]:
+    facts = {"incident": alert.key}
+    if alert.route is not None:
+        facts.update(model=str(alert.model), route=alert.route, policy=str(alert.policy))
+    facts["event"] = alert.event + (" (dry run)" if alert.dry_run else "")
+    facts["since"] = rfc3339(alert.started_at)
+    return facts
+
+
+@register_channel
+class WebhookChannel(Channel):
+    """Generic JSON: the alert as one object with a schema version."""
+
+    kind = "webhook"
+
+    def payload(self, alert: Alert) -> dict[str, Any]:
+        return {
+            "schema": WEBHOOK_SCHEMA,
+            "source": "llm-watchdog",
+            "key": alert.key,
+            "status": alert.status,
+            "severity": alert.severity,
+            "previous_severity": alert.previous_severity,
+            "event": alert.event,
+            "dry_run": alert.dry_run,
+            "summary": alert.summary,
+            "description": alert.description,
+            "model": alert.model,
+            "route": alert.route,
+            "policy": alert.policy,
+            "started_at": rfc3339(alert.started_at),
+            "ended_at": rfc3339(alert.ended_at) if alert.ended_at is not None else None,
+            "url": alert.url,
+            "detail": alert.detail,
+        }
+
+
+SLACK_COLORS = {
+    "critical": "#d62728",
+    "error": "#ff7f0e",
+    "warning": "#f2c744",
+    "info": "#1f77b4",
+    "resolved": "#2ca02c",
+}
+
+
+@register_channel
+class SlackChannel(Channel):
+    """Slack incoming webhook: fallback ``text`` plus one coloured attachment holding blocks."""
+
+    kind = "slack"
+
+    def payload(self, alert: Alert) -> dict[str, Any]:
+        title = _title(alert)
+        color = SLACK_COLORS["resolved" if alert.status == "resolved" else alert.severity]
+        facts = " · ".join(f"*{k}* `{v}`" for k, v in _facts(alert).items())
+        body = alert.description or alert.summary
+        if alert.url:
+            body += f"\n<{alert.url}|watchdog status>"
+        return {
+            "text": title,
+            "attachments": [
+                {
+                    "color": color,
+                    "fallback": title,
+                    "blocks": [
+                        {"type": "section", "text": {"type": "mrkdwn", "text": f"*{title}*"}},
+                        {"type": "section", "text": {"type": "mrkdwn", "text": body[:2900]}},
+                        {"type": "context", "elements": [{"type": "mrkdwn", "text": facts[:2900]}]},
+                    ],
+                }
+            ],
+        }
+
+
+@register_channel
+class PagerDutyChannel(Channel):
+    """PagerDuty Events API v2: trigger/resolve with ``dedup_key`` = incident key."""
+
+    kind = "pagerduty"
+    default_url = "https://events.pagerduty.com/v2/enqueue"
+    requires_routing_key = True
+
+    def payload(self, alert: Alert) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "routing_key": self.config.routing_key,
+            "dedup_key": alert.key[:255],
+        }
+        if alert.status == "resolved":
+            body["event_action"] = "resolve"
+            return body
+        body["event_action"] = "trigger"
+        body["payload"] = {
+            "summary": alert.summary[:1024],
+            "source": self.config.source or _hostname(),
+            "severity": alert.severity,
+            "timestamp": rfc3339(alert.started_at),
+            "component": alert.model or "llm-watchdog",
+            "group": alert.route or "ops",
+            "class": alert.event,
+            "custom_details": {**_facts(alert), "description": alert.description, **alert.detail},
+        }
+        body["client"] = "llm-watchdog"
+        if alert.url:
+            body["client_url"] = alert.url
+        return body
+
+
+@register_channel
+class AlertmanagerChannel(Channel):
+    """Prometheus Alertmanager API v2: POST a list of alerts to ``/api/v2/alerts``."""
+
+    kind = "alertmanager"
+    default_resend_interval_s = 60.0
+
+    def endpoint(self) -> str:
+        base = super().endpoint().rstrip("/")
+        return base if base.endswith("/api/v2/alerts") else base + "/api/v2/alerts"
+
+    def payload(self, alert: Alert) -> list[dict[str, Any]]:
+        item = self._item(alert, alert.severity)
+        if alert.status == "resolved":
+            item["endsAt"] = rfc3339(alert.ended_at if alert.ended_at is not None else time.time())
+        out = [item]
+        # Labels identify an Alertmanager alert, so a new severity is a new alert: end the old one.
+        if alert.previous_severity and alert.previous_severity != alert.severity:
+            old = self._item(alert, alert.previous_severity)
+            old["endsAt"] = rfc3339(time.time())
+            out.insert(0, old)
+        return out
+
+    def _item(self, alert: Alert, severity: str) -> dict[str, Any]:
+        labels = {"alertname": "LLMWatchdogOps" if alert.is_ops else "LLMWatchdogIncident", "severity": severity}
+        if alert.is_ops:
+            # An ops incident is about one daemon ("my Redis is unreachable"): without the source, one
+            # replica's resolve would end another's still-open alert in Alertmanager.
+            labels.update(key=alert.key, source=self.config.source or _hostname())
+        else:
+            labels.update(model=str(alert.model), route=str(alert.route), policy=str(alert.policy))
+        return {
+            "labels": labels,
+            "annotations": {"summary": alert.summary, "description": alert.description or alert.summary},
+            "startsAt": rfc3339(alert.started_at),
+            "generatorURL": alert.url or f"urn:llm-watchdog:incident:{quote(alert.key, safe='')}",
+        }
+
+
+def _hostname(_cache: dict[str, str] = {}) -> str:  # noqa: B006 - memo of one value
+    if "h" not in _cache:
+        _cache["h"] = socket.gethostname() or "llm-watchdog"
+    return _cache["h"]
+
+
+#: type of a function that lists the alerts of open incidents (for channels that re-send)
+ActiveAlerts = Callable[[], list[Alert]]

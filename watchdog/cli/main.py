@@ -1,0 +1,304 @@
+"""fp8-watchdog (alias llm-watchdog): the FP8 serving watchdog daemon and its tools.
+
+Examples:
+  fp8-watchdog init ./wd                          # starter config, policies, golden sets
+  fp8-watchdog embedded                           # local Redis + Kafka-protocol broker
+  fp8-watchdog config check --config ./wd/config.yaml
+  fp8-watchdog run --config ./wd/config.yaml
+  fp8-watchdog flags list
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import TYPE_CHECKING, Any
+
+from watchdog.core.argtypes import (
+    Parser,
+    add_log_level_everywhere,
+    existing_file,
+    log_level,
+    positive_float,
+    setup_logging,
+)
+
+if TYPE_CHECKING:
+    from watchdog.config.settings import Config
+
+log = logging.getLogger("watchdog")
+
+#: commands that log at INFO by default; the others log only warnings unless --log-level says so
+_CHATTY = {"run", "demo", "embedded", "gateway"}
+
+#: (module, function) pairs that add their subcommands; imported only when the CLI starts, and
+#: each keeps heavy imports (torch, pynvml) inside its handlers
+_PLUGINS = [
+    ("watchdog.cli.policy", "add_policy_commands"),
+    ("watchdog.cli.flags", "add_flags_commands"),
+    ("probes.golden", "add_golden_commands"),
+    ("probes.golden_replay", "add_replay_command"),
+    ("probes.engines.torch_engine", "add_calibrate_command"),
+    ("probes.gpu_cli", "add_gpu_commands"),
+    ("watchdog.gateway.cli", "add_gateway_commands"),
+]
+
+
+def _load_config(args: argparse.Namespace) -> Config | None:
+    """The ``Config`` named by ``--config``, or None after printing the one-line cause."""
+    from watchdog.config.settings import ConfigError, load_config
+
+    try:
+        return load_config(args.config)
+    except (ConfigError, OSError) as exc:
+        print(f"{args.prog}: invalid configuration: {exc}", file=sys.stderr)
+        return None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from watchdog.config.settings import env_overrides
+    from watchdog.policy import PolicyError
+    from watchdog.runtime.daemon import Daemon
+    from watchdog.runtime.http import StatusServer
+
+    cfg = _load_config(args)
+    if cfg is None:
+        return 2
+    for var in env_overrides(os.environ)[1]:  # a typo such as LLMWD_KAFKA_BOOTSTRAP_SERVERS (one _)
+        log.warning("$%s matches no config key and is ignored", var)
+    try:
+        daemon = Daemon(cfg)
+    except PolicyError as exc:
+        print(f"{args.prog}: invalid policies: {exc}", file=sys.stderr)
+        return 2
+    try:
+        server = StatusServer(cfg.server.host, cfg.server.port, daemon.metrics.registry, daemon.status,
+                              daemon.problems, daemon.alive).start()
+    except OSError as exc:
+        print(f"{args.prog}: cannot serve HTTP on {cfg.server.host}:{cfg.server.port}: {exc.strerror or exc} "
+              f"(another daemon there? set server.port or $LLMWD_SERVER__PORT)", file=sys.stderr)
+        return 2
+    log.info("serving /metrics /healthz /readyz /status on %s", server.url)
+
+    def _stop(signum: int, _frame: Any) -> None:
+        log.info("signal %s: checkpointing and stopping", signal.Signals(signum).name)
+        daemon.stop()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGHUP, lambda *_: daemon.request_reload())
+    try:
+        daemon.run()
+    finally:
+        server.stop()
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    import httpx
+
+    try:
+        resp = httpx.get(f"{args.url.rstrip('/')}/status", timeout=5)
+    except httpx.HTTPError as exc:
+        print(f"fp8-watchdog status: cannot reach {args.url}: {exc} (is the daemon running? "
+              f"--url picks another address)", file=sys.stderr)
+        return 1
+    body = resp.json()
+    if args.json:
+        print(json.dumps(body, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"[bold]{body['instance']}[/] up {body['uptime_s']} s, "
+                  f"{'[green]ready' if body['ready'] else '[red]not ready'}[/]  {'; '.join(body['problems'])}")
+    table = Table("route", "precision")
+    for route, precision in sorted(body.get("flags", {}).items()):
+        table.add_row(route, precision)
+    console.print(table)
+    for a in body.get("recent_actions", [])[-10:]:
+        console.print(f"{a['kind']:>9} {a['model']}/{a['route']} by {a['policy']}: {a['reason']}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from watchdog.dev.demo import run_demo
+
+    return run_demo(duration_s=args.duration, golden=not args.no_golden)
+
+
+def cmd_config_check(args: argparse.Namespace) -> int:
+    import yaml
+
+    from watchdog.config.settings import env_overrides, redacted
+    from watchdog.policy import PolicyError, load_policy_files
+
+    cfg = _load_config(args)
+    if cfg is None:
+        return 2
+    problems: list[str] = []
+    try:
+        load_policy_files(cfg.policies)
+    except PolicyError as exc:
+        problems.extend(exc.messages)
+    for var in env_overrides(os.environ)[1]:
+        print(f"warning: ${var} matches no config key and is ignored", file=sys.stderr)
+    if cfg.alerts.channels and not cfg.server.external_url:
+        print(f"warning: alerts will link to {cfg.server.status_url}; set server.external_url to the address "
+              "on-call can open", file=sys.stderr)
+    dump = redacted(cfg.model_dump(mode="json"))
+    if args.json:
+        print(json.dumps(dump, indent=2, sort_keys=True))
+    else:
+        print(yaml.safe_dump(dump, sort_keys=False).rstrip())
+    for line in problems:
+        print(line, file=sys.stderr)
+    return 2 if problems else 0
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from watchdog.cli.init import InitError, init_dir
+
+    try:
+        written = init_dir(args.dir, force=args.force)
+    except (InitError, OSError) as exc:
+        print(f"{args.prog}: {exc}", file=sys.stderr)
+        return 2
+    cfg = os.path.join(args.dir, "config.yaml")
+    print(f"wrote {len(written)} files under {args.dir}: config.yaml, policies/, golden_sets/\n"
+          f"next:\n  {args.prog} embedded --redis-port 0 --kafka-port 0 > services.env &   "
+          "# local Redis + broker\n  until [ -s services.env ]; do sleep 0.5; done; . ./services.env\n"
+          f"  {args.prog} config check --config {cfg}\n  {args.prog} run --config {cfg}")
+    return 0
+
+
+def cmd_embedded(args: argparse.Namespace) -> int:
+    from watchdog.dev.embedded import ServiceError, start_redis, start_tansu
+
+    busy = [f"{what} port {port}" for what, port in (("--redis-port", args.redis_port),
+                                                        ("--kafka-port", args.kafka_port)) if port and _in_use(port)]
+    if busy:
+        print(f"{args.prog} embedded: {', '.join(busy)} already in use (another Redis or broker?); "
+              "pass 0 for a free port", file=sys.stderr)
+        return 2
+    services = []
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    try:
+        services.append(start_redis(args.redis_port or None, appendonly=False))
+        services.append(start_tansu(args.kafka_port or None))
+        redis_svc, kafka_svc = services
+        print(f"export LLMWD_REDIS__URL=redis://{redis_svc.address}/0\n"
+              f"export LLMWD_KAFKA__BOOTSTRAP_SERVERS={kafka_svc.address}\n"
+              f"# Redis {redis_svc.address} and Tansu {kafka_svc.address} are up; Ctrl-C stops them",
+              flush=True)
+        while not stop.wait(1.0):
+            if not all(s.running() for s in services):
+                print(f"{args.prog} embedded: a service exited; stopping", file=sys.stderr)
+                return 1
+        return 0
+    except ServiceError as exc:
+        print(f"{args.prog} embedded: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+    finally:
+        for svc in reversed(services):
+            svc.stop()
+
+
+def _in_use(port: int) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def _port(value: str) -> int:
+    n = int(value) if value.isdigit() else -1
+    if not 0 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"not a port: {value!r} (0-65535, 0 = a free one)")
+    return n
+
+
+def _config_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=os.environ.get("LLMWD_CONFIG") or None, metavar="FILE", type=existing_file,
+                   help="YAML config file (default $LLMWD_CONFIG; LLMWD_* variables override it)")
+
+
+def build_parser(prog: str = "fp8-watchdog") -> argparse.ArgumentParser:
+    parser = Parser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--log-level", type=log_level, default=None,
+                        help="DEBUG, INFO, WARNING, ERROR (default INFO for run/demo/embedded, else WARNING); "
+                             "also accepted after the subcommand")
+    parser.set_defaults(prog=prog)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("run", help="run the daemon")
+    _config_arg(p)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("status", help="show a running daemon's status")
+    p.add_argument("--url", default="http://127.0.0.1:9464")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("config", help="check a config file")
+    csub = p.add_subparsers(dest="config_command", required=True, metavar="COMMAND")
+    c = csub.add_parser("check", help="print the effective config (secrets redacted); exit 2 on a problem")
+    _config_arg(c)
+    c.add_argument("--json", action="store_true", help="print JSON instead of YAML")
+    c.set_defaults(func=cmd_config_check)
+
+    p = sub.add_parser("init", help="write a starter config, policies and golden sets into DIR")
+    p.add_argument("dir", metavar="DIR")
+    p.add_argument("--force", action="store_true", help="overwrite existing files")
+    p.set_defaults(func=cmd_init)
+
+    p = sub.add_parser("embedded", help="start local Redis and a Kafka-protocol broker for the example config")
+    p.add_argument("--redis-port", type=_port, default=6379, help="0 = a free port (default %(default)s)")
+    p.add_argument("--kafka-port", type=_port, default=9092, help="0 = a free port (default %(default)s)")
+    p.set_defaults(func=cmd_embedded)
+
+    p = sub.add_parser("demo", help="embedded default: local broker, Redis, traffic, a real rollback")
+    p.add_argument("--duration", type=positive_float, default=None, help="stop after this many seconds")
+    p.add_argument("--no-golden", action="store_true", help="skip the golden-replay part")
+    p.set_defaults(func=cmd_demo)
+
+    for module, func in _PLUGINS:
+        try:
+            getattr(importlib.import_module(module), func)(sub)
+        except (ImportError, AttributeError) as exc:
+            log.debug("subcommands of %s unavailable: %s", module, exc)
+    add_log_level_everywhere(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    prog = os.path.basename(sys.argv[0]) if argv is None else "fp8-watchdog"
+    if prog not in ("fp8-watchdog", "llm-watchdog"):
+        prog = "fp8-watchdog"
+    parser = build_parser(prog)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2), already printed
+        return int(exc.code or 0)
+    setup_logging(args.log_level or ("INFO" if args.command in _CHATTY else "WARNING"))
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

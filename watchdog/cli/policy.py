@@ -1,0 +1,158 @@
+"""``policy`` subcommands for the ``fp8-watchdog`` CLI (wired in by watchdog/cli/main.py).
+
+Each command sets ``func`` on the parsed namespace; call ``args.func(args)`` and exit with the
+integer it returns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from typing import Any
+
+from watchdog.core.argtypes import did_you_mean, existing_file, existing_path, output_file, usage_error
+from watchdog.policy.loader import PolicyError, load_policy_files
+
+_PROG = "fp8-watchdog policy backtest"
+
+
+def add_policy_commands(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``policy validate FILE...`` to an argparse subparsers object; returns the ``policy`` parser."""
+    policy = subparsers.add_parser("policy", help="work with policy files")
+    sub = policy.add_subparsers(dest="policy_command", required=True)
+    validate = sub.add_parser("validate", help="check policy files; prints file:line:col errors")
+    validate.add_argument("files", nargs="+", metavar="FILE", type=existing_path,
+                          help="policy YAML files or directories")
+    validate.set_defaults(func=cmd_validate)
+    bt = sub.add_parser("backtest", help="replay recorded events (and golden reports) through policies")
+    bt.add_argument("--policy", action="append", required=True, metavar="FILE", type=existing_path,
+                    help="policy YAML file or directory (repeatable)")
+    bt.add_argument("--events", required=True, metavar="FILE", type=existing_file,
+                    help="recorded events, JSON lines (.gz ok)")
+    bt.add_argument("--golden-reports", metavar="DIR", type=existing_path, help="golden drift report JSON files (a file or a tree)")
+    bt.add_argument("--golden-scope", metavar="MODEL/ROUTE",
+                    help="(model, route) of reports that do not name theirs (default: every route)")
+    bt.add_argument("--window", default="10s", help="window length (default 10s)")
+    bt.add_argument("--grace", default=None, help="lateness allowed past a window's end (default min(2s, window/2))")
+    bt.add_argument("--metric", help="metric to plot (default: the first rule's)")
+    bt.add_argument("--png", metavar="OUT.png", type=output_file, help="write a timeline plot")
+    bt.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    bt.set_defaults(func=cmd_backtest)
+    return policy
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    failed = False
+    for path in args.files:
+        try:
+            ps = load_policy_files([path])
+        except PolicyError as exc:
+            failed = True
+            for msg in exc.messages:
+                print(msg, file=sys.stderr)
+            if any("unknown key 'kafka'" in m or "unknown key 'redis'" in m for m in exc.messages):
+                print(f"{path}: this looks like a daemon config, not a policy file; check it with "
+                      f"`fp8-watchdog config check --config {path}`", file=sys.stderr)
+            continue
+        names = ", ".join(ps.names) or "no policies"
+        print(f"{path}: OK ({len(ps.policies)} polic{'y' if len(ps.policies) == 1 else 'ies'}: {names})")
+    if not failed and len(args.files) > 1:
+        try:
+            load_policy_files(args.files)
+        except PolicyError as exc:  # names clash across files
+            failed = True
+            for msg in exc.messages:
+                print(msg, file=sys.stderr)
+    return 1 if failed else 0
+
+
+def cmd_backtest(args: argparse.Namespace) -> int:
+    from watchdog.policy.backtest import load_golden_reports, read_lines, run_backtest
+    from watchdog.policy.backtest_report import render_png, render_table
+    from watchdog.policy.schema import LIVE_METRICS, parse_duration
+
+    try:
+        ps = load_policy_files(args.policy)
+    except PolicyError as exc:
+        for msg in exc.messages:
+            print(msg, file=sys.stderr)
+        return 2
+    try:
+        window = parse_duration(args.window)
+        grace = None if args.grace is None else parse_duration(args.grace)
+    except ValueError as exc:
+        return usage_error(_PROG, f"--window/--grace: {exc}")
+    if window <= 0:
+        return usage_error(_PROG, "--window must be > 0")
+    if args.png and importlib.util.find_spec("matplotlib") is None:
+        return usage_error(_PROG, "--png needs matplotlib: pip install 'fp8-watchdog[plot]'")
+    problem = _not_json_lines(args.events, read_lines)
+    if problem:
+        return usage_error(_PROG, f"--events {args.events}: {problem}")
+    if args.metric:
+        known = set(LIVE_METRICS) | {r.metric for p in ps.policies for r in p.rules}
+        if args.metric not in known:
+            return usage_error(_PROG, f"--metric {args.metric!r} is not a metric of these policies or a live "
+                                      f"metric{did_you_mean(args.metric, sorted(known))}")
+    scope = None
+    if args.golden_scope:
+        model, sep, route = args.golden_scope.partition("/")
+        if not sep or not model or not route:
+            return usage_error(_PROG, "--golden-scope is MODEL/ROUTE")
+        scope = (model, route)
+    golden: list[Any] = []
+    bad: list[str] = []
+    if args.golden_reports:
+        golden, bad = load_golden_reports(args.golden_reports, scope)
+    try:
+        result = run_backtest(ps, read_lines(args.events), golden, window_s=window, grace_s=grace)
+    except OSError as exc:
+        print(f"{_PROG}: cannot read events: {exc}", file=sys.stderr)
+        return 2
+    result.golden_bad = bad
+    metric = None
+    if args.png:
+        metric = render_png(result, ps, args.png, args.metric)
+    if args.json:
+        out = result.to_dict()
+        if args.png:
+            out["png"] = {"path": args.png, "metric": metric}
+        print(json.dumps(out, indent=2))
+    else:
+        render_table(result)
+        if args.png:
+            print(f"timeline of {metric} written to {args.png}")
+    return 0
+
+
+def _not_json_lines(path: str, read_lines: Any) -> str | None:
+    """Why ``path`` is not JSON lines (its first line is not a JSON object), or None."""
+    try:
+        first = next(iter(read_lines(path)), None)
+    except (OSError, EOFError) as exc:
+        return f"cannot read: {exc}"
+    if first is None:
+        return None
+    try:
+        ok = isinstance(json.loads(first), dict)
+    except ValueError:
+        ok = False
+    return None if ok else "line 1 is not a JSON object (expected JSON lines, one event per line)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from watchdog.core.argtypes import Parser
+
+    parser = Parser(prog="fp8-watchdog")
+    add_policy_commands(parser.add_subparsers(dest="command", required=True))
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # usage errors: exit code 2, already printed
+        return int(exc.code or 0)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,398 @@
+"""Daemon configuration: a YAML file, overridden by ``LLMWD_`` environment variables, validated by pydantic.
+
+The file may use ``${VAR}`` and ``${VAR:-default}`` in any string value (``$${`` is a literal
+``${``); an unset variable without a default is an error naming it and its ``file:line:col``.
+A plain (unquoted) value is typed after expansion, so ``port: ${PORT:-9464}`` is an integer.
+Relative paths in ``policies`` are relative to the config file.
+
+Environment overrides (they win over the file) use ``__`` between levels:
+
+- ``LLMWD_KAFKA__BOOTSTRAP_SERVERS=host:9092`` sets one key; the other keys of ``kafka`` stay;
+- a value starting with ``{`` or ``[`` is JSON and **replaces** the whole value at that path:
+  ``LLMWD_KAFKA__SECURITY='{}'`` clears the file's ``security`` mapping,
+  ``LLMWD_POLICIES='["/etc/p/a.yaml"]'`` replaces the list;
+- deeper variables merge: ``LLMWD_KAFKA__SECURITY__SASL_MECHANISM=PLAIN`` changes one key.
+
+Errors name the file, line and column of the bad value (or the environment variable).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from watchdog.core import safe_yaml
+
+ENV_PREFIX = "LLMWD_"
+
+
+Codec = Literal["json", "otlp_json", "otlp_proto"]
+CODECS: tuple[str, ...] = ("json", "otlp_json", "otlp_proto")
+
+
+class OtlpOptions(BaseModel):
+    """How spans map to events (``kafka.otlp`` in the daemon config)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: attributes holding the route, tried in order, each on the span first, then on the resource
+    route_attributes: list[str] = Field(default_factory=lambda: ["llmwd.route"], min_length=1)
+    #: used when no route attribute is present; None: the span is rejected (``missing_field:route``)
+    default_route: str | None = None
+    #: attributes holding the precision, tried like the route attributes
+    precision_attributes: list[str] = Field(default_factory=lambda: ["llmwd.precision"], min_length=1)
+    #: model name (or fnmatch pattern, e.g. ``"*-fp8"``) -> precision, when no precision attribute is set
+    model_precisions: dict[str, str] = Field(default_factory=dict)
+    #: last resort; None: the span is rejected (``missing_field:precision``)
+    default_precision: str | None = None
+    #: a record larger than this is rejected whole (``too_large``): it holds a whole batch of spans
+    max_record_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class KafkaConfig(_Section):
+    bootstrap_servers: str = "127.0.0.1:9092"
+    topic: str = "llm.inference.logs"
+    #: dead-letter topic; default ``<topic>.dlq``
+    dlq_topic: str | None = None
+    group_id: str = "llm-watchdog"
+    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    session_timeout_ms: int = Field(10_000, ge=1000)
+    heartbeat_interval_ms: int = Field(2_000, ge=100)
+    max_poll_records: int = Field(2_000, ge=1)
+    #: passed through to kafka-python unchanged (security_protocol, sasl_mechanism,
+    #: sasl_plain_username, sasl_plain_password, ssl_cafile, ssl_certfile, ssl_keyfile, ...)
+    security: dict[str, Any] = Field(default_factory=dict)
+    #: how records on the topic are encoded: our JSON events, or OpenTelemetry span batches as the
+    #: Collector's Kafka exporter writes them (watchdog/ingest/otlp.py); ``otlp`` maps spans to events
+    codec: Codec = "json"
+    otlp: OtlpOptions = Field(default_factory=OtlpOptions)
+    #: bound on each start-up attempt against the brokers (then retried with backoff, not ready)
+    startup_timeout_s: float = Field(10.0, gt=0)
+    #: assigned no partition for longer than this: not ready (``unassigned``)
+    unassigned_grace_s: float = Field(30.0, gt=0)
+
+    @property
+    def dead_letter_topic(self) -> str:
+        return self.dlq_topic or f"{self.topic}.dlq"
+
+
+class RedisConfig(_Section):
+    url: str = "redis://127.0.0.1:6379/0"
+    prefix: str = "llmwd"
+    socket_timeout_s: float = Field(2.0, gt=0)
+    #: closed live windows kept in the ``{prefix}:windows`` stream (history for backtests, audits)
+    windows_maxlen: int = Field(100_000, ge=0)
+    #: seconds between two checkpoints of a partition that keeps receiving events
+    checkpoint_every_s: float = Field(1.0, gt=0)
+
+
+class WindowConfig(_Section):
+    length_s: float = Field(10.0, gt=0)
+    grace_s: float = Field(2.0, ge=0)
+    max_event_bytes: int = Field(1_048_576, ge=256)
+    shadow_sample_rate: float = Field(1.0, ge=0, le=1)
+    shadow_max_pairs: int = Field(200, ge=0)
+    #: events stamped later than now + this are dead-lettered as ``future`` (they never move a watermark)
+    max_future_s: float = Field(300.0, gt=0)
+    #: windows stay open this long past the watermark; an event whose window closed is ``late``
+    allowed_lateness_s: float = Field(0.0, ge=0)
+
+
+class AlertChannelConfig(_Section):
+    kind: str
+    url: str | None = None
+    routing_key: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    min_severity: Literal["info", "warning", "critical"] = "info"
+    timeout_s: float = Field(5.0, gt=0)
+
+
+class AlertsConfig(_Section):
+    channels: list[AlertChannelConfig] = Field(default_factory=list)
+    #: announce manual ``flags set/pin/unpin`` on the channels (an info message; audited either way)
+    announce_manual_changes: bool = True
+
+
+class GoldenJobConfig(_Section):
+    """One scheduled golden replay: a set, the engines to compare, the routes it guards."""
+
+    name: str
+    set: str
+    model: str
+    routes: list[str]
+    #: engine options for probes.engines.get_engine, e.g. {kind: torch, model_path: ..., precision: fp8}
+    candidate: dict[str, Any]
+    baseline: dict[str, Any]
+    every_s: float | None = Field(3600.0, gt=0)
+    cron: str | None = None
+    jitter_s: float = Field(30.0, ge=0)
+    max_items: int | None = Field(None, ge=1)
+    on_suspicion: bool = True
+
+
+class GoldenConfig(_Section):
+    jobs: list[GoldenJobConfig] = Field(default_factory=list)
+    reports_dir: str | None = None
+    #: minimum seconds between two suspicion-triggered replays of one job
+    debounce_s: float = Field(60.0, ge=0)
+
+
+class GpuConfig(_Section):
+    enabled: bool = False
+    interval_s: float = Field(1.0, gt=0)
+    #: GPU UUID (or MIG instance UUID) -> the "model/route" entries (globs allowed) it serves
+    routes: dict[str, list[str]] = Field(default_factory=dict)
+    #: device-to-device bandwidth self-test (imports torch, needs CUDA): at start, then every
+    #: ``bandwidth_every_s``; off by default so the daemon stays torch-free (docs/GPU.md)
+    bandwidth_test: bool = False
+    bandwidth_every_s: float = Field(3600.0, ge=60)
+
+
+class ServerConfig(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(9464, ge=0, le=65535)
+    #: how people reach this daemon (e.g. https://llmwd.example.com); alerts link to its /status
+    external_url: str | None = Field(None, pattern=r"^https?://[^\s/]+")
+
+    @property
+    def status_url(self) -> str:
+        """The /status link put into alerts: ``external_url`` if set, else host:port."""
+        if self.external_url:
+            return f"{self.external_url.rstrip('/')}/status"
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://{host}:{self.port}/status"
+
+
+class Config(BaseModel):
+    """Top-level daemon configuration."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    instance: str = Field(default_factory=lambda: os.uname().nodename)
+    default_precision: str = "fp8"
+    #: precisions a route flag may take; ``flags set`` and policies are checked against it
+    precisions: list[str] = Field(default_factory=lambda: ["fp8", "fp16"], min_length=1)
+    policies: list[str] = Field(default_factory=lambda: ["policies/default.yaml"])
+    kafka: KafkaConfig = Field(default_factory=KafkaConfig)
+    redis: RedisConfig = Field(default_factory=RedisConfig)
+    windows: WindowConfig = Field(default_factory=WindowConfig)
+    alerts: AlertsConfig = Field(default_factory=AlertsConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    golden: GoldenConfig = Field(default_factory=GoldenConfig)
+    gpu: GpuConfig = Field(default_factory=GpuConfig)
+    #: the ``llm-watchdog gateway`` settings, validated by watchdog.gateway.config when it starts
+    gateway: dict[str, Any] = Field(default_factory=dict)
+    #: seconds between checks of the policy files for edits
+    policy_poll_s: float = Field(1.0, gt=0)
+
+    @model_validator(mode="after")
+    def _default_precision_known(self) -> Config:
+        self.precisions = [p.lower() for p in self.precisions]
+        self.default_precision = self.default_precision.lower()
+        if self.default_precision not in self.precisions:
+            raise ValueError(f"default_precision {self.default_precision!r} is not one of precisions "
+                             f"{self.precisions}")
+        return self
+
+
+class ConfigError(ValueError):
+    """The configuration file or environment is invalid; ``str()`` is ready to print."""
+
+
+Marks = dict[tuple[Any, ...], tuple[int, int]]
+
+_VAR_RE = re.compile(r"\$\$\{|\$\{([^}]*)\}")
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: LLMWD_* variables that are read elsewhere, not config keys
+_NOT_CONFIG = {"TANSU", "REDIS_SERVER", "REDIS_URL", "CONFIG"}
+
+
+def expand(value: str, env: Mapping[str, str], where: str) -> str:
+    """Replace ``${VAR}`` / ``${VAR:-default}`` in ``value``; ``$${`` stays a literal ``${``."""
+
+    def sub(m: re.Match[str]) -> str:
+        if m.group(0) == "$${":
+            return "${"
+        body = m.group(1)
+        name, sep, default = body.partition(":-")
+        if not _NAME_RE.fullmatch(name):
+            raise ConfigError(f"{where}: bad placeholder ${{{body}}} (use ${{VAR}} or ${{VAR:-default}})")
+        if name in env and (env[name] != "" or not sep):
+            return env[name]
+        if sep:
+            return default
+        raise ConfigError(f"{where}: environment variable {name} is not set "
+                          f"(set it, or write ${{{name}:-default}})")
+
+    return _VAR_RE.sub(sub, value)
+
+
+def _expand_nodes(root: yaml.Node, loader: yaml.SafeLoader, name: str, env: Mapping[str, str]) -> None:
+    """Expand every placeholder; all the problems are reported together, in file order."""
+    seen: set[int] = set()  # an alias shares its node: visit each once (no alias-bomb walk)
+    problems: list[tuple[int, int, str]] = []
+    work = [root]
+    while work:
+        node = work.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.ScalarNode):
+            if "${" not in node.value:
+                continue
+            where = f"{name}:{node.start_mark.line + 1}:{node.start_mark.column + 1}"
+            try:
+                node.value = expand(node.value, env, where)
+            except ConfigError as exc:
+                problems.append((node.start_mark.line, node.start_mark.column, str(exc)))
+                continue
+            if node.style is None and node.tag == "tag:yaml.org,2002:str":  # plain: type the result
+                node.tag = loader.resolve(yaml.ScalarNode, node.value, (True, False))
+        elif isinstance(node, yaml.MappingNode):
+            work.extend(value for _key, value in node.value)
+        elif isinstance(node, yaml.SequenceNode):
+            work.extend(node.value)
+    if problems:
+        raise ConfigError("\n".join(msg for _line, _col, msg in sorted(problems)))
+
+
+def _line_index(root: yaml.Node) -> Marks:
+    """``path -> (line, col)``; a node reached again through an alias is not walked again."""
+    marks: Marks = {}
+    seen: set[int] = set()
+    work: list[tuple[yaml.Node, tuple[Any, ...]]] = [(root, ())]
+    while work:
+        node, path = work.pop()
+        marks.setdefault(path, (node.start_mark.line + 1, node.start_mark.column + 1))
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                marks[(*path, key.value)] = (key.start_mark.line + 1, key.start_mark.column + 1)
+                work.append((value, (*path, key.value)))
+        elif isinstance(node, yaml.SequenceNode):
+            work.extend((item, (*path, i)) for i, item in enumerate(node.value))
+    return marks
+
+
+def read_config_file(path: str | Path, env: Mapping[str, str] | None = None) -> tuple[dict[str, Any], Marks]:
+    """The file's mapping with placeholders expanded, and ``path -> (line, col)`` of every value."""
+    name = str(path)
+    env = os.environ if env is None else env
+    loader = yaml.SafeLoader("")  # resolves the type of expanded plain scalars, builds the data
+    try:
+        node = safe_yaml.compose(safe_yaml.read_text(path))
+        if node is None:
+            return {}, {}
+        _expand_nodes(node, loader, name, env)
+        data = safe_yaml.to_python(node)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark else name
+        raise ConfigError(f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from exc
+    finally:
+        loader.dispose()
+    if not isinstance(data, dict):
+        raise ConfigError(f"{name}:1:1: the config must be a mapping")
+    return data, _line_index(node)
+
+
+def env_overrides(env: Mapping[str, str]) -> tuple[list[tuple[tuple[str, ...], Any, str]], list[str]]:
+    """``LLMWD_*`` variables as (path, value, variable) overrides, and the variables that match
+    no config key (for ``config check``)."""
+    fields = set(Config.model_fields)
+    out: list[tuple[tuple[str, ...], Any, str]] = []
+    unknown: list[str] = []
+    for var in sorted(env):
+        if not var.startswith(ENV_PREFIX) or var[len(ENV_PREFIX):] in _NOT_CONFIG:
+            continue
+        path = tuple(part.lower() for part in var[len(ENV_PREFIX):].split("__"))
+        if path[0] not in fields or not all(path):
+            unknown.append(var)
+            continue
+        raw = env[var]
+        value: Any = raw
+        if raw.lstrip()[:1] in ("{", "["):
+            try:
+                value = json.loads(raw)
+            except ValueError as exc:
+                raise ConfigError(f"${var}: not valid JSON ({exc})") from exc
+        out.append((path, value, var))
+    return out, unknown
+
+
+def _apply(data: dict[str, Any], path: tuple[str, ...], value: Any, var: str) -> None:
+    node: Any = data
+    for part in path[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"${var}: {'.'.join(path[:-1])} is not a mapping, cannot set {path[-1]}")
+        node = child
+    node[path[-1]] = value
+
+
+def _resolve_paths(data: dict[str, Any], base: Path) -> None:
+    policies = data.get("policies")
+    if isinstance(policies, list):
+        data["policies"] = [os.path.normpath(base / p) if isinstance(p, str) and not Path(p).is_absolute() else p
+                            for p in policies]
+
+
+def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None,
+                **overrides: Any) -> Config:
+    """Read ``path`` (YAML) if given, apply ``overrides`` and the ``LLMWD_*`` env overrides, validate."""
+    env = os.environ if env is None else env
+    data: dict[str, Any] = {}
+    marks: Marks = {}
+    name = str(path) if path else "<env>"
+    if path is not None:
+        data, marks = read_config_file(path, env)
+        _resolve_paths(data, Path(path).parent)
+    data.update(overrides)
+    from_env: dict[tuple[Any, ...], str] = {}
+    for key_path, value, var in env_overrides(env)[0]:
+        _apply(data, key_path, value, var)
+        from_env[key_path] = var
+    try:
+        return Config(**data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            loc = tuple(err["loc"])
+            env_var = next((from_env[loc[:i]] for i in range(len(loc), 0, -1) if loc[:i] in from_env), None)
+            pos = next((marks[loc[:i]] for i in range(len(loc), 0, -1) if loc[:i] in marks), None)
+            where = f"${env_var}" if env_var else f"{name}:{pos[0]}:{pos[1]}" if pos else name
+            lines.append(f"{where}: {'.'.join(str(p) for p in loc) or 'config'}: {err['msg']}")
+        raise ConfigError("\n".join(lines)) from exc
+
+
+_SECRET_KEY = re.compile(r"(password|passwd|secret|token|routing_key|api_key|apikey|credentials?)$", re.I)
+_URL_PASSWORD = re.compile(r"(//[^:/@\s]*):[^@/\s]+@")
+_SECRET_PATH = re.compile(r"(hooks\.slack\.com/services/|/hooks/|/webhook/)\S+")
+
+
+def redacted(value: Any, key: str = "") -> Any:
+    """A copy of a config dump with secrets replaced by ``***``: password/token/key fields, every
+    header value, passwords inside URLs and webhook paths (a Slack URL is itself a secret)."""
+    if isinstance(value, dict):
+        return {k: ("***" if v and (key == "headers" or _SECRET_KEY.search(str(k))) else redacted(v, str(k)))
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [redacted(v, key) for v in value]
+    if isinstance(value, str):
+        return _SECRET_PATH.sub(r"\1***", _URL_PASSWORD.sub(r"\1:***@", value))
+    return value

@@ -1,0 +1,171 @@
+"""The Redis key layout of llm-watchdog: every key the daemon, the CLI and the gateways touch.
+
+This is the one module that spells key names. Writers (``watchdog.actuation.actuator``) and readers
+(``watchdog.actuation.routing``, gateways in other languages, see docs/ROUTING.md) derive every name from a
+``Keys`` built on the same prefix, so two deployments can share one Redis under two prefixes.
+
+It also holds ``Flag``, the parsed form of one route hash, because the hash fields are part of the
+layout, and ``client_from_url``, the connection settings both sides use (short timeouts, no
+client-side retry loop: callers decide what a Redis outage means).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+#: Version of the JSON records this module's writers produce (audit records, pub/sub messages).
+SCHEMA_VERSION = 1
+
+#: Fields of a route hash, in display order. ``pinned_until`` is present only while pinned (or
+#: until the next write after a pin expired).
+ROUTE_FIELDS = ("model", "route", "precision", "epoch", "reason", "policy", "changed_at", "changed_by",
+                "mode", "pinned_until")
+
+
+def key_part(name: str) -> str:
+    """A model or route name as it stands in a key: ``%`` and ``:`` percent-encoded, so that
+    model ``llama3:8b`` + route ``chat`` and model ``llama3`` + route ``8b:chat`` name two keys.
+    Names without either character are unchanged."""
+    return name.replace("%", "%25").replace(":", "%3A")
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """Names of every Redis key under one prefix (default ``llmwd``)."""
+
+    prefix: str = "llmwd"
+
+    def route(self, model: str, route: str) -> str:
+        """Hash ``{prefix}:route:{model}:{route}``: the precision one route serves.
+
+        Fields: ``precision`` (e.g. ``fp8``/``fp16``), ``epoch`` (fencing counter, +1 on every
+        write, 0 when the hash is absent), ``reason``, ``policy``, ``changed_at`` (unix seconds),
+        ``changed_by``, ``mode`` (``policy`` or ``manual``), ``model``, ``route`` and, while pinned,
+        ``pinned_until`` (unix seconds). Written only by the flip script in ``watchdog/actuation/flip.lua``.
+        """
+        return f"{self.prefix}:route:{key_part(model)}:{key_part(route)}"
+
+    @property
+    def routes_index(self) -> str:
+        """Set ``{prefix}:routes`` of every route hash key ever written, so listing needs no SCAN."""
+        return f"{self.prefix}:routes"
+
+    @property
+    def audit(self) -> str:
+        """Stream ``{prefix}:audit``: one record per applied flag change (schema in docs/ROUTING.md)."""
+        return f"{self.prefix}:audit"
+
+    @property
+    def channel(self) -> str:
+        """Pub/sub channel ``{prefix}:flags``: a JSON message per applied flag change."""
+        return f"{self.prefix}:flags"
+
+    def state(self, name: str) -> str:
+        """String ``{prefix}:state:{name}``: a JSON blob of daemon state (policy-engine state,
+        ingest "windows closed until" marks), so a restarted daemon resumes where it stopped."""
+        return f"{self.prefix}:state:{name}"
+
+    @property
+    def windows(self) -> str:
+        """Stream ``{prefix}:windows``: one JSON record (field ``json``) per closed live window,
+        written by the daemon with its state, capped with MAXLEN ~ (for backtests and replays)."""
+        return f"{self.prefix}:windows"
+
+    def checkpoint(self, group: str, topic: str, partition: int) -> str:
+        """Hash ``{prefix}:ckpt:{group}:{topic}:{partition}``: fields ``seq`` (save sequence number) and
+        ``json`` (next offset, watermark, open windows, routes), written by ``watchdog/state/checkpoint.lua``."""
+        return f"{self.prefix}:ckpt:{group}:{topic}:{partition}"
+
+    def owner(self, group: str, topic: str, partition: int) -> str:
+        """String ``{prefix}:owner:{group}:{topic}:{partition}``: the ownership token
+        ``<generation>:<instance>`` of the replica that holds the partition (``...:gen`` counts them).
+        Checkpoint and flip writes carrying another token are refused (fencing)."""
+        return f"{self.prefix}:owner:{group}:{topic}:{partition}"
+
+    def engine(self, group: str, model: str, route: str) -> str:
+        """String ``{prefix}:engine:{group}:{model}:{route}``: JSON policy-engine state of one route
+        (cooldown, budget, promote timer, rule streaks), written with checkpoints and flips."""
+        return f"{self.prefix}:engine:{group}:{key_part(model)}:{key_part(route)}"
+
+    @property
+    def outbox(self) -> str:
+        """Stream ``{prefix}:outbox``: one JSON record (field ``json``) per page to send, written in the
+        same atomic step as the decision that causes it; delivered through consumer group ``pager``."""
+        return f"{self.prefix}:outbox"
+
+    def incidents(self, group: str) -> str:
+        """Hash ``{prefix}:incidents:{group}``: one field per open incident key (``model/route/policy``),
+        its JSON as the value; written by the pager as it acknowledges outbox records."""
+        return f"{self.prefix}:incidents:{group}"
+
+    def lease(self, name: str) -> str:
+        """String ``{prefix}:lease:{name}`` with a TTL: the holder of singleton work (golden scheduler)."""
+        return f"{self.prefix}:lease:{name}"
+
+    def heartbeat(self, instance: str) -> str:
+        """String ``{prefix}:heartbeat:{instance}`` with a TTL: a JSON blob a live daemon refreshes."""
+        return f"{self.prefix}:heartbeat:{instance}"
+
+
+def text(value: Any) -> str:
+    """A Redis reply as ``str`` whether or not the client decodes responses."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return str(value)
+
+
+def _float_or_none(value: str | None) -> float | None:
+    if value in (None, ""):
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """One route hash, parsed."""
+
+    model: str
+    route: str
+    precision: str
+    epoch: int
+    reason: str = ""
+    policy: str = ""
+    changed_at: float | None = None
+    changed_by: str = ""
+    mode: str = ""
+    pinned_until: float | None = None
+
+    def pinned(self, now: float) -> bool:
+        """True while a pin holds: policy-driven writes are refused until ``pinned_until``."""
+        return self.pinned_until is not None and self.pinned_until > now
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_hash(cls, raw: dict[Any, Any], model: str = "", route: str = "") -> Flag | None:
+        """Parse an HGETALL reply; None when the hash is absent or has no precision."""
+        fields = {text(k): text(v) for k, v in raw.items()}
+        precision = fields.get("precision")
+        if not precision:
+            return None
+        try:
+            epoch = int(fields.get("epoch", "0"))
+        except ValueError:
+            epoch = 0
+        return cls(
+            model=fields.get("model") or model,
+            route=fields.get("route") or route,
+            precision=precision,
+            epoch=epoch,
+            reason=fields.get("reason", ""),
+            policy=fields.get("policy", ""),
+            changed_at=_float_or_none(fields.get("changed_at")),
+            changed_by=fields.get("changed_by", ""),
+            mode=fields.get("mode", ""),
+            pinned_until=_float_or_none(fields.get("pinned_until")),
+        )

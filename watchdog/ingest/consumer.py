@@ -1,0 +1,409 @@
+"""Kafka side of the daemon: read inference-log events, dead-letter the bad ones, report what it knows.
+
+The checkpoints in Redis (``watchdog.state.checkpoint``) are the source of truth for where each partition
+resumes; Kafka's committed offsets only mirror them (asynchronously, for lag tools). A partition is
+checkpointed only after every dead letter it produced is acknowledged by the broker
+(``dlq_settled``); a dead letter that cannot be written pauses its partition until a retry succeeds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer
+from kafka.errors import KafkaError
+from kafka.structs import OffsetAndMetadata, TopicPartition
+
+from watchdog.config.settings import KafkaConfig
+from watchdog.core.events import InferenceEvent, InvalidEvent, decode_event, encode_event
+from watchdog.core.metrics import Metrics
+from watchdog.ingest.otlp import RecordDecoder
+
+log = logging.getLogger(__name__)
+
+PartitionKey = tuple[str, int]
+#: returns None when the event was folded, else the dead-letter reason (``future``, ``late``)
+EventSink = Callable[[InferenceEvent, PartitionKey, int], str | None]
+PartitionsFn = Callable[[list[PartitionKey]], None]
+
+#: dead letters larger than this are stored as a truncated copy (first DLQ_KEEP_BYTES bytes, with the
+#: original size and sha256 in headers): the DLQ producer's max_request_size is 1 MiB and a broker's
+#: message.max.bytes may be lower, so a full copy of an oversized event could never be written
+DLQ_MAX_VALUE_BYTES = 900_000
+DLQ_KEEP_BYTES = 65_536
+
+
+def make_consumer(cfg: KafkaConfig, **extra: Any) -> KafkaConsumer:
+    return KafkaConsumer(
+        bootstrap_servers=cfg.bootstrap_servers,
+        group_id=cfg.group_id,
+        enable_auto_commit=False,
+        auto_offset_reset=cfg.auto_offset_reset,
+        session_timeout_ms=cfg.session_timeout_ms,
+        heartbeat_interval_ms=cfg.heartbeat_interval_ms,
+        max_poll_records=cfg.max_poll_records,
+        client_id=f"llm-watchdog-{cfg.group_id}",
+        **cfg.security,
+        **extra,
+    )
+
+
+def make_producer(cfg: KafkaConfig, **extra: Any) -> KafkaProducer:
+    # not idempotent: after a broker restart that lost its producer state, kafka-python's idempotent
+    # producer loops on UnknownProducerIdError and never delivers again; a duplicate dead letter is
+    # harmless, a stuck one pauses its partition. max_block_ms bounds send() when metadata is missing.
+    return KafkaProducer(bootstrap_servers=cfg.bootstrap_servers, acks="all", retries=5, enable_idempotence=False,
+                         max_block_ms=2000, client_id=f"llm-watchdog-{cfg.group_id}-dlq", **cfg.security, **extra)
+
+
+def classify_kafka_error(exc: BaseException) -> str:
+    """A named not-ready reason for a poll error."""
+    name = type(exc).__name__
+    if name in ("UnsupportedCodecError", "CorruptRecordError", "CorruptRecordException") or "codec" in str(exc).lower():
+        return "undecodable"
+    return "kafka"
+
+
+class _Rebalance(ConsumerRebalanceListener):
+    def __init__(self, on_assigned: PartitionsFn, on_revoked: PartitionsFn) -> None:
+        self._on_assigned = on_assigned
+        self._on_revoked = on_revoked
+
+    def on_partitions_revoked(self, revoked: Any) -> None:
+        if revoked:
+            pks = sorted((tp.topic, tp.partition) for tp in revoked)
+            log.info("partitions revoked: %s", [f"{t}:{p}" for t, p in pks])
+            self._on_revoked(pks)
+
+    def on_partitions_assigned(self, assigned: Any) -> None:
+        pks = sorted((tp.topic, tp.partition) for tp in assigned)
+        log.info("partitions assigned: %s", [f"{t}:{p}" for t, p in pks])
+        if pks:
+            self._on_assigned(pks)
+
+
+@dataclass
+class _DeadLetter:
+    rec: Any
+    reason: str
+    error: str
+    future: Any = None
+    attempts: int = 0
+
+
+@dataclass
+class _DlqState:
+    pending: list[_DeadLetter] = field(default_factory=list)
+    failed: str | None = None
+    #: wall time the oldest unacknowledged dead letter was sent
+    since: float | None = None
+
+
+#: a dead letter unacknowledged this long counts as failed (its partition pauses, readiness ``dlq``)
+DLQ_ACK_TIMEOUT_S = 10.0
+
+
+class Ingest:
+    """Poll events into ``sink``; invalid ones go to the dead-letter topic with the reason."""
+
+    def __init__(self, consumer: KafkaConsumer, producer: KafkaProducer | None, *, topic: str,
+                 dlq_topic: str, max_event_bytes: int, metrics: Metrics, sink: EventSink,
+                 on_assigned: PartitionsFn = lambda pks: None, on_revoked: PartitionsFn = lambda pks: None,
+                 accept: Callable[[PartitionKey], bool] = lambda pk: True,
+                 decode_many: RecordDecoder | None = None) -> None:
+        self.consumer = consumer
+        #: a codec whose record holds many events (OTLP span batches, watchdog.ingest.otlp); None: JSON events
+        self.decode_many = decode_many
+        self.producer = producer
+        self.topic = topic
+        self.dlq_topic = dlq_topic
+        self.max_event_bytes = max_event_bytes
+        self.metrics = metrics
+        self.sink = sink
+        #: False for a partition whose checkpoint is not restored yet: its records are skipped
+        self.accept = accept
+        self.healthy = False
+        self.last_error: str | None = None
+        self.error_reason: str | None = None
+        #: next offset to read per partition, past every record handed to the sink or dead-lettered
+        self.next_offset: dict[PartitionKey, int] = {}
+        #: partitions whose offsets went backwards (broker restarted empty, log truncated)
+        self.resets: dict[PartitionKey, float] = {}
+        self._dlq: dict[PartitionKey, _DlqState] = {}
+        self.last_polled: set[PartitionKey] = set()
+        self._commits_in_flight = 0
+        #: checkpointed offsets not yet mirrored into Kafka (a commit was in flight)
+        self._mirror_wanted: dict[PartitionKey, int] = {}
+        #: partitions that dead-lettered since the daemon last looked (their checkpoint must advance)
+        self.dead_lettered: set[PartitionKey] = set()
+        self.broker_silent_since: float | None = None
+        self.broker_error = ""
+        #: checkpointed offsets to commit synchronously at close (set by the daemon's shutdown)
+        self.final_offsets: dict[PartitionKey, int] = {}
+        consumer.subscribe([topic], listener=_Rebalance(on_assigned, on_revoked))
+
+    # -- reading -------------------------------------------------------------------------------
+    def poll(self, timeout_ms: int = 200) -> int:
+        """Read one batch; returns the number of records seen (valid or not)."""
+        try:
+            batches = self.consumer.poll(timeout_ms=timeout_ms)
+        except KafkaError as exc:
+            self._fail(classify_kafka_error(exc), f"poll failed: {type(exc).__name__}: {exc}")
+            return 0
+        self.healthy = True
+        self.error_reason = None
+        self.metrics.kafka_up.set(1)
+        seen = 0
+        ok = 0
+        self.last_polled = set()
+        for tp, records in batches.items():
+            pkey = (tp.topic, tp.partition)
+            if not records or not self.accept(pkey):
+                continue
+            self.last_polled.add(pkey)
+            expected = self.next_offset.get(pkey)
+            if expected is not None and records[0].offset < expected:
+                self.resets[pkey] = time.time()
+                log.error("partition %s:%s: offset went back from %s to %s (broker restarted empty or "
+                          "log truncated)", tp.topic, tp.partition, expected, records[0].offset)
+            for rec in records:
+                seen += 1
+                if self.decode_many is not None:  # OTLP: every event of a record carries its offset
+                    events, rejected = self.decode_many(rec.value or b"", self.max_event_bytes)
+                    for bad in rejected:  # the dead letter holds just the rejected span
+                        self._dead_letter(pkey, rec._replace(value=bad.value), bad.reason, str(bad))
+                    for event in events:
+                        reason = self.sink(event, pkey, rec.offset)
+                        if reason is None:
+                            ok += 1
+                        else:
+                            self._dead_letter(pkey, rec._replace(value=encode_event(event)), reason,
+                                              f"event {reason}: ts={event.ts}")
+                    continue
+                try:
+                    event = decode_event(rec.value or b"", self.max_event_bytes)
+                except InvalidEvent as exc:
+                    self._dead_letter(pkey, rec, getattr(exc, "reason", "invalid"), str(exc))
+                    continue
+                reason = self.sink(event, pkey, rec.offset)
+                if reason is None:
+                    ok += 1
+                else:
+                    self._dead_letter(pkey, rec, reason, f"event {reason}: ts={event.ts}")
+            self.next_offset[pkey] = records[-1].offset + 1
+        if ok:
+            self.metrics.events.labels("ok").inc(ok)
+        return seen
+
+    # -- dead letters --------------------------------------------------------------------------
+    def _dead_letter(self, pkey: PartitionKey, rec: Any, reason: str, error: str) -> None:
+        self.metrics.events.labels("invalid").inc()
+        self.metrics.dlq.labels(reason.split(":", 1)[0]).inc()
+        log.warning("dead-lettering %s:%s@%s: %s", rec.topic, rec.partition, rec.offset, error[:300])
+        if self.producer is None:
+            return
+        self.dead_lettered.add(pkey)
+        dl = _DeadLetter(rec, reason, error)
+        st = self._dlq.setdefault(pkey, _DlqState())
+        if not st.pending:
+            st.since = time.time()
+        st.pending.append(dl)
+        self._send(dl)
+
+    def _send(self, dl: _DeadLetter) -> None:
+        rec = dl.rec
+        value = rec.value or b""
+        headers = [(k, v) for k, v in (rec.headers or [])]  # the original headers travel unchanged
+        headers += [
+            ("llmwd.reason", dl.reason.encode()),
+            ("llmwd.error", dl.error[:500].encode("utf-8", "replace")),
+            ("llmwd.source.topic", rec.topic.encode()),
+            ("llmwd.source.partition", str(rec.partition).encode()),
+            ("llmwd.source.offset", str(rec.offset).encode()),
+        ]
+        if len(value) > DLQ_MAX_VALUE_BYTES:
+            headers += [("llmwd.truncated", b"1"), ("llmwd.original.size", str(len(value)).encode()),
+                        ("llmwd.original.sha256", hashlib.sha256(value).hexdigest().encode())]
+            value = value[:DLQ_KEEP_BYTES]
+        dl.attempts += 1
+        assert self.producer is not None
+        try:
+            dl.future = self.producer.send(self.dlq_topic, value=value, key=rec.key, headers=headers)
+        except Exception as exc:  # noqa: BLE001 - a refused send is a failed dead letter, never a crash
+            dl.future = exc
+
+    def dlq_settled(self, pkey: PartitionKey, timeout_s: float = 2.0) -> bool:
+        """True when every dead letter of ``pkey`` is acknowledged; failed ones are re-sent, and the
+        partition stays paused (``dlq_failures``) until they are."""
+        st = self._dlq.get(pkey)
+        if st is None or not st.pending:
+            return True
+        assert self.producer is not None
+        if any(not isinstance(dl.future, BaseException) and not dl.future.is_done for dl in st.pending):
+            try:
+                self.producer.flush(timeout=timeout_s)
+            except KafkaError as exc:
+                log.warning("dead-letter flush failed: %s", exc)
+        left: list[_DeadLetter] = []
+        error = None
+        waited = time.time() - (st.since or time.time())
+        for dl in st.pending:
+            fut = dl.future
+            if isinstance(fut, BaseException):
+                error = f"{type(fut).__name__}: {fut}"
+            elif not fut.is_done:
+                left.append(dl)
+                if waited > DLQ_ACK_TIMEOUT_S:
+                    error = f"dead letters not acknowledged for {waited:.0f} s"
+                continue
+            elif fut.failed():
+                error = f"{type(fut.exception).__name__}: {fut.exception}"
+            else:
+                continue
+            left.append(dl)
+            self._send(dl)
+        st.pending = left
+        if not left:
+            st.since = None
+        was = st.failed
+        st.failed = error
+        tp = TopicPartition(*pkey)
+        if error and not was:
+            log.error("dead letters of %s:%s cannot be written (%s): partition paused", pkey[0], pkey[1], error)
+            self.consumer.pause(tp)
+        elif not left and was:
+            log.info("dead letters of %s:%s written again: partition resumed", pkey[0], pkey[1])
+            self.consumer.resume(tp)
+        return not left
+
+    def dlq_failures(self) -> dict[PartitionKey, str]:
+        return {pk: st.failed for pk, st in self._dlq.items() if st.failed}
+
+    def forget(self, pkey: PartitionKey) -> None:
+        """A revoked partition: its dead letters and marks are someone else's now."""
+        self._dlq.pop(pkey, None)
+        self.final_offsets.pop(pkey, None)
+        self.next_offset.pop(pkey, None)  # (``resets`` stay: readiness reports them for a while)
+
+    # -- position ------------------------------------------------------------------------------
+    def seek(self, pkey: PartitionKey, offset: int) -> None:
+        self.consumer.seek(TopicPartition(*pkey), offset)
+        self.next_offset[pkey] = offset
+
+    def pause(self, pkey: PartitionKey) -> None:
+        self.consumer.pause(TopicPartition(*pkey))
+
+    def resume(self, pkey: PartitionKey) -> None:
+        self.consumer.resume(TopicPartition(*pkey))
+
+    def end_offsets(self, pkeys: list[PartitionKey], timeout_ms: int = 1000) -> dict[PartitionKey, int] | None:
+        """The log end of each partition, asked of the broker with a bounded wait; None on failure
+        (``broker_silent_since`` then says since when the broker has not answered)."""
+        try:
+            ends = self.consumer.end_offsets([TopicPartition(*pk) for pk in pkeys], timeout_ms=timeout_ms)
+        except (KafkaError, Exception) as exc:  # noqa: BLE001 - a stalled broker is reported, not raised
+            log.debug("end_offsets failed: %s", exc)
+            if self.broker_silent_since is None:
+                self.broker_silent_since = time.time()
+            self.broker_error = f"{type(exc).__name__}: {exc}"[:200]
+            return None
+        self.broker_silent_since = None
+        return {(tp.topic, tp.partition): off for tp, off in ends.items()}
+
+    def position(self, pkey: PartitionKey) -> int | None:
+        try:
+            return int(self.consumer.position(TopicPartition(*pkey), timeout_ms=500))
+        except (KafkaError, Exception):  # noqa: BLE001
+            return None
+
+    def commit_mirror(self, offsets: dict[PartitionKey, int]) -> None:
+        """Mirror checkpointed offsets into Kafka's group offsets (lag tools) without blocking the loop."""
+        self._mirror_wanted.update(offsets)
+        if not self._mirror_wanted or self._commits_in_flight:
+            # one at a time: a pile of commits to a slow coordinator blocks LeaveGroup at stop; what
+            # waits here goes with the next call (the loop calls with {} every step)
+            return
+        mine = {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
+        payload = {TopicPartition(*pk): OffsetAndMetadata(off, "", -1)
+                   for pk, off in self._mirror_wanted.items() if pk in mine}
+        self._mirror_wanted.clear()
+        if not payload:
+            return
+
+        def done(_offsets: Any, result: Any) -> None:
+            self._commits_in_flight = max(0, self._commits_in_flight - 1)
+            self.metrics.commits.labels("error" if isinstance(result, Exception) else "ok").inc()
+
+        try:
+            self._commits_in_flight += 1
+            self.consumer.commit_async(payload, callback=done)
+        except (KafkaError, Exception) as exc:  # noqa: BLE001 - a mirror commit is best effort
+            self._commits_in_flight = max(0, self._commits_in_flight - 1)
+            self.metrics.commits.labels("error").inc()
+            log.debug("mirror commit failed: %s", exc)
+
+    def topic_id(self) -> str | None:
+        """The topic's id from the client's metadata (None when unknown or the broker predates ids);
+        it changes when the topic was re-created, e.g. by a broker that restarted empty."""
+        try:
+            tid = self.consumer._client.cluster.topic_id(self.topic)  # noqa: SLF001 - no public accessor
+        except Exception:  # noqa: BLE001
+            return None
+        return str(tid) if tid else None
+
+    def assignment(self) -> list[PartitionKey]:
+        return sorted((tp.topic, tp.partition) for tp in self.consumer.assignment())
+
+    def assigned(self) -> bool:
+        return bool(self.consumer.assignment())
+
+    def partition_count(self) -> int | None:
+        try:
+            parts = self.consumer.partitions_for_topic(self.topic)
+        except (KafkaError, Exception):  # noqa: BLE001
+            return None
+        return len(parts) if parts else None
+
+    def lag(self) -> dict[int, int]:
+        out = {}
+        for tp in self.consumer.assignment():
+            high = self.consumer.highwater(tp)
+            pos = self.next_offset.get((tp.topic, tp.partition))
+            if high is not None and pos is not None:
+                out[tp.partition] = max(0, high - pos)
+                self.metrics.lag.labels(str(tp.partition)).set(out[tp.partition])
+        return out
+
+    def close(self) -> None:
+        """Flush the DLQ, commit the final checkpointed offsets synchronously (so no commit is in flight
+        when LeaveGroup goes out: Tansu otherwise keeps the member until its session expires and the
+        next replica waits), then leave the group. The daemon runs this in a thread it bounds."""
+        try:
+            if self.producer is not None:
+                self.producer.flush(timeout=2)
+                self.producer.close(timeout=1)
+        finally:
+            try:
+                mine = {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
+                offsets = {TopicPartition(*pk): OffsetAndMetadata(off, "", -1)
+                           for pk, off in self.final_offsets.items() if pk in mine}
+                if offsets:
+                    self.consumer.commit(offsets)
+            except (KafkaError, Exception) as exc:  # noqa: BLE001 - the checkpoint is the truth anyway
+                log.warning("final offset commit failed: %s", exc)
+            self.consumer.close(autocommit=False)
+
+    def _fail(self, reason: str, message: str) -> None:
+        self.healthy = False
+        self.last_error = message
+        self.error_reason = reason
+        self.metrics.kafka_up.set(0)
+        log.error("kafka: %s", message)
+
+
+__all__ = ["Ingest", "TopicPartition", "classify_kafka_error", "make_consumer", "make_producer"]

@@ -1,0 +1,237 @@
+"""Events off the request path: a bounded buffer drained by one producer thread.
+
+Used by the gateway (``watchdog.gateway``) and the LiteLLM logger (``watchdog.integrations.litellm``).
+``emit`` never blocks and never raises: when the buffer is full the event is dropped and counted.
+The thread hands batches to the Kafka producer (confluent-kafka when installed, else kafka-python;
+both batch again per partition), each event keyed by its route (``events.partition_key``); a send
+that fails, or a broker that cannot be reached, is counted and logged, never seen by a client.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from watchdog.core.events import encode_event, partition_key
+
+log = logging.getLogger(__name__)
+
+
+class EventsConfig(BaseModel):
+    """Where and how events go (the gateway's ``events:`` section)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    bootstrap_servers: str = "127.0.0.1:9092"
+    topic: str = "llm.inference.logs"
+    #: events waiting for the producer; past this, new events are dropped and counted
+    buffer_size: int = Field(10_000, ge=1)
+    #: the producer thread sends what has gathered at most this often
+    flush_interval_s: float = Field(0.05, gt=0)
+    linger_ms: int = Field(20, ge=0)
+    #: producer library: ``auto`` takes confluent-kafka (librdkafka, ~10x less CPU per event) when
+    #: it is installed, else kafka-python
+    client: Literal["auto", "confluent", "kafka-python"] = "auto"
+    #: passed to kafka-python unchanged (security_protocol, sasl_*, ssl_*, compression_type, ...)
+    producer: dict[str, Any] = Field(default_factory=dict)
+    #: passed to confluent-kafka unchanged (librdkafka names: security.protocol, sasl.*, compression.type ...)
+    librdkafka: dict[str, Any] = Field(default_factory=dict)
+
+
+class _KafkaPython:
+    """kafka-python behind the emitter's three calls."""
+
+    def __init__(self, cfg: EventsConfig, on_sent: Callable[[Any], None], on_error: Callable[[BaseException], None],
+                 client_id: str) -> None:
+        from kafka import KafkaProducer
+
+        self._p = KafkaProducer(bootstrap_servers=cfg.bootstrap_servers, linger_ms=cfg.linger_ms, acks=1,
+                                retries=3, max_block_ms=1000, batch_size=256 * 1024,
+                                client_id=client_id, **cfg.producer)
+        self._on_sent, self._on_error = on_sent, on_error
+
+    def send(self, topic: str, value: bytes, key: bytes) -> None:
+        future = self._p.send(topic, value=value, key=key)
+        future.add_callback(self._on_sent)
+        future.add_errback(self._on_error)
+
+    def poll(self) -> None:
+        pass
+
+    def flush(self, timeout: float) -> None:
+        self._p.flush(timeout=timeout)
+
+    def close(self, timeout: float) -> None:
+        self._p.close(timeout=timeout)
+
+
+class _Confluent:
+    """confluent-kafka (librdkafka): produce() queues in C; delivery reports come on poll()."""
+
+    def __init__(self, cfg: EventsConfig, on_sent: Callable[[Any], None], on_error: Callable[[BaseException], None],
+                 client_id: str) -> None:
+        from confluent_kafka import KafkaException, Producer
+
+        self._on_sent, self._on_error = on_sent, on_error
+        self._exc = KafkaException
+        conf: dict[str, Any] = {"bootstrap.servers": cfg.bootstrap_servers, "linger.ms": cfg.linger_ms,
+                                "acks": 1, "client.id": client_id, "message.timeout.ms": 30_000,
+                                "queue.buffering.max.messages": max(cfg.buffer_size, 1000),
+                                # the Java/kafka-python partitioner: a route's events land where the
+                                # daemon expects them (murmur2 of the key, docs/OPERATIONS.md)
+                                "partitioner": "murmur2_random",
+                                "error_cb": lambda err: on_error(KafkaException(err)), **cfg.librdkafka}
+        self._p = Producer(conf)
+
+    def _delivered(self, err: Any, _msg: Any) -> None:
+        if err is None:
+            self._on_sent(None)
+        else:
+            self._on_error(self._exc(err))
+
+    def send(self, topic: str, value: bytes, key: bytes) -> None:
+        self._p.produce(topic, value=value, key=key, on_delivery=self._delivered)
+
+    def poll(self) -> None:
+        self._p.poll(0)
+
+    def flush(self, timeout: float) -> None:
+        self._p.flush(timeout)
+
+    def close(self, timeout: float) -> None:
+        self._p.flush(timeout)
+
+
+def _backend(cfg: EventsConfig) -> type[_KafkaPython] | type[_Confluent]:
+    if cfg.client == "kafka-python":
+        return _KafkaPython
+    if cfg.client == "confluent":
+        return _Confluent
+    try:
+        import confluent_kafka  # noqa: F401
+    except ImportError:
+        return _KafkaPython
+    return _Confluent
+
+
+class EventEmitter:
+    """``name`` (``gateway``, ``litellm``) goes into the Kafka client id, the thread name and the logs."""
+
+    def __init__(self, cfg: EventsConfig, producer_factory: Callable[[], Any] | None = None,
+                 name: str = "gateway") -> None:
+        self.cfg = cfg
+        self.name = name
+        self._factory = producer_factory or (
+            lambda: _backend(cfg)(cfg, self._on_sent, self._count_error, f"llm-watchdog-{name}"))
+        self._buf: deque[dict[str, Any]] = deque()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._producer: Any = None
+        self.accepted = 0
+        self.dropped = 0
+        self.sent = 0
+        self.errors = 0
+        self.connected = False
+        self.last_error: str | None = None
+
+    # -- request path --------------------------------------------------------------------------
+
+    def emit(self, event: dict[str, Any]) -> bool:
+        """Queue one event (a dict in the docs/EVENTS.md schema); False when it was dropped."""
+        if len(self._buf) >= self.cfg.buffer_size:
+            self.dropped += 1
+            return False
+        self._buf.append(event)
+        self.accepted += 1
+        return True
+
+    @property
+    def queued(self) -> int:
+        return len(self._buf)
+
+    # -- producer thread -----------------------------------------------------------------------
+
+    def start(self) -> EventEmitter:
+        self._thread = threading.Thread(target=self._run, name=f"llmwd-{self.name}-events", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Send what is buffered (up to ``timeout``), then stop."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=timeout + 1)
+            self._thread = None
+        if self._producer is not None:
+            try:
+                self._producer.close(timeout=timeout)
+            except Exception as exc:  # noqa: BLE001 - shutting down anyway
+                log.warning("event producer close failed: %s", exc)
+            self._producer = None
+
+    def _run(self) -> None:
+        while True:
+            stopping = self._stop.is_set()
+            if self._producer is None and not self._connect():
+                if stopping:
+                    return
+                self._stop.wait(1.0)
+                continue
+            self._drain()
+            if stopping:
+                try:
+                    self._producer.flush(timeout=5)
+                except Exception as exc:  # noqa: BLE001
+                    self._count_error(exc)
+                return
+            self._stop.wait(self.cfg.flush_interval_s)
+
+    def _connect(self) -> bool:
+        try:
+            self._producer = self._factory()
+        except Exception as exc:  # noqa: BLE001 - NoBrokersAvailable, bad settings: retried
+            self._count_error(exc)
+            self.connected = False
+            return False
+        self.connected = True
+        return True
+
+    def _drain(self) -> None:
+        buf, producer, topic = self._buf, self._producer, self.cfg.topic
+        for _ in range(len(buf)):
+            event = buf.popleft()
+            try:
+                key = partition_key(str(event.get("model", "")), str(event.get("route", "")))
+                producer.send(topic, encode_event(event), key)
+            except Exception as exc:  # noqa: BLE001 - client queue full, broker gone, bad value
+                self._count_error(exc)
+        try:
+            producer.poll()
+        except Exception as exc:  # noqa: BLE001
+            self._count_error(exc)
+
+    def _on_sent(self, _meta: Any) -> None:
+        self.sent += 1
+
+    def _count_error(self, exc: BaseException) -> None:
+        self.errors += 1
+        msg = f"{type(exc).__name__}: {exc}"
+        if msg != self.last_error:
+            log.warning("%s events: %s", self.name, msg)
+        self.last_error = msg
+
+    def wait_sent(self, n: int, timeout: float = 10.0) -> bool:
+        """Block until ``n`` events were acknowledged (tests, the demo)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.sent >= n:
+                return True
+            time.sleep(0.02)
+        return self.sent >= n

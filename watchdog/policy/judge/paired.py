@@ -1,0 +1,228 @@
+"""Golden replays: per-item candidate - baseline differences of the same prompts.
+
+``judge_paired`` (t, bootstrap or Wilcoxon signed-rank / Hodges-Lehmann interval) judges one
+replay, ``judge_paired_replays`` several, ``judge_broken`` the share of items that broke (Fisher's
+exact test, one-sided). Nothing here does I/O; docs/JUDGE.md explains the statistics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from watchdog.policy.judge import stats as st
+from watchdog.policy.judge.unpaired import judge_rate
+from watchdog.policy.judge.verdict import (
+    Direction,
+    Judgement,
+    PairedMethod,
+    Samples,
+    check_direction,
+    error,
+    inconclusive,
+    message,
+    verdict,
+)
+
+
+def judge_paired(
+    diffs: Samples,
+    *,
+    direction: Direction,
+    effect_threshold: float,
+    marginal_threshold: float | None = None,
+    alpha: float = 0.01,
+    min_items: int = 30,
+    method: PairedMethod = "t",
+    max_ci_width: float | None = None,
+    seed: int | None = 0,
+    n_boot: int = 2000,
+    metric: str = "",
+    prior_jump: float = 0.5,
+) -> Judgement:
+    """Judge per-item candidate - baseline differences of one golden replay.
+
+    ``method``: ``t`` (default) is the studentised interval of the mean with a weak prior on the
+    spread (``judge_stats.t_mean_ci``; ``prior_jump`` in metric units), whose harmful-tail error
+    is at or below nominal on sparse, heavy-tailed and concentrated differences (docs/JUDGE.md,
+    "Golden intervals"); ``bootstrap`` is the old percentile bootstrap (kept for comparison: it
+    under-covers), ``signed_rank`` the Hodges-Lehmann interval of the median shift.
+
+    ``effect_threshold`` (>= 0, metric units) is the largest harmful mean drift tolerated;
+    ``marginal_threshold`` (default 0) the drift above which a significant harm is reported as
+    marginal. NaN/inf items are dropped (counted in ``detail['dropped']``). The p-value is the
+    Wilcoxon signed-rank test of "no drift" either way (used by ``combine``)."""
+    sign = check_direction(direction)
+    if effect_threshold < 0:
+        return error(metric, method, "effect_threshold must be >= 0", effect_threshold)
+    arr = np.asarray(diffs, dtype=float).ravel()
+    finite = arr[np.isfinite(arr)]
+    dropped = int(arr.size - finite.size)
+    n = int(finite.size)
+    if n < max(min_items, 2):
+        return inconclusive(metric, method, "too_few_items", f"{n} usable items < {min_items}", n,
+                             effect_threshold, dropped=dropped)
+    z, p, nonzero = st.signed_rank_test(finite)
+    if method == "t":
+        est_a, lo_a, hi_a = st.t_mean_ci(finite[None, :], alpha=alpha, prior_jump=prior_jump)
+        est, lo, hi = float(est_a[0]), float(lo_a[0]), float(hi_a[0])
+    elif method == "bootstrap":
+        est_a, lo_a, hi_a = st.bootstrap_mean_ci(finite[None, :], alpha=alpha, n_boot=n_boot, seed=seed)
+        est, lo, hi = float(est_a[0]), float(lo_a[0]), float(hi_a[0])
+    elif method == "signed_rank":
+        est, lo, hi = st.walsh_ci(finite, alpha)
+    else:
+        return error(metric, str(method), "method must be t, bootstrap or signed_rank", effect_threshold)
+    harm_lo, harm_hi = (lo, hi) if sign > 0 else (-hi, -lo)
+    status, reason = verdict(metric, method, harm_lo, harm_hi, n, effect_threshold=effect_threshold,
+                              harm_threshold=effect_threshold, harm_marginal=marginal_threshold,
+                              min_n=min_items, max_ci_width=max_ci_width)
+    return Judgement(
+        metric=metric, status=status, reason=reason,
+        message=message(metric, status, reason, est, lo, hi, n, effect_threshold),
+        estimate=est, ci_low=lo, ci_high=hi, p_value=p, n=n, effect_threshold=effect_threshold,
+        method=method,
+        detail={"dropped": dropped, "nonzero": nonzero, "z": z, "alpha": alpha, "direction": direction,
+                "mean": float(finite.mean()), "changed_fraction": nonzero / n},
+    )
+
+def judge_paired_replays(
+    replays: Sequence[Samples],
+    *,
+    direction: Direction,
+    effect_threshold: float,
+    marginal_threshold: float | None = None,
+    alpha: float = 0.01,
+    first_look_share: float = 0.1,
+    min_items: int = 30,
+    max_ci_width: float | None = None,
+    seed: int | None = 0,
+    n_boot: int = 2000,
+    metric: str = "",
+    method: PairedMethod = "t",
+    prior_jump: float = 0.5,
+    rotated: bool = False,
+) -> Judgement:
+    """Judge the latest golden replays of the same items (oldest first) with two looks.
+
+    ``rotated``: the latest two replays asked different items (sampled from a larger pool), so
+    the pooled look concatenates them (2 n independent items) instead of averaging per item.
+
+    Look 1 is the latest replay alone at level ``alpha * first_look_share``; look 2 is the
+    per-item mean of the latest two replays (same prompts in the same order, which halves the
+    flip noise) at ``alpha * (1 - first_look_share)``. Fail if either look fails, otherwise the
+    pooled look decides. The error budget is split, not doubled (alpha spending): at a true
+    drift of exactly ``effect_threshold`` the chance of a fail per evaluation stays <= alpha / 2,
+    as for one ``judge_paired`` call at ``alpha``. Most of it goes to the pooled look because it
+    carries twice the information (an O'Brien-Fleming-like split).
+
+    With one replay, or when the latest two differ in length (the prompt set changed), it is
+    ``judge_paired`` on the latest replay at the full ``alpha``. An item missing (NaN) in one
+    replay takes the other's value. ``detail['looks']`` holds both looks."""
+    if not replays:
+        return inconclusive(metric, "bootstrap_replays", "too_few_items", "no replays", 0, effect_threshold)
+    if not 0.0 <= first_look_share < 1.0:
+        return error(metric, "bootstrap_replays", "first_look_share must be in [0, 1)", effect_threshold)
+    common = dict(direction=direction, effect_threshold=effect_threshold, marginal_threshold=marginal_threshold,
+                  min_items=min_items, max_ci_width=max_ci_width, seed=seed, n_boot=n_boot, metric=metric,
+                  method=method, prior_jump=prior_jump)
+    latest = np.asarray(replays[-1], dtype=float).ravel()
+    prev = np.asarray(replays[-2], dtype=float).ravel() if len(replays) >= 2 else None
+    identical = prev is not None and prev.size == latest.size and bool(
+        np.array_equal(np.nan_to_num(prev, nan=1e300), np.nan_to_num(latest, nan=1e300)))
+    if rotated and prev is not None:
+        both = np.concatenate([prev, latest])
+        looks = []
+        if first_look_share > 0:
+            looks.append(("latest", judge_paired(latest, alpha=alpha * first_look_share, **common)))  # type: ignore[arg-type]
+        looks.append(("rotated2", judge_paired(both, alpha=alpha * (1 - first_look_share), **common)))  # type: ignore[arg-type]
+        return _pick_look(looks, method)
+    if prev is None or prev.size != latest.size or identical:
+        j = judge_paired(latest, alpha=alpha, **common)  # type: ignore[arg-type]
+        j.detail["pooled_replays"] = 1
+        j.detail["identical_replays"] = identical
+        return j
+    pooled = st.average_replays([prev[None, :], latest[None, :]])[0]
+    looks = []
+    if first_look_share > 0:
+        looks.append(("latest", judge_paired(latest, alpha=alpha * first_look_share, **common)))  # type: ignore[arg-type]
+    looks.append(("pooled2", judge_paired(pooled, alpha=alpha * (1 - first_look_share), **common)))  # type: ignore[arg-type]
+    return _pick_look(looks, method)
+
+def _pick_look(looks: list[tuple[str, Judgement]], method: str) -> Judgement:
+    failed = [j for _, j in looks if j.status == "fail"]
+    chosen = failed[0] if failed else looks[-1][1]
+    chosen.detail["pooled_replays"] = 2 if chosen is looks[-1][1] else 1
+    chosen.detail["looks"] = {name: {"status": j.status, "reason": j.reason, "estimate": j.estimate,
+                                     "ci_low": j.ci_low, "ci_high": j.ci_high,
+                                     "alpha": j.detail.get("alpha"), "n": j.n} for name, j in looks}
+    chosen.method = f"{method}_replays"
+    return chosen
+
+def judge_broken(
+    diffs: Samples,
+    *,
+    direction: Direction,
+    drop: float,
+    effect_threshold: float,
+    null_broken: int,
+    null_items: int,
+    alpha: float = 0.01,
+    min_items: int = 30,
+    item_ids: Sequence[Any] | None = None,
+    top: int = 20,
+    metric: str = "",
+) -> Judgement:
+    """How many items broke (a harmful per-item change larger than ``drop``) against how many
+    break in the null: ``null_broken`` of ``null_items`` (FP16-vs-FP16 replays, or healthy FP8
+    history). The share of broken items is judged like a rate (Newcombe interval of the
+    difference of the two shares): fail when the whole interval lies beyond
+    ``effect_threshold`` (share points: 0.02 = 2 % of the set broke more than in the null).
+    Sensitive to "6 % of prompts destroyed" when the mean barely moves. ``detail['broken']``
+    ranks the broken items, worst first (ids from ``item_ids`` when given, else positions)."""
+    sign = check_direction(direction)
+    arr = np.asarray(diffs, dtype=float).ravel()
+    ok = np.isfinite(arr)
+    n = int(ok.sum())
+    harm = np.where(ok, sign * arr, -np.inf)
+    broken = np.flatnonzero(harm > drop)
+    order = broken[np.argsort(-harm[broken], kind="stable")]
+    ids = list(item_ids) if item_ids is not None and len(item_ids) == arr.size else None
+    ranked = [{"item": ids[i] if ids else int(i), "harm": float(harm[i])} for i in order[:top]]
+    j = judge_rate(int(broken.size), n, int(null_broken), int(null_items), effect_threshold=effect_threshold,
+                   alpha=alpha, min_samples=min_items, metric=metric)
+    j.method = "broken_items"
+    if j.status not in ("inconclusive", "error"):
+        # the decision is exact (a score interval on a handful of broken items is too optimistic
+        # for a 1e-4 target). With no tolerated effect: Fisher's exact test, one-sided - given
+        # the broken items of the replay and of the null together, the chance that the replay
+        # holds this many of them. With an effect: the count against the null share's upper
+        # 1 - alpha/2 bound (Wilson) plus the effect, binomial tail at alpha / 2.
+        if effect_threshold <= 0:
+            p0 = null_broken / max(null_items, 1)
+            tail = st.hypergeom_sf(int(broken.size), null_items + n, null_broken + int(broken.size), n)
+            level = alpha
+        else:
+            _, p0_hi = st.wilson(null_broken, max(null_items, 1), st.z_quantile(1 - alpha / 2))
+            p0 = float(p0_hi)
+            tail = st.binom_sf(int(broken.size), n, min(p0 + effect_threshold, 1.0))
+            level = alpha / 2
+        j.p_value = tail
+        j.detail["null_share_upper"] = p0
+        j.detail["test"] = "fisher_exact" if effect_threshold <= 0 else "binomial_at_null_upper"
+        if tail <= level:
+            j.status, j.reason = "fail", st.REASONS["fail"]
+        else:
+            j.status, j.reason = "pass", st.REASONS["pass"]
+    j.detail.update({"broken": ranked, "broken_count": int(broken.size), "null_broken": int(null_broken),
+                     "null_items": int(null_items), "drop": drop})
+    if j.status != "inconclusive" and j.status != "error":
+        j.message = (f"{metric}: {j.status} ({j.reason}); {broken.size}/{n} items broke by > {drop:g} vs "
+                     f"{null_broken}/{null_items} in the null; share difference {j.estimate:+.3f} "
+                     f"[{j.ci_low:+.3f}, {j.ci_high:+.3f}], "
+                     + (f"Fisher exact p={j.p_value:.2g}" if j.detail.get("test") == "fisher_exact" else
+                        f"binomial tail p={j.p_value:.2g} at null share {j.detail['null_share_upper']:.3f} + "
+                        f"{effect_threshold:g}"))
+    return j

@@ -1,0 +1,166 @@
+"""Golden replays as a signal source: scheduled (APScheduler) and on demand.
+
+Each job replays one golden set through a candidate and a baseline engine and turns the drift
+report into ``source: golden`` signals for every route the job guards. Jobs run in the scheduler's
+worker threads, never two runs of one job at once; the daemon's main loop drains finished reports
+through ``drain``. Engines are built lazily inside the job, so a daemon without golden jobs never
+imports torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from watchdog.core.signals import Signal
+
+log = logging.getLogger(__name__)
+
+#: runs one replay: (job) -> a report with ``to_signals(model, route)`` and ``save(dir)``, or a
+#: (report, extra candidate values) pair
+ReplayFn = Callable[["GoldenJob"], Any]
+
+
+@dataclass
+class GoldenJob:
+    name: str
+    set_path: str
+    model: str
+    routes: list[str]
+    candidate: dict[str, Any]
+    baseline: dict[str, Any]
+    every_s: float | None = 3600.0
+    cron: str | None = None
+    jitter_s: float = 30.0
+    max_items: int | None = None
+    #: a suspicious live signal on one of the routes triggers an immediate replay
+    on_suspicion: bool = True
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    last_run: float | None = None
+    last_error: str | None = None
+    #: extra candidate values of the last run (e.g. fp8_saturation)
+    last_extra: dict[str, float] = field(default_factory=dict)
+    runs: int = 0
+
+
+def default_replay(job: GoldenJob) -> Any:
+    """Build both engines from the job's options, replay the set, close the engines."""
+    from probes.engines import get_engine
+    from probes.golden import find_golden_set, load_golden_set
+    from probes.golden_replay import replay
+
+    golden = load_golden_set(find_golden_set(job.set_path))
+    if job.max_items is not None:
+        golden = golden.head(job.max_items)
+    candidate = get_engine(**job.candidate)
+    baseline = get_engine(**job.baseline)
+    try:
+        report = replay(golden, candidate, baseline, progress=False)
+        extra: dict[str, float] = {}
+        saturation = getattr(candidate, "saturation", lambda: None)()
+        if saturation is not None:
+            # share of FP8 activations clipped at +-448: rising means the calibration went stale
+            extra["fp8_saturation"] = float(saturation.total)
+        return report, extra
+    finally:
+        candidate.close()
+        baseline.close()
+
+
+class GoldenScheduler:
+    def __init__(self, jobs: list[GoldenJob], replay_fn: ReplayFn = default_replay,
+                 reports_dir: str | Path | None = None, debounce_s: float = 60.0) -> None:
+        self.jobs = {j.name: j for j in jobs}
+        self.replay_fn = replay_fn
+        self.reports_dir = Path(reports_dir) if reports_dir else None
+        self.debounce_s = debounce_s
+        self._done: queue.SimpleQueue[Signal] = queue.SimpleQueue()
+        self._scheduler: Any = None
+        self._requested: dict[str, float] = {}
+
+    def start(self) -> GoldenScheduler:
+        from apscheduler.schedulers.background import BackgroundScheduler
+        from apscheduler.triggers.cron import CronTrigger
+        from apscheduler.triggers.interval import IntervalTrigger
+
+        self._scheduler = BackgroundScheduler(job_defaults={"coalesce": True, "max_instances": 1})
+        for job in self.jobs.values():
+            if job.cron:
+                trigger: Any = CronTrigger.from_crontab(job.cron, jitter=job.jitter_s)
+            elif job.every_s:
+                trigger = IntervalTrigger(seconds=job.every_s, jitter=job.jitter_s)
+            else:
+                continue
+            self._scheduler.add_job(self.run_job, trigger, args=[job.name], id=job.name, name=job.name)
+        self._scheduler.start()
+        return self
+
+    def stop(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.shutdown(wait=False)
+
+    def request(self, model: str, route: str, reason: str, now: float | None = None) -> list[str]:
+        """Replay now every on-suspicion job guarding (model, route); debounced per job."""
+        now = time.time() if now is None else now
+        started = []
+        for job in self.jobs.values():
+            if not job.on_suspicion or job.model != model or route not in job.routes:
+                continue
+            if now - self._requested.get(job.name, -1e18) < self.debounce_s:
+                continue
+            self._requested[job.name] = now
+            log.info("golden replay %s requested: %s", job.name, reason)
+            threading.Thread(target=self.run_job, args=[job.name], name=f"golden-{job.name}", daemon=True).start()
+            started.append(job.name)
+        return started
+
+    def run_job(self, name: str) -> bool:
+        """Run one replay unless that job is already running; queue its signals."""
+        job = self.jobs[name]
+        if not job.lock.acquire(blocking=False):
+            log.info("golden replay %s already running; skipped", name)
+            return False
+        started = time.time()
+        try:
+            result = self.replay_fn(job)
+            report, extra = result if isinstance(result, tuple) else (result, {})
+            job.last_extra = dict(extra)
+            if self.reports_dir is not None:
+                report.save(self.reports_dir / name)
+            for route in job.routes:
+                for sig in report.to_signals(job.model, route):
+                    if sig.precision == job.candidate.get("precision"):
+                        sig.values.update(extra)
+                    self._done.put(sig)
+            job.last_error = None
+            return True
+        except Exception as exc:  # noqa: BLE001 - a failed replay is an error signal, not a crash
+            log.exception("golden replay %s failed", name)
+            job.last_error = str(exc)
+            for route in job.routes:
+                self._done.put(Signal(source="golden", model=job.model, route=route,
+                                      precision=str(job.candidate.get("precision", "fp8")), start=started,
+                                      end=time.time(), samples=0, error=f"replay failed: {exc}"))
+            return False
+        finally:
+            job.runs += 1
+            job.last_run = time.time()
+            job.lock.release()
+
+    def drain(self, now: float | None = None) -> list[Signal]:
+        out = []
+        while True:
+            try:
+                out.append(self._done.get_nowait())
+            except queue.Empty:
+                return out
+
+    def status(self) -> list[dict[str, Any]]:
+        return [{"job": j.name, "set": j.set_path, "routes": j.routes, "runs": j.runs, "last_run": j.last_run,
+                 "running": j.lock.locked(), "last_error": j.last_error, **j.last_extra} for j in self.jobs.values()]
