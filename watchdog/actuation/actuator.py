@@ -21,6 +21,7 @@ from typing import Any
 
 import redis
 
+from watchdog.core.backoff import backoff_delay
 from watchdog.core.keys import SCHEMA_VERSION, Flag, Keys, text
 from watchdog.core.signals import Action
 
@@ -235,6 +236,10 @@ class Actuator:
     def pending(self) -> int:
         return len(self._pending)
 
+    def pending_routes(self) -> set[tuple[str, str]]:
+        """The (model, route) of every decision still waiting to be written."""
+        return set(self._pending)
+
     def retry_at(self) -> float:
         """When ``pump`` will next try after a Redis error (0 when it is not backing off)."""
         return self._next_try
@@ -294,8 +299,7 @@ class Actuator:
 
     def _fail(self, exc: Exception, now: float) -> None:
         self._failures += 1
-        delay = min(self.backoff_max, self.backoff_initial * 2 ** (self._failures - 1))
-        delay *= 0.5 + self._rng.random() / 2  # jitter in [delay/2, delay)
+        delay = backoff_delay(self._failures, self.backoff_initial, self.backoff_max, self._rng)  # in [d/2, d)
         self._next_try = now + delay
         self.healthy = False
         self.last_error = f"{type(exc).__name__}: {exc}"

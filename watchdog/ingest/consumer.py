@@ -133,18 +133,18 @@ class Ingest:
         #: next offset to read per partition, past every record handed to the sink or dead-lettered
         self.next_offset: dict[PartitionKey, int] = {}
         #: partitions whose offsets went backwards (broker restarted empty, log truncated)
-        self.resets: dict[PartitionKey, float] = {}
+        self._resets: dict[PartitionKey, float] = {}
         self._dlq: dict[PartitionKey, _DlqState] = {}
         self.last_polled: set[PartitionKey] = set()
         self._commits_in_flight = 0
         #: checkpointed offsets not yet mirrored into Kafka (a commit was in flight)
         self._mirror_wanted: dict[PartitionKey, int] = {}
         #: partitions that dead-lettered since the daemon last looked (their checkpoint must advance)
-        self.dead_lettered: set[PartitionKey] = set()
-        self.broker_silent_since: float | None = None
+        self._dead_lettered: set[PartitionKey] = set()
+        self._broker_silent_since: float | None = None
         self.broker_error = ""
         #: checkpointed offsets to commit synchronously at close (set by the daemon's shutdown)
-        self.final_offsets: dict[PartitionKey, int] = {}
+        self._final_offsets: dict[PartitionKey, int] = {}
         consumer.subscribe([topic], listener=_Rebalance(on_assigned, on_revoked))
 
     # -- reading -------------------------------------------------------------------------------
@@ -168,7 +168,7 @@ class Ingest:
             self.last_polled.add(pkey)
             expected = self.next_offset.get(pkey)
             if expected is not None and records[0].offset < expected:
-                self.resets[pkey] = time.time()
+                self._resets[pkey] = time.time()
                 log.error("partition %s:%s: offset went back from %s to %s (broker restarted empty or "
                           "log truncated)", tp.topic, tp.partition, expected, records[0].offset)
             for rec in records:
@@ -207,7 +207,7 @@ class Ingest:
         log.warning("dead-lettering %s:%s@%s: %s", rec.topic, rec.partition, rec.offset, error[:300])
         if self.producer is None:
             return
-        self.dead_lettered.add(pkey)
+        self._dead_lettered.add(pkey)
         dl = _DeadLetter(rec, reason, error)
         st = self._dlq.setdefault(pkey, _DlqState())
         if not st.pending:
@@ -287,8 +287,8 @@ class Ingest:
     def forget(self, pkey: PartitionKey) -> None:
         """A revoked partition: its dead letters and marks are someone else's now."""
         self._dlq.pop(pkey, None)
-        self.final_offsets.pop(pkey, None)
-        self.next_offset.pop(pkey, None)  # (``resets`` stay: readiness reports them for a while)
+        self._final_offsets.pop(pkey, None)
+        self.next_offset.pop(pkey, None)  # (``_resets`` stay: readiness reports them for a while)
 
     # -- position ------------------------------------------------------------------------------
     def seek(self, pkey: PartitionKey, offset: int) -> None:
@@ -303,16 +303,16 @@ class Ingest:
 
     def end_offsets(self, pkeys: list[PartitionKey], timeout_ms: int = 1000) -> dict[PartitionKey, int] | None:
         """The log end of each partition, asked of the broker with a bounded wait; None on failure
-        (``broker_silent_since`` then says since when the broker has not answered)."""
+        (``broker_silence()`` then says since when the broker has not answered)."""
         try:
             ends = self.consumer.end_offsets([TopicPartition(*pk) for pk in pkeys], timeout_ms=timeout_ms)
         except (KafkaError, Exception) as exc:  # noqa: BLE001 - a stalled broker is reported, not raised
             log.debug("end_offsets failed: %s", exc)
-            if self.broker_silent_since is None:
-                self.broker_silent_since = time.time()
+            if self._broker_silent_since is None:
+                self._broker_silent_since = time.time()
             self.broker_error = f"{type(exc).__name__}: {exc}"[:200]
             return None
-        self.broker_silent_since = None
+        self._broker_silent_since = None
         return {(tp.topic, tp.partition): off for tp, off in ends.items()}
 
     def position(self, pkey: PartitionKey) -> int | None:
@@ -379,6 +379,32 @@ class Ingest:
                 self.metrics.lag.labels(str(tp.partition)).set(out[tp.partition])
         return out
 
+    # -- what the daemon reads and marks ----------------------------------------------------
+    def mark_reset(self, pkey: PartitionKey, now: float) -> None:
+        """The offsets of ``pkey`` went back at ``now`` (e.g. the topic was re-created)."""
+        self._resets[pkey] = now
+
+    def recent_resets(self, now: float, within_s: float) -> list[PartitionKey]:
+        """Partitions whose offsets went back less than ``within_s`` seconds before ``now``."""
+        return sorted(pk for pk, t in self._resets.items() if now - t < within_s)
+
+    def set_final_offset(self, pkey: PartitionKey, offset: int) -> None:
+        """A checkpointed offset of ``pkey``: committed synchronously at ``close``."""
+        self._final_offsets[pkey] = offset
+
+    def broker_silence(self) -> float | None:
+        """Wall time since which the broker has not answered an offsets request (None: it answers)."""
+        return self._broker_silent_since
+
+    def clear_broker_silence(self) -> None:
+        """Records arrived: the broker answers, whatever the last offsets request said."""
+        self._broker_silent_since = None
+
+    def drain_dead_lettered(self) -> set[PartitionKey]:
+        """Partitions that dead-lettered since the last call (their checkpoint must advance)."""
+        out, self._dead_lettered = self._dead_lettered, set()
+        return out
+
     def close(self) -> None:
         """Flush the DLQ, commit the final checkpointed offsets synchronously (so no commit is in flight
         when LeaveGroup goes out: Tansu otherwise keeps the member until its session expires and the
@@ -391,7 +417,7 @@ class Ingest:
             try:
                 mine = {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
                 offsets = {TopicPartition(*pk): OffsetAndMetadata(off, "", -1)
-                           for pk, off in self.final_offsets.items() if pk in mine}
+                           for pk, off in self._final_offsets.items() if pk in mine}
                 if offsets:
                     self.consumer.commit(offsets)
             except (KafkaError, Exception) as exc:  # noqa: BLE001 - the checkpoint is the truth anyway

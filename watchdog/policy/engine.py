@@ -532,3 +532,25 @@ class PolicyEngine:
                 continue
             self.states[key] = st
         self.set_policy_set(self.policy_set)
+
+    # -- queries for the runtime
+    def routes(self) -> set[tuple[str, str]]:
+        """Every (model, route) some policy holds state for."""
+        return {(m, r) for (_p, m, r) in self.states}
+
+    def scopes_of(self, route: tuple[str, str]) -> dict[str, ScopeState]:
+        """The state of each policy for one (model, route), by policy name."""
+        return {p: st for (p, m, r), st in self.states.items() if (m, r) == route}
+
+    def policy_of(self, route: tuple[str, str]) -> Policy | None:
+        """The first policy (in state order) holding state for (model, route); None if none does."""
+        name = next((p for (p, m, r) in self.states if (m, r) == route), None)
+        return self.policy_set.get(name) if name is not None else None
+
+    def flipped_routes(self, default_precision: str) -> dict[tuple[str, str], str]:
+        """Routes a policy flip moved off ``default_precision``, with the precision they serve now."""
+        out: dict[tuple[str, str], str] = {}
+        for (_p, m, r), st in self.states.items():
+            if st.last_flip is not None and st.serving not in (None, default_precision):
+                out[(m, r)] = str(st.serving)
+        return out

@@ -236,7 +236,7 @@ class Daemon:
         if offset is not None and tid and data.get("topic_id") and data["topic_id"] != tid:
             log.error("partition %s: the checkpoint is of an earlier topic with this name (id %s, now %s): "
                       "the broker lost its data; reading from the start", pk[1], data["topic_id"], tid)
-            self.ingest.resets[pk] = now
+            self.ingest.mark_reset(pk, now)
             offset = 0
         if offset is not None:
             self.ingest.seek(pk, offset)
@@ -343,10 +343,9 @@ class Daemon:
         self.ingest.commit_mirror({})  # mirror offsets a busy commit held back
         now = self.clock()
         self.wm.records_read(self.ingest.last_polled, now)
-        for pk in self.ingest.dead_lettered:
+        for pk in self.ingest.drain_dead_lettered():
             if pk in self.parts:
                 self.parts[pk].dirty = True  # its checkpoint must pass the dead letter once acknowledged
-        self.ingest.dead_lettered.clear()
         if self._unrestored and now - self._last_restore_try >= 1.0:
             self._last_restore_try = now
             assigned = set(self.ingest.assignment())
@@ -392,7 +391,7 @@ class Daemon:
             log.error("topic %s was re-created (id %s -> %s): the broker lost its data; reading every "
                       "partition from the start", self.cfg.kafka.topic, self._topic_id, tid)
             for pk in list(self.parts):
-                self.ingest.resets[pk] = now
+                self.ingest.mark_reset(pk, now)
                 self.ingest.seek(pk, 0)
         self._topic_id = tid
 
@@ -563,7 +562,7 @@ class Daemon:
             self._save(part, now, force=force)
 
     def _pending_routes(self) -> set[P.Route]:
-        return set(self.actuator._pending)  # noqa: SLF001 - (model, route) keys of pending flips
+        return self.actuator.pending_routes()
 
     def _save(self, part: P.Partition, now: float, force: bool = False, mirror: bool = True) -> bool:
         """Save one partition's checkpoint; True when Redis holds it (saved, or a retry found it saved)."""
@@ -607,7 +606,7 @@ class Daemon:
         if offset is not None:
             if mirror:
                 self.ingest.commit_mirror({part.pk: offset})
-            self.ingest.final_offsets[part.pk] = offset
+            self.ingest.set_final_offset(part.pk, offset)
         return True
 
     def _build_save(self, part: P.Partition, now: float, windows: list[str], outbox: list[str],
@@ -759,9 +758,9 @@ class Daemon:
     def _update_readiness(self, now: float) -> None:
         assert self.ingest is not None
         r = self.readiness
-        silent = self.ingest.broker_silent_since
         if self.ingest.last_polled:
-            self.ingest.broker_silent_since = silent = None
+            self.ingest.clear_broker_silence()
+        silent = self.ingest.broker_silence()
         if self.ingest.healthy and silent is not None and now - silent > 2.0:
             r.set("kafka", f"broker not answering for {now - silent:.0f} s ({self.ingest.broker_error}): "
                   f"windows wait, nothing is closed on the wall clock", now)
@@ -790,9 +789,9 @@ class Daemon:
             r.set("dlq", "; ".join(f"partition {pk[1]} paused: {e}" for pk, e in sorted(dlq.items()))[:300], now)
         else:
             r.clear("dlq", now)
-        resets = {pk: t for pk, t in self.ingest.resets.items() if now - t < 3}
+        resets = self.ingest.recent_resets(now, 3.0)
         if resets:
-            r.set("offsets-reset", f"partitions {sorted(pk[1] for pk in resets)}: offsets went back (broker "
+            r.set("offsets-reset", f"partitions {[pk[1] for pk in resets]}: offsets went back (broker "
                   f"restarted empty?)", now)
         else:
             r.clear("offsets-reset", now)
