@@ -88,7 +88,7 @@ def test_a_fenced_replica_is_ready_again_once_the_rebalance_moved_its_partitions
     prod = CountingProducer(kafka_service.address, topic, [f"r{i}" for i in range(6)], rate=25.0).start()
     try:
         with running_daemon(cfg_a) as (a, _):
-            assert wait_until(lambda: a.stats.checkpoints >= 3 and len(a.parts) == a._nparts > 1, 30)
+            assert wait_until(lambda: a.stats.checkpoints >= 3 and len(a.parts) == a.ownership.nparts > 1, 30)
             thief = CheckpointStore(redis_client, Keys(), cfg_a.kafka.group_id, topic, "thief")
             for pk in list(a.parts):
                 thief.claim(pk[1])
@@ -114,7 +114,7 @@ def test_replicas_joining_and_leaving_mid_traffic_count_every_event_once(kafka_s
         b, _ = ctx_b.__enter__()
         assert wait_until(lambda: bool(b.parts) and bool(a.parts), 40), "no rebalance"
         assert not set(a.parts) & set(b.parts)
-        nparts = a._nparts
+        nparts = a.ownership.nparts
         closed = b.stats.windows_closed
         assert wait_until(lambda: b.stats.windows_closed >= closed + 6, 30)
         ctx_a.__exit__(None, None, None)  # a leaves (rolling deploy): b resumes a's partitions from checkpoints

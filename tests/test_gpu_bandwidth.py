@@ -89,19 +89,17 @@ def test_measure_without_or_with_a_gpu() -> None:
 
 
 def test_daemon_config_keys_reach_the_monitor() -> None:
-    from types import SimpleNamespace
-
     from prometheus_client import CollectorRegistry
     from pydantic import ValidationError
 
     from tests.test_gpu_read import ReplayNvml
     from watchdog.config.settings import GpuConfig
-    from watchdog.runtime.daemon import Daemon
+    from watchdog.sources.gpu import GpuSource
 
     def monitor(g: GpuConfig) -> GpuMonitor:
-        host = SimpleNamespace(cfg=SimpleNamespace(gpu=g), metrics=SimpleNamespace(registry=CollectorRegistry()),
-                               sources=[])
-        return Daemon._gpu_monitor(host, ReplayNvml(recorded()))  # type: ignore[arg-type]
+        source = GpuSource.from_config(g, CollectorRegistry(), ReplayNvml(recorded()))
+        assert source is not None
+        return source.monitor
 
     on = monitor(GpuConfig(enabled=True, bandwidth_test=True, bandwidth_every_s=600))
     assert on.bandwidth_test is True and on.bandwidth_every_s == 600

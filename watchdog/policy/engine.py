@@ -534,9 +534,13 @@ class PolicyEngine:
         self.set_policy_set(self.policy_set)
 
     # -- queries for the runtime
-    def routes(self) -> set[tuple[str, str]]:
-        """Every (model, route) some policy holds state for."""
-        return {(m, r) for (_p, m, r) in self.states}
+    def route_policies(self) -> dict[tuple[str, str], Policy | None]:
+        """Every (model, route) some policy holds state for, with the first such policy (in state order)."""
+        out: dict[tuple[str, str], Policy | None] = {}
+        for (p, m, r) in self.states:
+            if (m, r) not in out:
+                out[(m, r)] = self.policy_set.get(p)
+        return out
 
     def scopes_of(self, route: tuple[str, str]) -> dict[str, ScopeState]:
         """The state of each policy for one (model, route), by policy name."""

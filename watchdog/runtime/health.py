@@ -1,19 +1,38 @@
-"""Named not-ready reasons, their metrics and one debounced ops alert per outage.
+"""Is the daemon ready, and is it alive: named not-ready reasons, Redis health, the loop's checks.
 
-The daemon sets the conditions it observes each loop (``set(reason, message)`` / ``clear(reason)``).
-``problems()`` is what /readyz and /status show; ``llmwd_not_ready{reason}`` and ``llmwd_ready`` follow.
-An ops alert fires once a condition has held for ``fire_after_s`` and resolves once it has been clear
-for ``resolve_after_s``, so a flapping Redis gives one page, not five.
+* ``Readiness``: the daemon sets the conditions it observes (``set(reason, message)`` / ``clear(reason)``).
+  ``problems()`` is what /readyz and /status show; ``llmwd_not_ready{reason}`` and ``llmwd_ready`` follow.
+  An ops alert fires once a condition has held for ``fire_after_s`` and resolves once it has been clear
+  for ``resolve_after_s``, so a flapping Redis gives one page, not five.
+* ``RedisHealth``: the one answer to "is Redis OK?". Every Redis user of the daemon reports to it
+  (``failed(exc, what)`` / ``recovered()``); it owns the reasons ``redis``, ``redis-auth``, ``redis-tls``
+  and the ``llmwd_redis_up`` gauge. The actuator's state after each pump is fed in (``writer``): while
+  flag writes fail, a successful checkpoint does not declare Redis recovered.
+* ``LoopHealth``: what the main loop checks each iteration (Kafka, assignment, watermarks, dead letters,
+  offset resets, fencing, pending flips), ``problems()`` (with a stuck loop) and ``alive()``.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from watchdog.core.metrics import Metrics
+from watchdog.ingest.startup import redis_cause
+
+if TYPE_CHECKING:
+    from watchdog.actuation.actuator import Actuator
+    from watchdog.config.settings import Config
+    from watchdog.ingest.consumer import Ingest
+    from watchdog.ingest.eventtime import Watermarks
+    from watchdog.runtime.ownership import Ownership
+    from watchdog.runtime.status import DaemonStats
+
+log = logging.getLogger(__name__)
 
 #: every reason the daemon may report (docs/OPERATIONS.md, "Readiness")
 REASONS = ("starting", "kafka", "kafka-startup", "undecodable", "unassigned", "loop-stuck", "watermark-stuck",
@@ -117,3 +136,147 @@ class Readiness:
                 shared = any(c.alerted and _ALERT_KEY.get(r, r) == key for r, c in self._cond.items())
             if not shared:
                 self._ops_resolve(key)
+
+
+#: the readiness reasons ``RedisHealth`` owns
+REDIS_REASONS = ("redis", "redis-auth", "redis-tls")
+
+
+class RedisHealth:
+    """One tracker of Redis health for the whole daemon (see the module docstring)."""
+
+    def __init__(self, readiness: Readiness, metrics: Metrics, clock: Callable[[], float]) -> None:
+        self.readiness = readiness
+        self.metrics = metrics
+        self.clock = clock
+        #: False from a failed Redis operation until one succeeds while flag writes succeed too
+        self.ok = True
+        self._writer_error: str | None = None
+
+    def failed(self, exc: BaseException, what: str) -> None:
+        """A Redis operation (``what``) failed: not ready under the reason its error names."""
+        reason, line = redis_cause(exc)
+        if self.ok:
+            log.error("%s: %s", what, line)
+        self.ok = False
+        self.readiness.set(reason, line, self.clock())
+        self.metrics.redis_up.set(0)
+
+    def recovered(self) -> None:
+        """A Redis operation succeeded: ready again, unless flag writes are still failing."""
+        if self._writer_error is not None:
+            return
+        if not self.ok:
+            log.info("redis reachable again")
+        self.ok = True
+        now = self.clock()
+        for r in REDIS_REASONS:
+            self.readiness.clear(r, now)
+        self.metrics.redis_up.set(1)
+
+    def writer(self, healthy: bool, last_error: str | None) -> None:
+        """The actuator's state after a pump: its failure is a Redis failure until a flip goes through."""
+        if healthy:
+            self._writer_error = None
+        elif last_error:
+            self._writer_error = last_error
+            self.failed(Exception(last_error), "flip")
+
+
+class LoopHealth:
+    """The readiness conditions the main loop observes, and the loop's own liveness."""
+
+    def __init__(self, cfg: Config, readiness: Readiness, wm: Watermarks, ownership: Ownership,
+                 actuator: Actuator, stats: DaemonStats) -> None:
+        self.cfg = cfg
+        self.readiness = readiness
+        self.wm = wm
+        self.ownership = ownership
+        self.actuator = actuator
+        self.stats = stats
+        self.ingest: Ingest | None = None
+        self._no_assignment_since: float | None = None
+        self._last_lag = 0.0
+
+    def attach(self, ingest: Ingest, now: float) -> None:
+        """Kafka clients are up: from ``now`` the group must hand us partitions."""
+        self.ingest = ingest
+        self._no_assignment_since = now
+
+    def update(self, now: float) -> None:
+        """Set or clear every condition the loop observes; fire and resolve ops alerts."""
+        ingest = self.ingest
+        assert ingest is not None
+        self._kafka(ingest, now)
+        self._assignment(ingest, now)
+        self._partitions(ingest, now)
+        r = self.readiness
+        pending = self.actuator.pending()
+        if pending:
+            r.set("pending-flips", f"{pending} flag change(s) pending", now)
+        else:
+            r.clear("pending-flips", now)
+        if now - self._last_lag > 1.0:
+            self._last_lag = now
+            ingest.lag()
+        r.tick(now)
+
+    def _kafka(self, ingest: Ingest, now: float) -> None:
+        r = self.readiness
+        if ingest.last_polled:
+            ingest.clear_broker_silence()
+        silent = ingest.broker_silence()
+        if ingest.healthy and silent is not None and now - silent > 2.0:
+            r.set("kafka", f"broker not answering for {now - silent:.0f} s ({ingest.broker_error}): "
+                  f"windows wait, nothing is closed on the wall clock", now)
+        elif ingest.healthy:
+            r.clear("kafka", now)
+            r.clear("undecodable", now)
+        else:
+            r.set(ingest.error_reason or "kafka", ingest.last_error or "not connected", now)
+
+    def _assignment(self, ingest: Ingest, now: float) -> None:
+        r = self.readiness
+        if ingest.assigned():
+            self._no_assignment_since = None
+            r.clear("unassigned", now)
+            return
+        self._no_assignment_since = self._no_assignment_since or now
+        if now - self._no_assignment_since > self.cfg.kafka.unassigned_grace_s:
+            r.set("unassigned", f"no partition assigned for {now - self._no_assignment_since:.0f} s "
+                  f"(group {self.cfg.kafka.group_id}; a broker group wedge looks like this)", now)
+
+    def _partitions(self, ingest: Ingest, now: float) -> None:
+        r = self.readiness
+        stuck_after = max(30.0, 3 * (self.cfg.windows.length_s + self.cfg.windows.grace_s))
+        stuck = self.wm.stuck(now, stuck_after)
+        if stuck:
+            r.set("watermark-stuck", f"partitions {[pk[1] for pk in stuck]} deliver events but their event time "
+                  f"has not advanced for {stuck_after:.0f} s", now)
+        else:
+            r.clear("watermark-stuck", now)
+        dlq = ingest.dlq_failures()
+        if dlq:
+            r.set("dlq", "; ".join(f"partition {pk[1]} paused: {e}" for pk, e in sorted(dlq.items()))[:300], now)
+        else:
+            r.clear("dlq", now)
+        resets = ingest.recent_resets(now, 3.0)
+        if resets:
+            r.set("offsets-reset", f"partitions {[pk[1] for pk in resets]}: offsets went back (broker "
+                  f"restarted empty?)", now)
+        else:
+            r.clear("offsets-reset", now)
+        fenced = self.ownership.fenced_partitions()
+        if fenced:
+            r.set("fenced", f"partitions {fenced} taken by another replica", now)
+        else:
+            r.clear("fenced", now)
+
+    def problems(self) -> list[str]:
+        extra = []
+        if time.monotonic() - self.stats.last_loop > 15 and self.ingest is not None:
+            extra.append(f"loop-stuck: no loop iteration for {time.monotonic() - self.stats.last_loop:.0f} s")
+        return self.readiness.problems(extra)
+
+    def alive(self) -> bool:
+        return time.monotonic() - self.stats.last_loop < 30 or self.ingest is None

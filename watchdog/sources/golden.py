@@ -5,6 +5,10 @@ report into ``source: golden`` signals for every route the job guards. Jobs run 
 worker threads, never two runs of one job at once; the daemon's main loop drains finished reports
 through ``drain``. Engines are built lazily inside the job, so a daemon without golden jobs never
 imports torch.
+
+One schema: the config models (``watchdog.config.settings.GoldenConfig`` / ``GoldenJobConfig``) are
+turned into a scheduler here (``GoldenScheduler.from_config``), nowhere else. ``GoldenLeader`` runs
+the scheduler only on the replica that holds the group's golden lease.
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from watchdog.config.settings import GoldenConfig, GoldenJobConfig
 from watchdog.core.signals import Signal
 
 log = logging.getLogger(__name__)
@@ -47,6 +52,14 @@ class GoldenJob:
     #: extra candidate values of the last run (e.g. fp8_saturation)
     last_extra: dict[str, float] = field(default_factory=dict)
     runs: int = 0
+
+    @classmethod
+    def from_config(cls, cfg: GoldenJobConfig) -> GoldenJob:
+        """The job a ``golden.jobs`` entry of the daemon config describes."""
+        return cls(name=cfg.name, set_path=cfg.set, model=cfg.model, routes=list(cfg.routes),
+                   candidate=dict(cfg.candidate), baseline=dict(cfg.baseline), every_s=cfg.every_s,
+                   cron=cfg.cron, jitter_s=cfg.jitter_s, max_items=cfg.max_items,
+                   on_suspicion=cfg.on_suspicion)
 
 
 def default_replay(job: GoldenJob) -> Any:
@@ -83,6 +96,14 @@ class GoldenScheduler:
         self._done: queue.SimpleQueue[Signal] = queue.SimpleQueue()
         self._scheduler: Any = None
         self._requested: dict[str, float] = {}
+
+    @classmethod
+    def from_config(cls, cfg: GoldenConfig, replay_fn: ReplayFn = default_replay) -> GoldenScheduler | None:
+        """The scheduler of the daemon config's ``golden`` section; None when it has no jobs."""
+        if not cfg.jobs:
+            return None
+        return cls([GoldenJob.from_config(j) for j in cfg.jobs], replay_fn=replay_fn,
+                   reports_dir=cfg.reports_dir, debounce_s=cfg.debounce_s)
 
     def start(self) -> GoldenScheduler:
         from apscheduler.schedulers.background import BackgroundScheduler
@@ -164,3 +185,41 @@ class GoldenScheduler:
     def status(self) -> list[dict[str, Any]]:
         return [{"job": j.name, "set": j.set_path, "routes": j.routes, "runs": j.runs, "last_run": j.last_run,
                  "running": j.lock.locked(), "last_error": j.last_error, **j.last_extra} for j in self.jobs.values()]
+
+
+class _Lease(Protocol):
+    def tick(self, now: float) -> bool: ...
+
+    def release(self) -> None: ...
+
+
+class GoldenLeader:
+    """Runs ``scheduler`` only while this replica holds ``lease`` (``watchdog.state.lease.Lease``): one
+    replica of a consumer group replays, and only it answers on-suspicion requests."""
+
+    def __init__(self, scheduler: GoldenScheduler, lease: _Lease) -> None:
+        self.scheduler = scheduler
+        self.lease = lease
+        self.running = False
+
+    def tick(self, now: float) -> None:
+        """Renew or take the lease (called by the main loop); start or stop the scheduler with it."""
+        held = self.lease.tick(now)
+        if held and not self.running:
+            self.scheduler.start()
+            self.running = True
+        elif not held and self.running:
+            self.scheduler.stop()
+            self.running = False
+
+    def request(self, model: str, route: str, reason: str, now: float) -> None:
+        """An on-suspicion replay of (model, route), if this replica is the one replaying."""
+        if self.running:
+            self.scheduler.request(model, route, reason, now)
+
+    def stop(self) -> None:
+        """Stop replaying and hand the lease back (daemon shutdown)."""
+        if self.running:
+            self.scheduler.stop()
+            self.lease.release()
+            self.running = False

@@ -1,0 +1,184 @@
+"""When and how each owned partition is checkpointed in Redis, and the Kafka offset mirror after it.
+
+A checkpoint holds a partition's open windows, the records of the windows it closed (and of the
+golden/GPU signals of its routes), the pages decided since the last save (outbox), the engine state
+of its routes that changed, and the next offset to read; ``CheckpointStore.save`` writes it in one
+script, fenced by the ownership token and idempotent by sequence number. Order per partition:
+
+1. never while a flip of one of its routes is pending (the flip carries that engine state itself);
+2. never past a dead letter the broker has not acknowledged;
+3. build the save once (``build_save``) and retry the same one until Redis has it; a ``RESYNC``
+   answer (Redis lost the checkpoint this incremental save builds on) resends it as a full snapshot,
+   ``FENCED`` hands the partition to ``Ownership.fence``;
+4. then, and only then, mirror the offset into Kafka and keep it for the synchronous commit at close.
+
+Saves are spaced by ``redis.checkpoint_every_s`` (1 s while Redis is failing) and to at most ~10 % of
+the loop's time. Golden/GPU signal records no owned partition carries go straight to the windows stream
+(``flush_unowned``), the newest ``MAX_UNOWNED_RECORDS`` kept while Redis is away.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import redis
+
+from watchdog.actuation.actuator import Actuator
+from watchdog.config.settings import Config
+from watchdog.core.keys import Keys
+from watchdog.core.metrics import Metrics
+from watchdog.core.signals import Signal
+from watchdog.ingest.consumer import Ingest
+from watchdog.ingest.eventtime import Watermarks
+from watchdog.policy import PolicyEngine
+from watchdog.runtime.health import RedisHealth
+from watchdog.runtime.ownership import Ownership
+from watchdog.runtime.status import DaemonStats
+from watchdog.state import partitions as P
+from watchdog.state.checkpoint import DUPLICATE, FENCED, RESYNC, SAVED, CheckpointStore, PendingSave
+
+log = logging.getLogger(__name__)
+
+#: golden/GPU signal records held for the windows stream while Redis is down, at most
+MAX_UNOWNED_RECORDS = 10_000
+
+
+class Checkpointer:
+    def __init__(self, cfg: Config, keys: Keys, client: Any, checkpoints: CheckpointStore, engine: PolicyEngine,
+                 wm: Watermarks, ownership: Ownership, actuator: Actuator, redis_health: RedisHealth,
+                 metrics: Metrics, stats: DaemonStats) -> None:
+        self.cfg = cfg
+        self.keys = keys
+        self.redis = client
+        self.checkpoints = checkpoints
+        self.engine = engine
+        self.wm = wm
+        self.ownership = ownership
+        self.actuator = actuator
+        self.redis_health = redis_health
+        self.metrics = metrics
+        self.stats = stats
+        self.ingest: Ingest | None = None
+        #: records of golden/GPU signals no owned partition's checkpoint carries, for the windows stream
+        self.unowned_records: list[str] = []
+
+    def attach(self, ingest: Ingest) -> None:
+        self.ingest = ingest
+
+    def checkpoint(self, now: float, force: bool = False) -> None:
+        """Save every partition that changed and whose spacing has passed (all of them with ``force``)."""
+        every = self.cfg.redis.checkpoint_every_s if self.redis_health.ok else 1.0
+        for part in list(self.ownership.parts.values()):
+            if part.inflight is None and not part.dirty:
+                continue
+            if not force and now - part.last_save < max(every, 10 * part.last_cost_s):
+                continue
+            self.save(part, now, force=force)
+
+    def save(self, part: P.Partition, now: float, force: bool = False, mirror: bool = True) -> bool:
+        """Save one partition's checkpoint; True when Redis holds it (saved, or a retry found it saved)."""
+        assert self.ingest is not None
+        if part.routes & self.actuator.pending_routes():
+            return False  # the flip goes first: it carries the engine state the checkpoint would
+        if not self.ingest.dlq_settled(part.pk, timeout_s=1.0 if force else 0.2):
+            return False  # never checkpoint past a dead letter the broker has not acknowledged
+        if part.inflight is None:
+            part.inflight = self.build_save(part, now, part.unsaved, part.outbox)
+            part.unsaved, part.outbox = [], []
+        t0 = time.perf_counter()
+        try:
+            status = self._write(part, now)
+        except (redis.RedisError, OSError) as exc:
+            self.metrics.checkpoints.labels("error").inc()
+            self.redis_health.failed(exc, f"checkpoint of partition {part.pk[1]}")
+            part.last_save = now
+            return False
+        part.last_cost_s = time.perf_counter() - t0
+        self.metrics.checkpoint_seconds.observe(part.last_cost_s)
+        self.metrics.checkpoints.labels(status).inc()
+        self.redis_health.recovered()
+        part.last_save = now
+        if status == FENCED:
+            self.ownership.fence(part.pk)
+            return False
+        assert status in (SAVED, DUPLICATE)
+        assert part.inflight is not None
+        self.metrics.checkpoint_bytes.labels(str(part.pk[1])).set(part.inflight.size)
+        part.seq = part.inflight.seq
+        part.inflight = None
+        self.stats.checkpoints += 1
+        offset = part.start_offset
+        if offset is not None:
+            if mirror:
+                self.ingest.commit_mirror({part.pk: offset})
+            self.ingest.set_final_offset(part.pk, offset)
+        return True
+
+    def _write(self, part: P.Partition, now: float) -> str:
+        """Send ``part.inflight``; on ``RESYNC`` resend it as a full snapshot with the same records."""
+        assert part.inflight is not None
+        status = self.checkpoints.save(part.pk[1], part.token, part.inflight)
+        if status == RESYNC:
+            log.warning("partition %s: checkpoint gone from Redis; saving a full snapshot", part.pk[1])
+            part.full = True
+            old = part.inflight
+            part.inflight = self.build_save(part, now, old.windows, old.outbox, seq=old.seq)
+            status = self.checkpoints.save(part.pk[1], part.token, part.inflight)
+        return status
+
+    def build_save(self, part: P.Partition, now: float, windows: list[str], outbox: list[str],
+                   seq: int | None = None) -> PendingSave:
+        """What the next save of ``part`` writes (everything when ``part.full``, else what changed)."""
+        assert self.ingest is not None
+        offset = self.ingest.next_offset.get(part.pk)
+        if offset is None:
+            offset = part.start_offset if part.start_offset is not None else self.ingest.position(part.pk)
+        pc = self.wm.parts.get(part.pk)
+        blob = P.checkpoint_blob(part, offset, pc.max_ts if pc else None, self.cfg.instance, now,
+                                 topic_id=self.ownership.topic_id)
+        full = part.full
+        routes = part.routes if full else part.dirty_routes & part.routes
+        by_route = P.engine_states_by_route(self.engine) if routes else {}
+        engines = {self.keys.engine(self.cfg.kafka.group_id, m, r): P.engine_json(by_route[(m, r)])
+                   for m, r in sorted(routes) if (m, r) in by_route}
+        changed, closed = part.agg.export_changes(everything=full)
+        part.start_offset = offset
+        part.dirty = False
+        part.full = False
+        part.dirty_routes = set()
+        return PendingSave(part.seq + 1 if seq is None else seq, blob, windows, outbox, engines, changed, closed,
+                           incremental=not full)
+
+    # -- golden/GPU signal records -------------------------------------------------------------
+    def record_signals(self, signals: list[Signal]) -> None:
+        """Golden and GPU signals go into the windows stream too (backtests replay them): with the
+        checkpoint of the partition that owns their route, which holds the engine state they move;
+        else (a "*" route, or a route no owned partition carries) straight to the stream."""
+        for sig in signals:
+            part = self.ownership.part_of(sig.model, sig.route)
+            record = P.window_record(sig, self.cfg.instance)
+            if part is not None:
+                part.unsaved.append(record)
+                part.dirty = True
+            else:
+                self.unowned_records.append(record)
+        if len(self.unowned_records) > MAX_UNOWNED_RECORDS:  # Redis down for long: keep the newest
+            log.warning("dropping %d golden/GPU signal records Redis could not take",
+                        len(self.unowned_records) - MAX_UNOWNED_RECORDS)
+            del self.unowned_records[:-MAX_UNOWNED_RECORDS]
+
+    def flush_unowned(self) -> None:
+        if not self.unowned_records:
+            return
+        try:
+            pipe = self.redis.pipeline(transaction=True)
+            for record in self.unowned_records:
+                pipe.xadd(self.keys.windows, {"json": record}, maxlen=self.cfg.redis.windows_maxlen,
+                          approximate=True)
+            pipe.execute()
+        except (redis.RedisError, OSError) as exc:
+            self.redis_health.failed(exc, "recording golden/GPU signals")
+            return
+        self.unowned_records.clear()

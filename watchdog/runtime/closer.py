@@ -1,0 +1,89 @@
+"""Closing windows on event time: when the watermark says a window is complete, it closes.
+
+Windows close on event time only (``watchdog.ingest.eventtime.Watermarks``): a stalled broker or loop
+is a stall, never lateness. A partition with nothing to read holds the watermark back until the
+broker confirms it is fully read (``confirm_idle`` asks for the log ends, bounded, every
+``CONFIRM_EVERY_S``); that check also notices a re-created topic. ``close_windows`` closes every
+owned partition's due windows, queues their records for the partition's next checkpoint and returns
+their signals for the policy engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from watchdog.config.settings import Config
+from watchdog.core.metrics import Metrics
+from watchdog.core.signals import Signal
+from watchdog.ingest.consumer import Ingest
+from watchdog.ingest.eventtime import Watermarks
+from watchdog.runtime.ownership import Ownership
+from watchdog.runtime.status import DaemonStats
+from watchdog.state import partitions as P
+
+#: seconds between two broker confirmations that idle partitions are fully read
+CONFIRM_EVERY_S = 0.5
+
+
+class WindowCloser:
+    def __init__(self, cfg: Config, wm: Watermarks, ownership: Ownership, metrics: Metrics, stats: DaemonStats,
+                 clock: Callable[[], float]) -> None:
+        self.cfg = cfg
+        self.wm = wm
+        self.ownership = ownership
+        self.metrics = metrics
+        self.stats = stats
+        self.clock = clock
+        self.ingest: Ingest | None = None
+        self._last_confirm = 0.0
+
+    def attach(self, ingest: Ingest) -> None:
+        self.ingest = ingest
+
+    def confirm_idle(self, now: float) -> None:
+        """Partitions that gave no record this poll: caught up if the broker says their log ends there."""
+        ingest = self.ingest
+        assert ingest is not None
+        if now - self._last_confirm < CONFIRM_EVERY_S:
+            return
+        self.ownership.check_topic_id(now)
+        quiet = [pk for pk in self.ownership.parts if pk not in ingest.last_polled]
+        if not quiet:
+            return
+        self._last_confirm = now
+        asked = self.clock()
+        ends = ingest.end_offsets(quiet, timeout_ms=1000)
+        if ends is None:
+            return
+        for pk, end in ends.items():
+            pos = ingest.next_offset.get(pk)
+            if pos is None:
+                pos = ingest.position(pk)
+            if pos is not None and pos >= end:
+                self.wm.confirm_caught_up(pk, asked)
+
+    def close_windows(self, now: float) -> list[Signal]:
+        """Close the windows the watermark completed; their signals."""
+        t = self.wm.close_time(now)
+        if t is None:
+            return []
+        w = self.cfg.windows
+        upto = t - w.allowed_lateness_s + w.grace_s  # close_due subtracts the grace again
+        out: list[Signal] = []
+        parts = self.ownership.parts
+        for part in parts.values():
+            before = part.agg.closed_end
+            sigs = part.agg.close_due(upto)
+            if sigs:
+                part.unsaved.extend(P.window_record(s, self.cfg.instance) for s in sigs)
+                out.extend(sigs)
+            if sigs or part.agg.closed_end != before:
+                part.dirty = True
+        if out:
+            self.metrics.windows_closed.inc(len(out))
+            self.stats.windows_closed += len(out)
+        for pk in parts:
+            mark = self.wm.mark(pk)
+            if mark is not None:
+                self.metrics.watermark.labels(str(pk[1])).set(mark)
+        return out

@@ -1,0 +1,254 @@
+"""From signals to flag writes and pages: the decision path of the daemon, on its one thread.
+
+``Decisions.decide`` hands closed windows and golden/GPU signals to ``PolicyEngine.observe`` with the
+flags as they are now, and dispatches each action: a rollback/promote goes to the ``Actuator`` (the
+flip, the engine state it implies and its page are one Lua script, fenced by the owning partition's
+token: ``flip_extras``); an alert rides with the owning partition's next checkpoint (outbox) or, for
+a route no owned partition carries, goes to the alerter at once. ``reconcile`` re-asserts a flag Redis
+lost (a restart without persistence, a failover) that our engine state says we set.
+
+One view of the flags: ``FlagView`` over the ``RoutingFlags`` cache (the same reader the gateway uses:
+kept current by pub/sub within milliseconds, reloaded after every reconnect and every ``ttl_s``). The
+daemon decides, reconciles, reports /status and exports ``llmwd_route_precision_is_candidate`` from it,
+so no two reads can disagree and the decision path does no Redis round trip. A cache that is not
+current (never loaded, or its connection is down) finds no flag lost: re-asserting against stale data
+would be a guess. The cache lags our own writes by a pub/sub message, so ``FlagView`` overlays each
+flip we applied until the cache shows its epoch (at most ``WRITE_VISIBLE_S``): a flip just written is
+never mistaken for a lost one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from watchdog.actuation.actuator import REVOKED, Actuator, FlagStore, FlipExtras
+from watchdog.actuation.outbox import action_record
+from watchdog.actuation.routing import RoutingFlags
+from watchdog.alerting.alerter import Alerter
+from watchdog.config.settings import Config
+from watchdog.core.keys import Keys
+from watchdog.core.metrics import Metrics
+from watchdog.core.signals import Action, Signal
+from watchdog.policy import PolicyEngine
+from watchdog.runtime.health import RedisHealth
+from watchdog.runtime.ownership import Ownership
+from watchdog.runtime.status import DaemonStats
+from watchdog.sources.golden import GoldenLeader
+from watchdog.state import partitions as P
+from watchdog.state.checkpoint import CheckpointStore
+
+log = logging.getLogger(__name__)
+
+#: seconds between two checks that Redis still holds the flags our engine state says we set
+RECONCILE_EVERY_S = 5.0
+#: seconds between two exports of ``llmwd_route_precision_is_candidate``
+EXPORT_EVERY_S = 1.0
+#: the longest a flip we wrote overlays the cache that has not shown it yet
+WRITE_VISIBLE_S = 2.0
+
+
+class FlagView:
+    """The daemon's one view of the routing flags (see the module docstring). Thread-safe: /status
+    reads it from the HTTP thread."""
+
+    def __init__(self, flags: RoutingFlags) -> None:
+        self.flags = flags
+        self._lock = threading.Lock()
+        #: route -> (precision, epoch, monotonic time) of flips we applied that the cache may not show yet
+        self._written: dict[P.Route, tuple[str, int, float]] = {}
+
+    @property
+    def current(self) -> bool:
+        """True when the cache is loaded and its connection up."""
+        return self.flags.healthy
+
+    def wrote(self, route: P.Route, precision: str, epoch: int) -> None:
+        with self._lock:
+            self._written[route] = (precision, epoch, time.monotonic())
+
+    def snapshot(self) -> dict[P.Route, str]:
+        """``{(model, route): precision}`` of every route with a flag."""
+        out = self.flags.snapshot()
+        with self._lock:
+            written = list(self._written.items())
+        t = time.monotonic()
+        for route, entry in written:
+            precision, epoch, at = entry
+            cached = self.flags.flag(*route)
+            if (cached is not None and cached.epoch >= epoch) or t - at > WRITE_VISIBLE_S:
+                with self._lock:
+                    if self._written.get(route) == entry:
+                        del self._written[route]
+                continue
+            out[route] = precision
+        return out
+
+
+class Decisions:
+    def __init__(self, cfg: Config, keys: Keys, engine: PolicyEngine, store: FlagStore, flags: RoutingFlags,
+                 alerter: Alerter, ownership: Ownership, checkpoints: CheckpointStore, redis_health: RedisHealth,
+                 metrics: Metrics, stats: DaemonStats, golden: GoldenLeader | None,
+                 clock: Callable[[], float]) -> None:
+        self.cfg = cfg
+        self.keys = keys
+        self.engine = engine
+        self.flags = FlagView(flags)
+        self.alerter = alerter
+        self.ownership = ownership
+        self.checkpoints = checkpoints
+        self.redis_health = redis_health
+        self.metrics = metrics
+        self.stats = stats
+        self.golden = golden
+        self.clock = clock
+        self.actuator = Actuator(store, changed_by=f"watchdog@{cfg.instance}", extras=self.flip_extras)
+        #: (model, route) -> end of the window that caused the pending flip (reaction metric)
+        self._decided_at: dict[P.Route, float] = {}
+        self._last_reconcile = 0.0
+        self._last_export = 0.0
+        self._exported: set[P.Route] = set()
+
+    # -- deciding ------------------------------------------------------------------------------
+    def decide(self, signals: list[Signal], now: float) -> None:
+        flags = self.flags.snapshot()
+        for route, precision in self.lost_flags(flags).items():
+            # our flip is gone from Redis: the engine must not read that as an operator's change
+            flags[route] = precision
+            self.reassert(route, precision, now)
+        actions = self.engine.observe(signals, now, flags, self.cfg.default_precision)
+        touched = {(s.model, s.route) for s in signals}
+        everywhere = any("*" in r for r in touched)
+        for part in self.ownership.parts.values():
+            # engine state of these routes may have changed (a "*" signal, e.g. GPU health, touches all)
+            mine = part.routes if everywhere else part.routes & touched
+            if mine:
+                part.dirty_routes |= mine
+                part.dirty = True
+        for action in actions:
+            self.dispatch(action)
+
+    def dispatch(self, action: Action) -> None:
+        self.stats.record_action(action)
+        self.metrics.verdicts.labels(action.kind, action.policy, str(action.dry_run).lower()).inc()
+        log.info("action %s %s/%s by %s%s: %s", action.kind, action.model, action.route, action.policy,
+                 " (dry run)" if action.dry_run else "", action.reason)
+        detail = action.detail or {}
+        if str(detail.get("blocked") or "").startswith("flip budget"):
+            self.metrics.budget_exhausted.labels(action.policy).inc()
+        if self.golden is not None and detail.get("request_replay"):
+            self.golden.request(action.model, action.route, action.reason, self.clock())
+        pk = self.ownership.owner_of(action.model, action.route)
+        if action.kind in ("rollback", "promote") and not action.dry_run:
+            if pk is None and (action.model, action.route) in self.ownership.revoked_routes:
+                log.warning("%s of %s/%s not applied: the route's partition moved to another replica",
+                            action.kind, action.model, action.route)
+                self.metrics.flips.labels("not_owner").inc()
+                return
+            # the page goes with the flip (flip.lua writes the outbox record); a route no assigned
+            # partition carries (a GPU or golden signal of this host) flips unfenced, audited by instance
+            self.actuator.submit(action)
+            self._decided_at[(action.model, action.route)] = action.at or self.clock()
+            return
+        part = self.ownership.parts.get(pk) if pk is not None else None
+        if part is not None:
+            part.outbox.append(action_record(action, self.cfg.instance))
+            part.dirty = True
+        else:
+            self.alerter.handle(action)
+
+    def flip_extras(self, action: Action) -> FlipExtras:
+        """What the flip of ``action`` writes with it: the owner's fence, the route's engine state, the page."""
+        route = (action.model, action.route)
+        part = self.ownership.part_of(*route)
+        page = "" if (action.detail or {}).get("reassert") else action_record(action, self.cfg.instance)
+        engine_key = self.keys.engine(self.cfg.kafka.group_id, *route)
+        if part is None:
+            # not ours (see dispatch): fenced out if it was ours once, else unfenced without engine state
+            token = REVOKED if route in self.ownership.revoked_routes else ""
+            return FlipExtras(owner_key=self.checkpoints.owner_key(-1), token=token, engine_key=engine_key,
+                              engine_json="", outbox_key=self.keys.outbox, outbox_json=page)
+        scopes = {pol: st.to_json() for pol, st in self.engine.scopes_of(route).items()}
+        return FlipExtras(owner_key=self.checkpoints.owner_key(part.pk[1]), token=part.token,
+                          engine_key=engine_key, engine_json=P.engine_json(scopes), outbox_key=self.keys.outbox,
+                          outbox_json=page)
+
+    # -- writing -------------------------------------------------------------------------------
+    def act(self, now: float) -> None:
+        """Try the pending flips; count, time and report what finished."""
+        for result in self.actuator.pump(now):
+            self.metrics.flips.labels("applied" if result.applied else "unchanged" if result.unchanged
+                                      else str(result.refused)).inc()
+            decided = self._decided_at.pop((result.model, result.route), None)
+            if result.applied:
+                self.flags.wrote((result.model, result.route), result.precision, result.epoch)
+                if decided is not None:
+                    self.metrics.reaction_seconds.observe(max(0.0, now - decided))
+            if result.refused == "fenced":
+                pk = self.ownership.owner_of(result.model, result.route)
+                if pk is not None:
+                    self.ownership.fence(pk)
+            elif result.refused:
+                self.alerter.ops_alert(f"refused/{result.model}/{result.route}",
+                                       f"switch of {result.model}/{result.route} to {result.precision} refused: "
+                                       f"{result.refused}", "warning", {"policy": result.policy})
+        self.metrics.pending.set(self.actuator.pending())
+        self.redis_health.writer(self.actuator.healthy, self.actuator.last_error)
+
+    # -- lost flags ----------------------------------------------------------------------------
+    def reconcile(self, now: float, force: bool = False) -> None:
+        """Re-assert a flag Redis lost (restart without persistence, failover) that our engine state
+        says we set: a cooldown never blocks restoring the safe state."""
+        if not force and now - self._last_reconcile < RECONCILE_EVERY_S:
+            return
+        self._last_reconcile = now
+        lost = self.lost_flags(self.flags.snapshot())
+        for route, precision in lost.items():
+            self.reassert(route, precision, now)
+        if lost:
+            self.act(now)
+
+    def lost_flags(self, flags: dict[P.Route, str]) -> dict[P.Route, str]:
+        """Owned routes our engine state says we flipped whose flag is absent from ``flags``."""
+        if not self.flags.current:
+            return {}
+        pending = self.actuator.pending_routes()
+        out: dict[P.Route, str] = {}
+        for key, precision in self.engine.flipped_routes(self.cfg.default_precision).items():
+            if key in flags or key in pending or self.ownership.owner_of(*key) not in self.ownership.parts:
+                continue
+            out[key] = precision
+        return out
+
+    def reassert(self, route: P.Route, precision: str, now: float) -> None:
+        model, name = route
+        policy = self.engine.policy_of(route)
+        log.error("flag of %s/%s is gone from Redis; re-asserting %s", model, name, precision)
+        self.actuator.submit(Action(kind="rollback", policy=policy.name if policy else "", model=model,
+                                    route=name, reason=f"re-asserted {precision}: the flag was lost from Redis",
+                                    severity="critical", precision=precision, at=now, detail={"reassert": True}))
+        self.alerter.ops_alert(f"reassert/{model}/{name}", f"flag of {model}/{name} was lost from Redis; "
+                               f"re-asserted {precision}", "warning", {})
+
+    # -- the precision gauge -------------------------------------------------------------------
+    def export_flags(self, now: float) -> None:
+        """``llmwd_route_precision_is_candidate{model, route}``: 1 while the route serves its policy's
+        candidate (``default_precision`` without a policy), else 0; for every route with a flag or with
+        engine state here. The series of a route no longer known is removed."""
+        if now - self._last_export < EXPORT_EVERY_S:
+            return
+        self._last_export = now
+        flags = self.flags.snapshot()
+        default = self.cfg.default_precision
+        policies = self.engine.route_policies()
+        known = set(flags) | set(policies)
+        gauge = self.metrics.route_precision
+        for route in known:
+            policy = policies.get(route)
+            candidate = policy.candidate if policy is not None else default
+            gauge.labels(*route).set(1 if flags.get(route, default) == candidate else 0)
+        for route in self._exported - known:
+            gauge.remove(*route)
+        self._exported = known
