@@ -44,7 +44,7 @@ from watchdog.ingest.otlp import decoder_for
 from watchdog.ingest.startup import StartupTimeout, Stopped, bounded, diagnose
 from watchdog.runtime.checkpointer import Checkpointer
 from watchdog.runtime.closer import WindowCloser
-from watchdog.runtime.decisions import Decisions
+from watchdog.runtime.decisions import FLAG_RELOAD_S, Decisions
 from watchdog.runtime.health import LoopHealth, Readiness, RedisHealth
 from watchdog.runtime.ownership import Ownership
 from watchdog.runtime.policies import PolicyReloader
@@ -74,7 +74,8 @@ class Daemon:
         self.store = FlagStore(self.redis, self.keys)
         self.checkpoints = CheckpointStore(self.redis, self.keys, cfg.kafka.group_id, cfg.kafka.topic,
                                            cfg.instance, cfg.redis.windows_maxlen)
-        self.flags = RoutingFlags(cfg.redis.url, self.keys, default_precision=cfg.default_precision)
+        self.flags = RoutingFlags(cfg.redis.url, self.keys, default_precision=cfg.default_precision,
+                                  ttl_s=FLAG_RELOAD_S)
         self.alerter = alerter or Alerter.from_config(
             [c.model_dump() for c in cfg.alerts.channels],
             status_url=cfg.server.status_url)

@@ -7,14 +7,15 @@ token: ``flip_extras``); an alert rides with the owning partition's next checkpo
 a route no owned partition carries, goes to the alerter at once. ``reconcile`` re-asserts a flag Redis
 lost (a restart without persistence, a failover) that our engine state says we set.
 
-One view of the flags: ``FlagView`` over the ``RoutingFlags`` cache (the same reader the gateway uses:
-kept current by pub/sub within milliseconds, reloaded after every reconnect and every ``ttl_s``). The
-daemon decides, reconciles, reports /status and exports ``llmwd_route_precision_is_candidate`` from it,
-so no two reads can disagree and the decision path does no Redis round trip. A cache that is not
-current (never loaded, or its connection is down) finds no flag lost: re-asserting against stale data
-would be a guess. The cache lags our own writes by a pub/sub message, so ``FlagView`` overlays each
-flip we applied until the cache shows its epoch (at most ``WRITE_VISIBLE_S``): a flip just written is
-never mistaken for a lost one.
+One view of the flags: ``FlagView`` over the ``RoutingFlags`` cache, the same reader the gateway
+uses (kept current by pub/sub within milliseconds, reloaded after every reconnect and every
+``FLAG_RELOAD_S``). The daemon decides, reconciles, reports /status and exports
+``llmwd_route_precision_is_candidate`` from it, so no two reads disagree and the decision path does
+no Redis round trip; the cache's periodic reload replaces the direct read the reconciliation used to
+make. A cache that is not current (never loaded, or its connection down) finds no flag lost:
+re-asserting against stale data would be a guess. The cache lags our own writes by a pub/sub message,
+so ``FlagView`` overlays each flip we applied until the cache shows its epoch (at most
+``WRITE_VISIBLE_S``): a flip just written is never taken for a lost one.
 """
 
 from __future__ import annotations
@@ -42,8 +43,12 @@ from watchdog.state.checkpoint import CheckpointStore
 
 log = logging.getLogger(__name__)
 
-#: seconds between two checks that Redis still holds the flags our engine state says we set
-RECONCILE_EVERY_S = 5.0
+#: seconds between two checks that the flags our engine state says we set are still there (no I/O:
+#: the check reads the cache)
+RECONCILE_EVERY_S = 1.0
+#: the daemon's cache reloads every flag this often (``RoutingFlags.ttl_s``): a flag lost without a
+#: reconnect (FLUSHALL, a key deleted) is seen within this plus ``RECONCILE_EVERY_S``, i.e. 5 s
+FLAG_RELOAD_S = 4.0
 #: seconds between two exports of ``llmwd_route_precision_is_candidate``
 EXPORT_EVERY_S = 1.0
 #: the longest a flip we wrote overlays the cache that has not shown it yet

@@ -1,0 +1,49 @@
+"""``llmwd_route_precision_is_candidate`` on the daemon's real /metrics: 0 for a rolled-back route, 1 for a
+route on FP8, and no series for a route the daemon no longer knows (the Grafana panels read it)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.daemon_harness import MODEL, make_config, running_daemon, traffic, wait_until, write_policy
+from watchdog.actuation.actuator import FlagStore
+from watchdog.core.keys import Keys
+
+pytestmark = pytest.mark.services
+
+
+def _gauge(url: str) -> dict[tuple[str, str], float]:
+    text = httpx.get(f"{url}/metrics").text
+    return {(s.labels["model"], s.labels["route"]): s.value
+            for family in text_string_to_metric_families(text) if family.name == "llmwd_route_precision_is_candidate"
+            for s in family.samples}
+
+
+def test_precision_gauge_reads_0_after_a_rollback_1_on_fp8_and_forgets_unknown_routes(
+        kafka_service, redis_service, redis_client, topic, tmp_path):
+    cfg = make_config(kafka_service.address, redis_service.port, topic, write_policy(tmp_path / "p.yaml"), None)
+    keys = Keys()
+    store = FlagStore(redis_client, keys)
+    # an operator's flag on a route no traffic or policy state carries: known only through the flag
+    store.flip("other-model", "batch", "fp16", expected_epoch=None, reason="manual", changed_by="test",
+               manual=True)
+    with running_daemon(cfg) as (daemon, server), \
+            traffic(kafka_service.address, topic, ["legal/contracts", "support/chat"],
+                    daemon.flags.precision_for) as gen:
+        assert wait_until(lambda: daemon.stats.windows_closed >= 4, 30), "windows do not close"
+        assert wait_until(lambda: _gauge(server.url).get((MODEL, "legal/contracts")) == 1.0, 10)
+        gen.inject(MODEL, "legal/contracts", "quality")
+        assert wait_until(lambda: daemon.flags.precision_for(MODEL, "legal/contracts") == "fp16", 30)
+        assert wait_until(lambda: _gauge(server.url).get((MODEL, "legal/contracts")) == 0.0, 10)
+        gauge = _gauge(server.url)
+        assert gauge[(MODEL, "support/chat")] == 1.0  # healthy, never flipped: serves FP8 (no flag)
+        assert gauge[("other-model", "batch")] == 0.0
+        assert daemon.metrics.registry.get_sample_value(
+            "llmwd_route_precision_is_candidate", {"model": MODEL, "route": "legal/contracts"}) == 0.0
+        # the operator's flag is deleted: the route is no longer known, its series goes
+        redis_client.delete(keys.route("other-model", "batch"))
+        redis_client.srem(keys.routes_index, keys.route("other-model", "batch"))
+        assert wait_until(lambda: ("other-model", "batch") not in _gauge(server.url), 15)
+        assert _gauge(server.url)[(MODEL, "legal/contracts")] == 0.0
