@@ -261,8 +261,10 @@ class ChannelWorker:
     """
 
     def __init__(self, channel: Channel, *, max_queue: int, backoff_initial: float, backoff_max: float,
-                 max_attempts: int, active: ActiveAlerts, rng: random.Random) -> None:
+                 max_attempts: int, active: ActiveAlerts, rng: random.Random,
+                 on_page: Callable[[str, int], None] | None = None) -> None:
         self.channel = channel
+        self._on_page = on_page or (lambda result, n: None)  # counts (delivered|failed|dropped, n) messages
         self.max_queue = max_queue
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
@@ -325,6 +327,7 @@ class ChannelWorker:
         while len(self._queue) > self.max_queue:
             lost = self._queue.popleft()
             self.dropped += 1
+            self._on_page("dropped", 1)
             if self.dropped & (self.dropped - 1) == 0:  # log the 1st, 2nd, 4th, 8th... drop, not all
                 log.warning("alert queue of %s full: dropped %s (%s); %d dropped so far", self.channel.name,
                             lost.alert.key, lost.alert.status, self.dropped)
@@ -349,6 +352,7 @@ class ChannelWorker:
                 if stopping and (not self._queue or now >= self._deadline):  # type: ignore[operator]
                     if self._queue:
                         self.dropped += len(self._queue)
+                        self._on_page("dropped", len(self._queue))
                         self._abandoned += len(self._queue)
                         log.warning("alerts to %s: %d undelivered at stop", self.channel.name, len(self._queue))
                         self._queue.clear()
@@ -376,6 +380,7 @@ class ChannelWorker:
                 with self._cond:
                     if outcome == "ok":
                         self.sent += 1
+                        self._on_page("delivered", 1)
                         if item.done is not None:
                             item.done(True)
                     elif outcome == "retry" and item.attempt < self.max_attempts:
@@ -384,6 +389,7 @@ class ChannelWorker:
                         self._append(item, front=True)
                     else:
                         self.failed += 1
+                        self._on_page("failed", 1)
                         if item.done is not None:
                             item.done(False)
                         log.error("alert %s (%s) to %s given up after %d attempt(s): %s", item.alert.key,
@@ -433,7 +439,8 @@ class Alerter:
     def __init__(self, channels: Sequence[Channel | Mapping[str, Any] | Any], *, max_queue: int = 1000,
                  backoff_initial: float = 0.5, backoff_max: float = 60.0, max_attempts: int = 8,
                  status_url: str | None = None, clock: Callable[[], float] = time.time,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, on_page: Callable[[str, int], None] | None = None) -> None:
+        """``on_page(result, n)`` counts messages per channel: delivered, failed (given up) or dropped."""
         if max_queue < 1 or max_attempts < 1 or backoff_initial <= 0 or backoff_max < backoff_initial:
             raise ValueError("alerter: need max_queue >= 1, max_attempts >= 1, 0 < backoff_initial <= backoff_max")
         built = [c if isinstance(c, Channel) else build_channel(c) for c in channels]
@@ -443,7 +450,8 @@ class Alerter:
         rng = random.Random(seed)
         self.workers = [
             ChannelWorker(ch, max_queue=max_queue, backoff_initial=backoff_initial, backoff_max=backoff_max,
-                          max_attempts=max_attempts, active=self._active_alerts, rng=random.Random(rng.random()))
+                          max_attempts=max_attempts, active=self._active_alerts, rng=random.Random(rng.random()),
+                          on_page=on_page)
             for ch in built
         ]
         self.invalid = 0
