@@ -61,3 +61,7 @@ class Metrics:
             self.pages.labels(result)
         for result in ("ok", "rejected"):
             self.policy_reloads.labels(result)
+
+    def count_page(self, result: str, n: int = 1) -> None:
+        """The alerter's ``on_page`` hook: ``n`` messages to one channel ``delivered``, ``failed`` or ``dropped``."""
+        self.pages.labels(result).inc(n)

@@ -85,8 +85,8 @@ class Daemon:
         self.actuator = Actuator(self.store, changed_by=f"watchdog@{cfg.instance}", extras=self._flip_extras)
         self.flags = RoutingFlags(cfg.redis.url, self.keys, default_precision=cfg.default_precision)
         self.alerter = alerter or Alerter.from_config(
-            [c.model_dump() for c in cfg.alerts.channels],
-            status_url=cfg.server.status_url, on_page=lambda result, n: self.metrics.pages.labels(result).inc(n))
+            [c.model_dump() for c in cfg.alerts.channels], on_page=self.metrics.count_page,
+            status_url=cfg.server.status_url)
         self.pager = Pager(self.redis, self.keys, self.group, cfg.instance, self.alerter)
         self.readiness = Readiness(self.metrics, self._raise_ops_alert, self.alerter.ops_resolve)
         self.loader = PolicyLoader(cfg.policies, background=True)  # reloads off the main loop
