@@ -3,6 +3,7 @@ fails on a planted violation."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import textwrap
 from pathlib import Path
@@ -176,3 +177,9 @@ def test_runtime_never_imports_dev(tmp_path: Path) -> None:
     assert ("runtime-dev", "watchdog/runtime/daemon.py", 2) in rules_hit(found)
     assert ("rank", "watchdog/runtime/daemon.py", 2) in rules_hit(found)  # dev is ranked above runtime too
 
+
+
+def test_docs_architecture_shows_the_ranks_this_test_enforces() -> None:
+    text = (ROOT / "docs/ARCHITECTURE.md").read_text()
+    shown = {room: int(rank) for rank, room in re.findall(r"^\| (\d+) \| `(\w+)` \|", text, re.M)}
+    assert shown == RANKS, "docs/ARCHITECTURE.md's rank table differs from tests/import_rules.py's RANKS"
