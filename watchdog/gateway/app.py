@@ -252,7 +252,7 @@ class Gateway:
                     x.status = "ok"
                     x.result = parse_response(kind, content)
                 else:
-                    await self._relay_stream(x, kind, send, resp, precision, out_headers, started)
+                    await _relay_stream(x, kind, send, resp, precision, out_headers, started)
         except TimeoutError:
             x.status = "timeout"
             await self._reply(send, 504, error_body(504, f"the {precision} upstream timed out", "timeout"),
@@ -262,30 +262,6 @@ class Gateway:
             log.warning("upstream %s (%s) failed: %s", precision, route, type(exc).__name__)
             await self._reply(send, 502, error_body(502, f"the {precision} upstream is unreachable", "upstream_error"),
                               _JSON, *out_headers)
-
-    @staticmethod
-    async def _relay_stream(x: _Exchange, kind: str, send: Send, resp: aiohttp.ClientResponse, precision: str,
-                            out_headers: list[tuple[bytes, bytes]], started: float) -> None:
-        """Relay an SSE answer chunk by chunk; a failure mid-stream ends it with an error event."""
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [_SSE, (b"cache-control", b"no-cache"), *out_headers]})
-        parser = StreamParser(kind)
-        x.status = "ok"
-        try:
-            async for chunk in resp.content.iter_any():
-                if x.ttft is None:
-                    x.ttft = (time.perf_counter() - started) * 1000
-                parser.feed(chunk)
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            x.status = "timeout" if isinstance(exc, TimeoutError) else "error"
-            await send({"type": "http.response.body", "more_body": True, "body": b"data: "
-                        + error_body(504 if x.status == "timeout" else 502,
-                                     f"the {precision} upstream failed mid-stream", x.status) + b"\n\n"})
-        await send({"type": "http.response.body", "body": b""})
-        x.result = parser.finish()
-        if parser.error:
-            x.status = "error"
 
     async def _relay_error(self, send: Send, http_status: int, content: bytes,
                            out_headers: list[tuple[bytes, bytes]], precision: str) -> str:
@@ -367,6 +343,30 @@ class Gateway:
         finally:
             if self.emitter is not None:
                 self.emitter.emit(event)
+
+
+async def _relay_stream(x: _Exchange, kind: str, send: Send, resp: aiohttp.ClientResponse, precision: str,
+                        out_headers: list[tuple[bytes, bytes]], started: float) -> None:
+    """Relay an SSE answer chunk by chunk; a failure mid-stream ends it with an error event."""
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [_SSE, (b"cache-control", b"no-cache"), *out_headers]})
+    parser = StreamParser(kind)
+    x.status = "ok"
+    try:
+        async for chunk in resp.content.iter_any():
+            if x.ttft is None:
+                x.ttft = (time.perf_counter() - started) * 1000
+            parser.feed(chunk)
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        x.status = "timeout" if isinstance(exc, TimeoutError) else "error"
+        await send({"type": "http.response.body", "more_body": True, "body": b"data: "
+                    + error_body(504 if x.status == "timeout" else 502,
+                                 f"the {precision} upstream failed mid-stream", x.status) + b"\n\n"})
+    await send({"type": "http.response.body", "body": b""})
+    x.result = parser.finish()
+    if parser.error:
+        x.status = "error"
 
 
 def _forward_headers(headers: dict[bytes, bytes], request_id: str, upstream: UpstreamConfig) -> dict[str, str]:
