@@ -131,3 +131,15 @@ def test_an_alias_bomb_is_refused_quickly(tmp_path: Path) -> None:
     with pytest.raises(ConfigError):
         load_config(path, env={})
     assert time.monotonic() - start < 5
+
+
+def test_yaml_problems_and_missing_keys_are_placed_by_the_shared_position_tracker(tmp_path: Path) -> None:
+    # watchdog.config.yamlpos places these, as it does for policy files: all YAML problems at once
+    path = write(tmp_path, "kafka:\n  topic: a\n  topic: b\nredis: {url: x, socket_timeout_s: .nan}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, env={})
+    assert str(err.value).splitlines() == [f"{path}:3:3: invalid YAML: duplicate key 'topic'",
+                                           f"{path}:4:35: invalid YAML: number '.nan' is not finite"]
+    path = write(tmp_path, "golden:\n  jobs:\n    - {set: s, model: m, routes: [r], candidate: {}, baseline: {}}\n")
+    with pytest.raises(ConfigError, match=r"c.yaml:3:7: golden.jobs.0.name: Field required"):
+        load_config(path, env={})

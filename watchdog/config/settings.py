@@ -28,6 +28,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from watchdog.config import yamlpos
+from watchdog.config.yamlpos import PosDoc
 from watchdog.core import safe_yaml
 
 ENV_PREFIX = "LLMWD_"
@@ -210,8 +212,6 @@ class ConfigError(ValueError):
     """The configuration file or environment is invalid; ``str()`` is ready to print."""
 
 
-Marks = dict[tuple[Any, ...], tuple[int, int]]
-
 _VAR_RE = re.compile(r"\$\$\{|\$\{([^}]*)\}")
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: LLMWD_* variables that are read elsewhere, not config keys
@@ -267,46 +267,29 @@ def _expand_nodes(root: yaml.Node, loader: yaml.SafeLoader, name: str, env: Mapp
         raise ConfigError("\n".join(msg for _line, _col, msg in sorted(problems)))
 
 
-def _line_index(root: yaml.Node) -> Marks:
-    """``path -> (line, col)``; a node reached again through an alias is not walked again."""
-    marks: Marks = {}
-    seen: set[int] = set()
-    work: list[tuple[yaml.Node, tuple[Any, ...]]] = [(root, ())]
-    while work:
-        node, path = work.pop()
-        marks.setdefault(path, (node.start_mark.line + 1, node.start_mark.column + 1))
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        if isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                marks[(*path, key.value)] = (key.start_mark.line + 1, key.start_mark.column + 1)
-                work.append((value, (*path, key.value)))
-        elif isinstance(node, yaml.SequenceNode):
-            work.extend((item, (*path, i)) for i, item in enumerate(node.value))
-    return marks
-
-
-def read_config_file(path: str | Path, env: Mapping[str, str] | None = None) -> tuple[dict[str, Any], Marks]:
-    """The file's mapping with placeholders expanded, and ``path -> (line, col)`` of every value."""
+def read_config_file(path: str | Path, env: Mapping[str, str] | None = None) -> tuple[dict[str, Any], PosDoc]:
+    """The file's mapping with placeholders expanded, and where every key and value sits in it."""
     name = str(path)
     env = os.environ if env is None else env
-    loader = yaml.SafeLoader("")  # resolves the type of expanded plain scalars, builds the data
+    loader = yaml.SafeLoader("")  # resolves the type of expanded plain scalars
     try:
         node = safe_yaml.compose(safe_yaml.read_text(path))
         if node is None:
-            return {}, {}
+            return {}, PosDoc(data={})
         _expand_nodes(node, loader, name, env)
-        data = safe_yaml.to_python(node)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark else name
         raise ConfigError(f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from exc
     finally:
         loader.dispose()
-    if not isinstance(data, dict):
+    doc = yamlpos.from_node(node)
+    if doc.errors:
+        raise ConfigError("\n".join(f"{name}:{p.line}:{p.col}: invalid YAML: {msg}"
+                                     for p, msg in sorted(doc.errors, key=lambda e: (e[0].line, e[0].col))))
+    if not isinstance(doc.data, dict):
         raise ConfigError(f"{name}:1:1: the config must be a mapping")
-    return data, _line_index(node)
+    return doc.data, doc
 
 
 def env_overrides(env: Mapping[str, str]) -> tuple[list[tuple[tuple[str, ...], Any, str]], list[str]]:
@@ -357,10 +340,10 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
     """Read ``path`` (YAML) if given, apply ``overrides`` and the ``LLMWD_*`` env overrides, validate."""
     env = os.environ if env is None else env
     data: dict[str, Any] = {}
-    marks: Marks = {}
+    doc: PosDoc | None = None
     name = str(path) if path else "<env>"
     if path is not None:
-        data, marks = read_config_file(path, env)
+        data, doc = read_config_file(path, env)
         _resolve_paths(data, Path(path).parent)
     data.update(overrides)
     from_env: dict[tuple[Any, ...], str] = {}
@@ -374,8 +357,10 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         for err in exc.errors():
             loc = tuple(err["loc"])
             env_var = next((from_env[loc[:i]] for i in range(len(loc), 0, -1) if loc[:i] in from_env), None)
-            pos = next((marks[loc[:i]] for i in range(len(loc), 0, -1) if loc[:i] in marks), None)
-            where = f"${env_var}" if env_var else f"{name}:{pos[0]}:{pos[1]}" if pos else name
+            where = f"${env_var}" if env_var else name
+            if not env_var and doc is not None:  # a missing key: point at its parent's key
+                pos = doc.pos(loc[:-1] if err["type"] == "missing" else loc, key=True)
+                where = f"{name}:{pos.line}:{pos.col}"
             lines.append(f"{where}: {'.'.join(str(p) for p in loc) or 'config'}: {err['msg']}")
         raise ConfigError("\n".join(lines)) from exc
 
