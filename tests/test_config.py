@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from watchdog.cli.main import main
-from watchdog.config.settings import ConfigError, load_config, redacted
+from watchdog.config.redact import redacted
+from watchdog.config.settings import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -83,6 +84,24 @@ def test_redaction() -> None:
     for secret in ("hunter2", '"pw"', "XyZ", '"R"', "Bearer"):
         assert secret not in text
     assert "/k.pem" in text and "rediss://user:***@r:6380/0" in text
+
+
+@pytest.mark.parametrize(("raw", "shown"), [
+    ("redis://:hunter2@db:6379/0", "redis://:***@db:6379/0"),
+    ("rediss://user:hunter2@db:6380/0", "rediss://user:***@db:6380/0"),
+    ("redis://user:p@ss/w0rd@db/0", "redis://user:***@db/0"),  # an '@' (or '/') in the password
+    ("redis://user@db:6379/0", "redis://user@db:6379/0"),  # no password: nothing to hide
+    ("redis+sentinel://:hunter2@s1:26379,s2:26379/llmwd/0?sentinel_password=hunter2&master_recheck_s=1",
+     "redis+sentinel://:***@s1:26379,s2:26379/llmwd/0?sentinel_password=***&master_recheck_s=1"),
+    ("redis+sentinel://s1/llmwd?ssl_keyfile=/k.pem&sentinel_username=u&sentinel_password=hunter2",
+     "redis+sentinel://s1/llmwd?ssl_keyfile=/k.pem&sentinel_username=u&sentinel_password=***"),
+    ("bad sentinel address 'x' in redis+sentinel://u:hunter2@x/svc: use host:port",
+     "bad sentinel address 'x' in redis+sentinel://u:***@x/svc: use host:port"),
+    ("https://api.example.com/v1?api_key=hunter2#top", "https://api.example.com/v1?api_key=***#top"),
+    ("https://hooks.slack.com/services/T0/B0/hunter2", "https://hooks.slack.com/services/***"),
+])
+def test_one_redactor_hides_url_passwords_and_secret_parameters(raw: str, shown: str) -> None:
+    assert redacted(raw) == shown
 
 
 def test_config_check_prints_redacted_and_fails_on_problems(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

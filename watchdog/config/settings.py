@@ -363,21 +363,3 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
                 where = f"{name}:{pos.line}:{pos.col}"
             lines.append(f"{where}: {'.'.join(str(p) for p in loc) or 'config'}: {err['msg']}")
         raise ConfigError("\n".join(lines)) from exc
-
-
-_SECRET_KEY = re.compile(r"(password|passwd|secret|token|routing_key|api_key|apikey|credentials?)$", re.I)
-_URL_PASSWORD = re.compile(r"(//[^:/@\s]*):[^@/\s]+@")
-_SECRET_PATH = re.compile(r"(hooks\.slack\.com/services/|/hooks/|/webhook/)\S+")
-
-
-def redacted(value: Any, key: str = "") -> Any:
-    """A copy of a config dump with secrets replaced by ``***``: password/token/key fields, every
-    header value, passwords inside URLs and webhook paths (a Slack URL is itself a secret)."""
-    if isinstance(value, dict):
-        return {k: ("***" if v and (key == "headers" or _SECRET_KEY.search(str(k))) else redacted(v, str(k)))
-                for k, v in value.items()}
-    if isinstance(value, list):
-        return [redacted(v, key) for v in value]
-    if isinstance(value, str):
-        return _SECRET_PATH.sub(r"\1***", _URL_PASSWORD.sub(r"\1:***@", value))
-    return value
