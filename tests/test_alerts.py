@@ -94,6 +94,33 @@ def test_daemon_config_model_is_accepted() -> None:
     assert alerter.workers[0].channel.endpoint() == "http://am:9093/api/v2/alerts"
 
 
+def test_one_severity_scale_for_config_policies_alerts_and_docs(tmp_path: Any) -> None:
+    from pathlib import Path
+
+    from watchdog.config.settings import AlertsConfig
+    from watchdog.core.signals import SEVERITIES
+    from watchdog.policy.schema import Rule
+
+    assert SEVERITIES == ("info", "warning", "critical")
+    for severity in SEVERITIES:
+        AlertsConfig(channels=[{"kind": "webhook", "url": "http://x", "min_severity": severity}])
+        Rule(name="r", metric="error_rate", fail_if="> 0.1", severity=severity)
+        channel_config({"kind": "webhook", "url": "http://x", "min_severity": severity})
+    with pytest.raises(ValueError, match="min_severity"):
+        AlertsConfig(channels=[{"kind": "webhook", "url": "http://x", "min_severity": "error"}])
+    with pytest.raises(ValueError, match="severity"):
+        Rule(name="r", metric="error_rate", fail_if="> 0.1", severity="error")
+    with pytest.raises(ValueError, match="min_severity"):
+        channel_config({"kind": "webhook", "url": "http://x", "min_severity": "error"})
+    book = IncidentBook()
+    with pytest.raises(ValueError, match="unknown severity 'error'"):
+        book.on_action(action("alert", severity="error"))
+    with pytest.raises(ValueError, match="unknown severity 'error'"):
+        book.on_ops_alert("x", "y", "error")  # type: ignore[arg-type]
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "ALERTS.md").read_text()
+    assert " < ".join(f"`{s}`" for s in SEVERITIES) in docs and "`error`" not in docs.split("### Severity")[0]
+
+
 # -- payload shapes --------------------------------------------------------------------------------
 
 

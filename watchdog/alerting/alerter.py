@@ -21,16 +21,14 @@ from typing import Any, Literal
 import httpx
 
 from watchdog.alerting.channels import (
-    SEVERITY_RANK,
     ActiveAlerts,
     Alert,
-    AlertSeverity,
     Channel,
     build_channel,
     rfc3339,
     scrub,
 )
-from watchdog.core.signals import Action
+from watchdog.core.signals import SEVERITIES, SEVERITY_RANK, Action, Severity
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +38,7 @@ OPS_PREFIX = "ops/"
 @dataclass(slots=True)
 class Incident:
     key: str
-    severity: AlertSeverity
+    severity: Severity
     summary: str
     description: str
     opened_at: float
@@ -92,7 +90,7 @@ def _precision(p: str | None, default: str) -> str:
     return (p or default).upper()
 
 
-def describe(action: Action) -> tuple[str, AlertSeverity]:
+def describe(action: Action) -> tuple[str, Severity]:
     """Headline and severity of the message an action announces."""
     where = f"route {action.route} ({action.model})"
     dry = "DRY RUN: " if action.dry_run else ""
@@ -124,6 +122,8 @@ class IncidentBook:
     # -- inputs -------------------------------------------------------------------------------
 
     def on_action(self, action: Action) -> list[Alert]:
+        if action.severity not in SEVERITY_RANK:
+            raise ValueError(f"unknown severity {action.severity!r} (one of {', '.join(SEVERITIES)})")
         now = action.at or self._clock()
         summary, severity = describe(action)
         detail = scrub(action.detail)
@@ -147,10 +147,10 @@ class IncidentBook:
                                dry_run=action.dry_run, detail=detail)
         raise ValueError(f"unknown action kind {action.kind!r}")
 
-    def on_ops_alert(self, key: str, summary: str, severity: AlertSeverity = "warning",
+    def on_ops_alert(self, key: str, summary: str, severity: Severity = "warning",
                      detail: Mapping[str, Any] | None = None) -> list[Alert]:
         if severity not in SEVERITY_RANK:
-            raise ValueError(f"unknown severity {severity!r}")
+            raise ValueError(f"unknown severity {severity!r} (one of {', '.join(SEVERITIES)})")
         return self._fire(OPS_PREFIX + key, severity, summary, summary, "ops", self._clock(),
                           detail=scrub(detail or {}))
 
@@ -182,7 +182,7 @@ class IncidentBook:
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _fire(self, key: str, severity: AlertSeverity, summary: str, description: str, event: str,
+    def _fire(self, key: str, severity: Severity, summary: str, description: str, event: str,
               now: float, *, model: str | None = None, route: str | None = None, policy: str | None = None,
               dry_run: bool = False, tag: str | None = None, detail: dict[str, Any] | None = None) -> list[Alert]:
         incident = self._open.get(key)
@@ -233,7 +233,7 @@ class IncidentBook:
         return [self._alert(incident, "resolved", summary, description, event, ended_at=now, dry_run=dry_run)]
 
     def _alert(self, incident: Incident, status: Literal["firing", "resolved"], summary: str, description: str,
-               event: str, *, previous: AlertSeverity | None = None, ended_at: float | None = None,
+               event: str, *, previous: Severity | None = None, ended_at: float | None = None,
                dry_run: bool | None = None) -> Alert:
         return Alert(
             key=incident.key, status=status, severity=incident.severity, summary=summary,
@@ -498,7 +498,7 @@ class Alerter:
             if data is not None:
                 self._book.restore([data])
 
-    def ops_alert(self, key: str, summary: str, severity: AlertSeverity = "warning",
+    def ops_alert(self, key: str, summary: str, severity: Severity = "warning",
                   detail: Mapping[str, Any] | None = None) -> list[Alert]:
         """Open (or escalate) an operational incident not tied to a route, e.g. "Redis unreachable"."""
         with self._lock:

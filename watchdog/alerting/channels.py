@@ -17,11 +17,9 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal
 from urllib.parse import quote
 
-AlertSeverity = Literal["info", "warning", "error", "critical"]
-AlertStatus = Literal["firing", "resolved"]
+from watchdog.core.signals import SEVERITIES, SEVERITY_RANK, Severity
 
-#: ordering used by ``min_severity`` filters and by escalation
-SEVERITY_RANK: dict[str, int] = {"info": 0, "warning": 1, "error": 2, "critical": 3}
+AlertStatus = Literal["firing", "resolved"]
 
 #: version of the generic webhook body; bump when a field changes meaning
 WEBHOOK_SCHEMA = "llm-watchdog.alert/v1"
@@ -59,7 +57,7 @@ class Alert:
 
     key: str
     status: AlertStatus
-    severity: AlertSeverity
+    severity: Severity
     summary: str
     description: str
     #: what caused this message: alert, rollback, promote, resolve, escalate, ops, ops_resolve
@@ -71,7 +69,7 @@ class Alert:
     policy: str | None = None
     dry_run: bool = False
     #: set when the message raises the severity of an already open incident
-    previous_severity: AlertSeverity | None = None
+    previous_severity: Severity | None = None
     detail: dict[str, Any] = field(default_factory=dict)
     #: back-link to the watchdog status page, if known
     url: str | None = None
@@ -120,7 +118,7 @@ class ChannelConfig:
     url: str | None = None
     routing_key: str | None = field(default=None, repr=False)
     headers: dict[str, str] = field(default_factory=dict, repr=False)
-    min_severity: AlertSeverity = "info"
+    min_severity: Severity = "info"
     timeout_s: float = 5.0
     #: label used in logs and stats; defaults to the kind (plus an index when repeated)
     name: str | None = None
@@ -152,7 +150,7 @@ def channel_config(raw: ChannelConfig | Mapping[str, Any] | Any) -> ChannelConfi
     cls = channel_class(str(data["kind"]))
     if data.get("min_severity", "info") not in SEVERITY_RANK:
         raise ValueError(
-            f"alert channel {data['kind']}: min_severity must be one of {', '.join(SEVERITY_RANK)}, "
+            f"alert channel {data['kind']}: min_severity must be one of {', '.join(SEVERITIES)}, "
             f"got {data.get('min_severity')!r}"
         )
     timeout = data.get("timeout_s", 5.0)
@@ -277,7 +275,6 @@ class WebhookChannel(Channel):
 
 SLACK_COLORS = {
     "critical": "#d62728",
-    "error": "#ff7f0e",
     "warning": "#f2c744",
     "info": "#1f77b4",
     "resolved": "#2ca02c",

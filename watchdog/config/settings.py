@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from watchdog.config import yamlpos
 from watchdog.config.yamlpos import PosDoc
 from watchdog.core import safe_yaml
+from watchdog.core.signals import Severity
 
 ENV_PREFIX = "LLMWD_"
 
@@ -116,7 +117,7 @@ class AlertChannelConfig(_Section):
     url: str | None = None
     routing_key: str | None = None
     headers: dict[str, str] = Field(default_factory=dict)
-    min_severity: Literal["info", "warning", "critical"] = "info"
+    min_severity: Severity = "info"
     timeout_s: float = Field(5.0, gt=0)
 
 

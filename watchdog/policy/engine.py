@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from watchdog.core.signals import Action, Signal
+from watchdog.core.signals import SEVERITY_RANK, Action, Signal
 from watchdog.policy.causes import attribute_rule, gpu_problems, gpu_reading
 from watchdog.policy.evaluate import Verdict, combine_window, evaluate_rule
 from watchdog.policy.loader import PolicySet
@@ -26,7 +26,6 @@ __all__ = ["STATE_VERSION", "PolicyEngine", "RuleState", "ScopeState", "rule_fin
 
 log = logging.getLogger(__name__)
 
-_SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 ScopeKey = tuple[str, str, str]  # (policy, model, route)
 
 
@@ -271,7 +270,7 @@ class PolicyEngine:
 
         flipped = False
         if tripped_rb and serving == policy.candidate:
-            severity = max((r.severity for r in tripped_rb), key=_SEVERITY_RANK.__getitem__)
+            severity = max((r.severity for r in tripped_rb), key=SEVERITY_RANK.__getitem__)
             why = "; ".join(self._why(r, st) + (f" ({notes[r.name]})" if r.name in notes else "")
                             for r in tripped_rb)
             detail: dict[str, Any] = {"rule": tripped_rb[0].name, "source": tripped_rb[0].source,
@@ -388,7 +387,7 @@ class PolicyEngine:
         key = f"inhibited:{a.cause}"
         if key not in st.open_alerts:
             st.open_alerts.add(key)
-            severity = max((r.severity for r, _ in inhibited), key=_SEVERITY_RANK.__getitem__)
+            severity = max((r.severity for r, _ in inhibited), key=SEVERITY_RANK.__getitem__)
             why = "; ".join(self._why(r, st) for r, _ in inhibited)
             act("alert", f"not rolling back to {policy.baseline}: {a.message}: {why}", severity,
                 detail={"cause": a.cause, "rule": rule.name, "source": rule.source,
