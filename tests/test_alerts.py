@@ -89,9 +89,14 @@ def test_config_checks_required_fields_and_duplicate_kinds() -> None:
 def test_daemon_config_model_is_accepted() -> None:
     from watchdog.config.settings import AlertChannelConfig
 
-    cfg = AlertChannelConfig(kind="alertmanager", url="http://am:9093/", min_severity="warning")
-    alerter = Alerter.from_config([cfg.model_dump()])
-    assert alerter.workers[0].channel.endpoint() == "http://am:9093/api/v2/alerts"
+    cfg = AlertChannelConfig(kind="alertmanager", url="http://am:9093/", min_severity="warning",
+                             name="am-prod", resend_interval_s=30)
+    for given in (cfg, cfg.model_dump()):  # one schema: the model itself or its dump
+        alerter = Alerter.from_config([given])
+        channel = alerter.workers[0].channel
+        assert channel.config == cfg and channel.name == "am-prod" and channel.resend_interval_s == 30
+        assert channel.endpoint() == "http://am:9093/api/v2/alerts"
+    assert channel_config(cfg) is cfg
 
 
 def test_one_severity_scale_for_config_policies_alerts_and_docs(tmp_path: Any) -> None:

@@ -112,13 +112,29 @@ class WindowConfig(_Section):
     allowed_lateness_s: float = Field(0.0, ge=0)
 
 
-class AlertChannelConfig(_Section):
+class AlertChannelConfig(BaseModel):
+    """One entry of ``alerts: channels:``: how one on-call channel is reached (docs/ALERTS.md).
+
+    The one schema of a channel's settings: the daemon config validates it here, and
+    ``watchdog.alerting.channels.channel_config`` builds the same model from a mapping, then checks
+    what only the channel registry knows (a known ``kind``, a ``url`` unless the kind has a default,
+    a PagerDuty ``routing_key``). Secrets (``routing_key``, ``headers``) stay out of its repr."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     kind: str
     url: str | None = None
-    routing_key: str | None = None
-    headers: dict[str, str] = Field(default_factory=dict)
+    routing_key: str | None = Field(None, repr=False)
+    headers: dict[str, str] = Field(default_factory=dict, repr=False)
     min_severity: Severity = "info"
     timeout_s: float = Field(5.0, gt=0)
+    #: label used in logs and stats; defaults to the kind (plus an index when repeated)
+    name: str | None = None
+    #: PagerDuty ``payload.source`` and the Alertmanager ops label; defaults to this host's name
+    source: str | None = None
+    #: re-post open incidents this often (Alertmanager forgets alerts not re-sent within its
+    #: resolve_timeout); None: the kind's default (60 s for alertmanager, never for the others)
+    resend_interval_s: float | None = Field(None, gt=0)
 
 
 class AlertsConfig(_Section):
