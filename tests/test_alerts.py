@@ -394,7 +394,7 @@ def test_backoff_is_exponential_with_jitter_and_capped() -> None:
     w = alerter.workers[0]
     for attempt in range(1, 12):
         d = min(60.0, 0.5 * 2 ** (attempt - 1))
-        delays = [w._backoff(attempt, None) for _ in range(50)]
-        assert all(d / 2 <= x <= d for x in delays) and len(set(delays)) > 1
-    assert w._backoff(1, 5.0) == 5.0  # Retry-After wins when longer
-    assert w._backoff(1, 3600.0) == 60.0  # but never past backoff_max
+        delays = [w._retry_delay(attempt, None) for _ in range(50)]
+        assert all(d / 2 <= x < d for x in delays) and len(set(delays)) > 1
+    assert w._retry_delay(1, 5.0) == 5.0  # Retry-After wins when longer
+    assert w._retry_delay(1, 3600.0) == 60.0  # but never past backoff_max

@@ -28,6 +28,7 @@ from watchdog.alerting.channels import (
     rfc3339,
     scrub,
 )
+from watchdog.core.backoff import backoff_delay
 from watchdog.core.signals import SEVERITIES, SEVERITY_RANK, Action, Severity
 
 log = logging.getLogger(__name__)
@@ -380,7 +381,7 @@ class ChannelWorker:
                             item.done(True)
                     elif outcome == "retry" and item.attempt < self.max_attempts:
                         self.retried += 1
-                        item.due = time.monotonic() + self._backoff(item.attempt, retry_after)
+                        item.due = time.monotonic() + self._retry_delay(item.attempt, retry_after)
                         self._append(item, front=True)
                     else:
                         self.failed += 1
@@ -412,12 +413,10 @@ class ChannelWorker:
             return "retry", _retry_after(resp)
         return "fail", None
 
-    def _backoff(self, attempt: int, retry_after: float | None) -> float:
-        delay: float = min(self.backoff_max, self.backoff_initial * 2.0 ** (attempt - 1))
-        delay = delay / 2 + self._rng.uniform(0, delay / 2)
-        if retry_after is not None:
-            delay = max(delay, min(retry_after, self.backoff_max))
-        return delay
+    def _retry_delay(self, attempt: int, retry_after: float | None) -> float:
+        """Seconds before retry ``attempt`` of one delivery: the project's one schedule
+        (``core.backoff``), jittered by this worker's own random stream, Retry-After honoured."""
+        return backoff_delay(attempt, self.backoff_initial, self.backoff_max, self._rng, retry_after)
 
 
 def _retry_after(resp: httpx.Response) -> float | None:
