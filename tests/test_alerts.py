@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from watchdog.alerting.alerter import Alerter, IncidentBook
+from watchdog.alerting.alerter import Alerter
 from watchdog.alerting.channels import (
     SLACK_COLORS,
     WEBHOOK_SCHEMA,
@@ -19,6 +19,7 @@ from watchdog.alerting.channels import (
     channel_config,
     register_channel,
 )
+from watchdog.alerting.incidents import IncidentBook
 from watchdog.core.signals import Action
 from watchdog.dev.alertsink import AlertSink, summarize
 

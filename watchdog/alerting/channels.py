@@ -2,7 +2,7 @@
 
 One registry maps a channel kind (``webhook``, ``slack``, ``pagerduty``, ``alertmanager``) to its
 class. A channel is pure: it turns an :class:`Alert` into (url, headers, JSON body); the HTTP
-POST, retries and queueing live in :mod:`watchdog.alerting.alerter`.
+POST, retries and queueing live in :mod:`watchdog.alerting.delivery`.
 """
 
 from __future__ import annotations
