@@ -16,7 +16,7 @@ import math
 import time
 from typing import Any
 
-from watchdog.core.signals import Action
+from watchdog.core.signals import SEVERITY_RANK, Action
 from watchdog.policy.causes import attribute_rule, gpu_problems
 from watchdog.policy.judge.verdict import Attribution
 from watchdog.policy.schema import Policy, Rule
@@ -24,7 +24,6 @@ from watchdog.policy.state import ScopeState
 
 __all__ = ["decide", "utc_day"]
 
-_SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 
 
 def utc_day(now: float) -> str:
@@ -109,7 +108,7 @@ class _Decision:
         policy, st, now = self.policy, self.st, self.now
         flipped = False
         if tripped_rb and self.serving == policy.candidate:
-            severity = max((r.severity for r in tripped_rb), key=_SEVERITY_RANK.__getitem__)
+            severity = max((r.severity for r in tripped_rb), key=SEVERITY_RANK.__getitem__)
             why = "; ".join(_why(r, st) + (f" ({notes[r.name]})" if r.name in notes else "")
                             for r in tripped_rb)
             detail: dict[str, Any] = {"rule": tripped_rb[0].name, "source": tripped_rb[0].source,
@@ -229,7 +228,7 @@ class _Decision:
         key = f"inhibited:{a.cause}"
         if key not in st.open_alerts:
             st.open_alerts.add(key)
-            severity = max((r.severity for r, _ in inhibited), key=_SEVERITY_RANK.__getitem__)
+            severity = max((r.severity for r, _ in inhibited), key=SEVERITY_RANK.__getitem__)
             why = "; ".join(_why(r, st) for r, _ in inhibited)
             self.act("alert", f"not rolling back to {policy.baseline}: {a.message}: {why}", severity,
                      detail={"cause": a.cause, "rule": rule.name, "source": rule.source,
