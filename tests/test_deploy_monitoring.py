@@ -25,8 +25,8 @@ import pytest
 import yaml
 from kafka import KafkaProducer
 
-from tests.daemon_harness import MODEL, make_config, running_daemon, traffic, wait_until
-from tests.helpers import missing
+from tests.daemon_harness import MODEL, make_config, running_daemon, traffic
+from tests.helpers import missing, wait_until
 from watchdog.dev.alertsink import AlertSink
 from watchdog.dev.embedded import Service
 
@@ -191,7 +191,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory, kafka_service: Service,
         with running_daemon(cfg) as (daemon, server), \
                 traffic(kafka_service.address, topic, routes, daemon.flags.precision_for) as gen:
             m = daemon.metrics.registry.get_sample_value
-            assert wait_until(lambda: daemon.stats.windows_closed >= 8, 40), "windows do not close"
+            wait_until(lambda: daemon.stats.windows_closed >= 8, 40, what="8 windows closed")
             policy.write_text(POLICIES.replace('"candidate < 0.85"', '"candidate <<< 0.85"'))  # rejected
             producer = KafkaProducer(bootstrap_servers=kafka_service.address)
             producer.send(topic, key=b"poison", value=b"not json at all")
@@ -209,7 +209,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory, kafka_service: Service,
             }
             deadline = time.monotonic() + 60
             for what, cond in waits.items():
-                assert wait_until(cond, max(1.0, deadline - time.monotonic())), f"no {what} within 60 s"
+                wait_until(cond, max(1.0, deadline - time.monotonic()), what=f"{what} (60 s for all)")
             text = httpx.get(f"{server.url}/metrics", timeout=5).text
         # stopped: the alerter drained its queues, so both sides of the page count are final
         delivered = daemon.metrics.registry.get_sample_value("llmwd_pages_total", {"result": "delivered"})
