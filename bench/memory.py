@@ -57,7 +57,7 @@ def heavy_maps(pid: int) -> list[str]:
 def heavy_modules_on_cli_path() -> list[str]:
     """Heavy modules imported by the daemon's own import path (CLI with its plugins + Daemon)."""
     code = ("import sys; from watchdog.cli.main import build_parser; build_parser(); "
-            "import watchdog.runtime.daemon, watchdog.windows.aggregator; watchdog.windows.aggregator.preload_scorers(); "
+            "import watchdog.runtime.daemon, watchdog.windows.shadow; watchdog.windows.shadow.preload_scorers(); "
             f"print(','.join(m for m in {HEAVY_MODULES!r} if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     if out.returncode != 0:

@@ -11,12 +11,10 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
 
 from probes.xid import XidEvent, XidSummary
-from watchdog.core.signals import Signal
-
-ProblemSeverity = Literal["info", "warning", "critical"]
+from watchdog.core.signals import Severity, Signal
 
 #: NVML clock-event ("throttle") reason bits (nvmlClocksEventReason*), checked against nvidia-ml-py 13.
 CLOCK_EVENT_REASONS: dict[int, str] = {
@@ -41,7 +39,7 @@ FP8_MIN_CUDA_DEFAULT = 12000  # newer architectures (Blackwell 10.x/12.x) need n
 
 @dataclass(slots=True)
 class Problem:
-    severity: ProblemSeverity
+    severity: Severity
     code: str
     reason: str
 
@@ -190,7 +188,7 @@ def _assess(h: GpuHealth) -> None:
         add(Problem("critical", "temperature_shutdown",
                     f"{h.temperature_c} C at or above the shutdown threshold {h.shutdown_c} C"))
     for e in h.xid_events:
-        sev: ProblemSeverity = "critical" if e.gpu_fault else e.severity
+        sev: Severity = "critical" if e.gpu_fault else e.severity
         add(Problem(sev, f"xid_{e.xid}", f"XID {e.xid}: {e.name} (action: {e.action})"))
     if h.remap_pending:
         add(Problem("warning", "remap_pending", "row remapping pending: reset the GPU to apply it"))

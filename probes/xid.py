@@ -14,11 +14,12 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
+
+from watchdog.core.signals import Severity
 
 log = logging.getLogger(__name__)
 
-XidSeverity = Literal["info", "warning", "critical"]
 
 #: NVML reports "no MIG instance" as 0xFFFFFFFF in gpuInstanceId / computeInstanceId.
 NO_INSTANCE = 0xFFFFFFFF
@@ -32,7 +33,7 @@ class XidInfo:
 
     xid: int
     name: str
-    severity: XidSeverity
+    severity: Severity
     action: str
     #: True when the GPU itself (not just one application) is suspect: counts as ``xid_critical``.
     gpu_fault: bool
@@ -84,7 +85,7 @@ class XidEvent:
     uuid: str
     xid: int
     time: float
-    severity: XidSeverity
+    severity: Severity
     name: str
     action: str
     gpu_fault: bool

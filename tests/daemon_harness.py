@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -85,15 +84,6 @@ def traffic(kafka_address: str, topic: str, routes: list[str], precision_of: Cal
     finally:
         gen.stop()
         producer.close(timeout=5)
-
-
-def wait_until(cond: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(interval)
-    return bool(cond())
 
 
 class CountingProducer:

@@ -2,15 +2,61 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import time
-from typing import Any, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
 
-import pytest
+T = TypeVar("T")
+
+
+class WaitTimeout(AssertionError):
+    """``wait_until`` ran out of time; the message names what was awaited."""
+
+
+def wait_until(cond: Callable[[], T], timeout: float, interval: float = 0.1, *, what: str | None = None,
+               detail: Callable[[], object] | None = None,
+               ignore: tuple[type[BaseException], ...] = ()) -> T:
+    """Call ``cond`` every ``interval`` s until it returns something truthy, and return that.
+
+    After ``timeout`` s (``cond`` is tried once more at the deadline) it raises ``WaitTimeout``
+    naming what was awaited (``what``, else the source of ``cond``) and, if given, ``detail()``
+    (a log tail, the daemon's problems). Exceptions of the ``ignore`` types count as "not yet". A
+    caller that carries on after a timeout (the drills note it and go on) catches ``WaitTimeout``.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            got = cond()
+        except ignore:
+            got = None
+        if got:
+            return got
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(interval)
+    message = f"timed out after {timeout:g} s waiting for {what or _describe(cond)}"
+    if detail is not None:
+        message += f"\n{detail()}"
+    raise WaitTimeout(message)
+
+
+def _describe(cond: Callable[..., object]) -> str:
+    name = getattr(cond, "__qualname__", repr(cond))
+    if not name.endswith("<lambda>"):
+        return name
+    try:
+        source = " ".join(inspect.getsource(cond).split())
+    except (OSError, TypeError):
+        return name
+    return source if len(source) <= 300 else source[:300] + "..."
 
 
 def missing(ci_message: str, local_message: str) -> NoReturn:
     """A tool the suite needs is absent: a failure in CI (setup installs it), a skip elsewhere."""
+    import pytest  # here, not at the top: the drills (run outside pytest) import this module too
+
     if os.environ.get("CI"):
         pytest.fail(ci_message)
     pytest.skip(local_message)

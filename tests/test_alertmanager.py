@@ -11,14 +11,14 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.helpers import missing
+from tests.helpers import missing, wait_until
 from watchdog.alerting.alerter import Alerter
 from watchdog.core.signals import Action
 from watchdog.dev.alertsink import AlertSink
@@ -26,6 +26,8 @@ from watchdog.dev.embedded import free_port, wait_for_port
 
 AM_BINARY = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 FAST = {"backoff_initial": 0.05, "backoff_max": 0.2}
+#: Alertmanager (or the sink) not answering yet: poll again
+NOT_YET = (httpx.HTTPError,)
 
 
 @pytest.fixture
@@ -65,7 +67,7 @@ def alertmanager(tmp_path: Path, webhook: AlertSink) -> Iterator[str]:
     try:
         wait_for_port(port, timeout=20, proc=proc)  # type: ignore[arg-type]
         url = f"http://127.0.0.1:{port}"
-        wait_until(lambda: httpx.get(url + "/-/ready", timeout=1).status_code == 200, 20)
+        wait_until(lambda: httpx.get(url + "/-/ready", timeout=1).status_code == 200, 20, ignore=NOT_YET)
         yield url
     finally:
         proc.terminate()
@@ -75,20 +77,6 @@ def alertmanager(tmp_path: Path, webhook: AlertSink) -> Iterator[str]:
             proc.kill()
             proc.wait(5)
         log.close()
-
-
-def wait_until(pred: Callable[[], Any], timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            got = pred()
-        except httpx.HTTPError:
-            got = None
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        time.sleep(0.1)
 
 
 def am_alerts(url: str) -> list[dict[str, Any]]:
@@ -116,7 +104,7 @@ def test_fire_dedupe_resolve_in_real_alertmanager(alertmanager: str, webhook: Al
         alerter.ops_alert("redis", "Redis unreachable: connection refused", "critical")
 
         # fire: both alerts visible in the API with our labels, annotations and link
-        alerts = wait_until(lambda: len(got := am_alerts(alertmanager)) == 2 and got, 10)
+        alerts = wait_until(lambda: len(got := am_alerts(alertmanager)) == 2 and got, 10, ignore=NOT_YET)
         by_name = {a["labels"]["alertname"]: a for a in alerts}
         route = by_name["LLMWatchdogIncident"]
         assert route["labels"] == {"alertname": "LLMWatchdogIncident", "severity": "critical",
@@ -130,9 +118,9 @@ def test_fire_dedupe_resolve_in_real_alertmanager(alertmanager: str, webhook: Al
 
         # dedupe: after several re-posts of the same incidents, still two alerts and one notification each
         sent_before = alerter.sent
-        wait_until(lambda: alerter.sent >= sent_before + 4, 10)
+        wait_until(lambda: alerter.sent >= sent_before + 4, 10, ignore=NOT_YET)
         assert len(am_alerts(alertmanager)) == 2
-        wait_until(lambda: len(notifications(webhook)) >= 2, 10)
+        wait_until(lambda: len(notifications(webhook)) >= 2, 10, ignore=NOT_YET)
         time.sleep(2.5)  # two more group intervals: a repeat would be notified now
         fired = [n for n in notifications(webhook) if n["status"] == "firing"]
         assert len(fired) == 2, [n["groupLabels"] for n in fired]
@@ -144,12 +132,13 @@ def test_fire_dedupe_resolve_in_real_alertmanager(alertmanager: str, webhook: Al
 
         # resolve: gone from the active list, and Alertmanager notifies the resolve
         alerter.ops_resolve("redis")
-        wait_until(lambda: [a["labels"]["alertname"] for a in am_alerts(alertmanager)] == ["LLMWatchdogIncident"], 10)
+        wait_until(lambda: [a["labels"]["alertname"] for a in am_alerts(alertmanager)] == ["LLMWatchdogIncident"],
+                   10, ignore=NOT_YET)
         alerter.handle(Action(kind="promote", policy="fp8-quality", model="llama-3-8b", route="chat",
                               reason="rougeL back within 0.5%", severity="info", precision="fp8", at=time.time()))
-        wait_until(lambda: am_alerts(alertmanager) == [], 10)
+        wait_until(lambda: am_alerts(alertmanager) == [], 10, ignore=NOT_YET)
         resolved = wait_until(lambda: len(r := [n for n in notifications(webhook) if n["status"] == "resolved"]) == 2
-                              and r, 10)
+                              and r, 10, ignore=NOT_YET)
         names = sorted(n["alerts"][0]["labels"]["alertname"] for n in resolved)
         assert names == ["LLMWatchdogIncident", "LLMWatchdogOps"]
         for n in resolved:
@@ -167,9 +156,10 @@ def test_severity_escalation_leaves_one_active_alert(alertmanager: str) -> None:
     alerter = Alerter([{"kind": "alertmanager", "url": alertmanager}], **FAST).start()
     try:
         alerter.ops_alert("kafka", "Kafka poll failing", "warning")
-        wait_until(lambda: len(am_alerts(alertmanager)) == 1, 10)
+        wait_until(lambda: len(am_alerts(alertmanager)) == 1, 10, ignore=NOT_YET)
         alerter.ops_alert("kafka", "Kafka down for 2 minutes", "critical")
-        wait_until(lambda: [a["labels"]["severity"] for a in am_alerts(alertmanager)] == ["critical"], 10)
+        wait_until(lambda: [a["labels"]["severity"] for a in am_alerts(alertmanager)] == ["critical"], 10,
+                   ignore=NOT_YET)
         only = am_alerts(alertmanager)[0]
         assert only["annotations"]["summary"] == "Kafka down for 2 minutes"
         # without an external URL the link is a URN naming the incident, which Alertmanager accepts
@@ -185,9 +175,9 @@ def test_ops_alerts_of_two_replicas_stay_apart(alertmanager: str) -> None:
     try:
         a.ops_alert("redis", "Redis unreachable", "critical")
         b.ops_alert("redis", "Redis unreachable", "critical")
-        wait_until(lambda: len(am_alerts(alertmanager)) == 2, 10)
+        wait_until(lambda: len(am_alerts(alertmanager)) == 2, 10, ignore=NOT_YET)
         a.ops_resolve("redis")
-        wait_until(lambda: len(am_alerts(alertmanager)) < 2, 10)
+        wait_until(lambda: len(am_alerts(alertmanager)) < 2, 10, ignore=NOT_YET)
         time.sleep(0.5)
         left = am_alerts(alertmanager)
         assert [x["labels"].get("source") for x in left] == ["wd-b"], "wd-b's incident was resolved by wd-a"

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from watchdog.alerting.alerter import Alerter, IncidentBook
+from watchdog.alerting.alerter import Alerter
 from watchdog.alerting.channels import (
     SLACK_COLORS,
     WEBHOOK_SCHEMA,
@@ -19,6 +19,7 @@ from watchdog.alerting.channels import (
     channel_config,
     register_channel,
 )
+from watchdog.alerting.incidents import IncidentBook
 from watchdog.core.signals import Action
 from watchdog.dev.alertsink import AlertSink, summarize
 
@@ -89,9 +90,41 @@ def test_config_checks_required_fields_and_duplicate_kinds() -> None:
 def test_daemon_config_model_is_accepted() -> None:
     from watchdog.config.settings import AlertChannelConfig
 
-    cfg = AlertChannelConfig(kind="alertmanager", url="http://am:9093/", min_severity="warning")
-    alerter = Alerter.from_config([cfg.model_dump()])
-    assert alerter.workers[0].channel.endpoint() == "http://am:9093/api/v2/alerts"
+    cfg = AlertChannelConfig(kind="alertmanager", url="http://am:9093/", min_severity="warning",
+                             name="am-prod", resend_interval_s=30)
+    for given in (cfg, cfg.model_dump()):  # one schema: the model itself or its dump
+        alerter = Alerter.from_config([given])
+        channel = alerter.workers[0].channel
+        assert channel.config == cfg and channel.name == "am-prod" and channel.resend_interval_s == 30
+        assert channel.endpoint() == "http://am:9093/api/v2/alerts"
+    assert channel_config(cfg) is cfg
+
+
+def test_one_severity_scale_for_config_policies_alerts_and_docs(tmp_path: Any) -> None:
+    from pathlib import Path
+
+    from watchdog.config.settings import AlertsConfig
+    from watchdog.core.signals import SEVERITIES
+    from watchdog.policy.schema import Rule
+
+    assert SEVERITIES == ("info", "warning", "critical")
+    for severity in SEVERITIES:
+        AlertsConfig(channels=[{"kind": "webhook", "url": "http://x", "min_severity": severity}])
+        Rule(name="r", metric="error_rate", fail_if="> 0.1", severity=severity)
+        channel_config({"kind": "webhook", "url": "http://x", "min_severity": severity})
+    with pytest.raises(ValueError, match="min_severity"):
+        AlertsConfig(channels=[{"kind": "webhook", "url": "http://x", "min_severity": "error"}])
+    with pytest.raises(ValueError, match="severity"):
+        Rule(name="r", metric="error_rate", fail_if="> 0.1", severity="error")
+    with pytest.raises(ValueError, match="min_severity"):
+        channel_config({"kind": "webhook", "url": "http://x", "min_severity": "error"})
+    book = IncidentBook()
+    with pytest.raises(ValueError, match="unknown severity 'error'"):
+        book.on_action(action("alert", severity="error"))
+    with pytest.raises(ValueError, match="unknown severity 'error'"):
+        book.on_ops_alert("x", "y", "error")  # type: ignore[arg-type]
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "ALERTS.md").read_text()
+    assert " < ".join(f"`{s}`" for s in SEVERITIES) in docs and "`error`" not in docs.split("### Severity")[0]
 
 
 # -- payload shapes --------------------------------------------------------------------------------
@@ -362,7 +395,7 @@ def test_backoff_is_exponential_with_jitter_and_capped() -> None:
     w = alerter.workers[0]
     for attempt in range(1, 12):
         d = min(60.0, 0.5 * 2 ** (attempt - 1))
-        delays = [w._backoff(attempt, None) for _ in range(50)]
-        assert all(d / 2 <= x <= d for x in delays) and len(set(delays)) > 1
-    assert w._backoff(1, 5.0) == 5.0  # Retry-After wins when longer
-    assert w._backoff(1, 3600.0) == 60.0  # but never past backoff_max
+        delays = [w._retry_delay(attempt, None) for _ in range(50)]
+        assert all(d / 2 <= x < d for x in delays) and len(set(delays)) > 1
+    assert w._retry_delay(1, 5.0) == 5.0  # Retry-After wins when longer
+    assert w._retry_delay(1, 3600.0) == 60.0  # but never past backoff_max

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from watchdog.cli.main import main
-from watchdog.config.settings import ConfigError, load_config, redacted
+from watchdog.config.redact import redacted
+from watchdog.config.settings import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -85,6 +86,24 @@ def test_redaction() -> None:
     assert "/k.pem" in text and "rediss://user:***@r:6380/0" in text
 
 
+@pytest.mark.parametrize(("raw", "shown"), [
+    ("redis://:hunter2@db:6379/0", "redis://:***@db:6379/0"),
+    ("rediss://user:hunter2@db:6380/0", "rediss://user:***@db:6380/0"),
+    ("redis://user:p@ss/w0rd@db/0", "redis://user:***@db/0"),  # an '@' (or '/') in the password
+    ("redis://user@db:6379/0", "redis://user@db:6379/0"),  # no password: nothing to hide
+    ("redis+sentinel://:hunter2@s1:26379,s2:26379/llmwd/0?sentinel_password=hunter2&master_recheck_s=1",
+     "redis+sentinel://:***@s1:26379,s2:26379/llmwd/0?sentinel_password=***&master_recheck_s=1"),
+    ("redis+sentinel://s1/llmwd?ssl_keyfile=/k.pem&sentinel_username=u&sentinel_password=hunter2",
+     "redis+sentinel://s1/llmwd?ssl_keyfile=/k.pem&sentinel_username=u&sentinel_password=***"),
+    ("bad sentinel address 'x' in redis+sentinel://u:hunter2@x/svc: use host:port",
+     "bad sentinel address 'x' in redis+sentinel://u:***@x/svc: use host:port"),
+    ("https://api.example.com/v1?api_key=hunter2#top", "https://api.example.com/v1?api_key=***#top"),
+    ("https://hooks.slack.com/services/T0/B0/hunter2", "https://hooks.slack.com/services/***"),
+])
+def test_one_redactor_hides_url_passwords_and_secret_parameters(raw: str, shown: str) -> None:
+    assert redacted(raw) == shown
+
+
 def test_config_check_prints_redacted_and_fails_on_problems(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("LLMWD_REDIS__URL", "redis://:topsecret@db:6379/0")
@@ -131,3 +150,15 @@ def test_an_alias_bomb_is_refused_quickly(tmp_path: Path) -> None:
     with pytest.raises(ConfigError):
         load_config(path, env={})
     assert time.monotonic() - start < 5
+
+
+def test_yaml_problems_and_missing_keys_are_placed_by_the_shared_position_tracker(tmp_path: Path) -> None:
+    # watchdog.config.yamlpos places these, as it does for policy files: all YAML problems at once
+    path = write(tmp_path, "kafka:\n  topic: a\n  topic: b\nredis: {url: x, socket_timeout_s: .nan}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, env={})
+    assert str(err.value).splitlines() == [f"{path}:3:3: invalid YAML: duplicate key 'topic'",
+                                           f"{path}:4:35: invalid YAML: number '.nan' is not finite"]
+    path = write(tmp_path, "golden:\n  jobs:\n    - {set: s, model: m, routes: [r], candidate: {}, baseline: {}}\n")
+    with pytest.raises(ConfigError, match=r"c.yaml:3:7: golden.jobs.0.name: Field required"):
+        load_config(path, env={})

@@ -12,9 +12,9 @@ from tests.daemon_harness import (
     make_config,
     recorded_windows,
     running_daemon,
-    wait_until,
     write_policy,
 )
+from tests.helpers import wait_until
 from watchdog.actuation.actuator import FENCED, FlagStore, FlipExtras
 from watchdog.core.keys import Keys
 from watchdog.state.checkpoint import DUPLICATE, SAVED, CheckpointStore, PendingSave
@@ -65,12 +65,12 @@ def test_a_woken_zombie_stops_writing_and_says_so(kafka_service, redis_service, 
     prod = CountingProducer(kafka_service.address, topic, ["a"], rate=60.0).start()
     try:
         with running_daemon(cfg) as (daemon, _server):
-            assert wait_until(lambda: daemon.stats.checkpoints >= 3, 30)
+            wait_until(lambda: daemon.stats.checkpoints >= 3, 30)
             (pk,) = [pk for pk, p in daemon.parts.items() if ("llama-test", "a") in p.routes]
             # what a replica that got the partition in a rebalance does first
             other = CheckpointStore(redis_client, Keys(), cfg.kafka.group_id, topic, "other")
             seq = other.claim(pk[1]).seq
-            assert wait_until(lambda: any(p.startswith("fenced") for p in daemon.problems()), 10)
+            wait_until(lambda: any(p.startswith("fenced") for p in daemon.problems()), 10)
             assert pk not in daemon.parts
             time.sleep(1.5)
             assert other.claim(pk[1]).seq == seq  # the zombie wrote nothing after the claim
@@ -88,14 +88,15 @@ def test_a_fenced_replica_is_ready_again_once_the_rebalance_moved_its_partitions
     prod = CountingProducer(kafka_service.address, topic, [f"r{i}" for i in range(6)], rate=25.0).start()
     try:
         with running_daemon(cfg_a) as (a, _):
-            assert wait_until(lambda: a.stats.checkpoints >= 3 and len(a.parts) == a.ownership.nparts > 1, 30)
+            wait_until(lambda: a.stats.checkpoints >= 3 and len(a.parts) == a.ownership.nparts > 1, 30)
             thief = CheckpointStore(redis_client, Keys(), cfg_a.kafka.group_id, topic, "thief")
             for pk in list(a.parts):
                 thief.claim(pk[1])
-            assert wait_until(lambda: any(p.startswith("fenced") for p in a.problems()), 10)
+            wait_until(lambda: any(p.startswith("fenced") for p in a.problems()), 10)
             with running_daemon(cfg_b) as (b, _):
-                assert wait_until(lambda: bool(b.parts), 40), "no rebalance"
-                assert wait_until(lambda: not any(p.startswith("fenced") for p in a.problems()), 10), a.problems()
+                wait_until(lambda: bool(b.parts), 40, what="a rebalance")
+                wait_until(lambda: not any(p.startswith("fenced") for p in a.problems()), 10,
+                           detail=a.problems)
                 assert not set(a.parts) & set(b.parts)
     finally:
         prod.stop()
@@ -110,20 +111,20 @@ def test_replicas_joining_and_leaving_mid_traffic_count_every_event_once(kafka_s
     ctx_a, ctx_b = running_daemon(cfg_a), running_daemon(cfg_b)
     try:
         a, _ = ctx_a.__enter__()
-        assert wait_until(lambda: a.stats.windows_closed >= 12, 30)
+        wait_until(lambda: a.stats.windows_closed >= 12, 30)
         b, _ = ctx_b.__enter__()
-        assert wait_until(lambda: bool(b.parts) and bool(a.parts), 40), "no rebalance"
+        wait_until(lambda: bool(b.parts) and bool(a.parts), 40, what="a rebalance")
         assert not set(a.parts) & set(b.parts)
         nparts = a.ownership.nparts
         closed = b.stats.windows_closed
-        assert wait_until(lambda: b.stats.windows_closed >= closed + 6, 30)
+        wait_until(lambda: b.stats.windows_closed >= closed + 6, 30)
         ctx_a.__exit__(None, None, None)  # a leaves (rolling deploy): b resumes a's partitions from checkpoints
-        assert wait_until(lambda: len(b.parts) == nparts, 40)
+        wait_until(lambda: len(b.parts) == nparts, 40)
         closed = b.stats.windows_closed
-        assert wait_until(lambda: b.stats.windows_closed >= closed + 6, 30)
+        wait_until(lambda: b.stats.windows_closed >= closed + 6, 30)
         prod.stop()
         total = prod.total()
-        assert wait_until(lambda: sum(recorded_windows(redis_client)[0].values()) >= total, 30)
+        wait_until(lambda: sum(recorded_windows(redis_client)[0].values()) >= total, 30)
         ctx_b.__exit__(None, None, None)
     finally:
         if prod._thread.is_alive():

@@ -13,9 +13,9 @@ from tests.daemon_harness import (
     make_config,
     recorded_windows,
     running_daemon,
-    wait_until,
     write_policy,
 )
+from tests.helpers import wait_until
 from watchdog.dev.traffic import Route, TrafficGenerator
 
 pytestmark = pytest.mark.services
@@ -42,14 +42,15 @@ def test_a_dead_letter_that_cannot_be_written_pauses_its_partition_and_nothing_p
                       kafka={"bootstrap_servers": kafka_service.address, "topic": topic, "group_id": f"g-{topic}",
                              "session_timeout_ms": 6000, "heartbeat_interval_ms": 1000, "dlq_topic": "bad topic!"})
     with running_daemon(bad) as (daemon, _server):
-        assert wait_until(lambda: any(p.startswith("dlq:") for p in daemon.problems()), 30), daemon.problems()
+        wait_until(lambda: any(p.startswith("dlq:") for p in daemon.problems()), 30,
+                   detail=daemon.problems)
         time.sleep(2.0)
         saved = [json.loads(redis_client.hget(k, "json")) for k in redis_client.keys("llmwd:ckpt:*")]
         assert all(c["offset"] is None or c["offset"] <= md.offset for c in saved), saved
         assert recorded_windows(redis_client)[0] == {}
     good = make_config(kafka_service.address, redis_service.port, topic, policy, None)
     with running_daemon(good) as (daemon, _server):
-        assert wait_until(lambda: sum(recorded_windows(redis_client)[0].values()) >= 58, 30)
+        wait_until(lambda: sum(recorded_windows(redis_client)[0].values()) >= 58, 30)
         assert not daemon.problems(), daemon.problems()
     seen, twice = recorded_windows(redis_client)
     assert (sum(seen.values()), twice) == (58, 0)

@@ -11,7 +11,8 @@ import pytest
 import redis
 from kafka import KafkaConsumer, KafkaProducer
 
-from tests.daemon_harness import MODEL, make_config, running_daemon, traffic, wait_until, write_policy
+from tests.daemon_harness import MODEL, make_config, running_daemon, traffic, write_policy
+from tests.helpers import wait_until
 from watchdog.actuation.actuator import FlagStore
 from watchdog.core.keys import Keys
 from watchdog.dev.alertsink import AlertSink
@@ -38,12 +39,12 @@ def test_regression_rolls_back_once_and_healthy_route_never_flips(kafka_service,
     with running_daemon(cfg) as (daemon, server), \
             traffic(kafka_service.address, topic, ["legal/contracts", "support/chat"],
                     daemon.flags.precision_for) as gen:
-        assert wait_until(lambda: daemon.stats.windows_closed >= 8, 30), "windows do not close"
+        wait_until(lambda: daemon.stats.windows_closed >= 8, 30, what="windows to close")
         gen.inject(MODEL, "legal/contracts", "quality")
-        assert wait_until(lambda: daemon.flags.precision_for(MODEL, "legal/contracts") == "fp16", 30)
+        wait_until(lambda: daemon.flags.precision_for(MODEL, "legal/contracts") == "fp16", 30)
         # keep running: more failing windows must not page again nor write again
         closed = daemon.stats.windows_closed
-        assert wait_until(lambda: daemon.stats.windows_closed >= closed + 16, 30)
+        wait_until(lambda: daemon.stats.windows_closed >= closed + 16, 30)
         status = httpx.get(f"{server.url}/status").json()
 
     store = FlagStore(redis_client, Keys())
@@ -75,8 +76,8 @@ def test_poison_events_go_to_dead_letters_and_daemon_stays_up(kafka_service, red
             producer.send(topic, value=json.dumps({**good, "request_id": f"ok{i}", "ts": time.time()}).encode())
             producer.send(topic, key=b"k%d" % i, value=bad)
         producer.flush()
-        assert wait_until(lambda: daemon.metrics.events.labels("invalid")._value.get() >= len(poison), 30)
-        assert wait_until(lambda: daemon.metrics.events.labels("ok")._value.get() >= len(poison), 10)
+        wait_until(lambda: daemon.metrics.events.labels("invalid")._value.get() >= len(poison), 30)
+        wait_until(lambda: daemon.metrics.events.labels("ok")._value.get() >= len(poison), 10)
         assert httpx.get(f"{server.url}/healthz").status_code == 200
     producer.close()
     consumer = KafkaConsumer(f"{topic}.dlq", bootstrap_servers=kafka_service.address, group_id=f"dlq-{topic}",
@@ -102,9 +103,9 @@ def test_invalid_policy_edit_is_rejected_and_old_policy_keeps_acting(kafka_servi
     with running_daemon(cfg) as (daemon, _server), \
             traffic(kafka_service.address, topic, ["legal/contracts"], daemon.flags.precision_for) as gen:
         policy.write_text(policy.read_text().replace('fail_if: "candidate < 0.85"', 'fail_if: "candidate <<< 0.85"'))
-        assert wait_until(lambda: any("rejected" in json.dumps(r.body) for r in s.received), 15)
+        wait_until(lambda: any("rejected" in json.dumps(r.body) for r in s.received), 15)
         gen.inject(MODEL, "legal/contracts", "quality")
-        assert wait_until(lambda: daemon.flags.precision_for(MODEL, "legal/contracts") == "fp16", 30)
+        wait_until(lambda: daemon.flags.precision_for(MODEL, "legal/contracts") == "fp16", 30)
     rejected = [r.body for r in s.received if "rejected" in json.dumps(r.body)]
     assert "p.yaml:" in json.dumps(rejected[0])  # the alert names file:line:col
     assert re.search(r"p\.yaml:\d+:\d+", rejected[0]["summary"])  # in the line on-call reads (Slack text)
@@ -118,8 +119,8 @@ def test_dry_run_alerts_would_roll_back_but_never_flips(kafka_service, redis_ser
     with running_daemon(cfg) as (daemon, _server), \
             traffic(kafka_service.address, topic, ["legal/contracts"], daemon.flags.precision_for) as gen:
         gen.inject(MODEL, "legal/contracts", "quality")
-        assert wait_until(lambda: any("would roll back" in json.dumps(b).lower()
-                                      for b in _alerts_for(s, "legal/contracts")), 30)
+        wait_until(lambda: any("would roll back" in json.dumps(b).lower()
+                               for b in _alerts_for(s, "legal/contracts")), 30)
         time.sleep(2)
     assert redis_client.exists(f"llmwd:route:{MODEL}:legal/contracts") == 0
     assert redis_client.xlen("llmwd:audit") == 0
@@ -135,10 +136,10 @@ def test_pin_wins_over_policy_until_it_expires(kafka_service, redis_service, red
     with running_daemon(cfg) as (daemon, _server), \
             traffic(kafka_service.address, topic, ["legal/contracts"], daemon.flags.precision_for) as gen:
         gen.inject(MODEL, "legal/contracts", "quality")
-        assert wait_until(lambda: any("refused" in json.dumps(r.body) for r in s.received), pin_s)
+        wait_until(lambda: any("refused" in json.dumps(r.body) for r in s.received), pin_s)
         flag = store.get(MODEL, "legal/contracts")
         assert flag is not None and flag.precision == "fp8" and time.time() < pinned_at + pin_s
-        assert wait_until(lambda: daemon.flags.precision_for(MODEL, "legal/contracts") == "fp16", 30)
+        wait_until(lambda: daemon.flags.precision_for(MODEL, "legal/contracts") == "fp16", 30)
     assert time.time() >= pinned_at + pin_s
     flips = [r for r in store.audit(50) if r.get("route") == "legal/contracts"]
     assert [r["precision"] for r in reversed(flips)][-1] == "fp16"
@@ -149,16 +150,16 @@ def test_redis_outage_keeps_decision_pending_then_applies_it_once(kafka_service,
     cfg = make_config(kafka_service.address, own_redis.port, topic, write_policy(tmp_path / "p.yaml"), url)
     with running_daemon(cfg) as (daemon, server), \
             traffic(kafka_service.address, topic, ["legal/contracts"], daemon.flags.precision_for) as gen:
-        assert wait_until(lambda: daemon.stats.windows_closed >= 2, 30)
+        wait_until(lambda: daemon.stats.windows_closed >= 2, 30)
         own_redis.kill()
         gen.inject(MODEL, "legal/contracts", "quality")
-        assert wait_until(lambda: daemon.actuator.pending() == 1, 30), "no pending decision during the outage"
+        wait_until(lambda: daemon.actuator.pending() == 1, 30, what="a pending decision during the outage")
         ready = httpx.get(f"{server.url}/readyz")
         assert ready.status_code == 503 and "redis" in ready.text
-        assert wait_until(lambda: any("Redis unreachable" in json.dumps(r.body) for r in s.received), 10)
+        wait_until(lambda: any("Redis unreachable" in json.dumps(r.body) for r in s.received), 10)
         own_redis.start()
-        assert wait_until(lambda: daemon.actuator.pending() == 0, 40)
-        assert wait_until(lambda: httpx.get(f"{server.url}/readyz").status_code == 200, 20)
+        wait_until(lambda: daemon.actuator.pending() == 0, 40)
+        wait_until(lambda: httpx.get(f"{server.url}/readyz").status_code == 200, 20)
     client = redis.Redis(port=own_redis.port, decode_responses=True)
     store = FlagStore(client, Keys())
     assert store.get(MODEL, "legal/contracts").precision == "fp16"

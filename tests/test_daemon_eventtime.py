@@ -14,9 +14,9 @@ from tests.daemon_harness import (
     make_config,
     recorded_windows,
     running_daemon,
-    wait_until,
     write_policy,
 )
+from tests.helpers import wait_until
 from watchdog.ingest.eventtime import Watermarks
 
 A, B, C = ("t", 0), ("t", 1), ("t", 2)
@@ -105,22 +105,22 @@ def test_future_and_late_events_are_dead_lettered_and_counting_stays_exact_acros
     r = prod.gen.routes[0]
     try:
         with running_daemon(cfg) as (daemon, _server):
-            assert wait_until(lambda: daemon.stats.windows_closed >= 4, 30)
+            wait_until(lambda: daemon.stats.windows_closed >= 4, 30)
             prod.send(*prod.gen.encoded(r, now=time.time() + 240), counted=False)  # a skewed producer clock
             prod.send(*prod.gen.encoded(r, now=time.time() - 120), counted=False)  # its window closed long ago
             closed = daemon.stats.windows_closed
-            assert wait_until(lambda: daemon.stats.windows_closed >= closed + 6, 30)
+            wait_until(lambda: daemon.stats.windows_closed >= closed + 6, 30)
             assert daemon.metrics.dlq.labels("future")._value.get() == 1
             assert daemon.metrics.dlq.labels("late")._value.get() == 1
         # restart; the very first event read is ten years ahead
         prod.send(*prod.gen.encoded(r, now=time.time() + 10 * 365 * 86400), counted=False)
         with running_daemon(cfg) as (daemon, _server):
-            assert wait_until(lambda: daemon.metrics.dlq.labels("future")._value.get() == 1, 30)
+            wait_until(lambda: daemon.metrics.dlq.labels("future")._value.get() == 1, 30)
             closed = daemon.stats.windows_closed
-            assert wait_until(lambda: daemon.stats.windows_closed >= closed + 4, 30)
+            wait_until(lambda: daemon.stats.windows_closed >= closed + 4, 30)
             prod.stop()
             total = prod.total()
-            assert wait_until(lambda: sum(recorded_windows(redis_client)[0].values()) >= total, 20)
+            wait_until(lambda: sum(recorded_windows(redis_client)[0].values()) >= total, 20)
             assert not daemon.problems(), daemon.problems()
     finally:
         if prod._thread.is_alive():
@@ -137,7 +137,7 @@ def test_broker_frozen_for_seconds_loses_nothing(kafka_service, redis_service, r
     prod = CountingProducer(kafka_service.address, topic, ["a", "b"], rate=60.0).start()
     try:
         with running_daemon(cfg) as (daemon, _server):
-            assert wait_until(lambda: daemon.stats.windows_closed >= 4, 30)
+            wait_until(lambda: daemon.stats.windows_closed >= 4, 30)
             kafka_service.proc.send_signal(signal.SIGSTOP)
             try:
                 time.sleep(6.0)
@@ -147,10 +147,10 @@ def test_broker_frozen_for_seconds_loses_nothing(kafka_service, redis_service, r
                 assert daemon.stats.windows_closed == frozen_closed
             finally:
                 kafka_service.proc.send_signal(signal.SIGCONT)
-            assert wait_until(lambda: daemon.stats.windows_closed >= frozen_closed + 8, 40)
+            wait_until(lambda: daemon.stats.windows_closed >= frozen_closed + 8, 40)
             prod.stop()
             total = prod.total()
-            assert wait_until(lambda: sum(recorded_windows(redis_client)[0].values()) >= total, 30)
+            wait_until(lambda: sum(recorded_windows(redis_client)[0].values()) >= total, 30)
             late = daemon.metrics.dlq.labels("late")._value.get()
     finally:
         kafka_service.proc.send_signal(signal.SIGCONT)

@@ -8,7 +8,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.daemon_harness import MODEL, make_config, running_daemon, traffic, wait_until
+from tests.daemon_harness import MODEL, make_config, running_daemon, traffic
+from tests.helpers import wait_until
 from tests.test_gpu_read import ReplayNvml, recorded
 
 pytestmark = pytest.mark.services
@@ -54,7 +55,7 @@ def test_without_nvml_gpu_rules_stay_inconclusive_and_nothing_flips(kafka_servic
     cfg = _cfg(kafka_service, redis_service, topic, tmp_path, "*")
     with running_daemon(cfg) as (daemon, server), \
             traffic(kafka_service.address, topic, ["legal/contracts"], daemon.flags.precision_for):
-        assert wait_until(lambda: daemon.stats.windows_closed >= 6, 30)
+        wait_until(lambda: daemon.stats.windows_closed >= 6, 30)
         status = httpx.get(f"{server.url}/status").json()
         assert httpx.get(f"{server.url}/readyz").status_code == 200
     scope = next(v for v in status["verdicts"]["scopes"]
@@ -72,11 +73,11 @@ def test_xid_79_on_a_replayed_h200_rolls_the_mapped_route_back(kafka_service, re
     nv = ReplayNvml(rec)
     cfg = _cfg(kafka_service, redis_service, topic, tmp_path, uuid)
     with running_daemon(cfg, gpu_nvml=nv) as (daemon, server):
-        assert wait_until(lambda: daemon.gpu.samples >= 3, 10)
+        wait_until(lambda: daemon.gpu.samples >= 3, 10)
         time.sleep(0.5)
         assert daemon.flags.precision_for(MODEL, "legal/contracts") == "fp8"  # healthy H200: no action
         nv.emit(0, 79)  # "GPU has fallen off the bus", through the same event path NVML uses
-        assert wait_until(lambda: daemon.flags.precision_for(MODEL, "legal/contracts") == "fp16", 10)
+        wait_until(lambda: daemon.flags.precision_for(MODEL, "legal/contracts") == "fp16", 10)
         metrics = httpx.get(f"{server.url}/metrics").text
     audit = redis_client.xrange("llmwd:audit")
     assert len(audit) == 1 and "gpu-xid" in audit[0][1]["reason"]

@@ -17,9 +17,9 @@ from tests.daemon_harness import (
     running_daemon,
     start_daemon_process,
     traffic,
-    wait_until,
     write_policy,
 )
+from tests.helpers import wait_until
 from watchdog.actuation.actuator import FlagStore
 from watchdog.core.keys import Keys
 from watchdog.dev.alertsink import AlertSink
@@ -68,22 +68,24 @@ def test_sigkill_with_an_open_incident_and_during_its_resolve_pages_once_and_res
         gen.inject(MODEL, "x", "errors")
         d = start_daemon_process(cfg, tmp_path)
         try:
-            assert wait_until(lambda: len(_pages(s, "firing")) == 1, 40), (tmp_path / "daemon.log").read_text()[-2000:]
+            wait_until(lambda: len(_pages(s, "firing")) == 1, 40,
+                       detail=lambda: (tmp_path / "daemon.log").read_text()[-2000:])
             d.send_signal(signal.SIGKILL)
             d.wait(10)
             d = start_daemon_process(cfg, tmp_path)
             # the incident is still open after the restart: errors go on, no second page
-            assert wait_until(lambda: redis_client.xlen("llmwd:windows") >= 10, 40)
+            wait_until(lambda: redis_client.xlen("llmwd:windows") >= 10, 40)
             time.sleep(3.0)
             assert len(_pages(s, "firing")) == 1
             s.status = 503  # the endpoint goes down just as the route recovers
             gen.inject(MODEL, "x", None)
-            assert wait_until(lambda: len(_pages(s, "resolved", accepted=False)) >= 1, 40)
+            wait_until(lambda: len(_pages(s, "resolved", accepted=False)) >= 1, 40)
             d.send_signal(signal.SIGKILL)  # killed while the resolve is being retried
             d.wait(10)
             s.status = 200
             d = start_daemon_process(cfg, tmp_path)
-            assert wait_until(lambda: len(_pages(s, "resolved")) == 1, 40), (tmp_path / "daemon.log").read_text()[-2000:]
+            wait_until(lambda: len(_pages(s, "resolved")) == 1, 40,
+                       detail=lambda: (tmp_path / "daemon.log").read_text()[-2000:])
             time.sleep(2.0)
         finally:
             d.send_signal(signal.SIGTERM)
@@ -97,16 +99,16 @@ def test_redis_down_the_rollback_page_waits_for_the_flag_and_the_ops_alert_fires
     cfg = make_config(kafka_service.address, own_redis.port, topic, write_policy(tmp_path / "p.yaml"), url)
     with running_daemon(cfg) as (daemon, _server), \
             traffic(kafka_service.address, topic, ["legal/contracts"], daemon.flags.precision_for) as gen:
-        assert wait_until(lambda: daemon.stats.windows_closed >= 2, 30)
+        wait_until(lambda: daemon.stats.windows_closed >= 2, 30)
         own_redis.kill()
         gen.inject(MODEL, "legal/contracts", "quality")
-        assert wait_until(lambda: daemon.actuator.pending() == 1, 30), "no pending decision during the outage"
+        wait_until(lambda: daemon.actuator.pending() == 1, 30, what="a pending decision during the outage")
         time.sleep(4.0)
         assert [p for p in _pages(s, "firing") if "rolled back" in p.get("summary", "")] == []
         own_redis.start()
-        assert wait_until(lambda: any("rolled back" in p.get("summary", "") for p in _pages(s, "firing")), 30)
-        assert wait_until(lambda: any(r.body.get("key") == "ops/redis" and r.body.get("status") == "resolved"
-                                      for r in s.received if isinstance(r.body, dict)), 15)
+        wait_until(lambda: any("rolled back" in p.get("summary", "") for p in _pages(s, "firing")), 30)
+        wait_until(lambda: any(r.body.get("key") == "ops/redis" and r.body.get("status") == "resolved"
+                               for r in s.received if isinstance(r.body, dict)), 15)
     client = redis.Redis(port=own_redis.port, decode_responses=True)
     audit = [r for r in FlagStore(client, Keys()).audit(50) if r.get("route") == "legal/contracts"]
     client.close()
@@ -124,19 +126,19 @@ def test_a_flag_lost_from_redis_is_reasserted_despite_the_cooldown(kafka_service
     store = FlagStore(redis_client, Keys())
     with running_daemon(cfg) as (daemon, server), \
             traffic(kafka_service.address, topic, ["legal/contracts"], daemon.flags.precision_for) as gen:
-        assert wait_until(lambda: daemon.stats.windows_closed >= 2, 30)
+        wait_until(lambda: daemon.stats.windows_closed >= 2, 30)
         gen.inject(MODEL, "legal/contracts", "quality")
-        assert wait_until(lambda: (f := store.get(MODEL, "legal/contracts")) is not None and f.precision == "fp16", 30)
+        wait_until(lambda: (f := store.get(MODEL, "legal/contracts")) is not None and f.precision == "fp16", 30)
         # no rollback still on its way (the engine may decide one more while the cache said fp8):
         # the flip that follows the loss must be the re-assertion, not a late policy write
-        assert wait_until(lambda: daemon.flags.precision_for(MODEL, "legal/contracts") == "fp16"
-                          and daemon.actuator.pending() == 0, 10)
+        wait_until(lambda: daemon.flags.precision_for(MODEL, "legal/contracts") == "fp16"
+                   and daemon.actuator.pending() == 0, 10)
         time.sleep(1.5)
         assert daemon.actuator.pending() == 0
         redis_client.flushall()  # Redis restarted without persistence
-        assert wait_until(lambda: (f := store.get(MODEL, "legal/contracts")) is not None and f.precision == "fp16", 15)
+        wait_until(lambda: (f := store.get(MODEL, "legal/contracts")) is not None and f.precision == "fp16", 15)
         windows = redis_client.xlen("llmwd:windows")
-        assert wait_until(lambda: redis_client.xlen("llmwd:windows") > windows, 10)  # checkpoints go on
+        wait_until(lambda: redis_client.xlen("llmwd:windows") > windows, 10)  # checkpoints go on
         assert httpx.get(f"{server.url}/readyz").status_code == 200
     audit = store.audit(10)
     assert len(audit) == 1 and "flag was lost" in audit[0]["reason"]

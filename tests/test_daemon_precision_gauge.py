@@ -7,7 +7,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.daemon_harness import MODEL, make_config, running_daemon, traffic, wait_until, write_policy
+from tests.daemon_harness import MODEL, make_config, running_daemon, traffic, write_policy
+from tests.helpers import wait_until
 from watchdog.actuation.actuator import FlagStore
 from watchdog.core.keys import Keys
 
@@ -32,11 +33,11 @@ def test_precision_gauge_reads_0_after_a_rollback_1_on_fp8_and_forgets_unknown_r
     with running_daemon(cfg) as (daemon, server), \
             traffic(kafka_service.address, topic, ["legal/contracts", "support/chat"],
                     daemon.flags.precision_for) as gen:
-        assert wait_until(lambda: daemon.stats.windows_closed >= 4, 30), "windows do not close"
-        assert wait_until(lambda: _gauge(server.url).get((MODEL, "legal/contracts")) == 1.0, 10)
+        wait_until(lambda: daemon.stats.windows_closed >= 4, 30), what="windows closing")
+        wait_until(lambda: _gauge(server.url).get((MODEL, "legal/contracts")) == 1.0, 10)
         gen.inject(MODEL, "legal/contracts", "quality")
-        assert wait_until(lambda: daemon.flags.precision_for(MODEL, "legal/contracts") == "fp16", 30)
-        assert wait_until(lambda: _gauge(server.url).get((MODEL, "legal/contracts")) == 0.0, 10)
+        wait_until(lambda: daemon.flags.precision_for(MODEL, "legal/contracts") == "fp16", 30)
+        wait_until(lambda: _gauge(server.url).get((MODEL, "legal/contracts")) == 0.0, 10)
         gauge = _gauge(server.url)
         assert gauge[(MODEL, "support/chat")] == 1.0  # healthy, never flipped: serves FP8 (no flag)
         assert gauge[("other-model", "batch")] == 0.0
@@ -45,5 +46,5 @@ def test_precision_gauge_reads_0_after_a_rollback_1_on_fp8_and_forgets_unknown_r
         # the operator's flag is deleted: the route is no longer known, its series goes
         redis_client.delete(keys.route("other-model", "batch"))
         redis_client.srem(keys.routes_index, keys.route("other-model", "batch"))
-        assert wait_until(lambda: ("other-model", "batch") not in _gauge(server.url), 15)
+        wait_until(lambda: ("other-model", "batch") not in _gauge(server.url), 15)
         assert _gauge(server.url)[(MODEL, "legal/contracts")] == 0.0

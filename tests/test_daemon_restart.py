@@ -16,7 +16,8 @@ import pytest
 import yaml
 from kafka import KafkaProducer
 
-from tests.daemon_harness import MODEL, wait_until, write_policy
+from tests.daemon_harness import MODEL, write_policy
+from tests.helpers import wait_until
 from watchdog.dev.embedded import free_port
 from watchdog.dev.traffic import Route, TrafficGenerator
 
@@ -71,27 +72,31 @@ def test_killed_daemon_resumes_without_loss_or_double_counting(kafka_service, re
     sender = threading.Thread(target=produce)
     sender.start()
     try:
-        assert wait_until(lambda: redis_client.xlen("llmwd:windows") >= 6, 40), log_path.read_text()[-3000:]
+        wait_until(lambda: redis_client.xlen("llmwd:windows") >= 6, 40,
+                   detail=lambda: log_path.read_text()[-3000:])
         daemon.send_signal(signal.SIGKILL)  # a crash: no shutdown
         daemon.wait(timeout=10)
         before = redis_client.xlen("llmwd:windows")
         time.sleep(1.5)
         daemon = _start(cfg_path, log_path)
-        assert wait_until(lambda: redis_client.xlen("llmwd:windows") >= before + 6, 60), log_path.read_text()[-3000:]
+        wait_until(lambda: redis_client.xlen("llmwd:windows") >= before + 6, 60,
+                   detail=lambda: log_path.read_text()[-3000:])
         t0 = time.monotonic()
         daemon.send_signal(signal.SIGTERM)  # a rolling deploy: checkpoint the half-filled windows and exit
         assert daemon.wait(timeout=10) == 0, log_path.read_text()[-3000:]
         assert time.monotonic() - t0 < 10
         before = redis_client.xlen("llmwd:windows")
         daemon = _start(cfg_path, log_path)
-        assert wait_until(lambda: redis_client.xlen("llmwd:windows") >= before + 6, 60), log_path.read_text()[-3000:]
+        wait_until(lambda: redis_client.xlen("llmwd:windows") >= before + 6, 60,
+                   detail=lambda: log_path.read_text()[-3000:])
     finally:
         stop.set()
         sender.join()
         producer.close()
     # traffic stopped: the partitions go idle, the broker confirms it, and the last windows close
     total = sum(expected.values())
-    assert wait_until(lambda: sum(recorded()[0].values()) >= total, 30), (sum(recorded()[0].values()), total)
+    wait_until(lambda: sum(recorded()[0].values()) >= total, 30,
+               detail=lambda: (sum(recorded()[0].values()), total))
     daemon.send_signal(signal.SIGTERM)
     assert daemon.wait(timeout=10) == 0, log_path.read_text()[-3000:]
     seen, dupes = recorded()
@@ -122,8 +127,8 @@ def test_a_backlog_spread_over_partitions_is_counted_in_full(kafka_service, redi
     producer.close()
     cfg = make_config(kafka_service.address, redis_service.port, topic, write_policy(tmp_path / "p.yaml"), None)
     with running_daemon(cfg) as (daemon, _server):
-        assert wait_until(lambda: daemon.metrics.events.labels("ok")._value.get() >= sum(expected.values()), 60)
-        assert wait_until(lambda: sum(p.agg.open_windows() for p in daemon.parts.values()) == 0, 20)
+        wait_until(lambda: daemon.metrics.events.labels("ok")._value.get() >= sum(expected.values()), 60)
+        wait_until(lambda: sum(p.agg.open_windows() for p in daemon.parts.values()) == 0, 20)
         late = daemon.metrics.dlq.labels("late")._value.get()
     seen: collections.Counter[tuple[str, str, float]] = collections.Counter()
     for _id, fields in redis_client.xrange("llmwd:windows"):

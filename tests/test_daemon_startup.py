@@ -8,7 +8,8 @@ import time
 import httpx
 import pytest
 
-from tests.daemon_harness import daemon_cfg, start_daemon_process, wait_until, write_policy
+from tests.daemon_harness import daemon_cfg, start_daemon_process, write_policy
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.services
 
@@ -35,8 +36,8 @@ def test_start_up_is_bounded_names_the_cause_and_sigterm_exits_within_10_s(
     base = f"http://127.0.0.1:{cfg['server']['port']}"
     d = start_daemon_process(cfg, tmp_path)
     try:
-        assert wait_until(lambda: (r := _get(f"{base}/readyz")) is not None and cause in r.text, 20), \
-            (tmp_path / "daemon.log").read_text()[-2000:]
+        wait_until(lambda: (r := _get(f"{base}/readyz")) is not None and cause in r.text, 20,
+                   detail=lambda: (tmp_path / "daemon.log").read_text()[-2000:])
         ready = _get(f"{base}/readyz")
         assert ready is not None and ready.status_code == 503 and "kafka-startup" in ready.text
         live = _get(f"{base}/livez")
@@ -64,8 +65,8 @@ def test_ready_daemon_exports_the_metric_contract_and_sigterm_exits_fast(kafka_s
     base = f"http://127.0.0.1:{cfg['server']['port']}"
     d = start_daemon_process(cfg, tmp_path)
     try:
-        assert wait_until(lambda: (r := _get(f"{base}/readyz")) is not None and r.status_code == 200, 30), \
-            (tmp_path / "daemon.log").read_text()[-2000:]
+        wait_until(lambda: (r := _get(f"{base}/readyz")) is not None and r.status_code == 200, 30,
+                   detail=lambda: (tmp_path / "daemon.log").read_text()[-2000:])
         text = _get(f"{base}/metrics").text  # type: ignore[union-attr]
         for name in ("llmwd_ready 1.0", 'llmwd_not_ready{reason="redis"} 0.0', "llmwd_loop_last_timestamp_seconds",
                      "llmwd_flip_budget_exhausted_total", "llmwd_ops_alerts_total", "llmwd_redis_up 1.0",

@@ -19,31 +19,9 @@ from tests.drills.catalog import CI_DRILLS, DRILLS
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 ROOT = Path(os.environ.get("LLMWD_DRILL_ROOT") or Path(__file__).resolve().parent.parent)
 
-#: The rebuilt spine (issue 8: per-partition checkpoints, event-time watermarks, outbox) is present.
-#: Without it (main's daemon) these drills fail as measured in docs/RELIABILITY.md; the marks keep a
-#: tree without the rebuild green while still failing if it ever starts passing unnoticed (strict)
-#: or, for failures that depend on where a kill lands, not (strict=False).
-SPINE = (ROOT / "watchdog" / "checkpoint.py").exists()
-FAILS_WITHOUT_SPINE: dict[str, tuple[str, bool]] = {
-    "sigkill-loop": ("main: a partition's events lost after some SIGKILLs (827 and 1923 lost in two runs, "
-                     "0 in a third)", False),
-    "sigterm-rolling": ("main: a graceful stop closes half-filled windows and commits past them (164 lost)", True),
-    "broker-freeze": ("main: windows close by wall clock while the loop waits on the frozen broker", False),
-    "future-240s-restart": ("main: one event at now+240 s moves the restored mark; 1888 lost", True),
-    "redis-down-regression": ("main: the ops alert flaps (17 pages for one outage), rollback paged early", True),
-    "poison-after-broker-restart": ("main: dead letters and offsets after a broker restart", False),
-}
 
-
-def _param(name: str) -> object:
-    marks = [pytest.mark.timeout(150)]
-    if not SPINE and name in FAILS_WITHOUT_SPINE:
-        reason, strict = FAILS_WITHOUT_SPINE[name]
-        marks.append(pytest.mark.xfail(strict=strict, reason=reason))
-    return pytest.param(name, marks=marks, id=name)
-
-
-@pytest.mark.parametrize("name", [_param(n) for n in CI_DRILLS])
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("name", CI_DRILLS)
 def test_drill(name: str, tmp_path: Path) -> None:
     result = DRILLS[name](ROOT, tmp_path, False)
     assert result.produced > 0, f"{name}: no traffic was acked ({result.notes})"

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from watchdog.actuation.actuator import FlagStore
-from watchdog.cli.flags import add_flags_commands, parse_duration, redact, who
+from watchdog.cli.flags import add_flags_commands, parse_duration, who
 from watchdog.core.keys import Keys
 
 pytestmark = pytest.mark.services
@@ -108,7 +108,6 @@ def test_unreachable_redis_is_a_message_not_a_traceback(capsys: pytest.CaptureFi
     assert run(dead, "list") == 2
     err = capsys.readouterr().err
     assert err.startswith("error: redis at") and "hunter2" not in err
-    assert redact(dead) == dead.replace("hunter2", "***")
 
 
 def test_precision_comes_from_the_configured_set(url: str, redis_client: Any, tmp_path: Any,

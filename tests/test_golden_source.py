@@ -11,7 +11,8 @@ import pytest
 
 from probes.golden import GoldenItem, GoldenSet, Manifest
 from probes.golden_replay import replay
-from tests.daemon_harness import make_config, running_daemon, wait_until
+from tests.daemon_harness import make_config, running_daemon
+from tests.helpers import wait_until
 from tests.test_replay import TableEngine
 from watchdog.sources.golden import GoldenJob, GoldenScheduler
 
@@ -60,9 +61,9 @@ def test_interval_schedule_fires_and_one_job_never_runs_twice_at_once(tmp_path: 
     calls: list[float] = []
     sched = GoldenScheduler([job(every_s=0.2)], replay_fn=table_replay(tmp_path, delay=0.5, calls=calls)).start()
     try:
-        assert wait_until(lambda: len(calls) >= 2, 10)
+        wait_until(lambda: len(calls) >= 2, 10)
         # a manual run while the scheduled one holds the job is skipped, not queued
-        assert wait_until(lambda: sched.jobs["mini"].lock.locked(), 5)
+        wait_until(lambda: sched.jobs["mini"].lock.locked(), 5)
         assert sched.run_job("mini") is False
     finally:
         sched.stop()
@@ -77,7 +78,7 @@ def test_suspicion_triggers_a_replay_once_per_debounce(tmp_path: Path) -> None:
     assert sched.request("m", "r2", "live rule tripped", now=1000.0) == ["mini"]
     assert sched.request("m", "r2", "again", now=1010.0) == []  # debounced
     assert sched.request("m", "unguarded", "x", now=1000.0) == []
-    assert wait_until(lambda: len(calls) == 1 and not sched.jobs["mini"].lock.locked(), 10)
+    wait_until(lambda: len(calls) == 1 and not sched.jobs["mini"].lock.locked(), 10)
     assert sched.request("m", "r1", "later", now=1100.0) == ["mini"]
 
 
@@ -135,7 +136,7 @@ def test_daemon_rolls_back_on_a_stale_fp8_calibration(kafka_service, redis_servi
         assert daemon.flags.precision_for("tiny-llama", "qa") == "fp8"
         scheduler.jobs["tiny"].candidate["scale_multiplier"] = 0.05  # the calibration went stale
         assert scheduler.run_job("tiny")
-        assert wait_until(lambda: daemon.flags.precision_for("tiny-llama", "qa") == "fp16", 15)
+        wait_until(lambda: daemon.flags.precision_for("tiny-llama", "qa") == "fp16", 15)
         verdicts = json.dumps(daemon.status()["verdicts"])
     assert "exact-match-drop" in verdicts
     audit = redis_client.xrange("llmwd:audit")

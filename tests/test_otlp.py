@@ -225,7 +225,8 @@ def test_daemon_ingests_span_batches_into_windows_and_dead_letters_bad_spans(
         codec, kafka_service, redis_service, redis_client, topic, tmp_path):
     from kafka import KafkaConsumer, KafkaProducer
 
-    from tests.daemon_harness import make_config, running_daemon, wait_until, write_policy
+    from tests.daemon_harness import make_config, running_daemon, write_policy
+    from tests.helpers import wait_until
 
     route = f"otlp-{uuid.uuid4().hex[:6]}"
     encode = ENCODINGS[codec]
@@ -251,9 +252,9 @@ def test_daemon_ingests_span_batches_into_windows_and_dead_letters_bad_spans(
             return [w for _id, v in redis_client.xrange("llmwd:windows")
                     if (w := json.loads(v["json"]))["route"] == route]
 
-        assert wait_until(lambda: sum(w["samples"] for w in windows()) >= sent, 30), windows()
+        wait_until(lambda: sum(w["samples"] for w in windows()) >= sent, 30, detail=windows)
         # the commit passes every record only once all of its events sit in closed windows
-        assert wait_until(lambda: _committed(kafka_service.address, cfg.kafka.group_id, topic) >= 4, 15)
+        wait_until(lambda: _committed(kafka_service.address, cfg.kafka.group_id, topic) >= 4, 15)
     got = windows()
     assert {w["precision"] for w in got} == {"fp8", "fp16"} and sum(w["samples"] for w in got) == sent
 

@@ -11,7 +11,8 @@ import pytest
 
 from watchdog.core.events import InferenceEvent, ShadowResult
 from watchdog.core.signals import Signal
-from watchdog.windows.aggregator import WindowAggregator, preload_scorers, shadow_agreement
+from watchdog.windows.aggregator import WindowAggregator
+from watchdog.windows.shadow import preload_scorers, shadow_agreement
 from watchdog.windows.sketch import QuantileSketch
 
 # --- sketch -----------------------------------------------------------------------------------
@@ -435,7 +436,7 @@ def test_rouge_l_equals_rouge_score_on_random_and_real_pairs() -> None:
     from rouge_score import rouge_scorer
 
     from probes.metrics import CjkTokenizer, Scorer
-    from watchdog.windows.aggregator import lcs_length, rouge_l
+    from watchdog.windows.shadow import lcs_length, rouge_l
 
     reference = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=False, tokenizer=CjkTokenizer())
     scorer = Scorer()

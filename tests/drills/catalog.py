@@ -15,10 +15,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.drills.harness import MODEL, wait_until
+from tests.drills.harness import MODEL
 from tests.drills.hostile import HOSTILE_FILES
 from tests.drills.ledger import Result
 from tests.drills.runner import Drill
+from tests.helpers import WaitTimeout, wait_until
 
 DrillFn = Callable[[Path, Path, bool], Result]
 DRILLS: dict[str, DrillFn] = {}
@@ -85,7 +86,9 @@ def sigterm_rolling(root: Path, workdir: Path, full: bool) -> Result:
                 d.note(f"graceful stop exited rc {rc}")
             d.daemon.start()
             before = d.windows_recorded()
-            if not wait_until(lambda b=before: d.windows_recorded() > b + 4, 40):
+            try:
+                wait_until(lambda b=before: d.windows_recorded() > b + 4, 40, 0.2)
+            except WaitTimeout:
                 d.note("a restarted daemon recorded no window within 40 s")
         d.sleep(5.0)
         return d.finish()
@@ -105,7 +108,9 @@ def sigterm_while_joining(root: Path, workdir: Path, full: bool) -> Result:
             d.daemon.start()
             before = d.windows_recorded()
             t = time.time()
-            if not wait_until(lambda b=before: d.windows_recorded() > b + 4, 60 if full else 30):
+            try:
+                wait_until(lambda b=before: d.windows_recorded() > b + 4, 60 if full else 30, 0.2)
+            except WaitTimeout:
                 d.note(f"no window recorded {time.time() - t:.0f} s after the restart")
             d.sleep(3.0)
         return d.finish()
@@ -265,7 +270,10 @@ def redis_empty_after_rollback(root: Path, workdir: Path, full: bool) -> Result:
             d.stack.restart_redis(empty=True)
         t = time.time()
         key = f"llmwd:route:{MODEL}:r0"
-        ok = wait_until(lambda: d.stack.client().hget(key, "precision") == "fp16", 20)
+        try:
+            ok = wait_until(lambda: d.stack.client().hget(key, "precision") == "fp16", 20, 0.2)
+        except WaitTimeout:
+            ok = False
         gap = time.time() - t
         d.sleep(10.0 if full else 4.0)
         res = d.finish()

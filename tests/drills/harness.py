@@ -571,15 +571,6 @@ def stack(root: Path, workdir: Path, **kw: Any) -> Iterator[Stack]:
         s.close()
 
 
-def wait_until(cond: Callable[[], bool], timeout: float, interval: float = 0.2) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(interval)
-    return bool(cond())
-
-
 def read_topic(address: str, topic: str, partitions: int | None = None, idle_s: float = 2.0,
                limit_s: float = 30.0) -> Counter[str]:
     """Every record of ``topic`` now in the broker, as request ids (to check acks against the log).

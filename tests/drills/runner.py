@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tests.drills.harness import Guards, ReadinessSampler, Stack, Traffic, read_topic, wait_until
+from tests.drills.harness import Guards, ReadinessSampler, Stack, Traffic, read_topic
 from tests.drills.ledger import (
     Expect,
     Result,
@@ -20,6 +20,7 @@ from tests.drills.ledger import (
     compare_counts,
     recorded_windows,
 )
+from tests.helpers import WaitTimeout, wait_until
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,9 @@ class Drill:
         for d in self.stack.daemons:
             d.start()
         self.traffic = self.stack.traffic(self.routes, self.rate, **self.producer_kw).start()
-        if not wait_until(lambda: self.windows_recorded() >= wait_windows, timeout):
+        try:
+            wait_until(lambda: self.windows_recorded() >= wait_windows, timeout, 0.2)
+        except WaitTimeout:
             self.result.notes.append(f"no windows recorded {timeout:.0f} s after start")
 
     def windows_recorded(self) -> int:
@@ -104,7 +107,8 @@ class Drill:
                     return True
             return False
 
-        wait_until(seen, timeout, 0.5)
+        with contextlib.suppress(WaitTimeout):
+            wait_until(seen, timeout, 0.5)
         return found[-1] if found else None
 
     @contextlib.contextmanager
@@ -135,7 +139,8 @@ class Drill:
             samples, _ = recorded_windows(self.stack.stream("windows"))
             want = sum(n for k, n in produced.items() if k[2] < cutoff)
             return sum(n for k, n in samples.items() if k[2] < cutoff) >= want
-        wait_until(settled, wait_s, 0.5)
+        with contextlib.suppress(WaitTimeout):  # the counts below say what is missing
+            wait_until(settled, wait_s, 0.5)
         self.traffic.stop()
         for t in self.extra_traffic:
             t.stop()

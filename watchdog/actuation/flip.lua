@@ -1,5 +1,5 @@
 -- One atomic flag change: check fencing epoch and pin, write the route hash, index it, append an
--- audit record, publish a notification. Loaded by watchdog/actuator.py (FlagStore).
+-- audit record, publish a notification. Loaded by watchdog/actuation/actuator.py (FlagStore).
 --
 -- KEYS[1] route hash   KEYS[2] routes index (set)   KEYS[3] audit stream
 -- ARGV[1] op: set | pin | unpin

@@ -2,7 +2,7 @@
 
 One registry maps a channel kind (``webhook``, ``slack``, ``pagerduty``, ``alertmanager``) to its
 class. A channel is pure: it turns an :class:`Alert` into (url, headers, JSON body); the HTTP
-POST, retries and queueing live in :mod:`watchdog.alerting.alerter`.
+POST, retries and queueing live in :mod:`watchdog.alerting.delivery`.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal
 from urllib.parse import quote
 
-AlertSeverity = Literal["info", "warning", "error", "critical"]
-AlertStatus = Literal["firing", "resolved"]
+from pydantic import ValidationError
 
-#: ordering used by ``min_severity`` filters and by escalation
-SEVERITY_RANK: dict[str, int] = {"info": 0, "warning": 1, "error": 2, "critical": 3}
+from watchdog.config.settings import AlertChannelConfig
+from watchdog.core.signals import SEVERITY_RANK, Severity
+
+AlertStatus = Literal["firing", "resolved"]
 
 #: version of the generic webhook body; bump when a field changes meaning
 WEBHOOK_SCHEMA = "llm-watchdog.alert/v1"
@@ -59,7 +60,7 @@ class Alert:
 
     key: str
     status: AlertStatus
-    severity: AlertSeverity
+    severity: Severity
     summary: str
     description: str
     #: what caused this message: alert, rollback, promote, resolve, escalate, ops, ops_resolve
@@ -71,7 +72,7 @@ class Alert:
     policy: str | None = None
     dry_run: bool = False
     #: set when the message raises the severity of an already open incident
-    previous_severity: AlertSeverity | None = None
+    previous_severity: Severity | None = None
     detail: dict[str, Any] = field(default_factory=dict)
     #: back-link to the watchdog status page, if known
     url: str | None = None
@@ -112,59 +113,46 @@ def rfc3339(ts: float) -> str:
     return datetime.fromtimestamp(ts, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-@dataclass(frozen=True, slots=True)
-class ChannelConfig:
-    """One entry of ``alerts: channels:`` in the daemon config."""
+def channel_config(raw: AlertChannelConfig | Mapping[str, Any] | Any) -> AlertChannelConfig:
+    """A checked :class:`~watchdog.config.settings.AlertChannelConfig` from the model itself, a
+    mapping or another pydantic model: the schema's checks, then the registry's (a known kind,
+    with "did you mean"; a ``url`` unless the kind has a default; a required ``routing_key``).
 
-    kind: str
-    url: str | None = None
-    routing_key: str | None = field(default=None, repr=False)
-    headers: dict[str, str] = field(default_factory=dict, repr=False)
-    min_severity: AlertSeverity = "info"
-    timeout_s: float = 5.0
-    #: label used in logs and stats; defaults to the kind (plus an index when repeated)
-    name: str | None = None
-    #: PagerDuty ``payload.source``; defaults to this host's name
-    source: str | None = None
-    #: Alertmanager forgets alerts not re-sent within its resolve_timeout; re-post open ones this often
-    resend_interval_s: float | None = None
-
-
-def channel_config(raw: ChannelConfig | Mapping[str, Any] | Any) -> ChannelConfig:
-    """Build a checked :class:`ChannelConfig` from a mapping, a pydantic model or a config.
-
-    Raises ``ValueError`` naming the bad field (unknown kinds get a "did you mean").
+    Raises ``ValueError`` naming the bad field.
     """
-    if isinstance(raw, ChannelConfig):
-        data: dict[str, Any] = {f: getattr(raw, f) for f in ChannelConfig.__dataclass_fields__}
-    elif isinstance(raw, Mapping):
-        data = dict(raw)
-    elif hasattr(raw, "model_dump"):
-        data = raw.model_dump()
+    if isinstance(raw, AlertChannelConfig):
+        config = raw
     else:
-        raise ValueError(f"alert channel config must be a mapping, got {type(raw).__name__}")
-    unknown = sorted(set(data) - set(ChannelConfig.__dataclass_fields__))
-    if unknown:
-        raise ValueError(f"alert channel: unknown field(s) {', '.join(unknown)}")
-    if "kind" not in data:
-        raise ValueError("alert channel: 'kind' is required")
-    data = {k: v for k, v in data.items() if v is not None or k in ("url", "routing_key", "name", "source")}
-    cls = channel_class(str(data["kind"]))
-    if data.get("min_severity", "info") not in SEVERITY_RANK:
-        raise ValueError(
-            f"alert channel {data['kind']}: min_severity must be one of {', '.join(SEVERITY_RANK)}, "
-            f"got {data.get('min_severity')!r}"
-        )
-    timeout = data.get("timeout_s", 5.0)
-    if not isinstance(timeout, int | float) or timeout <= 0:
-        raise ValueError(f"alert channel {data['kind']}: timeout_s must be > 0, got {timeout!r}")
-    if not data.get("url") and cls.default_url is None:
-        raise ValueError(f"alert channel {data['kind']}: 'url' is required")
-    if cls.requires_routing_key and not data.get("routing_key"):
-        raise ValueError(f"alert channel {data['kind']}: 'routing_key' is required")
-    if data.get("headers") is None:
-        data["headers"] = {}
-    return ChannelConfig(**data)
+        if isinstance(raw, Mapping):
+            data: dict[str, Any] = dict(raw)
+        elif hasattr(raw, "model_dump"):
+            data = raw.model_dump()
+        else:
+            raise ValueError(f"alert channel config must be a mapping, got {type(raw).__name__}")
+        try:  # None means "the default" here, as it does for a key left out
+            config = AlertChannelConfig.model_validate({k: v for k, v in data.items() if v is not None})
+        except ValidationError as exc:
+            raise ValueError(_schema_problems(data.get("kind"), exc)) from None
+    cls = channel_class(config.kind)
+    if not config.url and cls.default_url is None:
+        raise ValueError(f"alert channel {config.kind}: 'url' is required")
+    if cls.requires_routing_key and not config.routing_key:
+        raise ValueError(f"alert channel {config.kind}: 'routing_key' is required")
+    return config
+
+
+def _schema_problems(kind: Any, exc: ValidationError) -> str:
+    problems = []
+    for err in exc.errors(include_url=False):
+        field_name = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            problems.append(f"unknown field {field_name!r}")
+        elif err["type"] == "missing":
+            problems.append(f"{field_name!r} is required")
+        else:
+            problems.append(f"{field_name}: {err['msg']}")
+    where = f"alert channel {kind}" if kind else "alert channel"
+    return f"{where}: {'; '.join(problems)}"
 
 
 class Channel(ABC):
@@ -176,7 +164,7 @@ class Channel(ABC):
     #: None: this receiver keeps state, a message is sent once
     default_resend_interval_s: ClassVar[float | None] = None
 
-    def __init__(self, config: ChannelConfig | Mapping[str, Any] | Any) -> None:
+    def __init__(self, config: AlertChannelConfig | Mapping[str, Any] | Any) -> None:
         self.config = channel_config(config)
         self.name = self.config.name or self.config.kind
         self.resend_interval_s = self.config.resend_interval_s or self.default_resend_interval_s
@@ -228,7 +216,7 @@ def channel_class(kind: str) -> type[Channel]:
         ) from None
 
 
-def build_channel(raw: ChannelConfig | Mapping[str, Any] | Any) -> Channel:
+def build_channel(raw: AlertChannelConfig | Mapping[str, Any] | Any) -> Channel:
     config = channel_config(raw)
     return channel_class(config.kind)(config)
 
@@ -277,7 +265,6 @@ class WebhookChannel(Channel):
 
 SLACK_COLORS = {
     "critical": "#d62728",
-    "error": "#ff7f0e",
     "warning": "#f2c744",
     "info": "#1f77b4",
     "resolved": "#2ca02c",

@@ -31,6 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from watchdog.actuation.actuator import FlagStore, FlipResult
+from watchdog.config.redact import redacted
 from watchdog.config.settings import Config, ConfigError, load_config
 from watchdog.core.argtypes import (
     did_you_mean,
@@ -58,11 +59,6 @@ def parse_duration(value: str) -> float:
     if seconds <= 0:
         raise argparse.ArgumentTypeError(f"duration must be positive: {value!r}")
     return seconds
-
-
-def redact(url: str) -> str:
-    """The URL without its password, for messages."""
-    return re.sub(r"//([^:/@]*):[^@/]*@", r"//\1:***@", url)
 
 
 def who() -> str:
@@ -257,7 +253,7 @@ def _guarded(handler: Callable[[argparse.Namespace, FlagStore], int]) -> Callabl
             sys.stderr.write(f"fp8-watchdog flags {getattr(args, 'flags_command', '')}: error: {exc}\n")
             return 2
         except (redis.RedisError, OSError) as exc:
-            sys.stderr.write(f"error: redis at {redact(args.redis_url)}: {type(exc).__name__}: {exc}\n")
+            sys.stderr.write(f"error: redis at {redacted(args.redis_url)}: {type(exc).__name__}: {exc}\n")
             return 2
         except ValueError as exc:
             sys.stderr.write(f"error: {exc}\n")

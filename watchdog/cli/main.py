@@ -137,7 +137,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_config_check(args: argparse.Namespace) -> int:
     import yaml
 
-    from watchdog.config.settings import env_overrides, redacted
+    from watchdog.config.redact import redacted
+    from watchdog.config.settings import env_overrides
     from watchdog.policy import PolicyError, load_policy_files
 
     cfg = _load_config(args)

@@ -1,4 +1,5 @@
 """The daemon's configuration: typed settings validated at load with ``file:line:col`` positions
-(``settings``), the YAML position tracker shared with the policy loader (``yamlpos``). Every YAML
-file the project reads goes through ``watchdog.core.safe_yaml``.
+(``settings``, which also owns the alert-channel schema), the YAML position tracker shared with the
+policy loader (``yamlpos``) and the one redactor of secrets (``redact``). Every YAML file the
+project reads goes through ``watchdog.core.safe_yaml``.
 """

@@ -28,7 +28,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from watchdog.config import yamlpos
+from watchdog.config.yamlpos import PosDoc
 from watchdog.core import safe_yaml
+from watchdog.core.signals import Severity
 
 ENV_PREFIX = "LLMWD_"
 
@@ -109,13 +112,29 @@ class WindowConfig(_Section):
     allowed_lateness_s: float = Field(0.0, ge=0)
 
 
-class AlertChannelConfig(_Section):
+class AlertChannelConfig(BaseModel):
+    """One entry of ``alerts: channels:``: how one on-call channel is reached (docs/ALERTS.md).
+
+    The one schema of a channel's settings: the daemon config validates it here, and
+    ``watchdog.alerting.channels.channel_config`` builds the same model from a mapping, then checks
+    what only the channel registry knows (a known ``kind``, a ``url`` unless the kind has a default,
+    a PagerDuty ``routing_key``). Secrets (``routing_key``, ``headers``) stay out of its repr."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     kind: str
     url: str | None = None
-    routing_key: str | None = None
-    headers: dict[str, str] = Field(default_factory=dict)
-    min_severity: Literal["info", "warning", "critical"] = "info"
+    routing_key: str | None = Field(None, repr=False)
+    headers: dict[str, str] = Field(default_factory=dict, repr=False)
+    min_severity: Severity = "info"
     timeout_s: float = Field(5.0, gt=0)
+    #: label used in logs and stats; defaults to the kind (plus an index when repeated)
+    name: str | None = None
+    #: PagerDuty ``payload.source`` and the Alertmanager ops label; defaults to this host's name
+    source: str | None = None
+    #: re-post open incidents this often (Alertmanager forgets alerts not re-sent within its
+    #: resolve_timeout); None: the kind's default (60 s for alertmanager, never for the others)
+    resend_interval_s: float | None = Field(None, gt=0)
 
 
 class AlertsConfig(_Section):
@@ -210,8 +229,6 @@ class ConfigError(ValueError):
     """The configuration file or environment is invalid; ``str()`` is ready to print."""
 
 
-Marks = dict[tuple[Any, ...], tuple[int, int]]
-
 _VAR_RE = re.compile(r"\$\$\{|\$\{([^}]*)\}")
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: LLMWD_* variables that are read elsewhere, not config keys
@@ -267,46 +284,29 @@ def _expand_nodes(root: yaml.Node, loader: yaml.SafeLoader, name: str, env: Mapp
         raise ConfigError("\n".join(msg for _line, _col, msg in sorted(problems)))
 
 
-def _line_index(root: yaml.Node) -> Marks:
-    """``path -> (line, col)``; a node reached again through an alias is not walked again."""
-    marks: Marks = {}
-    seen: set[int] = set()
-    work: list[tuple[yaml.Node, tuple[Any, ...]]] = [(root, ())]
-    while work:
-        node, path = work.pop()
-        marks.setdefault(path, (node.start_mark.line + 1, node.start_mark.column + 1))
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        if isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                marks[(*path, key.value)] = (key.start_mark.line + 1, key.start_mark.column + 1)
-                work.append((value, (*path, key.value)))
-        elif isinstance(node, yaml.SequenceNode):
-            work.extend((item, (*path, i)) for i, item in enumerate(node.value))
-    return marks
-
-
-def read_config_file(path: str | Path, env: Mapping[str, str] | None = None) -> tuple[dict[str, Any], Marks]:
-    """The file's mapping with placeholders expanded, and ``path -> (line, col)`` of every value."""
+def read_config_file(path: str | Path, env: Mapping[str, str] | None = None) -> tuple[dict[str, Any], PosDoc]:
+    """The file's mapping with placeholders expanded, and where every key and value sits in it."""
     name = str(path)
     env = os.environ if env is None else env
-    loader = yaml.SafeLoader("")  # resolves the type of expanded plain scalars, builds the data
+    loader = yaml.SafeLoader("")  # resolves the type of expanded plain scalars
     try:
         node = safe_yaml.compose(safe_yaml.read_text(path))
         if node is None:
-            return {}, {}
+            return {}, PosDoc(data={})
         _expand_nodes(node, loader, name, env)
-        data = safe_yaml.to_python(node)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark else name
         raise ConfigError(f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from exc
     finally:
         loader.dispose()
-    if not isinstance(data, dict):
+    doc = yamlpos.from_node(node)
+    if doc.errors:
+        raise ConfigError("\n".join(f"{name}:{p.line}:{p.col}: invalid YAML: {msg}"
+                                     for p, msg in sorted(doc.errors, key=lambda e: (e[0].line, e[0].col))))
+    if not isinstance(doc.data, dict):
         raise ConfigError(f"{name}:1:1: the config must be a mapping")
-    return data, _line_index(node)
+    return doc.data, doc
 
 
 def env_overrides(env: Mapping[str, str]) -> tuple[list[tuple[tuple[str, ...], Any, str]], list[str]]:
@@ -357,10 +357,10 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
     """Read ``path`` (YAML) if given, apply ``overrides`` and the ``LLMWD_*`` env overrides, validate."""
     env = os.environ if env is None else env
     data: dict[str, Any] = {}
-    marks: Marks = {}
+    doc: PosDoc | None = None
     name = str(path) if path else "<env>"
     if path is not None:
-        data, marks = read_config_file(path, env)
+        data, doc = read_config_file(path, env)
         _resolve_paths(data, Path(path).parent)
     data.update(overrides)
     from_env: dict[tuple[Any, ...], str] = {}
@@ -374,25 +374,9 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         for err in exc.errors():
             loc = tuple(err["loc"])
             env_var = next((from_env[loc[:i]] for i in range(len(loc), 0, -1) if loc[:i] in from_env), None)
-            pos = next((marks[loc[:i]] for i in range(len(loc), 0, -1) if loc[:i] in marks), None)
-            where = f"${env_var}" if env_var else f"{name}:{pos[0]}:{pos[1]}" if pos else name
+            where = f"${env_var}" if env_var else name
+            if not env_var and doc is not None:  # a missing key: point at its parent's key
+                pos = doc.pos(loc[:-1] if err["type"] == "missing" else loc, key=True)
+                where = f"{name}:{pos.line}:{pos.col}"
             lines.append(f"{where}: {'.'.join(str(p) for p in loc) or 'config'}: {err['msg']}")
         raise ConfigError("\n".join(lines)) from exc
-
-
-_SECRET_KEY = re.compile(r"(password|passwd|secret|token|routing_key|api_key|apikey|credentials?)$", re.I)
-_URL_PASSWORD = re.compile(r"(//[^:/@\s]*):[^@/\s]+@")
-_SECRET_PATH = re.compile(r"(hooks\.slack\.com/services/|/hooks/|/webhook/)\S+")
-
-
-def redacted(value: Any, key: str = "") -> Any:
-    """A copy of a config dump with secrets replaced by ``***``: password/token/key fields, every
-    header value, passwords inside URLs and webhook paths (a Slack URL is itself a secret)."""
-    if isinstance(value, dict):
-        return {k: ("***" if v and (key == "headers" or _SECRET_KEY.search(str(k))) else redacted(v, str(k)))
-                for k, v in value.items()}
-    if isinstance(value, list):
-        return [redacted(v, key) for v in value]
-    if isinstance(value, str):
-        return _SECRET_PATH.sub(r"\1***", _URL_PASSWORD.sub(r"\1:***@", value))
-    return value

@@ -70,6 +70,12 @@ def load_with_positions(text: str, limits: safe_yaml.Limits = safe_yaml.DEFAULT_
         root = safe_yaml.compose(text, limits)
     except safe_yaml.SafeYamlError as exc:
         raise YamlSyntaxError(Pos(exc.line, exc.col), exc.message) from None
+    return from_node(root)
+
+
+def from_node(root: yaml.Node | None) -> PosDoc:
+    """The data and positions of a node tree from ``safe_yaml.compose`` (which bounds its size),
+    e.g. one whose scalars the caller rewrote first (the daemon config expands ``${VAR}``)."""
     doc = PosDoc(data=None)
     if root is None:
         return doc

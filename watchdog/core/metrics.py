@@ -53,5 +53,15 @@ class Metrics:
                                       ["partition"], registry=r)
         self.watermark = Gauge("llmwd_watermark_seconds", "Event-time watermark per partition (unix seconds)",
                                ["partition"], registry=r)
-        self.pages = Counter("llmwd_pages_total", "Outbox records delivered to the alert channels, by result",
-                             ["result"], registry=r)
+        self.pages = Counter("llmwd_pages_total",
+                             "Alert messages per channel, by result: delivered, failed (given up after retries or "
+                             "refused) or dropped (queue full, or undelivered at stop)", ["result"], registry=r)
+        # label values known in advance start at 0, so increase() and rate() see their first event
+        for result in ("delivered", "failed", "dropped"):
+            self.pages.labels(result)
+        for result in ("ok", "rejected"):
+            self.policy_reloads.labels(result)
+
+    def count_page(self, result: str, n: int = 1) -> None:
+        """The alerter's ``on_page`` hook: ``n`` messages to one channel ``delivered``, ``failed`` or ``dropped``."""
+        self.pages.labels(result).inc(n)

@@ -8,11 +8,17 @@ alerter carry actions out. Nothing here does I/O, so the policy core stays a pur
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 Source = Literal["live", "golden", "gpu"]
 ActionKind = Literal["rollback", "promote", "alert", "resolve"]
+
+#: The one severity scale of the project, lowest first: a policy rule's ``severity``, an action's,
+#: an alert's, and a channel's ``min_severity`` (docs/ALERTS.md) all take these values.
 Severity = Literal["info", "warning", "critical"]
+SEVERITIES: tuple[Severity, ...] = get_args(Severity)
+#: position on the scale, for ``min_severity`` filters, escalation and "the worst of these rules"
+SEVERITY_RANK: dict[str, int] = {s: i for i, s in enumerate(SEVERITIES)}
 
 #: Verdict of one rule (or a whole policy) for one scope.
 #: ``inconclusive`` neither rolls back nor promotes; ``error`` means the source failed to measure.

@@ -25,7 +25,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from watchdog.config.settings import load_config
+from watchdog.config.settings import Config, load_config
 from watchdog.core.text import shorten
 from watchdog.dev.alertsink import AlertSink
 from watchdog.dev.embedded import free_port, start_redis, start_tansu
@@ -121,28 +121,8 @@ def run_demo(duration_s: float | None = None, golden: bool = True, workdir: Path
     console.print(f"Kafka-protocol broker (Tansu) on {kafka.address}, redis-server on {redis_svc.address}, "
                   f"on-call sink on {sink_url}")
     topic = "llm.inference.logs"
-    gw = _gateway_demo(console, workdir) if gateway else None
-    policies = [str(_default_policy())]
-    if gw is not None:
-        gw.prepare(console)
-        policies.append(str(gw.policy_file()))
-    golden_probe = _golden_probe(console, workdir) if golden else None
-    golden_cfg: dict[str, Any] = {}
-    if golden_probe is not None:
-        golden_probe.prepare(console)
-        golden_cfg = {"jobs": [golden_probe.job_config()], "reports_dir": str(golden_probe.reports)}
-    cfg = load_config(
-        None,
-        policies=policies,
-        kafka={"bootstrap_servers": kafka.address, "topic": topic, "group_id": "llm-watchdog-demo",
-               "session_timeout_ms": 6000, "heartbeat_interval_ms": 1000},
-        redis={"url": f"redis://{redis_svc.address}/0"},
-        windows={"length_s": 2.0, "grace_s": 0.5},
-        alerts={"channels": [{"kind": "webhook", "url": f"{sink_url}/webhook"},
-                             {"kind": "slack", "url": f"{sink_url}/slack"}]},
-        server={"port": free_port()},
-        golden=golden_cfg,
-    )
+    gw, golden_probe, policies, golden_cfg = _prepare_parts(console, workdir, gateway, golden)
+    cfg = _demo_config(kafka.address, redis_svc.address, sink_url, topic, policies, golden_cfg)
     daemon = Daemon(cfg)
     server = StatusServer(cfg.server.host, cfg.server.port, daemon.metrics.registry, daemon.status,
                           daemon.problems, daemon.alive).start()
@@ -162,50 +142,7 @@ def run_demo(duration_s: float | None = None, golden: bool = True, workdir: Path
         if gw is not None:
             gw.start_gateway(console, cfg.redis.url, daemon.keys.prefix, kafka.address, topic)
             gw.start_clients()
-        console.print(f"[bold]1. Healthy traffic[/] on {len(ROUTES)} routes (FP8 + a FP16 baseline slice + shadows); "
-                      "windows of 2 s" + (f"; {GATEWAY_ROUTE} through the gateway, the others synthetic" if gw else ""))
-        _wait(lambda: daemon.stats.windows_closed >= 4 * len(ROUTES) * 2, 40)
-        console.print(f"   {traffic.sent} synthetic events sent, {daemon.stats.windows_closed} windows closed, "
-                      f"actions so far: {daemon.stats.actions}")
-        if gw is not None:
-            counts = gw.counts()
-            console.print(f"   gateway: {sum(counts.values())} client requests answered, served precision "
-                          f"{dict(counts)}; events sent {gw.gateway.app.emitter.sent}, "
-                          f"dropped {gw.gateway.app.emitter.dropped}")
-        console.print(_flag_table(daemon))
-
-        console.print(f"[bold]2. Injecting an FP8 quality regression[/] on {REGRESSED}: FP8 answers drift from "
-                      "their FP16 shadows, token log-probabilities drop")
-        t_inject = time.monotonic()
-        traffic.inject(MODEL, REGRESSED, "quality")
-        flipped = _wait(lambda: daemon.flags.precision_for(MODEL, REGRESSED) == "fp16", 90)
-        if not flipped:
-            console.print("[red]the route was not rolled back within 90 s[/]")
-            code = 1
-        else:
-            console.print(f"   [bold red]ROLLED BACK[/] {MODEL}/{REGRESSED} to FP16 "
-                          f"{time.monotonic() - t_inject:.1f} s after the regression began")
-            _show_evidence(console, daemon, sink, REGRESSED)
-
-        if gw is not None and not _gateway_phase(console, daemon, sink, gw):
-            code = 1
-
-        if golden_probe is not None:
-            console.print(f"[bold]{4 if gw else 3}. Golden replay[/] with the in-process engine on {GOLDEN_ROUTE}: a healthy FP8 "
-                          "calibration, then a stale one (real FP8 numerics)")
-            if not golden_probe.run_phase(console, daemon):
-                code = 1
-            else:
-                _show_evidence(console, daemon, sink, GOLDEN_ROUTE)
-
-        if duration_s is not None:
-            remaining = duration_s - (time.monotonic() - started)
-            if remaining > 0:
-                time.sleep(remaining)
-        console.print(_flag_table(daemon))
-        stats = daemon.status()
-        console.print(f"Status: ready={stats['ready']} windows_closed={stats['windows_closed']} "
-                      f"incidents={len(stats['incidents'])} alerts={json.dumps(stats['alerts'].get('sent', stats['alerts']))}")
+        code = _story(console, daemon, sink, traffic, gw, golden_probe, duration_s, started)
     finally:
         if gw is not None:
             gw.stop()
@@ -219,6 +156,100 @@ def run_demo(duration_s: float | None = None, golden: bool = True, workdir: Path
         redis_svc.stop()
     console.rule("[bold green]demo finished" if code == 0 else "[bold red]demo failed")
     return code
+
+
+def _prepare_parts(console: Console, workdir: Path, gateway: bool,
+                   golden: bool) -> tuple[Any, Any, list[str], dict[str, Any]]:
+    """The optional parts (the real gateway, the golden replay) that are installed, prepared:
+    (gateway demo or None, golden demo or None, policy files, ``golden:`` settings)."""
+    gw = _gateway_demo(console, workdir) if gateway else None
+    policies = [str(_default_policy())]
+    if gw is not None:
+        gw.prepare(console)
+        policies.append(str(gw.policy_file()))
+    golden_probe = _golden_probe(console, workdir) if golden else None
+    golden_cfg: dict[str, Any] = {}
+    if golden_probe is not None:
+        golden_probe.prepare(console)
+        golden_cfg = {"jobs": [golden_probe.job_config()], "reports_dir": str(golden_probe.reports)}
+    return gw, golden_probe, policies, golden_cfg
+
+
+def _demo_config(kafka_address: str, redis_address: str, sink_url: str, topic: str, policies: list[str],
+                 golden_cfg: dict[str, Any]) -> Config:
+    """The daemon's settings for the demo: 2 s windows, the local broker, Redis and alert sink."""
+    return load_config(
+        None,
+        policies=policies,
+        kafka={"bootstrap_servers": kafka_address, "topic": topic, "group_id": "llm-watchdog-demo",
+               "session_timeout_ms": 6000, "heartbeat_interval_ms": 1000},
+        redis={"url": f"redis://{redis_address}/0"},
+        windows={"length_s": 2.0, "grace_s": 0.5},
+        alerts={"channels": [{"kind": "webhook", "url": f"{sink_url}/webhook"},
+                             {"kind": "slack", "url": f"{sink_url}/slack"}]},
+        server={"port": free_port()},
+        golden=golden_cfg,
+    )
+
+
+def _story(console: Console, daemon: Daemon, sink: AlertSink, traffic: TrafficGenerator, gw: Any,
+           golden_probe: Any, duration_s: float | None, started: float) -> int:
+    """The demo's phases, told on the console; 0 when every expected rollback happened."""
+    code = 0
+    _healthy_phase(console, daemon, traffic, gw)
+    if not _regression_phase(console, daemon, sink, traffic):
+        code = 1
+
+    if gw is not None and not _gateway_phase(console, daemon, sink, gw):
+        code = 1
+
+    if golden_probe is not None:
+        console.print(f"[bold]{4 if gw else 3}. Golden replay[/] with the in-process engine on {GOLDEN_ROUTE}: a healthy FP8 "
+                      "calibration, then a stale one (real FP8 numerics)")
+        if not golden_probe.run_phase(console, daemon):
+            code = 1
+        else:
+            _show_evidence(console, daemon, sink, GOLDEN_ROUTE)
+
+    if duration_s is not None:
+        remaining = duration_s - (time.monotonic() - started)
+        if remaining > 0:
+            time.sleep(remaining)
+    console.print(_flag_table(daemon))
+    stats = daemon.status()
+    console.print(f"Status: ready={stats['ready']} windows_closed={stats['windows_closed']} "
+                  f"incidents={len(stats['incidents'])} alerts={json.dumps(stats['alerts'].get('sent', stats['alerts']))}")
+    return code
+
+
+def _healthy_phase(console: Console, daemon: Daemon, traffic: TrafficGenerator, gw: Any) -> None:
+    console.print(f"[bold]1. Healthy traffic[/] on {len(ROUTES)} routes (FP8 + a FP16 baseline slice + shadows); "
+                  "windows of 2 s" + (f"; {GATEWAY_ROUTE} through the gateway, the others synthetic" if gw else ""))
+    _wait(lambda: daemon.stats.windows_closed >= 4 * len(ROUTES) * 2, 40)
+    console.print(f"   {traffic.sent} synthetic events sent, {daemon.stats.windows_closed} windows closed, "
+                  f"actions so far: {daemon.stats.actions}")
+    if gw is not None:
+        counts = gw.counts()
+        console.print(f"   gateway: {sum(counts.values())} client requests answered, served precision "
+                      f"{dict(counts)}; events sent {gw.gateway.app.emitter.sent}, "
+                      f"dropped {gw.gateway.app.emitter.dropped}")
+    console.print(_flag_table(daemon))
+
+
+def _regression_phase(console: Console, daemon: Daemon, sink: AlertSink, traffic: TrafficGenerator) -> bool:
+    """Inject an FP8 quality regression on a synthetic route; True when the daemon rolled it back."""
+    console.print(f"[bold]2. Injecting an FP8 quality regression[/] on {REGRESSED}: FP8 answers drift from "
+                  "their FP16 shadows, token log-probabilities drop")
+    t_inject = time.monotonic()
+    traffic.inject(MODEL, REGRESSED, "quality")
+    flipped = _wait(lambda: daemon.flags.precision_for(MODEL, REGRESSED) == "fp16", 90)
+    if not flipped:
+        console.print("[red]the route was not rolled back within 90 s[/]")
+        return False
+    console.print(f"   [bold red]ROLLED BACK[/] {MODEL}/{REGRESSED} to FP16 "
+                  f"{time.monotonic() - t_inject:.1f} s after the regression began")
+    _show_evidence(console, daemon, sink, REGRESSED)
+    return True
 
 
 def _show_evidence(console: Console, daemon: Daemon, sink: AlertSink, route: str) -> None:

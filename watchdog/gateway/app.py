@@ -15,6 +15,7 @@ import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -64,6 +65,16 @@ class _Collector:
         g = GaugeMetricFamily("llmwd_gateway_redis_up", "1 while the flag reader is connected to Redis")
         g.add_metric([], 1 if flags is not None and flags.healthy else 0)
         yield g
+
+
+@dataclass(slots=True)
+class _Exchange:
+    """What one proxied request produced, filled in while its answer is relayed."""
+
+    status: str = ""
+    http_status: int = 0
+    ttft: float | None = None
+    result: Result = field(default_factory=Result)
 
 
 class Gateway:
@@ -158,27 +169,10 @@ class Gateway:
         started = time.perf_counter()
         headers = dict(scope["headers"])
         request_id = (headers.get(b"x-request-id") or b"").decode("utf-8", "replace") or uuid.uuid4().hex
-        raw = await _read_body(receive)
-        if raw is None:
-            await self._reply(send, 413, error_body(413, f"request body over {MAX_BODY} bytes", "invalid_request_error"),
-                              _JSON, (b"x-request-id", request_id.encode()))
+        request = await self._request(receive, send, headers, request_id)
+        if request is None:
             return
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            body = None
-        model = body.get("model") if isinstance(body, dict) else None
-        if not isinstance(model, str) or not model:
-            await self._reply(send, 400, error_body(400, "body must be a JSON object with a 'model'",
-                                                    "invalid_request_error"), _JSON, (b"x-request-id", request_id.encode()))
-            return
-        assert isinstance(body, dict)
-        route = self.resolve_route(headers, model)
-        pool = self.cfg.pool_for(model, route)
-        if pool is None:
-            await self._reply(send, 404, error_body(404, f"model {model!r} is not served here", "model_not_found"),
-                              _JSON, (b"x-request-id", request_id.encode()))
-            return
+        body, model, route, pool = request
         on_candidate = self.flags.precision_for(model, route) == pool.candidate_precision
         if on_candidate and pool.baseline_share and self.rng.random() < pool.baseline_share:
             on_candidate = False
@@ -186,63 +180,16 @@ class Gateway:
         precision = pool.candidate_precision if on_candidate else pool.baseline_precision
         out_headers = [(b"x-request-id", request_id.encode()), (self._precision_header, precision.encode()),
                        (b"x-llmwd-route", route.encode())]
-        fwd = _forward_headers(headers, request_id, upstream)
-        up_body = body if upstream.model is None else {**body, "model": upstream.model}
-        url = f"{upstream.url}/{'chat/completions' if kind == 'chat' else 'completions'}"
-        stream = bool(body.get("stream"))
-        # a stream may run long: its limit is the gap between two reads, not the whole answer
-        timeout = aiohttp.ClientTimeout(total=None if stream else upstream.timeout_s,
-                                        sock_connect=upstream.connect_timeout_s,
-                                        sock_read=upstream.timeout_s if stream else None)
-        assert self.client is not None, "startup() was not run"
-        ttft: float | None = None
-        http_status = 0
-        result = Result()
-        try:
-            async with self.client.post(url, data=orjson.dumps(up_body), headers=fwd, timeout=timeout) as resp:
-                http_status = resp.status
-                if http_status != 200:
-                    status = await self._relay_error(send, http_status, await resp.read(), out_headers, precision)
-                elif not stream:
-                    content = await resp.read()
-                    await self._reply(send, 200, content, _JSON, *out_headers)
-                    status = "ok"
-                    result = parse_response(kind, content)
-                else:
-                    await send({"type": "http.response.start", "status": 200,
-                                "headers": [_SSE, (b"cache-control", b"no-cache"), *out_headers]})
-                    parser = StreamParser(kind)
-                    status = "ok"
-                    try:
-                        async for chunk in resp.content.iter_any():
-                            if ttft is None:
-                                ttft = (time.perf_counter() - started) * 1000
-                            parser.feed(chunk)
-                            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                    except (TimeoutError, aiohttp.ClientError) as exc:
-                        status = "timeout" if isinstance(exc, TimeoutError) else "error"
-                        await send({"type": "http.response.body", "more_body": True, "body": b"data: "
-                                    + error_body(504 if status == "timeout" else 502,
-                                                 f"the {precision} upstream failed mid-stream", status) + b"\n\n"})
-                    await send({"type": "http.response.body", "body": b""})
-                    result = parser.finish()
-                    if parser.error:
-                        status = "error"
-        except TimeoutError:
-            status = "timeout"
-            await self._reply(send, 504, error_body(504, f"the {precision} upstream timed out", "timeout"),
-                              _JSON, *out_headers)
-        except aiohttp.ClientError as exc:
-            status = "error"
-            log.warning("upstream %s (%s) failed: %s", precision, route, type(exc).__name__)
-            await self._reply(send, 502, error_body(502, f"the {precision} upstream is unreachable", "upstream_error"),
-                              _JSON, *out_headers)
+        x = _Exchange()
+        await self._forward(x, kind, send, body, upstream, headers, request_id, route, precision, out_headers,
+                            started)
+        status = x.status
         latency_ms = (time.perf_counter() - started) * 1000
         self.requests.labels(route, precision, status).inc()
         if status == "client_error" or self.emitter is None:
             return
         event = self._event(kind, body, pool, upstream, request_id, model, route, precision, status,
-                            latency_ms, ttft, result, headers, http_status)
+                            latency_ms, x.ttft, x.result, headers, x.http_status)
         if status == "ok" and pool.shadow_sample and self.rng.random() < pool.shadow_sample:
             if len(self._shadows) < MAX_SHADOWS_IN_FLIGHT:
                 task = asyncio.get_running_loop().create_task(
@@ -252,6 +199,69 @@ class Gateway:
                 return
             self.shadows.labels("skipped").inc()
         self.emitter.emit(event)
+
+    async def _request(self, receive: Receive, send: Send, headers: dict[bytes, bytes], request_id: str,
+                       ) -> tuple[dict[str, Any], str, str, PoolConfig] | None:
+        """(body, model, route, pool) of a request; None when it was answered already with 413
+        (body too large), 400 (no JSON object with a model) or 404 (model not served here)."""
+        raw = await _read_body(receive)
+        if raw is None:
+            await self._reply(send, 413, error_body(413, f"request body over {MAX_BODY} bytes", "invalid_request_error"),
+                              _JSON, (b"x-request-id", request_id.encode()))
+            return None
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            body = None
+        model = body.get("model") if isinstance(body, dict) else None
+        if not isinstance(model, str) or not model:
+            await self._reply(send, 400, error_body(400, "body must be a JSON object with a 'model'",
+                                                    "invalid_request_error"), _JSON, (b"x-request-id", request_id.encode()))
+            return None
+        assert isinstance(body, dict)
+        route = self.resolve_route(headers, model)
+        pool = self.cfg.pool_for(model, route)
+        if pool is None:
+            await self._reply(send, 404, error_body(404, f"model {model!r} is not served here", "model_not_found"),
+                              _JSON, (b"x-request-id", request_id.encode()))
+            return None
+        return body, model, route, pool
+
+    async def _forward(self, x: _Exchange, kind: str, send: Send, body: dict[str, Any], upstream: UpstreamConfig,
+                       headers: dict[bytes, bytes], request_id: str, route: str, precision: str,
+                       out_headers: list[tuple[bytes, bytes]], started: float) -> None:
+        """Send the request to ``upstream`` and relay its answer (or a 502/504) to the client,
+        filling in ``x`` as it goes."""
+        fwd = _forward_headers(headers, request_id, upstream)
+        up_body = body if upstream.model is None else {**body, "model": upstream.model}
+        url = f"{upstream.url}/{'chat/completions' if kind == 'chat' else 'completions'}"
+        stream = bool(body.get("stream"))
+        # a stream may run long: its limit is the gap between two reads, not the whole answer
+        timeout = aiohttp.ClientTimeout(total=None if stream else upstream.timeout_s,
+                                        sock_connect=upstream.connect_timeout_s,
+                                        sock_read=upstream.timeout_s if stream else None)
+        assert self.client is not None, "startup() was not run"
+        try:
+            async with self.client.post(url, data=orjson.dumps(up_body), headers=fwd, timeout=timeout) as resp:
+                x.http_status = resp.status
+                if x.http_status != 200:
+                    x.status = await self._relay_error(send, x.http_status, await resp.read(), out_headers, precision)
+                elif not stream:
+                    content = await resp.read()
+                    await self._reply(send, 200, content, _JSON, *out_headers)
+                    x.status = "ok"
+                    x.result = parse_response(kind, content)
+                else:
+                    await _relay_stream(x, kind, send, resp, precision, out_headers, started)
+        except TimeoutError:
+            x.status = "timeout"
+            await self._reply(send, 504, error_body(504, f"the {precision} upstream timed out", "timeout"),
+                              _JSON, *out_headers)
+        except aiohttp.ClientError as exc:
+            x.status = "error"
+            log.warning("upstream %s (%s) failed: %s", precision, route, type(exc).__name__)
+            await self._reply(send, 502, error_body(502, f"the {precision} upstream is unreachable", "upstream_error"),
+                              _JSON, *out_headers)
 
     async def _relay_error(self, send: Send, http_status: int, content: bytes,
                            out_headers: list[tuple[bytes, bytes]], precision: str) -> str:
@@ -333,6 +343,30 @@ class Gateway:
         finally:
             if self.emitter is not None:
                 self.emitter.emit(event)
+
+
+async def _relay_stream(x: _Exchange, kind: str, send: Send, resp: aiohttp.ClientResponse, precision: str,
+                        out_headers: list[tuple[bytes, bytes]], started: float) -> None:
+    """Relay an SSE answer chunk by chunk; a failure mid-stream ends it with an error event."""
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [_SSE, (b"cache-control", b"no-cache"), *out_headers]})
+    parser = StreamParser(kind)
+    x.status = "ok"
+    try:
+        async for chunk in resp.content.iter_any():
+            if x.ttft is None:
+                x.ttft = (time.perf_counter() - started) * 1000
+            parser.feed(chunk)
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        x.status = "timeout" if isinstance(exc, TimeoutError) else "error"
+        await send({"type": "http.response.body", "more_body": True, "body": b"data: "
+                    + error_body(504 if x.status == "timeout" else 502,
+                                 f"the {precision} upstream failed mid-stream", x.status) + b"\n\n"})
+    await send({"type": "http.response.body", "body": b""})
+    x.result = parser.finish()
+    if parser.error:
+        x.status = "error"
 
 
 def _forward_headers(headers: dict[bytes, bytes], request_id: str, upstream: UpstreamConfig) -> dict[str, str]:

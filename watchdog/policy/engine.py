@@ -2,45 +2,35 @@
 
 State is kept per (policy, model, route): per-rule consecutive fail/error counts, the healthy
 window count, flip history (for cooldown, min time in state, daily flip budget), open alert
-incidents, and the last window end per source so a replayed window is never counted twice.
-See docs/POLICIES.md for the behaviour in words.
+incidents, and the last window end per source so a replayed window is never counted twice. The
+engine keeps that bookkeeping: it groups signals by route, judges every new window once, updates
+the streaks and the learned nulls, asks ``watchdog/policy/decide.py`` what each scope proposes,
+arbitrates between policies that cover one route and records the flips; the read-only views for
+/status are in ``watchdog/policy/status.py``. See docs/POLICIES.md for the behaviour in words.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Mapping
 from typing import Any
 
 from watchdog.core.signals import Action, Signal
-from watchdog.policy.causes import attribute_rule, gpu_problems, gpu_reading
+from watchdog.policy.causes import gpu_reading
+from watchdog.policy.decide import decide, utc_day
 from watchdog.policy.evaluate import Verdict, combine_window, evaluate_rule
 from watchdog.policy.loader import PolicySet
 from watchdog.policy.pooling import learn_items
 from watchdog.policy.schema import MAX_POOL_WINDOWS, Policy, Rule
 from watchdog.policy.state import STATE_VERSION, RuleState, ScopeState, rule_fingerprint
+from watchdog.policy.status import rule_verdicts, status_snapshot
 
 __all__ = ["STATE_VERSION", "PolicyEngine", "RuleState", "ScopeState", "rule_fingerprint"]
 
 log = logging.getLogger(__name__)
 
-_SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 ScopeKey = tuple[str, str, str]  # (policy, model, route)
-
-
-def _utc_day(now: float) -> str:
-    return time.strftime("%Y-%m-%d", time.gmtime(now))
-
-
-def _finite(d: dict[str, Any]) -> dict[str, Any]:
-    """NaN/inf -> None, so alert payloads are strict JSON."""
-    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
-
-
-def _ago(seconds: float) -> str:
-    return f"{seconds:.0f}s"
 
 
 def _learn(rule: Rule, rs: RuleState, v: Verdict) -> None:
@@ -127,7 +117,7 @@ class PolicyEngine:
                 at = self._process_windows(policy, st, sigs)
                 if at is None:
                     continue
-                proposed += self._decide(policy, st, model, route, serving, now, at)
+                proposed += decide(policy, st, model, route, serving, now, at)
         return self._arbitrate(proposed, now, flags, default_precision)
 
     def _group(self, signals: list[Signal], flags: Mapping[tuple[str, str], str]) -> dict[tuple[str, str], list[Signal]]:
@@ -220,202 +210,7 @@ class PolicyEngine:
         ):
             st.healthy += 1
 
-    # -- decisions ------------------------------------------------------------------------
-    def _blocked(self, policy: Policy, st: ScopeState, now: float) -> str | None:
-        """Why a flip may not happen now, or None."""
-        if st.flip_day != _utc_day(now):
-            st.flip_day, st.flips_today = _utc_day(now), 0
-        if st.flips_today >= policy.max_flips_per_day:
-            return (f"flip budget spent: {st.flips_today} flips today "
-                    f"(max_flips_per_day: {policy.max_flips_per_day})")
-        if st.last_flip is not None and now - st.last_flip < policy.cooldown:
-            return f"cooldown: last flip {_ago(now - st.last_flip)} ago, cooldown {_ago(policy.cooldown)}"
-        least = policy.min_time_in_state.of(st.serving, policy.candidate)
-        if st.serving_since is not None and now - st.serving_since < least:
-            return (f"min_time_in_state: serving {st.serving} for {_ago(now - st.serving_since)}, "
-                    f"minimum {_ago(least)}")
-        return None
-
-    def _decide(self, policy: Policy, st: ScopeState, model: str, route: str, serving: str,
-                now: float, at: float) -> list[Action]:
-        out: list[Action] = []
-        had_open = bool(st.open_alerts)
-
-        def act(kind: str, reason: str, severity: str, **kw: Any) -> Action:
-            detail = {"channels": policy.actions.channels(severity), **kw.pop("detail", {})}
-            a = Action(kind=kind, policy=policy.name, model=model, route=route, reason=reason,  # type: ignore[arg-type]
-                       severity=severity, at=at, detail=detail, **kw)  # type: ignore[arg-type]
-            out.append(a)
-            return a
-
-        tripped = [r for r in policy.rules if st.rules[r.name].tripped(r)]
-        on_candidate = serving == policy.candidate
-
-        # alert rules: one alert per incident, cleared when the rule no longer trips
-        for rule in tripped:
-            if rule.action == "alert" and f"rule:{rule.name}" not in st.open_alerts:
-                st.open_alerts.add(f"rule:{rule.name}")
-                act("alert", self._why(rule, st), rule.severity, detail={"rule": rule.name, "source": rule.source,
-                    "verdict": self._last(st, rule)})
-
-        notes: dict[str, str] = {}
-        candidates = self._confirmed(policy, st, tripped, on_candidate, notes, act)
-        tripped_rb, inhibited = self._inhibit(policy, st, candidates, now, on_candidate, act)
-
-        still = ({f"rule:{r.name}" for r in tripped if r.action == "alert"}
-                 | {f"suspect:{r.name}" for r in tripped if r.action == "rollback" and r.confirm_with}
-                 | {f"inhibited:{a.cause}" for _, a in inhibited})
-        for key in list(st.open_alerts):
-            if key.split(":", 1)[0] in ("rule", "suspect", "inhibited") and key not in still:
-                st.open_alerts.discard(key)
-
-        flipped = False
-        if tripped_rb and serving == policy.candidate:
-            severity = max((r.severity for r in tripped_rb), key=_SEVERITY_RANK.__getitem__)
-            why = "; ".join(self._why(r, st) + (f" ({notes[r.name]})" if r.name in notes else "")
-                            for r in tripped_rb)
-            detail: dict[str, Any] = {"rule": tripped_rb[0].name, "source": tripped_rb[0].source,
-                                      "rules": [r.name for r in tripped_rb], "cause": "candidate",
-                                      "verdicts": [self._last(st, r) for r in tripped_rb]}
-            if inhibited:
-                detail["inhibited"] = {r.name: a.cause for r, a in inhibited}
-            if policy.dry_run:
-                if "dry_run_rollback" not in st.open_alerts:
-                    st.open_alerts.add("dry_run_rollback")
-                    act("alert", f"dry run: would roll back to {policy.baseline}: {why}", severity,
-                        dry_run=True, precision=policy.baseline, detail=detail)
-            elif self._retry(policy, st, policy.baseline, now):
-                # asked before, flags do not show it yet: ask again, it is the same flip
-                act("rollback", why, severity, precision=policy.baseline, detail={**detail, "retry": True})
-                flipped = True
-            elif (blocked := self._blocked(policy, st, now)) is not None:
-                if "rollback_blocked" not in st.open_alerts:
-                    st.open_alerts.add("rollback_blocked")
-                    act("alert", f"rollback to {policy.baseline} blocked ({blocked}): {why}", severity,
-                        detail={**detail, "blocked": blocked})
-            else:
-                act("rollback", why, severity, precision=policy.baseline, detail=detail)
-                flipped = True
-        if not tripped_rb:
-            st.open_alerts -= {"dry_run_rollback", "rollback_blocked"}
-            if st.pending and st.pending["kind"] == "rollback":
-                st.pending = None
-
-        st.promote_ready = serving == policy.baseline and not tripped and st.healthy >= policy.promote.healthy_windows
-        if not st.promote_ready:
-            st.open_alerts.discard("promote_blocked")
-            st.promote_ready_alerted = False
-        elif policy.promote.mode == "manual":
-            if not st.promote_ready_alerted:
-                st.promote_ready_alerted = True
-                act("alert", f"{policy.candidate} healthy for {st.healthy} windows; promote manually "
-                    "when ready", "info", detail={"promote_ready": True})
-        elif not policy.dry_run:
-            since = math.inf if st.last_flip is None else now - st.last_flip
-            why = f"{st.healthy} consecutive healthy windows"
-            if self._retry(policy, st, policy.candidate, now):
-                act("promote", why, "info", precision=policy.candidate, detail={"retry": True})
-                flipped = True
-            elif since >= policy.promote.after:
-                if (blocked := self._blocked(policy, st, now)) is not None:
-                    if "promote_blocked" not in st.open_alerts:
-                        st.open_alerts.add("promote_blocked")
-                        act("alert", f"promote to {policy.candidate} blocked ({blocked})", "info",
-                            detail={"blocked": blocked})
-                else:
-                    act("promote", why, "info", precision=policy.candidate)
-                    flipped = True
-
-        if had_open and not st.open_alerts and not flipped:
-            act("resolve", "recovered: no rule trips any more", "info")
-        return out
-
-    def _confirmed(self, policy: Policy, st: ScopeState, tripped: list[Rule], on_candidate: bool,
-                   notes: dict[str, str], act: Any) -> list[Rule]:
-        """Tripped rollback rules that may roll back now. A ``confirm_with`` rule is only a
-        suspicion: one alert asking for a golden replay (``detail.request_replay``); it rolls back
-        when a rule of the confirming source trips too, or when it keeps failing
-        ``confirm_timeout`` more windows."""
-        out: list[Rule] = []
-        for rule in tripped:
-            if rule.action != "rollback":
-                continue
-            if rule.confirm_with is None:
-                out.append(rule)
-                continue
-            rs = st.rules[rule.name]
-            confirm = [r.name for r in tripped if r.source == rule.confirm_with]
-            by_fails = rs.fails >= rule.for_
-            streak = rs.fails if by_fails else rs.errors
-            limit = (rule.for_ if by_fails else rule.errors_trip_after or 0) + rule.confirm_timeout
-            if confirm:
-                notes[rule.name] = f"confirmed by {rule.confirm_with} rule(s) {', '.join(confirm)}"
-                out.append(rule)
-            elif streak >= limit:
-                notes[rule.name] = (f"not confirmed by {rule.confirm_with}, still failing after "
-                                    f"{rule.confirm_timeout} more window(s)")
-                out.append(rule)
-            elif on_candidate and f"suspect:{rule.name}" not in st.open_alerts:
-                st.open_alerts.add(f"suspect:{rule.name}")
-                act("alert", f"suspected: {self._why(rule, st)}; {rule.confirm_with} replay requested to confirm "
-                    f"before rolling back", rule.severity,
-                    detail={"request_replay": True, "rule": rule.name, "source": rule.source,
-                            "confirm_with": rule.confirm_with, "confirm_timeout": rule.confirm_timeout,
-                            "verdict": self._last(st, rule)})
-        return out
-
-    def _inhibit(self, policy: Policy, st: ScopeState, rules: list[Rule], now: float, on_candidate: bool,
-                 act: Any) -> tuple[list[Rule], list[tuple[Rule, Any]]]:
-        """Split rollback rules into those blamed on the candidate and those an input shift or GPU
-        health explains. Only when none is blamed on the candidate: one alert with the cause."""
-        if not rules:
-            return [], []
-        problems = gpu_problems(policy, st, now)
-        blame: list[Rule] = []
-        inhibited: list[tuple[Rule, Any]] = []
-        for rule in rules:
-            if rule.source == "gpu":  # a GPU rule is about the GPU itself
-                blame.append(rule)
-                continue
-            a = attribute_rule(policy, rule, st.rules[rule.name], problems)
-            if a.inhibit_rollback:
-                inhibited.append((rule, a))
-            else:
-                blame.append(rule)
-        if blame or not inhibited or not on_candidate:
-            return blame, inhibited
-        rule, a = inhibited[0]
-        key = f"inhibited:{a.cause}"
-        if key not in st.open_alerts:
-            st.open_alerts.add(key)
-            severity = max((r.severity for r, _ in inhibited), key=_SEVERITY_RANK.__getitem__)
-            why = "; ".join(self._why(r, st) for r, _ in inhibited)
-            act("alert", f"not rolling back to {policy.baseline}: {a.message}: {why}", severity,
-                detail={"cause": a.cause, "rule": rule.name, "source": rule.source,
-                        "rules": [r.name for r, _ in inhibited], "attribution": _finite(a.to_dict()),
-                        "verdicts": [self._last(st, r) for r, _ in inhibited]})
-        return blame, inhibited
-
-    @staticmethod
-    def _retry(policy: Policy, st: ScopeState, precision: str, now: float) -> bool:
-        """Ask again for a flip the flags do not show yet, for up to one cooldown (at least 60 s);
-        after that a new flip is needed, which spends budget, so a refused flip cannot loop."""
-        return bool(st.pending and st.pending["precision"] == precision
-                    and now - float(st.pending["at"]) <= max(policy.cooldown, 60.0))
-
-    @staticmethod
-    def _last(st: ScopeState, rule: Rule) -> dict[str, Any] | None:
-        last = st.rules[rule.name].last
-        return last.to_dict() if last else None
-
-    @staticmethod
-    def _why(rule: Rule, st: ScopeState) -> str:
-        rs = st.rules[rule.name]
-        reason = rs.last.reason if rs.last else ""
-        if rs.fails >= rule.for_:
-            return f"{rule.name} failed {rs.fails} window(s) in a row: {reason}"
-        return f"{rule.name}: source failed {rs.errors} time(s) in a row: {reason}"
-
+    # -- arbitration between policies ------------------------------------------------------
     def _arbitrate(self, proposed: list[Action], now: float, flags: Mapping[tuple[str, str], str],
                    default_precision: str) -> list[Action]:
         """Several policies may cover one route: one rollback wins, and a promote happens only
@@ -456,8 +251,8 @@ class PolicyEngine:
 
     def _record_flip(self, a: Action, now: float) -> None:
         st = self.states[(a.policy, a.model, a.route)]
-        if st.flip_day != _utc_day(now):
-            st.flip_day, st.flips_today = _utc_day(now), 0
+        if st.flip_day != utc_day(now):
+            st.flip_day, st.flips_today = utc_day(now), 0
         st.flips_today += 1
         st.last_flip = now
         st.reset_pools()
@@ -472,43 +267,11 @@ class PolicyEngine:
     # -- status and persistence -----------------------------------------------------------
     def verdicts(self) -> list[dict[str, Any]]:
         """The last verdict of every rule for every (policy, model, route), JSON-able."""
-        out: list[dict[str, Any]] = []
-        for (pname, model, route), st in sorted(self.states.items()):
-            policy = self.policy_set.get(pname)
-            for name, rs in st.rules.items():
-                rule = policy.rule(name) if policy else None
-                out.append({
-                    "policy": pname, "model": model, "route": route, "rule": name,
-                    "status": rs.last.status if rs.last else "inconclusive",
-                    "tripped": bool(rule and rs.tripped(rule)), "consecutive_fails": rs.fails,
-                    "consecutive_errors": rs.errors, "verdict": rs.last.to_dict() if rs.last else None,
-                })
-        return out
+        return rule_verdicts(self.policy_set, self.states)
 
     def snapshot(self) -> dict[str, Any]:
         """Policies and per-scope state for /status, JSON-able."""
-        scopes = []
-        for (pname, model, route), st in sorted(self.states.items()):
-            policy = self.policy_set.get(pname)
-            statuses = [rs.last.status for rs in st.rules.values() if rs.last]
-            tripped = [n for n, rs in st.rules.items() if policy and (r := policy.rule(n)) and rs.tripped(r)]
-            overall = ("fail" if tripped else "error" if "error" in statuses else
-                       "marginal" if "marginal" in statuses else
-                       "pass" if "pass" in statuses else "inconclusive")
-            state = st.to_json()
-            for r in state["rules"].values():  # sketches and diffs stay out of /status: only their count
-                r["pooled"] = len(r.pop("pool"))
-                r["learned"] = len(r.pop("null", []))
-            scopes.append({"policy": pname, "model": model, "route": route, "status": overall,
-                           "tripped": tripped, **state})
-        return {
-            "policies": [{"name": p.name, "dry_run": p.dry_run, "candidate": p.candidate,
-                          "baseline": p.baseline, "rules": [r.name for r in p.rules],
-                          "promote": p.promote.mode, "file": self.policy_set.origin.get(p.name)}
-                         for p in self.policy_set.policies],
-            "digest": self.policy_set.digest,
-            "scopes": scopes,
-        }
+        return status_snapshot(self.policy_set, self.states)
 
     def export_state(self) -> dict[str, Any]:
         return {"version": STATE_VERSION,

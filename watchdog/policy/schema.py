@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
 
+from watchdog.core.signals import Severity
 from watchdog.policy.conditions import Condition, parse_condition
 from watchdog.policy.names import clean_glob, clean_name
 
@@ -295,7 +296,7 @@ class Rule(_Strict):
     for_: Annotated[int, Field(alias="for", ge=1)] = 1
     #: consecutive error verdicts (the source failed) that count as a trip; null = errors never trip
     errors_trip_after: Annotated[int, Field(ge=1)] | None = 3
-    severity: Literal["info", "warning", "critical"] = "warning"
+    severity: Severity = "warning"
     action: Literal["rollback", "alert"] = "alert"
 
     @property

@@ -77,7 +77,7 @@ class Daemon:
         self.flags = RoutingFlags(cfg.redis.url, self.keys, default_precision=cfg.default_precision,
                                   ttl_s=FLAG_RELOAD_S)
         self.alerter = alerter or Alerter.from_config(
-            [c.model_dump() for c in cfg.alerts.channels],
+            [c.model_dump() for c in cfg.alerts.channels], on_page=self.metrics.count_page,
             status_url=cfg.server.status_url)
         self.pager = Pager(self.redis, self.keys, cfg.kafka.group_id, cfg.instance, self.alerter)
         self.readiness = Readiness(self.metrics, self._raise_ops_alert, self.alerter.ops_resolve)

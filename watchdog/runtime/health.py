@@ -72,6 +72,8 @@ class Readiness:
         self._cond: dict[str, _Condition] = {}
         for r in REASONS:
             metrics.not_ready.labels(r).set(0)
+        for r in _SEVERITY:  # paging reasons start at 0, so increase() sees the first page
+            metrics.ops_alerts.labels(r)
         metrics.ready.set(0)
         self._shown: set[str] | None = None
 

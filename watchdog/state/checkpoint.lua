@@ -1,4 +1,4 @@
--- Save one partition's checkpoint, fenced and idempotent. Loaded by watchdog/checkpoint.py.
+-- Save one partition's checkpoint, fenced and idempotent. Loaded by watchdog/state/checkpoint.py.
 --
 -- KEYS[1] owner key (the partition's ownership token)   KEYS[2] checkpoint hash
 -- KEYS[3] windows stream   KEYS[4] outbox stream   KEYS[5..] engine-state keys (one per route)

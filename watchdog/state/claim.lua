@@ -1,4 +1,4 @@
--- Take ownership of one partition and read its checkpoint in one step. Loaded by watchdog/checkpoint.py.
+-- Take ownership of one partition and read its checkpoint in one step. Loaded by watchdog/state/checkpoint.py.
 -- KEYS[1] owner key  KEYS[2] checkpoint hash   ARGV[1] instance name
 -- Returns {token, field1, value1, ...} (the whole checkpoint hash); the token is
 -- "<generation>:<instance>", so a writer that held an older token (a zombie after a rebalance) is

@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from watchdog.config.redact import redacted
+
 log = logging.getLogger(__name__)
 
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
@@ -93,24 +95,24 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
         try:
             sentinels.append((host, int(port)))
         except ValueError:
-            raise ValueError(f"bad sentinel address {item!r} in {_redact(url)}: use host:port") from None
+            raise ValueError(f"bad sentinel address {item!r} in {redacted(url)}: use host:port") from None
     if not sentinels:
-        raise ValueError(f"no sentinel host:port in {_redact(url)}")
+        raise ValueError(f"no sentinel host:port in {redacted(url)}")
     path = [p for p in parts.path.split("/") if p]
     if not path:
-        raise ValueError(f"no service name in {_redact(url)}: use redis+sentinel://host:port/<service_name>/<db>")
+        raise ValueError(f"no service name in {redacted(url)}: use redis+sentinel://host:port/<service_name>/<db>")
     if len(path) > 2:
-        raise ValueError(f"too many path parts in {_redact(url)}: /<service_name>/<db>")
+        raise ValueError(f"too many path parts in {redacted(url)}: /<service_name>/<db>")
     db = 0
     if len(path) == 2:
         try:
             db = int(path[1])
         except ValueError:
-            raise ValueError(f"bad database number {path[1]!r} in {_redact(url)}") from None
+            raise ValueError(f"bad database number {path[1]!r} in {redacted(url)}") from None
     query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
     unknown = set(query) - {"sentinel_password", "sentinel_username", "master_recheck_s", *_SSL_OPTIONS}
     if unknown:
-        raise ValueError(f"unknown option(s) {', '.join(sorted(unknown))} in {_redact(url)}")
+        raise ValueError(f"unknown option(s) {', '.join(sorted(unknown))} in {redacted(url)}")
     return SentinelTarget(
         sentinels=tuple(sentinels), service_name=unquote(path[0]), db=db, username=username, password=password,
         ssl=scheme == "rediss+sentinel", sentinel_username=query.get("sentinel_username"),
@@ -126,7 +128,7 @@ def _seconds(raw: str, url: str) -> float:
     except ValueError:
         value = -1.0
     if not 0 <= value <= 3600:  # also false for NaN
-        raise ValueError(f"master_recheck_s must be 0 to 3600 seconds in {_redact(url)}")
+        raise ValueError(f"master_recheck_s must be 0 to 3600 seconds in {redacted(url)}")
     return value
 
 
@@ -202,16 +204,6 @@ def connection_is_current(client: Any, connection: Any) -> bool:
         return True
     addr = follow()
     return addr is None or (connection.host, int(connection.port)) == addr
-
-
-def _redact(url: str) -> str:
-    """``url`` without its password, for messages and logs."""
-    parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    userinfo, _, hosts = parts.netloc.rpartition("@")
-    user = userinfo.split(":", 1)[0]
-    return parts._replace(netloc=f"{user}:***@{hosts}").geturl()
 
 
 def client_from_url(url: str, timeout_s: float = 1.0, decode_responses: bool = True) -> Any:

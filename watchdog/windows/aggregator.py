@@ -16,102 +16,34 @@ deterministic and order-free: a window keeps the pairs whose ``crc32(request_id)
 is scored when it enters the sample (ROUGE-L; BLEU, five times dearer, only while it is among the
 ``shadow_bleu_max_pairs`` smallest hashes, a uniform sub-sample), so a window keeps scores, not texts: closing
 it costs no scoring, and its checkpoint stays small. Expected scorings per window with ``M``
-sampled pairs and cap ``k``: about ``k * (1 + ln(M / k))``.
+sampled pairs and cap ``k``: about ``k * (1 + ln(M / k))``. One window's sums, its ``Signal`` and
+its checkpoint form are in ``watchdog/windows/window.py``; the agreement scores (ROUGE-L, BLEU) in
+``watchdog/windows/shadow.py``.
 """
 
 from __future__ import annotations
 
-import base64
-import functools
 import heapq
 import json
 import logging
 import math
-import struct
 import zlib
-from functools import reduce
-from itertools import repeat
-from operator import add as _plus
-from operator import truediv as _div
 from typing import Any
 
 from watchdog.core.events import InferenceEvent
 from watchdog.core.signals import Signal
-from watchdog.windows.sketch import QuantileSketch
+from watchdog.windows.shadow import pair_scores
+from watchdog.windows.window import BUFFERED, PartitionKey, Window
 
 log = logging.getLogger(__name__)
 
 #: (model, route, precision)
 ScopeKey = tuple[str, str, str]
-#: (topic, partition)
-PartitionKey = tuple[str, int]
 
 #: cap on the characters of each stored completion (agreement scoring is quadratic in length)
 DEFAULT_SHADOW_MAX_CHARS = 4000
-#: exp() argument cap so an absurd mean log-probability cannot overflow to inf
-_MAX_NLL = 700.0
 _floor = math.floor
 _fsum = math.fsum
-#: latencies (and TTFTs) buffered per window before they go into its sketch in one batch
-_BUFFERED = 256
-
-
-class _Window:
-    """Running sums for one (scope, window); everything bounded in size."""
-
-    __slots__ = (
-        "index", "count", "ok", "errors", "timeouts", "latency", "ttft", "ok_latency_s",
-        "ok_completion_tokens", "prompt_tokens", "with_completion", "empty", "lp_sum", "lp_tokens",
-        "lp_events", "shadow_seen", "shadow_sampled", "shadow_precisions", "pairs", "offsets",
-        "latency_buf", "ttft_buf", "shadow_error", "bleu", "dirty",
-    )
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-        self.count = 0
-        self.ok = 0
-        self.errors = 0
-        self.timeouts = 0
-        self.latency = QuantileSketch()
-        self.ttft: QuantileSketch | None = None
-        self.ok_latency_s = 0.0
-        self.ok_completion_tokens = 0
-        self.prompt_tokens = 0
-        self.with_completion = 0
-        self.empty = 0
-        self.lp_sum = 0.0
-        self.lp_tokens = 0
-        self.lp_events = 0
-        self.shadow_seen = 0
-        self.shadow_sampled = 0
-        self.shadow_precisions: dict[str, int] = {}
-        #: max-heap (by negated hash) of the sampled pairs' (-crc32(request_id), rouge_l)
-        self.pairs: list[tuple[int, float]] = []
-        #: changed since the last checkpoint export
-        self.dirty = True
-        self.shadow_error: str | None = None
-        #: the same for BLEU (5x the cost of ROUGE-L) over the ``shadow_bleu_max_pairs`` smallest hashes
-        self.bleu: list[tuple[int, float]] = []
-        self.offsets: dict[PartitionKey, int] = {}
-        # latencies and TTFTs not yet in the sketches: appending is far cheaper per event than a
-        # sketch update, and ``flush`` adds them in C-level batches (at most _BUFFERED each)
-        self.latency_buf: list[float] = []
-        self.ttft_buf: list[float] = []
-
-    def flush(self) -> None:
-        """Move the buffered latencies into the sketches (the same state as adding them one by one)."""
-        buf = self.latency_buf
-        if buf:
-            self.latency.add_many(buf)
-            # ok_latency_s: the same left-to-right sum of latency / 1000 as per-event adding builds
-            self.ok_latency_s = reduce(_plus, map(_div, buf, repeat(1000.0)), self.ok_latency_s)
-            self.latency_buf = []
-        buf = self.ttft_buf
-        if buf:
-            if self.ttft is None:
-                self.ttft = QuantileSketch()
-            self.ttft.add_many(buf)
-            self.ttft_buf = []
 
 
 class WindowAggregator:
@@ -156,7 +88,7 @@ class WindowAggregator:
         self.windows_closed = 0
         # windows with end index <= this are closed; integer indices avoid float drift at boundaries
         self._closed_end: int | None = None
-        self._open: dict[tuple[int, str, str, str], _Window] = {}
+        self._open: dict[tuple[int, str, str, str], Window] = {}
         #: windows closed since the last ``export_changes`` (their checkpoint fields are deleted)
         self._closed_keys: list[tuple[int, str, str, str]] = []
 
@@ -188,7 +120,7 @@ class WindowAggregator:
         key = (index, event.model, event.route, event.precision)
         w = self._open.get(key)
         if w is None:
-            w = self._open[key] = _Window(index)
+            w = self._open[key] = Window(index)
         w.count += 1
         w.dirty = True
         w.prompt_tokens += event.prompt_tokens
@@ -202,7 +134,7 @@ class WindowAggregator:
             ttft = event.ttft_ms
             if ttft is not None:
                 w.ttft_buf.append(ttft)
-            if len(buf) >= _BUFFERED:
+            if len(buf) >= BUFFERED:
                 w.flush()
             completion = event.completion
             if completion is not None:
@@ -229,7 +161,7 @@ class WindowAggregator:
         self.folded += 1
         return True
 
-    def _offer_pair(self, w: _Window, request_id: str, completion: str, shadow: str, precision: str | None) -> None:
+    def _offer_pair(self, w: Window, request_id: str, completion: str, shadow: str, precision: str | None) -> None:
         w.shadow_seen += 1
         if precision:
             w.shadow_precisions[precision] = w.shadow_precisions.get(precision, 0) + 1
@@ -248,7 +180,7 @@ class WindowAggregator:
         in_bleu = bcap > 0 and (len(bheap) < bcap or -bheap[0][0] > h)
         chars = self.shadow_max_chars
         try:
-            rouge, bleu = _pair_scores(completion[:chars], shadow[:chars], in_bleu)
+            rouge, bleu = pair_scores(completion[:chars], shadow[:chars], in_bleu)
         except Exception as exc:  # a broken scorer install must not stop the window
             if w.shadow_error is None:
                 log.warning("shadow agreement scoring failed: %s", exc)
@@ -292,92 +224,17 @@ class WindowAggregator:
         for key in keys:
             w = self._open.pop(key)
             self._closed_keys.append(key)
-            out.append(self._signal(key[1], key[2], key[3], w))
+            out.append(w.to_signal(key[1], key[2], key[3], self.length_s))
         self.windows_closed += len(out)
         if out:
             log.debug("closed %d windows, %d still open", len(out), len(self._open))
         return out
 
-    def _signal(self, model: str, route: str, precision: str, w: _Window) -> Signal:
-        w.flush()
-        values: dict[str, float] = {}
-        detail: dict[str, Any] = {
-            "events": w.count,
-            "ok": w.ok,
-            "errors": w.errors,
-            "timeouts": w.timeouts,
-            "completion_tokens": w.ok_completion_tokens,
-            "prompt_tokens": w.prompt_tokens,
-            "completions": w.with_completion,
-            "empty": w.empty,
-            "logprob_events": w.lp_events,
-            "logprob_tokens": w.lp_tokens,
-            "shadow_seen": w.shadow_seen,
-            "shadow_pairs": len(w.pairs),
-            "latency_hist": w.latency.to_dict(),
-        }
-        if w.count:
-            values["error_rate"] = (w.errors + w.timeouts) / w.count
-            values["timeout_rate"] = w.timeouts / w.count
-        if w.ok:
-            p50, p95, p99 = w.latency.quantiles([0.5, 0.95, 0.99])
-            assert p50 is not None and p95 is not None and p99 is not None
-            values["latency_p50_ms"] = p50
-            values["latency_p95_ms"] = p95
-            values["latency_p99_ms"] = p99
-            values["mean_completion_tokens"] = w.ok_completion_tokens / w.ok
-            if w.ok_latency_s > 0:
-                values["tokens_per_s"] = w.ok_completion_tokens / w.ok_latency_s
-        if w.ttft is not None and w.ttft.count:
-            ttft_p99 = w.ttft.quantile(0.99)
-            assert ttft_p99 is not None
-            values["ttft_p99_ms"] = ttft_p99
-            detail["ttft_count"] = w.ttft.count
-        if w.with_completion:
-            values["empty_rate"] = w.empty / w.with_completion
-        if w.lp_tokens:
-            values["perplexity"] = math.exp(min(-w.lp_sum / w.lp_tokens, _MAX_NLL))
-        if w.shadow_precisions:
-            detail["shadow_precisions"] = dict(w.shadow_precisions)
-        if w.shadow_error:
-            detail["shadow_error"] = w.shadow_error
-        if w.pairs:
-            values["shadow_rougeL"] = _fsum(p[1] for p in w.pairs) / len(w.pairs)
-        if w.bleu:
-            values["shadow_bleu"] = _fsum(p[1] for p in w.bleu) / len(w.bleu)
-            detail["shadow_bleu_pairs"] = len(w.bleu)
-        start = w.index * self.length_s
-        return Signal(
-            source="live",
-            model=model,
-            route=route,
-            precision=precision,
-            start=start,
-            end=(w.index + 1) * self.length_s,
-            samples=w.count,
-            values=values,
-            detail=detail,
-        )
-
     # --- checkpoints --------------------------------------------------------------------------
-
-    @staticmethod
-    def _export(key: tuple[int, str, str, str], w: _Window) -> dict[str, Any]:
-        w.flush()
-        index, model, route, precision = key
-        return {
-            "i": index, "m": model, "r": route, "p": precision,
-            "n": [w.count, w.ok, w.errors, w.timeouts, w.ok_completion_tokens, w.prompt_tokens,
-                  w.with_completion, w.empty, w.lp_tokens, w.lp_events, w.shadow_seen, w.shadow_sampled],
-            "f": [w.ok_latency_s, w.lp_sum],
-            "lat": w.latency.to_dict(), "ttft": w.ttft.to_dict() if w.ttft is not None else None,
-            "sp": w.shadow_precisions, "pairs": _pack(w.pairs), "bleu": _pack(w.bleu), "err": w.shadow_error,
-            "off": [[t, p, o] for (t, p), o in w.offsets.items()],
-        }
 
     def export_open(self) -> list[dict[str, Any]]:
         """Every open window as JSON-able data (a checkpoint); ``import_open`` restores it exactly."""
-        return [self._export(key, w) for key, w in self._open.items()]
+        return [w.export(key) for key, w in self._open.items()]
 
     def export_changes(self, everything: bool = False) -> tuple[dict[str, str], list[str]]:
         """Checkpoint fields of the windows changed since the last call (all with ``everything``), and
@@ -385,7 +242,7 @@ class WindowAggregator:
         changed = {}
         for key, w in self._open.items():
             if w.dirty or everything:
-                changed[window_field(key)] = json.dumps(self._export(key, w), check_circular=False)
+                changed[window_field(key)] = json.dumps(w.export(key), check_circular=False)
                 w.dirty = False
         closed = [window_field(k) for k in self._closed_keys]
         self._closed_keys = []
@@ -393,20 +250,7 @@ class WindowAggregator:
 
     def import_open(self, data: list[dict[str, Any]]) -> None:
         for d in data:
-            w = _Window(int(d["i"]))
-            (w.count, w.ok, w.errors, w.timeouts, w.ok_completion_tokens, w.prompt_tokens, w.with_completion,
-             w.empty, w.lp_tokens, w.lp_events, w.shadow_seen, w.shadow_sampled) = (int(x) for x in d["n"])
-            w.ok_latency_s, w.lp_sum = (float(x) for x in d["f"])
-            w.latency = QuantileSketch.from_dict(d["lat"])
-            w.ttft = QuantileSketch.from_dict(d["ttft"]) if d.get("ttft") else None
-            w.shadow_precisions = {str(k): int(v) for k, v in (d.get("sp") or {}).items()}
-            w.pairs = _unpack(d.get("pairs") or "")
-            heapq.heapify(w.pairs)
-            w.bleu = _unpack(d.get("bleu") or "")
-            heapq.heapify(w.bleu)
-            w.shadow_error = d.get("err")
-            w.offsets = {(str(t), int(p)): int(o) for t, p, o in d.get("off") or []}
-            w.dirty = False
+            w = Window.from_export(d)
             self._open[(w.index, str(d["m"]), str(d["r"]), str(d["p"]))] = w
 
     def set_closed_end(self, index: int | None) -> None:
@@ -442,112 +286,3 @@ class WindowAggregator:
 def window_field(key: tuple[int, str, str, str]) -> str:
     """The checkpoint hash field of one open window."""
     return "w" + json.dumps(list(key))
-
-
-def _pack(items: list[tuple[int, float]]) -> str:
-    """(negated crc32, score) pairs as base64 of little-endian uint32 + float64 (exact, ~1/3 of JSON)."""
-    return base64.b64encode(struct.pack(f"<{len(items)}I{len(items)}d", *(-h for h, _ in items),
-                                        *(v for _, v in items))).decode()
-
-
-def _unpack(text: str) -> list[tuple[int, float]]:
-    raw = base64.b64decode(text)
-    n = len(raw) // 12
-    vals = struct.unpack(f"<{n}I{n}d", raw)
-    return list(zip((-int(h) for h in vals[:n]), (float(v) for v in vals[n:]), strict=True))
-
-
-# --- shadow agreement scoring -----------------------------------------------------------------
-# Tokenised with watchdog/core/text.py's CjkTokenizer (each CJK character one token, otherwise exactly
-# rouge-score's default tokenizer without stemming), so Chinese pairs score like golden replays do;
-# BLEU uses sacrebleu's ``zh`` tokenizer on CJK pairs, ``13a`` otherwise, as probes/metrics.py does.
-# ROUGE-L is computed here with a bit-parallel LCS: the same numbers as rouge-score's ``rougeL``
-# F-measure (tests compare them), without importing rouge-score, whose nltk import pulls in scipy
-# (~80 MB of RSS and ~2 s) into the daemon.
-
-
-def lcs_length(a: list[str], b: list[str]) -> int:
-    """Length of the longest common subsequence of two token lists (bit-parallel, Hyyrö 2004)."""
-    masks: dict[str, int] = {}
-    bit = 1
-    for tok in a:
-        masks[tok] = masks.get(tok, 0) | bit
-        bit <<= 1
-    full = bit - 1
-    v = full
-    for tok in b:
-        m = masks.get(tok)
-        if m:
-            u = v & m
-            v = ((v + u) | (v - u)) & full
-    return len(a) - v.bit_count()
-
-
-def rouge_l(target: list[str], prediction: list[str]) -> float:
-    """ROUGE-L F-measure of token lists, computed as rouge-score's ``_score_lcs`` does."""
-    if not target or not prediction:
-        return 0.0
-    lcs = lcs_length(target, prediction)
-    precision = lcs / len(prediction)
-    recall = lcs / len(target)
-    return 2 * precision * recall / (precision + recall) if precision + recall > 0 else 0.0
-
-
-class _AgreementScorer:
-    """ROUGE-L F-measure and sentence BLEU of a completion against its shadow (the reference)."""
-
-    def __init__(self) -> None:
-        from sacrebleu.metrics import BLEU
-
-        from watchdog.core.text import CjkTokenizer, has_cjk
-
-        self._tokenize = CjkTokenizer().tokenize
-        self._has_cjk = has_cjk
-        # sacrebleu.sentence_bleu's defaults (13a, smooth exp, effective order), and its zh variant
-        self._bleu = BLEU(tokenize="13a", effective_order=True)
-        self._bleu_zh = BLEU(tokenize="zh", effective_order=True)
-
-    def pair(self, completion: str, shadow: str, with_bleu: bool = True) -> tuple[float, float | None]:
-        score = rouge_l(self._tokenize(shadow), self._tokenize(completion))
-        if not with_bleu:
-            return float(score), None
-        cjk = self._has_cjk(completion) or self._has_cjk(shadow)
-        bleu = (self._bleu_zh if cjk else self._bleu).sentence_score(completion, [shadow]).score
-        return float(score), min(max(float(bleu), 0.0), 100.0)
-
-
-@functools.lru_cache(maxsize=1)
-def _agreement_scorer() -> _AgreementScorer:
-    return _AgreementScorer()
-
-
-def preload_scorers() -> None:
-    """Import the agreement scorers now (sacrebleu, ~0.3 s) rather than at the first window close."""
-    _agreement_scorer()
-
-
-def _pair_scores(completion: str, shadow: str, with_bleu: bool = True) -> tuple[float, float | None]:
-    """(ROUGE-L F-measure in [0, 1], sentence BLEU in [0, 100] or None without ``with_bleu``)."""
-    a, b = completion.strip(), shadow.strip()
-    if a == b:  # identical (including both empty): full agreement, and no scorer cost
-        return 1.0, 100.0
-    if not a or not b:
-        return 0.0, 0.0
-    return _agreement_scorer().pair(a, b, with_bleu)
-
-
-def shadow_agreement(pairs: list[tuple[str, str]]) -> tuple[float, float]:
-    """Mean ROUGE-L F-measure and mean sentence BLEU of (completion, shadow completion) pairs.
-
-    The shadow completion is the reference. Pairs must be non-empty. CJK pairs are tokenised per
-    character (see ``watchdog.core.text``).
-    """
-    if not pairs:
-        raise ValueError("no pairs to score")
-    rouge_sum = 0.0
-    bleu_sum = 0.0
-    for completion, shadow in pairs:
-        r, b = _pair_scores(completion, shadow)
-        rouge_sum += r
-        bleu_sum += b or 0.0
-    return rouge_sum / len(pairs), bleu_sum / len(pairs)

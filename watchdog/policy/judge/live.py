@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from watchdog.core.signals import VerdictStatus
 from watchdog.policy.judge import stats as st
 from watchdog.policy.judge.pooled import zero_bucket_index
 from watchdog.policy.judge.verdict import Judgement, verdict
@@ -234,18 +235,10 @@ def judge_learned(
         level = min(level, effect_threshold if level_cap is None else level_cap)
         hv = np.asarray(null_v if null_v is not None else [], dtype=float)
         if null_model == "sampling" and hv.size == hist.size and np.all(np.isfinite(hv)):
-            phi, dfd = _dispersion(hist, hv)
-            phi = (dfd * phi + PRIOR_DF) / (dfd + PRIOR_DF) if math.isfinite(phi) else 1.0
-            rv = hv[-recent:]
-            var = phi * (float(v.sum()) / (k * k) + float(rv.sum()) / (rv.size * rv.size))
-            sd_r, df = math.sqrt(var), int(dfd)
-            crit = st.t_quantile(1 - alpha / 2, dfd + PRIOR_DF)
+            var, crit, sd_r, df, dispersion = _sampling_null(hist, hv, v, recent, alpha)
             method = "learned_null_sampling"
-            dispersion = phi
         else:
-            sd_r, df = _residual_sd(hist, k, recent)
-            var = (df * sd_r * sd_r + PRIOR_DF * prior_sd * prior_sd) / (df + PRIOR_DF)
-            crit = st.t_quantile(1 - alpha / 2, df + PRIOR_DF)
+            var, crit, sd_r, df = _residual_null(hist, k, recent, alpha, prior_sd)
     else:
         level, sd_r, df = 0.0, math.nan, 0
         warm_sd = prior_sd if level_sd is None else level_sd
@@ -254,14 +247,7 @@ def judge_learned(
     shift = d - level
     half = crit * math.sqrt(var)
     lo, hi = shift - half, shift + half
-    status, reason = verdict(metric, method, lo, hi, k, effect_threshold=effect_threshold,
-                              harm_threshold=effect_threshold, harm_marginal=None, min_n=1, max_ci_width=None)
-    if status == "marginal":
-        # a rollback guard at a small alpha: "not shown to be beyond the threshold" is a pass,
-        # otherwise its wide interval would leave every healthy window marginal (no promote)
-        status, reason = "pass", "no_shift_beyond_threshold"
-    if not learned and status == "pass":
-        status, reason = "inconclusive", "learning_null"
+    status, reason = _status(metric, method, lo, hi, k, effect_threshold, learned)
     z = shift / math.sqrt(var) if var > 0 else 0.0
     p = float(st.two_sided_p(z))
     msg = (f"{metric}: {status} ({reason}); shift {shift:+.4g}{unit} [{lo:+.4g}, {hi:+.4g}] vs "
@@ -272,3 +258,43 @@ def judge_learned(
                      detail={"difference": d, "level": level, "learned": learned, "null_windows": int(hist.size),
                              "null_sd": None if math.isnan(sd_r) else sd_r, "df": df, "alpha": alpha, "dispersion": dispersion,
                              "window_estimate": [float(e[-1]), float(v[-1])]})
+
+
+def _sampling_null(hist: np.ndarray, hv: np.ndarray, v: np.ndarray, recent: int,
+                   alpha: float) -> tuple[float, float, float, int, float]:
+    """The sampling null model of ``judge_learned``: (variance of the shift, critical value,
+    its sd, degrees of freedom, dispersion) from the stated sampling variances of the pool ``v``
+    and of the level's windows, times the dispersion learned from the history ``hist`` / ``hv``
+    (blended with 1 at ``PRIOR_DF``)."""
+    k = v.size
+    phi, dfd = _dispersion(hist, hv)
+    phi = (dfd * phi + PRIOR_DF) / (dfd + PRIOR_DF) if math.isfinite(phi) else 1.0
+    rv = hv[-recent:]
+    var = phi * (float(v.sum()) / (k * k) + float(rv.sum()) / (rv.size * rv.size))
+    crit = st.t_quantile(1 - alpha / 2, dfd + PRIOR_DF)
+    return var, crit, math.sqrt(var), int(dfd), phi
+
+
+def _residual_null(hist: np.ndarray, k: int, recent: int, alpha: float,
+                   prior_sd: float) -> tuple[float, float, float, int]:
+    """The residual null model of ``judge_learned``: (variance of the shift, critical value, the
+    history's residual sd, its degrees of freedom), the residual variance blended with
+    ``prior_sd`` at ``PRIOR_DF``."""
+    sd_r, df = _residual_sd(hist, k, recent)
+    var = (df * sd_r * sd_r + PRIOR_DF * prior_sd * prior_sd) / (df + PRIOR_DF)
+    crit = st.t_quantile(1 - alpha / 2, df + PRIOR_DF)
+    return var, crit, sd_r, df
+
+
+def _status(metric: str, method: str, lo: float, hi: float, k: int, effect_threshold: float,
+            learned: bool) -> tuple[VerdictStatus, str]:
+    """(status, reason) of a shift interval [lo, hi] of ``judge_learned``."""
+    status, reason = verdict(metric, method, lo, hi, k, effect_threshold=effect_threshold,
+                              harm_threshold=effect_threshold, harm_marginal=None, min_n=1, max_ci_width=None)
+    if status == "marginal":
+        # a rollback guard at a small alpha: "not shown to be beyond the threshold" is a pass,
+        # otherwise its wide interval would leave every healthy window marginal (no promote)
+        status, reason = "pass", "no_shift_beyond_threshold"
+    if not learned and status == "pass":
+        status, reason = "inconclusive", "learning_null"
+    return status, reason

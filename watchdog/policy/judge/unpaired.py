@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import numpy as np
 
@@ -84,20 +85,12 @@ def judge_unpaired(
     is_hist = isinstance(candidate, Mapping) or isinstance(baseline, Mapping)
     try:
         if is_hist:
-            if not (isinstance(candidate, Mapping) and isinstance(baseline, Mapping)):
-                raise ValueError("pass two histograms or two sample lists")
-            if gamma is None or gamma <= 1:
-                raise ValueError("histograms need gamma > 1")
-            n1, n2 = int(sum(candidate.values())), int(sum(baseline.values()))
+            hc, hb, g = _histograms(candidate, baseline, gamma)
+            n1, n2 = int(sum(hc.values())), int(sum(hb.values()))
             if min(n1, n2) < max(min_samples, 1):
                 return inconclusive(metric, method, "too_few_items", f"n={n1}/{n2} < {min_samples}",
                                      min(n1, n2), effect_threshold)
-            cx, cy, lo_index = _aligned(candidate, baseline)
-            u1, p, sup = st.mann_whitney_counts(cx, cy)
-            shift, s_lo, s_hi = st.shift_ci_counts(cx, cy, alpha)
-            log_g = math.log(gamma)
-            shift, s_lo, s_hi = shift * log_g, s_lo * log_g, s_hi * log_g
-            med_ratio = math.exp((_hist_median(cx) - _hist_median(cy)) * log_g)
+            r = _hist_shift(hc, hb, g, alpha)
         else:
             x = np.asarray(candidate, dtype=float).ravel()
             y = np.asarray(baseline, dtype=float).ravel()
@@ -106,24 +99,87 @@ def judge_unpaired(
             if min(n1, n2) < max(min_samples, 1):
                 return inconclusive(metric, method, "too_few_items", f"n={n1}/{n2} < {min_samples}",
                                      min(n1, n2), effect_threshold)
-            if (x <= 0).any() or (y <= 0).any():
-                raise ValueError("samples must be > 0 (the effect is a ratio)")
-            u1, p, sup = st.mann_whitney(x, y)
-            lx, ly = np.log(x), np.log(y)
-            if n1 * n2 <= _MAX_PAIRS:
-                shift, s_lo, s_hi = st.shift_ci_samples(lx, ly, alpha)
-            else:
-                lo_i = int(math.ceil(min(lx.min(), ly.min()) / math.log(_FINE_GAMMA)))
-                size = int(math.ceil(max(lx.max(), ly.max()) / math.log(_FINE_GAMMA))) - lo_i + 1
-                cx = _log_hist(x, _FINE_GAMMA, lo_i, size)
-                cy = _log_hist(y, _FINE_GAMMA, lo_i, size)
-                b, b_lo, b_hi = st.shift_ci_counts(cx, cy, alpha)
-                g = math.log(_FINE_GAMMA)
-                shift, s_lo, s_hi = b * g, b_lo * g, b_hi * g
-            med_ratio = float(np.median(x) / np.median(y))
+            r = _sample_shift(x, y, alpha)
     except ValueError as exc:
         return error(metric, method, str(exc), effect_threshold)
     n = min(n1, n2)
+    harm_lo, harm_hi, h_thr, h_marg = _harm_interval(sign, r.lo, r.hi, effect_threshold, marginal_threshold)
+    status, reason = verdict(metric, method, harm_lo, harm_hi, n, effect_threshold=effect_threshold,
+                              harm_threshold=h_thr, harm_marginal=h_marg, min_n=min_samples,
+                              max_ci_width=max_ci_width)
+    est, lo, hi = math.expm1(r.shift), math.expm1(r.lo), math.expm1(r.hi)
+    return Judgement(
+        metric=metric, status=status, reason=reason,
+        message=message(metric, status, reason, est * 100, lo * 100, hi * 100, n, effect_threshold * 100, "%"),
+        estimate=est, ci_low=lo, ci_high=hi, p_value=r.p, n=n, effect_threshold=effect_threshold,
+        method=method,
+        detail={"u": r.u, "n_candidate": n1, "n_baseline": n2, "prob_superiority": r.superiority,
+                "median_ratio": r.median_ratio, "log_shift": r.shift, "alpha": alpha, "direction": direction,
+                "binned": is_hist},
+    )
+
+
+class _Shift(NamedTuple):
+    """Mann-Whitney U, its p-value and probability of superiority, the Hodges-Lehmann shift of
+    log values with its interval, and the ratio of medians, of one candidate/baseline pair."""
+
+    u: float
+    p: float
+    superiority: float
+    shift: float
+    lo: float
+    hi: float
+    median_ratio: float
+
+
+def _histograms(candidate: Samples | Histogram, baseline: Samples | Histogram,
+                gamma: float | None) -> tuple[Histogram, Histogram, float]:
+    """Both inputs as histograms with their gamma; ValueError when they are not two histograms
+    or gamma is missing or not above 1."""
+    if not (isinstance(candidate, Mapping) and isinstance(baseline, Mapping)):
+        raise ValueError("pass two histograms or two sample lists")
+    if gamma is None or gamma <= 1:
+        raise ValueError("histograms need gamma > 1")
+    return candidate, baseline, gamma
+
+
+def _hist_shift(candidate: Histogram, baseline: Histogram, gamma: float, alpha: float) -> _Shift:
+    """``_Shift`` of two log-bucket histograms (bucket ``i`` holds ``(gamma**(i-1), gamma**i]``)."""
+    cx, cy, lo_index = _aligned(candidate, baseline)
+    u1, p, sup = st.mann_whitney_counts(cx, cy)
+    shift, s_lo, s_hi = st.shift_ci_counts(cx, cy, alpha)
+    log_g = math.log(gamma)
+    shift, s_lo, s_hi = shift * log_g, s_lo * log_g, s_hi * log_g
+    med_ratio = math.exp((_hist_median(cx) - _hist_median(cy)) * log_g)
+    return _Shift(u1, p, sup, shift, s_lo, s_hi, med_ratio)
+
+
+def _sample_shift(x: np.ndarray, y: np.ndarray, alpha: float) -> _Shift:
+    """``_Shift`` of two finite positive samples; above ``_MAX_PAIRS`` pairwise differences the
+    Hodges-Lehmann interval is taken on a fine log binning (gamma ``_FINE_GAMMA``)."""
+    n1, n2 = int(x.size), int(y.size)
+    if (x <= 0).any() or (y <= 0).any():
+        raise ValueError("samples must be > 0 (the effect is a ratio)")
+    u1, p, sup = st.mann_whitney(x, y)
+    lx, ly = np.log(x), np.log(y)
+    if n1 * n2 <= _MAX_PAIRS:
+        shift, s_lo, s_hi = st.shift_ci_samples(lx, ly, alpha)
+    else:
+        lo_i = int(math.ceil(min(lx.min(), ly.min()) / math.log(_FINE_GAMMA)))
+        size = int(math.ceil(max(lx.max(), ly.max()) / math.log(_FINE_GAMMA))) - lo_i + 1
+        cx = _log_hist(x, _FINE_GAMMA, lo_i, size)
+        cy = _log_hist(y, _FINE_GAMMA, lo_i, size)
+        b, b_lo, b_hi = st.shift_ci_counts(cx, cy, alpha)
+        g = math.log(_FINE_GAMMA)
+        shift, s_lo, s_hi = b * g, b_lo * g, b_hi * g
+    med_ratio = float(np.median(x) / np.median(y))
+    return _Shift(u1, p, sup, shift, s_lo, s_hi, med_ratio)
+
+
+def _harm_interval(sign: int, s_lo: float, s_hi: float, effect_threshold: float,
+                   marginal_threshold: float | None) -> tuple[float, float, float, float | None]:
+    """The log-shift interval and the thresholds turned into harm units (positive = worse):
+    (harm low, harm high, harm threshold, harm marginal threshold or None)."""
     if sign > 0:
         harm_lo, harm_hi = s_lo, s_hi
         h_thr = math.log1p(effect_threshold)
@@ -132,19 +188,7 @@ def judge_unpaired(
         harm_lo, harm_hi = -s_hi, -s_lo
         h_thr = -math.log1p(-effect_threshold)
         h_marg = None if marginal_threshold is None else -math.log1p(-marginal_threshold)
-    status, reason = verdict(metric, method, harm_lo, harm_hi, n, effect_threshold=effect_threshold,
-                              harm_threshold=h_thr, harm_marginal=h_marg, min_n=min_samples,
-                              max_ci_width=max_ci_width)
-    est, lo, hi = math.expm1(shift), math.expm1(s_lo), math.expm1(s_hi)
-    return Judgement(
-        metric=metric, status=status, reason=reason,
-        message=message(metric, status, reason, est * 100, lo * 100, hi * 100, n, effect_threshold * 100, "%"),
-        estimate=est, ci_low=lo, ci_high=hi, p_value=p, n=n, effect_threshold=effect_threshold,
-        method=method,
-        detail={"u": u1, "n_candidate": n1, "n_baseline": n2, "prob_superiority": sup,
-                "median_ratio": med_ratio, "log_shift": shift, "alpha": alpha, "direction": direction,
-                "binned": is_hist},
-    )
+    return harm_lo, harm_hi, h_thr, h_marg
 
 def _hist_median(c: np.ndarray) -> float:
     cum = np.cumsum(c)
