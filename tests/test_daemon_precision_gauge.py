@@ -33,7 +33,7 @@ def test_precision_gauge_reads_0_after_a_rollback_1_on_fp8_and_forgets_unknown_r
     with running_daemon(cfg) as (daemon, server), \
             traffic(kafka_service.address, topic, ["legal/contracts", "support/chat"],
                     daemon.flags.precision_for) as gen:
-        wait_until(lambda: daemon.stats.windows_closed >= 4, 30), what="windows closing")
+        wait_until(lambda: daemon.stats.windows_closed >= 4, 30, what="windows closing")
         wait_until(lambda: _gauge(server.url).get((MODEL, "legal/contracts")) == 1.0, 10)
         gen.inject(MODEL, "legal/contracts", "quality")
         wait_until(lambda: daemon.flags.precision_for(MODEL, "legal/contracts") == "fp16", 30)

@@ -35,7 +35,7 @@ from watchdog.ingest.eventtime import Watermarks
 from watchdog.policy import PolicyEngine
 from watchdog.runtime.health import RedisHealth
 from watchdog.runtime.ownership import Ownership
-from watchdog.runtime.status import DaemonStats
+from watchdog.runtime.stats import DaemonStats
 from watchdog.state import partitions as P
 from watchdog.state.checkpoint import DUPLICATE, FENCED, RESYNC, SAVED, CheckpointStore, PendingSave
 

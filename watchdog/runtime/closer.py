@@ -18,7 +18,7 @@ from watchdog.core.signals import Signal
 from watchdog.ingest.consumer import Ingest
 from watchdog.ingest.eventtime import Watermarks
 from watchdog.runtime.ownership import Ownership
-from watchdog.runtime.status import DaemonStats
+from watchdog.runtime.stats import DaemonStats
 from watchdog.state import partitions as P
 
 #: seconds between two broker confirmations that idle partitions are fully read

@@ -10,11 +10,11 @@ One thread owns the decision path. Reliability contract (docs/OPERATIONS.md):
 * a flip, the engine state it implies and its page are one Lua script; pages go out from the outbox.
 
 This module holds only the wiring (``Daemon.__init__``, ``connect_kafka``) and the loop (``run``,
-``step``, ``shutdown``). Each concern lives in its own room: ``ownership`` (partitions owned, the
-ingest sink), ``closer`` (closing windows on event time), ``decisions`` (signals -> actions -> flips,
-the one flag view), ``checkpointer`` (saves and offset commits), ``policies`` (reloads), ``health``
-(readiness, Redis health, liveness), ``status`` (the /status document), ``sources.golden`` and
-``sources.gpu`` (signals other than Kafka).
+``step``, ``shutdown``). Each concern has its own module: ``ownership`` (partitions owned, the ingest
+sink), ``closer`` (closing windows on event time), ``decisions`` (signals -> actions -> flips, the one
+flag view), ``checkpointer`` (saves and offset commits), ``policies`` (reloads), ``health``
+(readiness, Redis health, liveness), ``stats`` and ``status`` (counters, the /status document),
+``sources.golden`` and ``sources.gpu`` (signals other than Kafka).
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ from watchdog.runtime.decisions import FLAG_RELOAD_S, Decisions
 from watchdog.runtime.health import LoopHealth, Readiness, RedisHealth
 from watchdog.runtime.ownership import Ownership
 from watchdog.runtime.policies import PolicyReloader
-from watchdog.runtime.status import DaemonStats, build_status
+from watchdog.runtime.stats import DaemonStats
+from watchdog.runtime.status import StatusDocument
 from watchdog.sources.golden import GoldenLeader, GoldenScheduler
 from watchdog.sources.gpu import GpuSource
 from watchdog.state.checkpoint import CheckpointStore
@@ -110,7 +111,11 @@ class Daemon:
         self.ownership.bind(save=functools.partial(self.checkpointer.save, force=True),
                             restored=functools.partial(self.decisions.reconcile, force=True))
         self.closer = WindowCloser(cfg, self.wm, self.ownership, self.metrics, self.stats, clock)
-        self.health = LoopHealth(cfg, self.readiness, self.wm, self.ownership, self.actuator, self.stats)
+        self.health = LoopHealth(cfg, self.readiness, self.wm, self.ownership.fenced_partitions, self.actuator,
+                                 self.stats)
+        self._status = StatusDocument(cfg.instance, self.stats, self.problems, self.ownership, self.policies,
+                                      self.decisions.flags, self.engine, self.actuator, self.alerter, self.golden,
+                                      self.golden_leader, self.gpu)
         self._stop = threading.Event()
         self.readiness.set("starting", "connecting to Kafka", self.clock())
 
@@ -285,4 +290,4 @@ class Daemon:
         return self.health.alive()
 
     def status(self) -> dict[str, Any]:
-        return build_status(self)
+        return self._status.build()

@@ -36,7 +36,7 @@ from watchdog.core.signals import Action, Signal
 from watchdog.policy import PolicyEngine
 from watchdog.runtime.health import RedisHealth
 from watchdog.runtime.ownership import Ownership
-from watchdog.runtime.status import DaemonStats
+from watchdog.runtime.stats import DaemonStats
 from watchdog.sources.golden import GoldenLeader
 from watchdog.state import partitions as P
 from watchdog.state.checkpoint import CheckpointStore

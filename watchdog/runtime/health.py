@@ -29,8 +29,7 @@ if TYPE_CHECKING:
     from watchdog.config.settings import Config
     from watchdog.ingest.consumer import Ingest
     from watchdog.ingest.eventtime import Watermarks
-    from watchdog.runtime.ownership import Ownership
-    from watchdog.runtime.status import DaemonStats
+    from watchdog.runtime.stats import DaemonStats
 
 log = logging.getLogger(__name__)
 
@@ -188,12 +187,13 @@ class RedisHealth:
 class LoopHealth:
     """The readiness conditions the main loop observes, and the loop's own liveness."""
 
-    def __init__(self, cfg: Config, readiness: Readiness, wm: Watermarks, ownership: Ownership,
+    def __init__(self, cfg: Config, readiness: Readiness, wm: Watermarks, fenced: Callable[[], list[int]],
                  actuator: Actuator, stats: DaemonStats) -> None:
         self.cfg = cfg
         self.readiness = readiness
         self.wm = wm
-        self.ownership = ownership
+        #: the partitions another replica fenced us out of that the group still hands us
+        self.fenced = fenced
         self.actuator = actuator
         self.stats = stats
         self.ingest: Ingest | None = None
@@ -268,7 +268,7 @@ class LoopHealth:
                   f"restarted empty?)", now)
         else:
             r.clear("offsets-reset", now)
-        fenced = self.ownership.fenced_partitions()
+        fenced = self.fenced()
         if fenced:
             r.set("fenced", f"partitions {fenced} taken by another replica", now)
         else:

@@ -1,67 +1,71 @@
-"""The daemon's counters (``DaemonStats``) and the /status document built from its parts.
+"""The /status document, built from the daemon's parts.
 
 /status is JSON for people and ``llm-watchdog status``: partitions and their watermarks, policies,
 flags (from the daemon's one flag view, ``watchdog.runtime.decisions.FlagView``), engine verdicts,
-recent actions, incidents, golden jobs and GPU health. Building it reads; it changes nothing.
+recent actions, incidents, golden jobs and GPU health. Building it reads; it changes nothing. It runs
+on the HTTP thread.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
-from watchdog.core.signals import Action
-
-if TYPE_CHECKING:
-    from watchdog.runtime.daemon import Daemon
+from watchdog.actuation.actuator import Actuator
+from watchdog.alerting.alerter import Alerter
+from watchdog.policy import PolicyEngine
+from watchdog.runtime.decisions import FlagView
+from watchdog.runtime.ownership import Ownership
+from watchdog.runtime.policies import PolicyReloader
+from watchdog.runtime.stats import DaemonStats
+from watchdog.sources.golden import GoldenLeader, GoldenScheduler
 
 #: modules whose presence /status reports (the daemon must not import them unless configured to)
 HEAVY_MODULES = ("torch", "transformers", "evaluate", "pynvml")
 
 
-@dataclass
-class DaemonStats:
-    started_at: float = field(default_factory=time.time)
-    last_loop: float = field(default_factory=time.monotonic)
-    windows_closed: int = 0
-    actions: int = 0
-    checkpoints: int = 0
-    last_actions: list[dict[str, Any]] = field(default_factory=list)
+class StatusDocument:
+    def __init__(self, instance: str, stats: DaemonStats, problems: Callable[[], list[str]], ownership: Ownership,
+                 policies: PolicyReloader, flags: FlagView, engine: PolicyEngine, actuator: Actuator,
+                 alerter: Alerter, golden: GoldenScheduler | None, golden_leader: GoldenLeader | None,
+                 gpu: Any) -> None:
+        self.instance = instance
+        self.stats = stats
+        self.problems = problems
+        self.ownership = ownership
+        self.policies = policies
+        self.flags = flags
+        self.engine = engine
+        self.actuator = actuator
+        self.alerter = alerter
+        self.golden = golden
+        self.golden_leader = golden_leader
+        #: a ``probes.gpu_monitor.GpuMonitor`` or None
+        self.gpu = gpu
 
-    def record_action(self, a: Action) -> None:
-        """Count ``a`` and keep it among the 50 most recent."""
-        self.actions += 1
-        self.last_actions = (self.last_actions + [action_dict(a)])[-50:]
-
-
-def action_dict(a: Action) -> dict[str, Any]:
-    return {"kind": a.kind, "policy": a.policy, "model": a.model, "route": a.route, "precision": a.precision,
-            "reason": a.reason, "severity": a.severity, "dry_run": a.dry_run, "at": a.at}
-
-
-def build_status(d: Daemon) -> dict[str, Any]:
-    """The /status document of daemon ``d``."""
-    problems = d.problems()
-    return {
-        "instance": d.cfg.instance,
-        "uptime_s": round(time.time() - d.stats.started_at, 1),
-        "ready": not problems,
-        "problems": problems,
-        "partitions": d.ownership.status(),
-        "policies": [p.name for p in d.policies.loader.policy_set.policies],
-        "flags": {f"{m}/{r}": p for (m, r), p in d.decisions.flags.snapshot().items()},
-        "verdicts": d.engine.snapshot(),
-        "pending_decisions": d.actuator.pending(),
-        "windows_closed": d.stats.windows_closed,
-        "checkpoints": d.stats.checkpoints,
-        "open_windows": sum(p.agg.open_windows() for p in d.parts.values()),
-        "recent_actions": d.stats.last_actions[-20:],
-        "incidents": d.alerter.open_incidents(),
-        "alerts": d.alerter.stats(),
-        "golden": d.golden.status() if d.golden is not None else [],
-        "golden_lease": d.golden_leader is not None and d.golden_leader.running,
-        "gpu": [h.to_dict() for h in d.gpu.latest()] if d.gpu is not None else [],
-        "heavy_modules_loaded": sorted(m for m in HEAVY_MODULES if m in sys.modules),
-    }
+    def build(self) -> dict[str, Any]:
+        problems = self.problems()
+        stats = self.stats
+        return {
+            "instance": self.instance,
+            "uptime_s": round(time.time() - stats.started_at, 1),
+            "ready": not problems,
+            "problems": problems,
+            "partitions": self.ownership.status(),
+            "policies": [p.name for p in self.policies.loader.policy_set.policies],
+            "flags": {f"{m}/{r}": p for (m, r), p in self.flags.snapshot().items()},
+            "verdicts": self.engine.snapshot(),
+            "pending_decisions": self.actuator.pending(),
+            "windows_closed": stats.windows_closed,
+            "checkpoints": stats.checkpoints,
+            "open_windows": sum(p.agg.open_windows() for p in self.ownership.parts.values()),
+            "recent_actions": stats.last_actions[-20:],
+            "incidents": self.alerter.open_incidents(),
+            "alerts": self.alerter.stats(),
+            "golden": self.golden.status() if self.golden is not None else [],
+            "golden_lease": self.golden_leader is not None and self.golden_leader.running,
+            "gpu": [h.to_dict() for h in self.gpu.latest()] if self.gpu is not None else [],
+            "heavy_modules_loaded": sorted(m for m in HEAVY_MODULES if m in sys.modules),
+        }
