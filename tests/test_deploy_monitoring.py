@@ -35,12 +35,10 @@ RULES = ROOT / "deploy/prometheus/llm-watchdog-rules.yaml"
 RULE_TESTS = ROOT / "deploy/prometheus/tests/llm-watchdog-rules.test.yaml"
 DASHBOARD = ROOT / "deploy/grafana/llm-watchdog.json"
 
-# PENDING_H1: metrics a panel or rule reads that the daemon declares but does not set yet, because
-# the branch that sets them is not merged. Helper h1 makes the runtime set
-# llmwd_route_precision_is_candidate (issue 16); once that branch is merged, the lead deletes this
-# entry. The test fails when a name here does have samples (delete it then), and, the set emptied,
-# when the metric still has none.
-PENDING_H1 = {"llmwd_route_precision_is_candidate"}
+# PENDING_H1: metrics a panel or rule reads that the daemon declares but does not set yet. Empty since
+# the runtime sets llmwd_route_precision_is_candidate (issue 16, branch h1). The test fails when a name
+# here does have samples (delete it then), and, the set emptied, when the metric still has none.
+PENDING_H1: set[str] = set()
 
 
 def metric_names(expr: str) -> set[str]:
