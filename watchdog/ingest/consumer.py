@@ -8,11 +8,9 @@ checkpointed only after every dead letter it produced is acknowledged by the bro
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer
@@ -22,6 +20,7 @@ from kafka.structs import OffsetAndMetadata, TopicPartition
 from watchdog.config.settings import KafkaConfig
 from watchdog.core.events import InferenceEvent, InvalidEvent, decode_event, encode_event
 from watchdog.core.metrics import Metrics
+from watchdog.ingest.deadletter import DeadLetters
 from watchdog.ingest.otlp import RecordDecoder
 
 log = logging.getLogger(__name__)
@@ -31,11 +30,6 @@ PartitionKey = tuple[str, int]
 EventSink = Callable[[InferenceEvent, PartitionKey, int], str | None]
 PartitionsFn = Callable[[list[PartitionKey]], None]
 
-#: dead letters larger than this are stored as a truncated copy (first DLQ_KEEP_BYTES bytes, with the
-#: original size and sha256 in headers): the DLQ producer's max_request_size is 1 MiB and a broker's
-#: message.max.bytes may be lower, so a full copy of an oversized event could never be written
-DLQ_MAX_VALUE_BYTES = 900_000
-DLQ_KEEP_BYTES = 65_536
 
 
 def make_consumer(cfg: KafkaConfig, **extra: Any) -> KafkaConsumer:
@@ -87,27 +81,6 @@ class _Rebalance(ConsumerRebalanceListener):
             self._on_assigned(pks)
 
 
-@dataclass
-class _DeadLetter:
-    rec: Any
-    reason: str
-    error: str
-    future: Any = None
-    attempts: int = 0
-
-
-@dataclass
-class _DlqState:
-    pending: list[_DeadLetter] = field(default_factory=list)
-    failed: str | None = None
-    #: wall time the oldest unacknowledged dead letter was sent
-    since: float | None = None
-
-
-#: a dead letter unacknowledged this long counts as failed (its partition pauses, readiness ``dlq``)
-DLQ_ACK_TIMEOUT_S = 10.0
-
-
 class Ingest:
     """Poll events into ``sink``; invalid ones go to the dead-letter topic with the reason."""
 
@@ -134,17 +107,16 @@ class Ingest:
         self.next_offset: dict[PartitionKey, int] = {}
         #: partitions whose offsets went backwards (broker restarted empty, log truncated)
         self._resets: dict[PartitionKey, float] = {}
-        self._dlq: dict[PartitionKey, _DlqState] = {}
         self.last_polled: set[PartitionKey] = set()
         self._commits_in_flight = 0
         #: checkpointed offsets not yet mirrored into Kafka (a commit was in flight)
         self._mirror_wanted: dict[PartitionKey, int] = {}
-        #: partitions that dead-lettered since the daemon last looked (their checkpoint must advance)
-        self._dead_lettered: set[PartitionKey] = set()
         self._broker_silent_since: float | None = None
         self.broker_error = ""
         #: checkpointed offsets to commit synchronously at close (set by the daemon's shutdown)
         self._final_offsets: dict[PartitionKey, int] = {}
+        #: the dead-letter topic's writer: a partition never checkpoints past an unacknowledged one
+        self.dead_letters = DeadLetters(consumer, producer, dlq_topic, metrics)
         consumer.subscribe([topic], listener=_Rebalance(on_assigned, on_revoked))
 
     # -- reading -------------------------------------------------------------------------------
@@ -176,117 +148,33 @@ class Ingest:
                 if self.decode_many is not None:  # OTLP: every event of a record carries its offset
                     events, rejected = self.decode_many(rec.value or b"", self.max_event_bytes)
                     for bad in rejected:  # the dead letter holds just the rejected span
-                        self._dead_letter(pkey, rec._replace(value=bad.value), bad.reason, str(bad))
+                        self.dead_letters.add(pkey, rec._replace(value=bad.value), bad.reason, str(bad))
                     for event in events:
                         reason = self.sink(event, pkey, rec.offset)
                         if reason is None:
                             ok += 1
                         else:
-                            self._dead_letter(pkey, rec._replace(value=encode_event(event)), reason,
+                            self.dead_letters.add(pkey, rec._replace(value=encode_event(event)), reason,
                                               f"event {reason}: ts={event.ts}")
                     continue
                 try:
                     event = decode_event(rec.value or b"", self.max_event_bytes)
                 except InvalidEvent as exc:
-                    self._dead_letter(pkey, rec, getattr(exc, "reason", "invalid"), str(exc))
+                    self.dead_letters.add(pkey, rec, getattr(exc, "reason", "invalid"), str(exc))
                     continue
                 reason = self.sink(event, pkey, rec.offset)
                 if reason is None:
                     ok += 1
                 else:
-                    self._dead_letter(pkey, rec, reason, f"event {reason}: ts={event.ts}")
+                    self.dead_letters.add(pkey, rec, reason, f"event {reason}: ts={event.ts}")
             self.next_offset[pkey] = records[-1].offset + 1
         if ok:
             self.metrics.events.labels("ok").inc(ok)
         return seen
 
-    # -- dead letters --------------------------------------------------------------------------
-    def _dead_letter(self, pkey: PartitionKey, rec: Any, reason: str, error: str) -> None:
-        self.metrics.events.labels("invalid").inc()
-        self.metrics.dlq.labels(reason.split(":", 1)[0]).inc()
-        log.warning("dead-lettering %s:%s@%s: %s", rec.topic, rec.partition, rec.offset, error[:300])
-        if self.producer is None:
-            return
-        self._dead_lettered.add(pkey)
-        dl = _DeadLetter(rec, reason, error)
-        st = self._dlq.setdefault(pkey, _DlqState())
-        if not st.pending:
-            st.since = time.time()
-        st.pending.append(dl)
-        self._send(dl)
-
-    def _send(self, dl: _DeadLetter) -> None:
-        rec = dl.rec
-        value = rec.value or b""
-        headers = [(k, v) for k, v in (rec.headers or [])]  # the original headers travel unchanged
-        headers += [
-            ("llmwd.reason", dl.reason.encode()),
-            ("llmwd.error", dl.error[:500].encode("utf-8", "replace")),
-            ("llmwd.source.topic", rec.topic.encode()),
-            ("llmwd.source.partition", str(rec.partition).encode()),
-            ("llmwd.source.offset", str(rec.offset).encode()),
-        ]
-        if len(value) > DLQ_MAX_VALUE_BYTES:
-            headers += [("llmwd.truncated", b"1"), ("llmwd.original.size", str(len(value)).encode()),
-                        ("llmwd.original.sha256", hashlib.sha256(value).hexdigest().encode())]
-            value = value[:DLQ_KEEP_BYTES]
-        dl.attempts += 1
-        assert self.producer is not None
-        try:
-            dl.future = self.producer.send(self.dlq_topic, value=value, key=rec.key, headers=headers)
-        except Exception as exc:  # noqa: BLE001 - a refused send is a failed dead letter, never a crash
-            dl.future = exc
-
-    def dlq_settled(self, pkey: PartitionKey, timeout_s: float = 2.0) -> bool:
-        """True when every dead letter of ``pkey`` is acknowledged; failed ones are re-sent, and the
-        partition stays paused (``dlq_failures``) until they are."""
-        st = self._dlq.get(pkey)
-        if st is None or not st.pending:
-            return True
-        assert self.producer is not None
-        if any(not isinstance(dl.future, BaseException) and not dl.future.is_done for dl in st.pending):
-            try:
-                self.producer.flush(timeout=timeout_s)
-            except KafkaError as exc:
-                log.warning("dead-letter flush failed: %s", exc)
-        left: list[_DeadLetter] = []
-        error = None
-        waited = time.time() - (st.since or time.time())
-        for dl in st.pending:
-            fut = dl.future
-            if isinstance(fut, BaseException):
-                error = f"{type(fut).__name__}: {fut}"
-            elif not fut.is_done:
-                left.append(dl)
-                if waited > DLQ_ACK_TIMEOUT_S:
-                    error = f"dead letters not acknowledged for {waited:.0f} s"
-                continue
-            elif fut.failed():
-                error = f"{type(fut.exception).__name__}: {fut.exception}"
-            else:
-                continue
-            left.append(dl)
-            self._send(dl)
-        st.pending = left
-        if not left:
-            st.since = None
-        was = st.failed
-        st.failed = error
-        tp = TopicPartition(*pkey)
-        if error and not was:
-            log.error("dead letters of %s:%s cannot be written (%s): partition paused", pkey[0], pkey[1], error)
-            self.consumer.pause(tp)
-        elif not left and was:
-            log.info("dead letters of %s:%s written again: partition resumed", pkey[0], pkey[1])
-            self.consumer.resume(tp)
-        return not left
-
-    def dlq_failures(self) -> dict[PartitionKey, str]:
-        return {pk: st.failed for pk, st in self._dlq.items() if st.failed}
-
     def forget(self, pkey: PartitionKey) -> None:
         """A revoked partition: its dead letters and marks are someone else's now."""
-        self._dlq.pop(pkey, None)
+        self.dead_letters.forget(pkey)
         self._final_offsets.pop(pkey, None)
         self.next_offset.pop(pkey, None)  # (``_resets`` stay: readiness reports them for a while)
 
@@ -399,11 +287,6 @@ class Ingest:
     def clear_broker_silence(self) -> None:
         """Records arrived: the broker answers, whatever the last offsets request said."""
         self._broker_silent_since = None
-
-    def drain_dead_lettered(self) -> set[PartitionKey]:
-        """Partitions that dead-lettered since the last call (their checkpoint must advance)."""
-        out, self._dead_lettered = self._dead_lettered, set()
-        return out
 
     def close(self) -> None:
         """Flush the DLQ, commit the final checkpointed offsets synchronously (so no commit is in flight

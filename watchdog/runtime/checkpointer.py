@@ -82,7 +82,7 @@ class Checkpointer:
         assert self.ingest is not None
         if part.routes & self.actuator.pending_routes():
             return False  # the flip goes first: it carries the engine state the checkpoint would
-        if not self.ingest.dlq_settled(part.pk, timeout_s=1.0 if force else 0.2):
+        if not self.ingest.dead_letters.settled(part.pk, timeout_s=1.0 if force else 0.2):
             return False  # never checkpoint past a dead letter the broker has not acknowledged
         if part.inflight is None:
             part.inflight = self.build_save(part, now, part.unsaved, part.outbox)

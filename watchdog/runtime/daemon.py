@@ -188,7 +188,7 @@ class Daemon:
         ingest.commit_mirror({})  # mirror offsets a busy commit held back
         now = self.clock()
         self.wm.records_read(ingest.last_polled, now)
-        self.ownership.dead_lettered(ingest.drain_dead_lettered())
+        self.ownership.dead_lettered(ingest.dead_letters.drain_touched())
         self.ownership.retry_unrestored(now)
         self.closer.confirm_idle(now)
         signals = self.closer.close_windows(now)

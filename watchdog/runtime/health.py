@@ -257,7 +257,7 @@ class LoopHealth:
                   f"has not advanced for {stuck_after:.0f} s", now)
         else:
             r.clear("watermark-stuck", now)
-        dlq = ingest.dlq_failures()
+        dlq = ingest.dead_letters.failures()
         if dlq:
             r.set("dlq", "; ".join(f"partition {pk[1]} paused: {e}" for pk, e in sorted(dlq.items()))[:300], now)
         else:
