@@ -37,7 +37,7 @@ def test_the_gateway_section_lives_in_the_daemon_config_file(tmp_path: Path) -> 
     assert cfg.pool_for("llama", "other").candidate.url == "http://fp8/v1"  # type: ignore[union-attr]
     assert cfg.pool_for("mistral", "legal").candidate.url == "http://any8/v1"  # type: ignore[union-attr]
     gw = Gateway(cfg, flags=None, emitter=None)
-    assert gw.resolve_route({b"x-llmwd-route": b"hdr", b"authorization": b"Bearer sk-legal"}, "llama") == "hdr"
+    assert gw.resolve_route({b"x-llmwd-route": b"legal", b"authorization": b"Bearer sk-legal"}, "llama") == "legal"
     assert gw.resolve_route({b"authorization": b"Bearer sk-legal"}, "llama-support") == "legal"
     assert gw.resolve_route({b"authorization": b"Bearer sk-other"}, "llama-support") == "support"
     assert gw.resolve_route({}, "llama") == "default"
