@@ -20,9 +20,17 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from watchdog.config.settings import ConfigError, env_overrides, read_config_file
 from watchdog.config.yamlpos import PosDoc
@@ -44,6 +52,12 @@ def check_route(value: str) -> str:
         raise ValueError(f"route {name[:80]!r} {why}" if why.startswith(("is ", "holds "))
                          else f"route {name[:80]!r}: {why}")
     return name
+
+
+#: a route name, checked and NFKC-normalised by ``check_route``
+Route = Annotated[str, AfterValidator(check_route)]
+#: a route name or ``*``
+RouteOrAny = Annotated[str, AfterValidator(lambda v: v if v == "*" else check_route(v))]
 
 
 class _Section(BaseModel):
@@ -104,19 +118,9 @@ class ClientConfig(_Section):
     #: the client's ``Authorization: Bearer`` token; write ``${ENV_VAR}``, never the key itself
     api_key: str = Field(min_length=1, repr=False)
     #: the route this client's requests are served on (and counted in)
-    route: str
+    route: Route
     #: other routes the client's route header may pick; ``["*"]``: any route the gateway knows
-    allow_routes: list[str] = Field(default_factory=list)
-
-    @field_validator("route")
-    @classmethod
-    def _route(cls, v: str) -> str:
-        return check_route(v)
-
-    @field_validator("allow_routes")
-    @classmethod
-    def _allowed(cls, v: list[str]) -> list[str]:
-        return [r if r == "*" else check_route(r) for r in v]
+    allow_routes: list[RouteOrAny] = Field(default_factory=list)
 
 
 class AuthConfig(_Section):
@@ -150,9 +154,9 @@ class GatewayConfig(_Section):
     default_precision: str = "fp8"
     route_header: str = "X-LLMWD-Route"
     precision_header: str = "X-LLMWD-Precision"
-    default_route: str = "default"
+    default_route: Route = "default"
     #: routes a client without a known key may pick with ``route_header``
-    routes: list[str] = Field(default_factory=list)
+    routes: list[Route] = Field(default_factory=list)
     #: a route header the client may not use: ``refuse`` (400/403, OpenAI-style error) or
     #: ``default`` (ignored: the key's, the model's or the default route serves)
     unknown_route: Literal["refuse", "default"] = "refuse"
@@ -160,29 +164,14 @@ class GatewayConfig(_Section):
     #: the gateway's clients: bearer key -> route (+ the routes its header may pick)
     clients: list[ClientConfig] = Field(default_factory=list)
     #: shorthand for ``clients`` without ``allow_routes``: bearer key -> route
-    api_keys: dict[str, str] = Field(default_factory=dict, repr=False)
+    api_keys: dict[str, Route] = Field(default_factory=dict, repr=False)
     #: client model name -> route, used when neither the API key nor an allowed header gives one
-    model_routes: dict[str, str] = Field(default_factory=dict)
+    model_routes: dict[str, Route] = Field(default_factory=dict)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     #: engine label put into events (e.g. ``vllm-0.6.3``); default: the served upstream's model name
     engine: str | None = None
     pools: list[PoolConfig] = Field(default_factory=list)
     events: EventsConfig = Field(default_factory=EventsConfig)
-
-    @field_validator("default_route")
-    @classmethod
-    def _default_route(cls, v: str) -> str:
-        return check_route(v)
-
-    @field_validator("routes")
-    @classmethod
-    def _routes(cls, v: list[str]) -> list[str]:
-        return [check_route(r) for r in v]
-
-    @field_validator("api_keys", "model_routes")
-    @classmethod
-    def _mapped_routes(cls, v: dict[str, str]) -> dict[str, str]:
-        return {k: check_route(r) for k, r in v.items()}
 
     @model_validator(mode="after")
     def _one_route_per_key(self) -> GatewayConfig:
