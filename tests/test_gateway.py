@@ -42,7 +42,7 @@ def gateway_cfg(upstreams: dict[str, OpenAIServer], redis_url: str, prefix: str,
                 **pool: Any) -> Any:
     return load_gateway_config(None, redis_url=redis_url, redis_prefix=prefix, port=0,
                                events={"bootstrap_servers": kafka, "topic": topic, "flush_interval_s": 0.01},
-                               api_keys={"key-legal": "legal"},
+                               api_keys={"key-legal": "legal"}, routes=["support"],
                                pools=[{"model": MODEL, "candidate": {"url": upstreams["fp8"].base_url, "timeout_s": 5},
                                        "baseline": {"url": upstreams["fp16"].base_url, "timeout_s": 5},
                                        "log_completions": True, **pool}])
@@ -122,7 +122,8 @@ def test_request_id_and_traceparent_pass_through(gateway: Any, kafka_service: An
         extra_headers={"X-Request-ID": "req-42", "traceparent": trace})
     assert raw.headers["x-request-id"] == "req-42"
     (event,) = read_events(kafka_service.address, topic, 1)
-    assert event.request_id == "req-42" and event.extra["trace_id"] == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert event.extra["client_request_id"] == "req-42" and event.request_id != "req-42"  # the gateway's id
+    assert event.extra["trace_id"] == "4bf92f3577b34da6a3ce929d0e0e4736"
 
 
 def test_upstream_5xx_and_timeout_give_clean_errors_and_events(gateway: Any, kafka_service: Any,

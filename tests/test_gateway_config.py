@@ -37,7 +37,7 @@ def test_the_gateway_section_lives_in_the_daemon_config_file(tmp_path: Path) -> 
     assert cfg.pool_for("llama", "other").candidate.url == "http://fp8/v1"  # type: ignore[union-attr]
     assert cfg.pool_for("mistral", "legal").candidate.url == "http://any8/v1"  # type: ignore[union-attr]
     gw = Gateway(cfg, flags=None, emitter=None)
-    assert gw.resolve_route({b"x-llmwd-route": b"hdr", b"authorization": b"Bearer sk-legal"}, "llama") == "hdr"
+    assert gw.resolve_route({b"x-llmwd-route": b"legal", b"authorization": b"Bearer sk-legal"}, "llama") == "legal"
     assert gw.resolve_route({b"authorization": b"Bearer sk-legal"}, "llama-support") == "legal"
     assert gw.resolve_route({b"authorization": b"Bearer sk-other"}, "llama-support") == "support"
     assert gw.resolve_route({}, "llama") == "default"
@@ -71,3 +71,59 @@ def test_stream_parser_follows_chunks_split_anywhere() -> None:
                                                    "usage": {"prompt_tokens": 2, "completion_tokens": 1}}))
     assert (r.completion, r.logprobs, r.completion_tokens) == ("x", [-1.0], 1)
     assert parse_response("chat", b"not json").completion == ""
+
+
+# --- issue 20 §6: the gateway section goes through the daemon config's loader -----------------------
+
+def test_the_gateway_section_expands_env_refuses_duplicates_and_takes_env_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "gw.yaml"
+    path.write_text("gateway:\n  redis_url: ${REDIS_URL}\n  port: ${GW_PORT:-9001}\n"
+                    "  pools: [{candidate: {url: 'http://a/v1'}, baseline: {url: 'http://b/v1'}}]\n")
+    cfg = load_gateway_config(path, env={"REDIS_URL": "redis://r:6380/2"})
+    assert (cfg.redis_url, cfg.port) == ("redis://r:6380/2", 9001)  # was the literal "${REDIS_URL}"
+    cfg = load_gateway_config(path, env={"REDIS_URL": "redis://r/0", "LLMWD_GATEWAY__PORT": "9100",
+                                         "LLMWD_GATEWAY__AUTH__REQUIRED": "true"})
+    assert cfg.port == 9100 and cfg.auth.required
+    with pytest.raises(GatewayConfigError, match=r"gw\.yaml:2:\d+: environment variable REDIS_URL is not set"):
+        load_gateway_config(path, env={})
+    path.write_text("gateway:\n  port: 1\n  port: 2\n")
+    with pytest.raises(GatewayConfigError, match=r"gw\.yaml:3:3: invalid YAML: duplicate key 'port'"):
+        load_gateway_config(path, env={})
+    path.write_text("gateway:\n  routes: [ok, 'bad route']\n")
+    with pytest.raises(GatewayConfigError, match=r"gw\.yaml:2:\d+: gateway\.routes\.1: .*space"):
+        load_gateway_config(path, env={})
+
+
+def test_clients_from_env_and_a_keys_file_with_positions(tmp_path: Path) -> None:
+    (tmp_path / "keys.yaml").write_text("clients:\n  - {api_key: '${TEAM_B_KEY}', route: team-b}\n"
+                                        "  - {api_key: k3, route: 'x\u200by'}\n")
+    path = tmp_path / "gw.yaml"
+    path.write_text("gateway:\n  auth: {required: true, keys_file: keys.yaml}\n"
+                    "  clients: [{api_key: '${TEAM_A_KEY}', route: team-a, allow_routes: [team-a/eval]}]\n")
+    with pytest.raises(GatewayConfigError, match=r"keys\.yaml:3:\d+: clients\.1\.route: .*U\+200B"):
+        load_gateway_config(path, env={"TEAM_A_KEY": "key-team-a-1", "TEAM_B_KEY": "key-team-b-2"})
+    (tmp_path / "keys.yaml").write_text("clients:\n  - {api_key: '${TEAM_B_KEY}', route: team-b}\n")
+    cfg = load_gateway_config(path, env={"TEAM_A_KEY": "key-team-a-1", "TEAM_B_KEY": "key-team-b-2"})
+    assert [(c.api_key, c.route) for c in cfg.all_clients()] == [("key-team-a-1", "team-a"), ("key-team-b-2", "team-b")]
+    assert "key-team-a-1" not in repr(cfg) and "key-team-b-2" not in repr(cfg)
+    assert cfg.known_routes() == {"default", "team-a", "team-a/eval", "team-b"}
+    with pytest.raises(GatewayConfigError, match="listed twice") as err:
+        load_gateway_config(path, env={"TEAM_A_KEY": "dup-key-77", "TEAM_B_KEY": "dup-key-77"})
+    assert "dup-key-77" not in str(err.value)
+
+
+def test_config_check_validates_the_gateway_and_hides_its_keys(tmp_path: Path) -> None:
+    path = tmp_path / "watchdog.yaml"
+    path.write_text("policies: []\ngateway:\n  api_keys: {sk-live-0123456789: legal}\n"
+                    "  auth: {metrics_keys: [prom-secret-42]}\n"
+                    "  clients: [{api_key: sk-client-987, route: chat}]\n")
+    proc = subprocess.run([sys.executable, "-m", "watchdog.cli.main", "config", "check", "--config", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    for secret in ("sk-live-0123456789", "prom-secret-42", "sk-client-987"):
+        assert secret not in proc.stdout + proc.stderr
+    assert "legal" in proc.stdout and "chat" in proc.stdout  # the routes stay visible
+    path.write_text("policies: []\ngateway:\n  routes: ['a\tb']\n")
+    proc = subprocess.run([sys.executable, "-m", "watchdog.cli.main", "config", "check", "--config", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "gateway.routes.0" in proc.stderr and "watchdog.yaml:3:" in proc.stderr

@@ -80,6 +80,7 @@ topic: {topic}
 variants:
   tiny: {{fp8: tiny-fp8, fp16: tiny-fp16, bf16: tiny-bf16}}
 key_routes: {{}}
+routes: [legal, support, broken]
 default_route: default
 """)
     models = "".join(f"""\

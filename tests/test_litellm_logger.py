@@ -31,7 +31,8 @@ def logger(redis_service: Any, redis_client: Any):
     settings = LiteLLMSettings(redis_url=f"redis://127.0.0.1:{redis_service.port}/0", redis_prefix=prefix,
                                bootstrap_servers=f"127.0.0.1:{free_port()}", topic="t", buffer_size=3,
                                variants={"tiny": {"fp8": "tiny-fp8", "fp16": "tiny-fp16"}},
-                               key_routes={"team-legal": "legal"}, model_routes={"tiny": "by-model"})
+                               key_routes={"team-legal": "legal"}, model_routes={"tiny": "by-model"},
+                               routes=["legal", "odd", "chat"], key_allow_routes={"team-legal": ["legal/eval"]})
     flags = RoutingFlags(settings.redis_url, Keys(prefix), default_precision="fp8")
     assert flags.wait_ready(3)
     events = EventEmitter(EventsConfig(bootstrap_servers=settings.bootstrap_servers, topic=settings.topic,
@@ -67,6 +68,27 @@ def test_route_sources_and_the_flag_pick_the_deployment(logger):
     odd = {"proxy_server_request": {"headers": {"x-llmwd-route": "odd"}}}
     assert _call(lg, {"model": "tiny", **odd})["model"] == "tiny-fp16"
     assert _call(lg, {"model": "other"})["model"] == "other"  # not a routed model
+
+
+def test_a_key_decides_its_route_and_a_header_cannot_escape_it(logger):
+    """Issue 20 §1: a key mapped to ``legal`` (rolled back to FP16) naming ``chat`` in the header was
+    served FP8 on ``chat``; the key decides, and the header picks only what the key allows."""
+    lg, store = logger
+    store.flip("tiny", "legal", "fp16", expected_epoch=None, reason="r", changed_by="t")
+    _wait_flag(lg, "legal", "fp16")
+    legal = SimpleNamespace(key_alias="team-legal", team_alias=None)
+
+    def routed(route: str, key: Any = None) -> tuple[str, str]:
+        data = _call(lg, {"model": "tiny", "metadata": {},
+                          "proxy_server_request": {"headers": {"X-LLMWD-Route": route}}}, key)
+        return data["model"], data["metadata"]["llmwd"]["route"]
+
+    assert routed("chat", legal) == ("tiny-fp16", "legal")
+    assert routed("legal/eval", legal) == ("tiny-fp8", "legal/eval")  # on the key's allow-list
+    assert routed("made-up") == ("tiny-fp8", "by-model")  # no key: only `routes` may be named
+    assert routed("chat") == ("tiny-fp8", "chat")
+    assert routed("x" * 300) == ("tiny-fp8", "by-model")  # not a valid route name
+    assert lg.ignored_route_headers == 3
 
 
 def test_hooks_never_raise_and_map_the_outcome(logger):

@@ -149,6 +149,13 @@ def cmd_config_check(args: argparse.Namespace) -> int:
         load_policy_files(cfg.policies)
     except PolicyError as exc:
         problems.extend(exc.messages)
+    if cfg.gateway and args.config:  # the gateway section is validated by its own model
+        from watchdog.gateway.config import GatewayConfigError, load_gateway_config
+
+        try:
+            load_gateway_config(args.config)
+        except GatewayConfigError as exc:
+            problems.extend(str(exc).splitlines())
     for var in env_overrides(os.environ)[1]:
         print(f"warning: ${var} matches no config key and is ignored", file=sys.stderr)
     if cfg.alerts.channels and not cfg.server.external_url:

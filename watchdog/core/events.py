@@ -444,6 +444,32 @@ def event_to_dict(event: InferenceEvent) -> dict[str, Any]:
     return out
 
 
+#: the longest model or route name (characters) that ``name_problem`` accepts
+MAX_NAME_CHARS = 200
+_BAD_NAME_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zs", "Zl", "Zp"})
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` (a model or route name, NFKC already) cannot be one, or None: a name is 1 to
+    ``MAX_NAME_CHARS`` characters with no space, control, invisible (format) or unassigned
+    character. Producers that take names from clients (the gateway's route header) check them
+    with this rule; confusable letters are ``watchdog.policy.names.problems``."""
+    if not name:
+        return "is empty"
+    if len(name) > MAX_NAME_CHARS:
+        return f"is {len(name)} characters long (at most {MAX_NAME_CHARS})"
+    if name.isascii():
+        if name.isprintable() and " " not in name:
+            return None
+        bad = next(ch for ch in name if not ch.isprintable() or ch == " ")
+        return f"holds {bad!r}, a space or control character"
+    for ch in name:
+        if unicodedata.category(ch) in _BAD_NAME_CATEGORIES:
+            return (f"holds U+{ord(ch):04X} ({unicodedata.name(ch, 'unnamed character')}), a space, "
+                    "control or invisible character")
+    return None
+
+
 def partition_key(model: str, route: str) -> bytes:
     """The Kafka message key of a route's events: ``model/route``. The daemon places a route on the
     partition its key hashes to (murmur2, as Java and kafka-python do), so every producer keys by it

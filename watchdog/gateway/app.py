@@ -23,6 +23,8 @@ import orjson
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from watchdog.core.events import name_problem
+from watchdog.gateway.access import Access, Refusal
 from watchdog.gateway.config import GatewayConfig, PoolConfig, UpstreamConfig
 from watchdog.gateway.openai_io import Result, StreamParser, error_body, parse_response, prompt_of
 from watchdog.ingest.emitter import EventEmitter
@@ -39,6 +41,8 @@ _SSE = (b"content-type", b"text/event-stream")
 #: client headers forwarded upstream unchanged
 _PASS = frozenset({b"traceparent", b"tracestate", b"baggage", b"user-agent", b"accept"})
 MAX_BODY = 8 * 1024 * 1024
+#: the client's X-Request-ID is kept in events (``client_request_id``) up to this many characters
+MAX_CLIENT_ID = 128
 MAX_SHADOWS_IN_FLIGHT = 64
 
 
@@ -92,9 +96,14 @@ class Gateway:
         self._shadows: set[asyncio.Task[None]] = set()
         self._route_header = cfg.route_header.lower().encode()
         self._precision_header = cfg.precision_header.lower().encode()
+        self.access = Access(cfg)
         self.registry = registry or CollectorRegistry()
+        # the route label holds configured routes only (Access.label: anything else is "other")
         self.requests = Counter("llmwd_gateway_requests_total", "Proxied requests by route, precision, status",
                                 ["route", "precision", "status"], registry=self.registry)
+        self.refused = Counter("llmwd_gateway_refused_total",
+                               "Requests refused before any upstream call, by error code", ["code"],
+                               registry=self.registry)
         self.shadows = Counter("llmwd_gateway_shadows_total", "Shadow requests by result", ["result"],
                                registry=self.registry)
         self.registry.register(_Collector(self))
@@ -112,12 +121,20 @@ class Gateway:
         if kind is not None and method == "POST":
             await self._proxy(kind, scope, receive, send)
         elif method == "GET" and path in ("/v1/models", "/models"):
+            who = self.access.authenticate(dict(scope["headers"]).get(b"authorization"))
+            if isinstance(who, Refusal):
+                await self._refuse(send, who, b"")
+                return
             data = [{"id": m, "object": "model", "created": 0, "owned_by": "llm-watchdog-gateway"}
                     for m in self.cfg.models()]
             await self._reply(send, 200, orjson.dumps({"object": "list", "data": data}))
         elif method == "GET" and path == "/healthz":
             await self._reply(send, 200, orjson.dumps({"ok": True, "redis": bool(getattr(self.flags, "healthy", False))}))
-        elif method == "GET" and path == "/metrics":
+        elif method == "GET" and path == "/metrics" and self.cfg.metrics.port is None:
+            if not self.access.may_read_metrics(dict(scope["headers"]).get(b"authorization")):
+                await self._refuse(send, Refusal(401, "invalid_api_key", "/metrics needs a key of auth.metrics_keys"),
+                                   b"")
+                return
             await self._reply(send, 200, generate_latest(self.registry), (b"content-type", b"text/plain; version=0.0.4"))
         else:
             await self._reply(send, 404, error_body(404, f"no route {method} {path}", "not_found"))
@@ -143,6 +160,14 @@ class Gateway:
         if self.client is not None:
             await self.client.close()
 
+    async def _refuse(self, send: Send, refusal: Refusal, request_id: bytes) -> None:
+        self.refused.labels(refusal.code).inc()
+        headers = [_JSON, (b"x-request-id", request_id)] if request_id else [_JSON]
+        if refusal.status == 401:
+            headers.append((b"www-authenticate", b'Bearer realm="llm-watchdog-gateway"'))
+        await self._reply(send, refusal.status, error_body(refusal.status, refusal.message, refusal.kind,
+                                                           refusal.code), *headers)
+
     @staticmethod
     async def _reply(send: Send, status: int, body: bytes, *headers: tuple[bytes, bytes]) -> None:
         await send({"type": "http.response.start", "status": status, "headers": list(headers or (_JSON,))})
@@ -150,26 +175,28 @@ class Gateway:
 
     # -- routing ------------------------------------------------------------------------------
 
-    def resolve_route(self, headers: dict[bytes, bytes], model: str) -> str:
-        """Header, then API key, then model name, then the default (docs/INTEGRATIONS.md)."""
-        route = headers.get(self._route_header)
-        if route:
-            return route.decode("utf-8", "replace")
-        auth = headers.get(b"authorization")
-        if auth and self.cfg.api_keys:
-            token = auth.decode("utf-8", "replace").removeprefix("Bearer ").strip()
-            found = self.cfg.api_keys.get(token)
-            if found:
-                return found
-        return self.cfg.model_routes.get(model, self.cfg.default_route)
+    def resolve_route(self, headers: dict[bytes, bytes], model: str) -> str | Refusal:
+        """The request's route, or why it is refused (``watchdog.gateway.access``)."""
+        who = self.access.authenticate(headers.get(b"authorization"))
+        if isinstance(who, Refusal):
+            return who
+        return self.access.route(who, headers.get(self._route_header), model)
 
     # -- proxying -----------------------------------------------------------------------------
 
     async def _proxy(self, kind: str, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         headers = dict(scope["headers"])
-        request_id = (headers.get(b"x-request-id") or b"").decode("utf-8", "replace") or uuid.uuid4().hex
-        request = await self._request(receive, send, headers, request_id)
+        # the event's id is the gateway's own, never the client's: the daemon samples shadow pairs
+        # by a hash of it (bottom-k), and a client must not choose its way into or out of a sample
+        event_id = uuid.uuid4().hex
+        client_id = (headers.get(b"x-request-id") or b"").decode("utf-8", "replace")
+        request_id = client_id or event_id  # what the client and the upstream see
+        who = self.access.authenticate(headers.get(b"authorization"))
+        if isinstance(who, Refusal):
+            await self._refuse(send, who, request_id.encode())
+            return
+        request = await self._request(receive, send, headers, request_id, who)
         if request is None:
             return
         body, model, route, pool = request
@@ -185,11 +212,13 @@ class Gateway:
                             started)
         status = x.status
         latency_ms = (time.perf_counter() - started) * 1000
-        self.requests.labels(route, precision, status).inc()
+        self.requests.labels(self.access.label(route), precision, status).inc()
         if status == "client_error" or self.emitter is None:
             return
-        event = self._event(kind, body, pool, upstream, request_id, model, route, precision, status,
+        event = self._event(kind, body, pool, upstream, event_id, model, route, precision, status,
                             latency_ms, x.ttft, x.result, headers, x.http_status)
+        if client_id:
+            event["client_request_id"] = client_id[:MAX_CLIENT_ID]
         if status == "ok" and pool.shadow_sample and self.rng.random() < pool.shadow_sample:
             if len(self._shadows) < MAX_SHADOWS_IN_FLIGHT:
                 task = asyncio.get_running_loop().create_task(
@@ -201,9 +230,10 @@ class Gateway:
         self.emitter.emit(event)
 
     async def _request(self, receive: Receive, send: Send, headers: dict[bytes, bytes], request_id: str,
-                       ) -> tuple[dict[str, Any], str, str, PoolConfig] | None:
-        """(body, model, route, pool) of a request; None when it was answered already with 413
-        (body too large), 400 (no JSON object with a model) or 404 (model not served here)."""
+                       who: Any) -> tuple[dict[str, Any], str, str, PoolConfig] | None:
+        """(body, model, route, pool) of a request from client ``who`` (None: anonymous); None when
+        it was answered already with 413 (body too large), 400 (no JSON object with a valid model
+        name), the route refusal (``watchdog.gateway.access``) or 404 (model not served here)."""
         raw = await _read_body(receive)
         if raw is None:
             await self._reply(send, 413, error_body(413, f"request body over {MAX_BODY} bytes", "invalid_request_error"),
@@ -219,7 +249,15 @@ class Gateway:
                                                     "invalid_request_error"), _JSON, (b"x-request-id", request_id.encode()))
             return None
         assert isinstance(body, dict)
-        route = self.resolve_route(headers, model)
+        why = name_problem(model)
+        if why:
+            await self._refuse(send, Refusal(400, "invalid_model", f"model name {model[:80]!r} {why}"),
+                               request_id.encode())
+            return None
+        route = self.access.route(who, headers.get(self._route_header), model)
+        if isinstance(route, Refusal):
+            await self._refuse(send, route, request_id.encode())
+            return None
         pool = self.cfg.pool_for(model, route)
         if pool is None:
             await self._reply(send, 404, error_body(404, f"model {model!r} is not served here", "model_not_found"),

@@ -29,9 +29,10 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         print("llm-watchdog gateway: needs the 'gateway' extra (pip install 'fp8-watchdog[gateway]')",
               file=sys.stderr)
         return 2
-    from watchdog.gateway.server import build_gateway, uvicorn_config
+    from watchdog.gateway.server import build_gateway, serve_metrics, uvicorn_config
 
     app = build_gateway(cfg)
+    serve_metrics(app)
     log.info("gateway on http://%s:%s/v1, %d pool(s), events %s", cfg.host, cfg.port, len(cfg.pools),
              f"to {cfg.events.topic}" if cfg.events.enabled else "off")
     try:

@@ -1,25 +1,63 @@
 """The gateway's settings: the ``gateway:`` section of the watchdog's YAML file (or a file of its own).
 
-Route resolution, in order: the ``route_header`` request header (default ``X-LLMWD-Route``), the
-client's API key (``Authorization: Bearer <key>``) looked up in ``api_keys``, the request's model
-in ``model_routes``, else ``default_route``. The pool serving a request is the first entry of
-``pools`` whose ``model`` and ``route`` match (``*`` matches anything; exact entries are tried
-before wildcard ones). A route without a Redis flag serves ``default_precision``.
+The file is read by the daemon config's loader (``watchdog.config.settings.read_config_file``):
+``${VAR}`` / ``${VAR:-default}`` expanded, duplicate keys refused, errors as ``file:line:col``;
+``LLMWD_GATEWAY__*`` environment variables override the section's keys.
+
+Who may pick which route (``watchdog.gateway.access``): a client whose bearer key is known
+(``clients``, ``auth.keys_file`` or the ``api_keys`` shorthand) is served on its key's route; its
+``route_header`` may pick only that route or one of its ``allow_routes``. A client without a known
+key (allowed unless ``auth.required``) may pick one of ``routes`` with the header; otherwise its
+route is the request's model in ``model_routes``, else ``default_route``. A header naming any other
+route is refused (``unknown_route: refuse``) or ignored (``unknown_route: default``); a client never
+creates a route. The pool serving a request is the first entry of ``pools`` whose ``model`` and
+``route`` match (``*`` matches anything; exact entries are tried before wildcard ones). A route
+without a Redis flag serves ``default_precision``.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from watchdog.config.settings import ConfigError, env_overrides, read_config_file
+from watchdog.config.yamlpos import PosDoc
+from watchdog.core.events import name_problem
 from watchdog.ingest.emitter import EventsConfig
+from watchdog.policy.names import normalise, problems
 
-__all__ = ["EventsConfig", "GatewayConfig", "GatewayConfigError", "PoolConfig", "UpstreamConfig",
-           "load_gateway_config"]
+__all__ = ["AuthConfig", "ClientConfig", "EventsConfig", "GatewayConfig", "GatewayConfigError", "MetricsConfig",
+           "PoolConfig", "UpstreamConfig", "check_route", "load_gateway_config"]
+
+
+def check_route(value: str) -> str:
+    """``value`` NFKC-normalised if it is a valid route name (the daemon's rule,
+    ``watchdog.core.events.name_problem``, and no confusable letter); ValueError otherwise."""
+    name = normalise(value)
+    assert isinstance(name, str)
+    why = name_problem(name) or problems(name)
+    if why:
+        raise ValueError(f"route {name[:80]!r} {why}" if why.startswith(("is ", "holds "))
+                         else f"route {name[:80]!r}: {why}")
+    return name
+
+
+#: a route name, checked and NFKC-normalised by ``check_route``
+Route = Annotated[str, AfterValidator(check_route)]
+#: a route name or ``*``
+RouteOrAny = Annotated[str, AfterValidator(lambda v: v if v == "*" else check_route(v))]
 
 
 class _Section(BaseModel):
@@ -74,6 +112,40 @@ class PoolConfig(_Section):
         return self.model in ("*", model) and self.route in ("*", route)
 
 
+class ClientConfig(_Section):
+    """One client of the gateway: its bearer key and the routes it may be served on."""
+
+    #: the client's ``Authorization: Bearer`` token; write ``${ENV_VAR}``, never the key itself
+    api_key: str = Field(min_length=1, repr=False)
+    #: the route this client's requests are served on (and counted in)
+    route: Route
+    #: other routes the client's route header may pick; ``["*"]``: any route the gateway knows
+    allow_routes: list[RouteOrAny] = Field(default_factory=list)
+
+
+class AuthConfig(_Section):
+    """Client authentication at the gateway (off by default: most deployments have an auth layer
+    in front; docs/INTEGRATIONS.md "Security")."""
+
+    #: true: a request without a known bearer key is refused with 401 (``invalid_api_key``)
+    required: bool = False
+    #: a YAML file holding a list of clients (``{api_key, route, allow_routes}``), read at start
+    #: through the same loader (``${VAR}`` expanded); joins ``gateway.clients``
+    keys_file: str | None = None
+    #: bearer keys that may read ``GET /metrics`` on the proxy port while ``required`` is true
+    #: (client keys may not: the series show every team's routes); unused with ``metrics.port``
+    metrics_keys: list[str] = Field(default_factory=list, repr=False)
+
+
+class MetricsConfig(_Section):
+    """Where ``/metrics`` is served."""
+
+    #: a separate listener for ``/metrics`` (the proxy port then answers 404 there); None: on the
+    #: proxy port, behind ``auth`` when ``auth.required`` (``auth.metrics_keys``)
+    port: int | None = Field(None, ge=0, le=65535)
+    host: str = "127.0.0.1"
+
+
 class GatewayConfig(_Section):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
@@ -82,15 +154,46 @@ class GatewayConfig(_Section):
     default_precision: str = "fp8"
     route_header: str = "X-LLMWD-Route"
     precision_header: str = "X-LLMWD-Precision"
-    default_route: str = "default"
-    #: gateway API key -> route (the key is the client's ``Authorization: Bearer`` token)
-    api_keys: dict[str, str] = Field(default_factory=dict)
-    #: client model name -> route, used when neither the header nor the API key gives one
-    model_routes: dict[str, str] = Field(default_factory=dict)
+    default_route: Route = "default"
+    #: routes a client without a known key may pick with ``route_header``
+    routes: list[Route] = Field(default_factory=list)
+    #: a route header the client may not use: ``refuse`` (400/403, OpenAI-style error) or
+    #: ``default`` (ignored: the key's, the model's or the default route serves)
+    unknown_route: Literal["refuse", "default"] = "refuse"
+    auth: AuthConfig = Field(default_factory=AuthConfig)
+    #: the gateway's clients: bearer key -> route (+ the routes its header may pick)
+    clients: list[ClientConfig] = Field(default_factory=list)
+    #: shorthand for ``clients`` without ``allow_routes``: bearer key -> route
+    api_keys: dict[str, Route] = Field(default_factory=dict, repr=False)
+    #: client model name -> route, used when neither the API key nor an allowed header gives one
+    model_routes: dict[str, Route] = Field(default_factory=dict)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     #: engine label put into events (e.g. ``vllm-0.6.3``); default: the served upstream's model name
     engine: str | None = None
     pools: list[PoolConfig] = Field(default_factory=list)
     events: EventsConfig = Field(default_factory=EventsConfig)
+
+    @model_validator(mode="after")
+    def _one_route_per_key(self) -> GatewayConfig:
+        seen: set[str] = set()
+        for key in [*self.api_keys, *(c.api_key for c in self.clients)]:
+            if key in seen:  # the message must not hold the key: it is printed
+                raise ValueError("the same client key is listed twice (api_keys / clients / auth.keys_file)")
+            seen.add(key)
+        return self
+
+    def all_clients(self) -> list[ClientConfig]:
+        """``clients`` and the ``api_keys`` shorthand, as one list."""
+        return [*self.clients, *(ClientConfig(api_key=k, route=r) for k, r in self.api_keys.items())]
+
+    def known_routes(self) -> frozenset[str]:
+        """Every route this gateway may serve: the configured ones, never one a client names."""
+        out = {self.default_route, *self.routes, *self.model_routes.values(), *self.api_keys.values()}
+        for c in self.clients:
+            out.add(c.route)
+            out.update(r for r in c.allow_routes if r != "*")
+        out.update(p.route for p in self.pools if p.route != "*")
+        return frozenset(out)
 
     def pool_for(self, model: str, route: str) -> PoolConfig | None:
         exact = [p for p in self.pools if p.matches(model, route) and "*" not in (p.model, p.route)]
@@ -106,24 +209,87 @@ class GatewayConfigError(ValueError):
     """The gateway section is invalid; ``str()`` is one line per problem, ready to print."""
 
 
-def load_gateway_config(path: str | Path | None = None, **overrides: Any) -> GatewayConfig:
-    """Read the ``gateway:`` section of ``path`` (or the whole file when it has no such key)."""
-    data: dict[str, Any] = {}
+def _section(doc: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    if "gateway" in doc:
+        return doc["gateway"], ("gateway",)
+    return doc, ()
+
+
+def load_gateway_config(path: str | Path | None = None, env: Mapping[str, str] | None = None,
+                        **overrides: Any) -> GatewayConfig:
+    """Read the ``gateway:`` section of ``path`` (or the whole file when it has no such key) with the
+    daemon config's loader, apply the ``LLMWD_GATEWAY__*`` variables and ``overrides``, read
+    ``auth.keys_file`` and validate."""
+    env = os.environ if env is None else env
     name = str(path) if path else "<defaults>"
-    if path is not None:
-        try:
-            doc = yaml.safe_load(Path(path).read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise GatewayConfigError(f"{name}: invalid YAML: {getattr(exc, 'problem', exc)}") from exc
-        if not isinstance(doc, dict):
-            raise GatewayConfigError(f"{name}: the config must be a mapping")
-        section = doc.get("gateway", doc)
-        if not isinstance(section, dict):
-            raise GatewayConfigError(f"{name}: gateway: must be a mapping")
-        data = dict(section)
-    data.update(overrides)
+    data: dict[str, Any] = {}
+    doc: PosDoc | None = None
+    prefix: tuple[str, ...] = ()
+    from_env: dict[tuple[Any, ...], str] = {}
+    try:
+        if path is not None:
+            whole, doc = read_config_file(path, env)
+            section, prefix = _section(whole)
+            if not isinstance(section, dict):
+                pos = doc.pos(prefix)
+                raise GatewayConfigError(f"{name}:{pos.line}:{pos.col}: gateway: must be a mapping")
+            data = dict(section)
+        for key_path, value, var in env_overrides(env)[0]:
+            if key_path[0] == "gateway" and len(key_path) > 1:
+                _set(data, key_path[1:], value, var)
+                from_env[key_path[1:]] = var
+        data.update(overrides)
+        auth = data.get("auth")
+        keys_file = auth.get("keys_file") if isinstance(auth, dict) else None
+        if isinstance(keys_file, str):
+            data["clients"] = [*(data.get("clients") or []), *_read_keys_file(keys_file, path, env)]
+    except ConfigError as exc:
+        raise GatewayConfigError(str(exc)) from exc
     try:
         return GatewayConfig(**data)
     except ValidationError as exc:
-        lines = [f"{name}: gateway.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        lines = []
+        for e in exc.errors():
+            loc = tuple(e["loc"])
+            env_var = next((from_env[loc[:i]] for i in range(len(loc), 0, -1) if loc[:i] in from_env), None)
+            where = f"${env_var}" if env_var else name
+            if not env_var and doc is not None:
+                pos = doc.pos((*prefix, *(loc[:-1] if e["type"] == "missing" else loc)), key=True)
+                where = f"{name}:{pos.line}:{pos.col}"
+            lines.append(f"{where}: gateway.{'.'.join(str(p) for p in loc)}: {e['msg']}")
         raise GatewayConfigError("\n".join(lines)) from exc
+
+
+def _set(data: dict[str, Any], path: tuple[str, ...], value: Any, var: str) -> None:
+    node = data
+    for part in path[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise GatewayConfigError(f"${var}: gateway.{'.'.join(path[:-1])} is not a mapping")
+        node = child
+    node[path[-1]] = value
+
+
+def _read_keys_file(keys_file: str, config_path: str | Path | None, env: Mapping[str, str]) -> list[ClientConfig]:
+    """The clients listed in ``auth.keys_file`` (relative to the config file), validated."""
+    p = Path(keys_file)
+    if not p.is_absolute() and config_path is not None:
+        p = Path(config_path).parent / p
+    if not p.is_file():
+        raise GatewayConfigError(f"{p}: auth.keys_file is not a file")
+    data, doc = read_config_file(p, env)
+    clients = data.get("clients")
+    if not isinstance(clients, list):
+        raise GatewayConfigError(f"{p}:1:1: the keys file must hold `clients:`, a list of "
+                                 "{api_key, route, allow_routes}")
+    out, lines = [], []
+    for i, item in enumerate(clients):
+        try:
+            out.append(ClientConfig.model_validate(item))
+        except ValidationError as exc:
+            for e in exc.errors():
+                pos = doc.pos(("clients", i, *e["loc"]), key=True)
+                lines.append(f"{p}:{pos.line}:{pos.col}: clients.{i}.{'.'.join(map(str, e['loc']))}: {e['msg']}")
+    if lines:
+        raise GatewayConfigError("\n".join(lines))
+    return out

@@ -10,9 +10,10 @@ from typing import Any
 import orjson
 
 
-def error_body(status: int, message: str, kind: str) -> bytes:
-    """An OpenAI-style error document (clients such as ``openai`` raise a typed error from it)."""
-    return orjson.dumps({"error": {"message": message, "type": kind, "code": status}})
+def error_body(status: int, message: str, kind: str, code: str | None = None) -> bytes:
+    """An OpenAI-style error document (clients such as ``openai`` raise a typed error from it);
+    ``code`` defaults to the HTTP status."""
+    return orjson.dumps({"error": {"message": message, "type": kind, "code": code or status}})
 
 
 def prompt_of(kind: str, body: dict[str, Any]) -> str | None:

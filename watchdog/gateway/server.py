@@ -27,6 +27,19 @@ def build_gateway(cfg: GatewayConfig, flags: Any = None, emitter: EventEmitter |
     return Gateway(cfg, flags, emitter)
 
 
+def serve_metrics(app: Gateway) -> Any:
+    """Start the separate ``/metrics`` listener (``gateway.metrics.port``) in a daemon thread; the
+    server (``server_port``, ``shutdown()``), or None when metrics stay on the proxy port."""
+    m = app.cfg.metrics
+    if m.port is None:
+        return None
+    from prometheus_client import start_http_server
+
+    server, _thread = start_http_server(m.port, addr=m.host, registry=app.registry)
+    log.info("gateway metrics on http://%s:%s/metrics", m.host, server.server_port)
+    return server
+
+
 def uvicorn_config(app: Gateway, host: str, port: int) -> Any:
     import uvicorn
 
@@ -50,6 +63,7 @@ class GatewayServer:
         self.server = uvicorn.Server(uvicorn_config(app, host, port))
         self._thread: threading.Thread | None = None
         self.host = host
+        self.metrics_server: Any = None
 
     @property
     def port(self) -> int:
@@ -72,6 +86,7 @@ class GatewayServer:
             if time.monotonic() > deadline or not self._thread.is_alive():
                 raise RuntimeError("the gateway did not start")
             time.sleep(0.02)
+        self.metrics_server = serve_metrics(self.app)
         return self
 
     def stop(self) -> None:
@@ -79,6 +94,10 @@ class GatewayServer:
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
+        if self.metrics_server is not None:
+            self.metrics_server.shutdown()
+            self.metrics_server.server_close()
+            self.metrics_server = None
         if self.app.emitter is not None:
             self.app.emitter.close()
         close = getattr(self.app.flags, "close", None)

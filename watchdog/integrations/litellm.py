@@ -9,8 +9,10 @@ In the LiteLLM proxy config (docs/INTEGRATIONS_otlp_litellm.md)::
 ``handler`` is built on first access from the YAML file named by ``LLMWD_LITELLM_CONFIG``
 (``LiteLLMSettings``), so importing this module opens no connection. Per request:
 
-* ``async_pre_call_hook`` finds the route (the ``X-LLMWD-Route`` header, else the virtual key's or
-  team's alias in ``key_routes``, else ``model_routes``, else ``default_route``), reads the
+* ``async_pre_call_hook`` finds the route (the virtual key's or team's alias in ``key_routes``, else
+  ``model_routes``, else ``default_route``; the ``X-LLMWD-Route`` header may pick only a route the
+  key allows, ``key_allow_routes``, or, for a key without a route, one of ``routes``: a client never
+  escapes its key's route nor creates one; other headers are ignored and counted), reads the
   precision from the routing flags (``watchdog.actuation.routing.RoutingFlags``: an in-memory cache kept
   current over pub/sub, last known value while Redis is down; no I/O on the request path) and
   rewrites ``data["model"]`` to the deployment in ``variants[model][precision]``;
@@ -37,6 +39,7 @@ from typing import Any
 from litellm.integrations.custom_logger import CustomLogger
 from pydantic import BaseModel, ConfigDict, Field
 
+from watchdog.gateway.config import check_route
 from watchdog.ingest.emitter import EventEmitter, EventsConfig
 
 log = logging.getLogger(__name__)
@@ -54,8 +57,12 @@ class LiteLLMSettings(BaseModel):
     #: client-facing model -> {precision: model_name of a deployment in the proxy's model_list}
     variants: dict[str, dict[str, str]]
     route_header: str = "x-llmwd-route"
-    #: virtual key alias or team alias -> route
+    #: virtual key alias or team alias -> route (the key decides)
     key_routes: dict[str, str] = Field(default_factory=dict)
+    #: virtual key alias or team alias -> other routes its route header may pick
+    key_allow_routes: dict[str, list[str]] = Field(default_factory=dict)
+    #: routes the route header may pick on requests whose key has no route in ``key_routes``
+    routes: list[str] = Field(default_factory=list)
     #: client model -> route, when neither header nor key names one
     model_routes: dict[str, str] = Field(default_factory=dict)
     default_route: str = "default"
@@ -109,18 +116,30 @@ class WatchdogLogger(CustomLogger):
         self._pending: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._lock = threading.Lock()
         self.hook_errors = 0
+        #: route headers ignored: a route the request's key may not pick, or not a valid name
+        self.ignored_route_headers = 0
 
     # -- routing --------------------------------------------------------------------------------
 
     def resolve_route(self, data: Mapping[str, Any], user_api_key_dict: Any) -> str:
         s = self.settings
+        alias = next((a for a in (getattr(user_api_key_dict, "key_alias", None),
+                                  getattr(user_api_key_dict, "team_alias", None)) if a and a in s.key_routes), None)
+        own = s.key_routes[alias] if alias else None
         headers = (data.get("proxy_server_request") or {}).get("headers") or {}
         for k, v in headers.items():
             if k.lower() == self.route_header and v:
-                return str(v)
-        for alias in (getattr(user_api_key_dict, "key_alias", None), getattr(user_api_key_dict, "team_alias", None)):
-            if alias and alias in s.key_routes:
-                return s.key_routes[alias]
+                try:
+                    route = check_route(str(v))
+                except ValueError:
+                    route = None
+                allowed = (route == own or route in s.key_allow_routes.get(alias, ())) if alias \
+                    else route in s.routes
+                if route is not None and allowed:
+                    return route
+                self.ignored_route_headers += 1
+        if own is not None:
+            return own
         return s.model_routes.get(str(data.get("model")), s.default_route)
 
     async def async_pre_call_hook(self, user_api_key_dict: Any, cache: Any, data: dict[str, Any],
