@@ -11,7 +11,7 @@ Three bounded additions to a window's running sums (docs/EVENTS.md, "Request mix
   cells, so the judge can leave out one replica whose requests alone drive the window's statistic
   (a GC or allocator stall). At most ``MAX_REPLICAS`` per window; later ones share ``_other``;
   requests without an id are ``_none``.
-* **builds**: events per ``build`` (at most ``MAX_BUILDS``; later ones share ``_other``): a change
+* **builds**: events per ``build`` (at most ``MAX_BUILDS`` named; later ones share ``_other``): a change
   of build between windows is a deploy (watchdog/policy/changes.py).
 
 Latencies of 0 ms have no log and are left out of the cells (they stay in the sketches).
