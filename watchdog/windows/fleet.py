@@ -9,8 +9,8 @@ Three bounded additions to a window's running sums (docs/EVENTS.md, "Request mix
   31 x 31 cells (token counts are capped at 1e9); a few dozen in practice.
 * **replicas**: per serving instance (``replica``, else ``gpu_uuid``) its own latency sketch and mix
   cells, so the judge can leave out one replica whose requests alone drive the window's statistic
-  (a GC or allocator stall). At most ``MAX_REPLICAS`` per window; later ones share ``_other``;
-  requests without an id are ``_none``.
+  (a GC or allocator stall). At most ``MAX_REPLICAS`` named per window; later ones share ``_other``;
+  requests without an id are ``_none`` (``_other`` once the table is full).
 * **builds**: events per ``build`` (at most ``MAX_BUILDS`` named; later ones share ``_other``): a change
   of build between windows is a deploy (watchdog/policy/changes.py).
 
