@@ -369,6 +369,19 @@ def matched_baseline(kind: str, ours: float, bad: BaselineData, healthy: Baselin
     return {"setting": None, "power": None, "false_per_10k": None}
 
 
+def healthy_rows(ps: PolicySet, routes: int, windows: int, seed: int, models: list[Fleet] | None = None
+                 ) -> list[dict[str, Any]]:
+    """False rollbacks of every target confounder model on both route sets (``bench/decisions.py
+    --parts fleet``; ``--quick`` runs it tiny, as a smoke test)."""
+    rows = []
+    for i, m in enumerate(models or [m for m in FLEET_MODELS if m.target]):
+        for j, label in enumerate(("legal", "chat")):
+            tl, _ = run_fleet(ps, m, routes, windows, seed + 500 + 1000 * j + i, label)
+            rows.append(summary_row(m, label, tl))
+            print(f"fleet {m.name:18s} {label:6s} {tl.windows:7d} windows {tl.rollbacks:3d} rollbacks  {tl.by_rule}")
+    return rows
+
+
 #: power scenarios: (name, background model, regression, within windows)
 POWER = [
     ("whole +10%", "clean", Regression(shift=0.10), 3),

@@ -230,3 +230,13 @@ def test_settle_is_validated():
     with pytest.raises(ValueError):
         Judge(test="quantile", tail=0.95, effect=0.0, adjust="mix")
     Judge(test="quantile", tail=0.0, effect=0.0, adjust="mix", replicas="robust", settle=6)
+
+
+def test_maintenance_spans_from_key_values():
+    from watchdog.core.keys import Keys
+    from watchdog.policy.changes import maintenance_spans
+
+    assert Keys().maintenance("m", "a:b") == "llmwd:maintenance:m:a%3Ab"
+    spans = maintenance_spans({("m", "r"): '{"start": 10, "until": 70, "reason": "deploy"}', ("m", "x"): "nope",
+                               ("m", "y"): b'{"start": 5}'})
+    assert spans == {("m", "r"): [(10.0, 70.0)]}

@@ -29,7 +29,8 @@ from typing import Any
 
 from watchdog.core.signals import Signal
 
-__all__ = ["MIN_BUILD_EVENTS", "MIN_BUILD_SHARE", "build_signature", "change_entry", "mark_maintenance"]
+__all__ = ["MIN_BUILD_EVENTS", "MIN_BUILD_SHARE", "build_signature", "change_entry", "maintenance_spans",
+           "mark_maintenance"]
 
 #: a build counts in a window's signature when it served at least this share of its events ...
 MIN_BUILD_SHARE = 0.01
@@ -90,3 +91,21 @@ def mark_maintenance(signals: Sequence[Signal], spans: Mapping[tuple[str, str], 
                 marked += 1
                 break
     return marked
+
+
+def maintenance_spans(records: Mapping[tuple[str, str], Any]) -> dict[tuple[str, str], list[tuple[float, float]]]:
+    """The spans of the ``maintenance`` keys' JSON values (watchdog/core/keys.py), by (model, route);
+    unreadable values are skipped. The runtime reads the keys (SCAN ``{prefix}:maintenance:*`` or the
+    routes it owns) and passes ``mark_maintenance(signals, maintenance_spans(values))``."""
+    import json
+
+    out: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for key, raw in records.items():
+        try:
+            d = json.loads(raw) if isinstance(raw, str | bytes) else raw
+            start, until = float(d["start"]), float(d["until"])
+        except (TypeError, ValueError, KeyError):
+            continue
+        if until > start:
+            out.setdefault(key, []).append((start, until))
+    return out
