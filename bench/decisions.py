@@ -621,9 +621,11 @@ def main(argv: list[str] | None = None) -> int:
     if "fleet" in parts or args.quick:
         # single-replica stalls, staggered deploys, router bias (bench/fleet_confounders.py; its own
         # command runs the power and the baselines): opt-in in a full run, tiny in --quick
-        from bench.fleet_confounders import healthy_rows
+        from bench.fleet_confounders import FLEET_MODELS, healthy_rows
 
-        res["fleet"] = healthy_rows(ps, 2 if args.quick else args.routes, 40 if args.quick else args.windows, args.seed)
+        quick = FLEET_MODELS[:2] if args.quick else None
+        res["fleet"] = healthy_rows(ps, 1 if args.quick else args.routes, 30 if args.quick else args.windows, args.seed,
+                                    quick)
     res["seconds"] = time.perf_counter() - t_start
     print(f"total {res['seconds']:.1f} s")
     if args.json:
