@@ -240,3 +240,30 @@ def test_maintenance_spans_from_key_values():
     spans = maintenance_spans({("m", "r"): '{"start": 10, "until": 70, "reason": "deploy"}', ("m", "x"): "nope",
                                ("m", "y"): b'{"start": 5}'})
     assert spans == {("m", "r"): [(10.0, 70.0)]}
+
+
+def test_mix_shift_is_zero_for_equal_mixes_and_sees_router_bias():
+    from watchdog.policy.judge.fleet import mix_shift
+
+    rng = np.random.default_rng(8)
+    same = np.array([mix_shift(_cells(rng, 3000, 0.3, shift=0.2)[0], _cells(rng, 600, 0.3)[0]) for _ in range(300)])
+    assert abs(same.mean()) < 0.003 and same.std() < 0.02  # a speed difference is not a mix shift
+    biased = np.array([mix_shift(_cells(rng, 3000, 0.4)[0], _cells(rng, 600, 0.15)[0]) for _ in range(100)])
+    assert biased.min() > 0.03  # 25 points more long prompts (+0.4 log each): ~0.05
+
+
+def test_shape_rule_is_not_judged_across_different_mixes():
+    rule = Rule(name="p99", metric="latency_p99_ms", min_samples=100,
+                judge=Judge(test="quantile", tail=0.95, relative_to="mean", null_model="sampling", effect=0.0,
+                            alpha=0.001, min_items=100, pool=2, learn=96, max_mix_shift=0.03))
+    rng = np.random.default_rng(9)
+
+    def sig(prec: str, long_share: float) -> Signal:
+        rows, y = _cells(rng, 3000 if prec == "fp8" else 600, long_share)
+        d = {"latency_hist": _hist(y), "latency_mix": {"cells": rows}}
+        return Signal("live", "m", "r", prec, 0.0, 300.0, y.size, {}, None, None, d)
+
+    v = evaluate_rule(rule, sig("fp8", 0.4), sig("fp16", 0.15), [], [])
+    assert v.status == "inconclusive" and "request mixes differ" in v.reason
+    v = evaluate_rule(rule, sig("fp8", 0.3), sig("fp16", 0.3), [], [])
+    assert "request mixes" not in v.reason

@@ -16,7 +16,7 @@ from typing import Any
 
 from watchdog.core.signals import Signal
 from watchdog.policy.changes import change_entry
-from watchdog.policy.judge.fleet import FleetOptions, fleet_inputs, mix_log_diff
+from watchdog.policy.judge.fleet import FleetOptions, fleet_inputs, mix_log_diff, mix_shift
 from watchdog.policy.judge.live import judge_learned, quantile_log_diff, rate_diff_estimate
 from watchdog.policy.judge.paired import judge_paired_replays
 from watchdog.policy.judge.pooled import judge_rate_pooled, judge_unpaired_pooled
@@ -83,7 +83,7 @@ def window_difference(rule: Rule, cand: Signal, base: Signal) -> tuple[float, fl
     j = rule.judge
     assert j is not None
     sign = 1.0 if j.harm_direction == "lower_is_better" else -1.0
-    if j.test == "quantile" and (j.adjust is not None or j.replicas is not None):
+    if j.test == "quantile" and (j.adjust is not None or j.replicas is not None or j.max_mix_shift is not None):
         return _fleet_difference(rule, cand, base, sign)
     if j.test in ("quantile", "mann_whitney"):
         hists = [s.detail.get("latency_hist") for s in (cand, base)]
@@ -113,6 +113,11 @@ def _fleet_difference(rule: Rule, cand: Signal, base: Signal, sign: float) -> tu
     opts = FleetOptions(j.adjust, j.replicas)
     (hc, rc, dc), (hb, rb, db) = fleet_inputs(cand.detail, opts), fleet_inputs(base.detail, opts)
     out: tuple[float, float] | None = None
+    if j.max_mix_shift is not None and rc and rb:
+        moved = mix_shift(rc, rb)
+        if moved is not None and abs(moved) > j.max_mix_shift:
+            return (f"the precisions' request mixes differ (they move the mean log latency difference by "
+                    f"{moved:+.3f} > {j.max_mix_shift}): not comparable like with like in this window")
     if j.adjust == "mix" and rc and rb:
         mixed = mix_log_diff(rc, rb)
         if mixed is not None:

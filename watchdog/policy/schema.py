@@ -249,6 +249,11 @@ class Judge(_Strict):
     #: live latency: leave a precision's upward-outlier replica (a stall) out of the window before
     #: judging (needs the windows' ``replicas`` detail; without it the window is judged whole)
     replicas: Literal["robust"] | None = None
+    #: live latency (``test: quantile``): judge a window only when the two precisions saw comparable
+    #: request mixes - the mix moves the FP8 - FP16 mean log latency (unadjusted minus within-cell)
+    #: by at most this much (log units); else the window is inconclusive (a shape statistic such as
+    #: the tail contrast cannot be compared like with like across different mixes)
+    max_mix_shift: Annotated[float, Field(gt=0)] | None = None
     #: live judged rules: after a build change on either precision or an operator maintenance
     #: annotation, judge nothing (and learn nothing) until this many windows passed without a further
     #: change; then judge against the level learned before it (watchdog/policy/changes.py)
@@ -258,8 +263,8 @@ class Judge(_Strict):
     def _fleet_options(self) -> Judge:
         if self.adjust is not None and not (self.test == "quantile" and self.tail == 0.0 and self.relative_to is None):
             raise ValueError("adjust: mix needs test: quantile with tail: 0.0 (the mean log latency)")
-        if self.replicas is not None and self.test != "quantile":
-            raise ValueError("replicas: robust needs test: quantile")
+        if (self.replicas is not None or self.max_mix_shift is not None) and self.test != "quantile":
+            raise ValueError("replicas and max_mix_shift need test: quantile")
         if self.settle is not None and not (self.test == "quantile" or (self.test != "paired" and self.learn)):
             raise ValueError("settle is for learned live rules (test: quantile, or a live test with learn)")
         return self

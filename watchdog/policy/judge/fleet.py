@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FleetOptions", "clean_side", "fleet_inputs", "mix_log_diff"]
+__all__ = ["FleetOptions", "clean_side", "fleet_inputs", "mix_log_diff", "mix_shift"]
 
 #: replica ids never left out: the overflow of more than MAX_REPLICAS and requests without an id
 _POOLED_IDS = frozenset({"_other", "_none"})
@@ -95,6 +95,19 @@ def mix_log_diff(cand_rows: Any, base_rows: Any) -> tuple[float, float, dict[str
     tot_b = sum(c[0] for c in b.values())
     return num / den, var / (den * den), {"cells": len(a.keys() & b.keys()),
                                           "support": [used_a / tot_a, used_b / tot_b]}
+
+
+def mix_shift(cand_rows: Any, base_rows: Any) -> float | None:
+    """How much the request mix moves the FP8 - FP16 mean log latency: the unadjusted difference
+    of mean log latency minus the within-cell one (``mix_log_diff``); ~0 when both precisions saw
+    the same mix, whatever their speed. None when it cannot be computed."""
+    mixed = mix_log_diff(cand_rows, base_rows)
+    if mixed is None:
+        return None
+    a, b = _cells(cand_rows), _cells(base_rows)
+    na, nb = sum(c[0] for c in a.values()), sum(c[0] for c in b.values())
+    raw = sum(c[1] for c in a.values()) / na - sum(c[1] for c in b.values()) / nb
+    return raw - mixed[0]
 
 
 # --- replicas ----------------------------------------------------------------------------------
