@@ -179,3 +179,17 @@ def test_encode_dict_as_given_and_rejects_other_types() -> None:
     assert orjson.loads(encode_event({"anything": [1, 2]})) == {"anything": [1, 2]}
     with pytest.raises(TypeError):
         encode_event("nope")  # type: ignore[arg-type]
+
+
+def test_replica_and_build_are_optional_strings() -> None:
+    e = decode_event(orjson.dumps({"request_id": "a", "ts": 1.0, "model": "m", "route": "r", "precision": "fp8",
+                                   "status": "ok", "latency_ms": 1.0, "replica": "pod-3", "build": "vllm-0.6.3+rev9"}))
+    assert (e.replica, e.build) == ("pod-3", "vllm-0.6.3+rev9")
+    assert e.extra == {}
+    d = event_to_dict(e)
+    assert d["replica"] == "pod-3" and d["build"] == "vllm-0.6.3+rev9"
+    for name in ("replica", "build"):
+        with pytest.raises(InvalidEvent) as exc:
+            decode_event(orjson.dumps({"request_id": "a", "ts": 1.0, "model": "m", "route": "r", "precision": "fp8",
+                                       "status": "ok", "latency_ms": 1.0, name: 5}))
+        assert exc.value.reason == f"bad_type:{name}"

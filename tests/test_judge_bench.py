@@ -25,6 +25,9 @@ def test_quick_benchmark_runs_the_shipped_engine(tmp_path: Path) -> None:
     # a diffuse -0.03 ROUGE-L drop on 200 items is caught within 2 replays by the default policy
     assert power["golden -0.03 diffuse (golden-200)"] >= 0.75, power
     assert {r["baseline"] for r in res["baselines"]} == {"flagger", "kayenta"}
+    # the fleet confounders (bench/fleet_confounders.py) run through the same engine
+    assert {(r["model"], r["routes"]) for r in res["fleet"]} == {(m, s) for m in ("stalls", "deploys")
+                                                                 for s in ("legal", "chat")}
 
 
 def test_simulated_sketch_bins_have_the_distribution_of_bucketed_requests() -> None:

@@ -477,3 +477,71 @@ def test_open_windows_survive_a_checkpoint_round_trip_exactly() -> None:
     a, b = straight.close_all(), restored.close_all()
     assert [(s.route, s.samples, s.values, s.detail) for s in a] == [(s.route, s.samples, s.values, s.detail) for s in b]
     assert a[0].samples == 600 and a[0].detail["shadow_pairs"] == 30
+
+
+# --- request mix, replicas, builds (watchdog/windows/fleet.py) ----------------------------------
+
+
+def _fleet_event(i: int, latency: float, prompt: int, completion: int, replica: str | None, build: str | None,
+                 status: str = "ok") -> InferenceEvent:
+    return InferenceEvent(f"q{i}", 1000.0 + i * 0.01, "m", "r", "fp8", status, latency, prompt, completion,
+                          replica=replica, build=build)
+
+
+def test_window_keeps_mix_cells_replicas_and_builds() -> None:
+    agg = WindowAggregator(length_s=60.0)
+    rng = np.random.default_rng(0)
+    lats: dict[tuple[int, int], list[float]] = {}
+    for i in range(600):
+        p, c = int(rng.choice([30, 3000])), int(rng.choice([10, 200]))
+        lat = float(rng.lognormal(6, 0.3))
+        agg.add(_fleet_event(i, lat, p, c, f"pod-{i % 3}", "v1" if i < 500 else "v2"))
+        lats.setdefault((p.bit_length(), c.bit_length()), []).append(lat)
+    agg.add(_fleet_event(999, 5.0, 1, 1, None, "v2", status="error"))
+    (sig,) = agg.close_all()
+    cells = {(int(r[0]), int(r[1])): r[2:] for r in sig.detail["latency_mix"]["cells"]}
+    assert cells.keys() == lats.keys()
+    for k, xs in lats.items():
+        y = np.log(xs)
+        assert cells[k][0] == len(xs)
+        assert cells[k][1] == pytest.approx(y.sum()) and cells[k][2] == pytest.approx((y * y).sum())
+    reps = sig.detail["replicas"]
+    assert sorted(reps) == ["pod-0", "pod-1", "pod-2"]
+    assert sum(r["latency_hist"]["count"] for r in reps.values()) == 600
+    assert sum(row[2] for r in reps.values() for row in r["cells"]) == 600
+    assert sig.detail["builds"] == {"v1": 500, "v2": 101}  # every event names its build, errors too
+
+
+def test_replicas_and_builds_are_bounded_and_checkpointed() -> None:
+    from watchdog.windows.fleet import MAX_BUILDS, MAX_REPLICAS
+
+    agg = WindowAggregator(length_s=60.0)
+    for i in range(200):
+        agg.add(_fleet_event(i, 100.0 + i, 10, 10, f"pod-{i}", f"b{i}"))
+    agg.add(_fleet_event(500, 100.0, 10, 10, None, None))
+    data = agg.export_open()
+    again = WindowAggregator(length_s=60.0)
+    again.import_open(orjson.loads(orjson.dumps(data)))
+    (a,), (b,) = agg.close_all(), again.close_all()
+    assert a.detail == b.detail
+    reps = a.detail["replicas"]
+    # MAX_REPLICAS named, then one shared entry (the unnamed request lands there too, the table is full)
+    assert len(reps) == MAX_REPLICAS + 1 and reps["_other"]["latency_hist"]["count"] == 200 - MAX_REPLICAS + 1
+    assert len(a.detail["builds"]) == MAX_BUILDS + 1 and a.detail["builds"]["_other"] == 200 - MAX_BUILDS
+
+
+def test_events_without_replica_or_build_add_only_the_mix() -> None:
+    agg = WindowAggregator(length_s=60.0)
+    agg.add(_fleet_event(0, 100.0, 10, 10, None, None))
+    (sig,) = agg.close_all()
+    assert "replicas" not in sig.detail and "builds" not in sig.detail
+    assert sig.detail["latency_mix"]["cells"] == [[4, 4, 1.0, math.log(100.0), math.log(100.0) ** 2]]
+    # an old checkpoint (no "fleet" entry) still loads
+    w = WindowAggregator(length_s=60.0)
+    w.add(_fleet_event(1, 100.0, 10, 10, None, None))
+    (d,) = w.export_open()
+    d.pop("fleet")
+    w2 = WindowAggregator(length_s=60.0)
+    w2.import_open([d])
+    (s2,) = w2.close_all()
+    assert "latency_mix" not in s2.detail and s2.detail["events"] == 1

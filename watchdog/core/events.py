@@ -69,7 +69,7 @@ _KNOWN_FIELDS = frozenset(
     {
         "schema", "request_id", "ts", "model", "route", "precision", "engine", "gpu_uuid", "status",
         "latency_ms", "ttft_ms", "prompt_tokens", "completion_tokens", "prompt", "completion",
-        "completion_logprobs", "shadow",
+        "completion_logprobs", "shadow", "replica", "build",
     }
 )
 
@@ -114,6 +114,12 @@ class InferenceEvent:
     completion: str | None = None
     completion_logprobs: list[float] | None = None
     shadow: ShadowResult | None = None
+    #: the serving instance that answered (pod name, host:port); windows keep per-replica latency
+    #: so that one stalled replica cannot speak for its precision (docs/EVENTS.md). Optional
+    replica: str | None = None
+    #: the serving build that answered (engine version + model revision + image digest, as the
+    #: producer spells it); a change is a deploy, judged only after both precisions settled. Optional
+    build: str | None = None
     #: fields this version does not know, kept as they came
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -363,6 +369,12 @@ def decode_event(raw: bytes, max_bytes: int = MAX_EVENT_BYTES) -> InferenceEvent
     prompt = get("prompt")
     if prompt is not None and type(prompt) is not str:
         _opt_str(d, "prompt")
+    replica = get("replica")
+    if replica is not None and type(replica) is not str:
+        _opt_str(d, "replica")
+    build = get("build")
+    if build is not None and type(build) is not str:
+        _opt_str(d, "build")
     # Log-probability lists, the bulk of an event: one C-level max() settles the common case.
     # max() raises TypeError for anything not comparable with numbers (str, None, lists,
     # objects); a positive maximum (including True) goes to _logprobs for the precise error or
@@ -403,7 +415,7 @@ def decode_event(raw: bytes, max_bytes: int = MAX_EVENT_BYTES) -> InferenceEvent
     # positional arguments: noticeably cheaper than 17 keywords on the hot path
     event = InferenceEvent(
         request_id, ts, model, route, precision.lower(), status, latency, prompt_tokens, completion_tokens,
-        schema, engine, gpu_uuid, ttft, prompt, completion, logprobs, shadow,
+        schema, engine, gpu_uuid, ttft, prompt, completion, logprobs, shadow, replica, build,
     )
     if not d.keys() <= _KNOWN_FIELDS:
         event.extra = {k: v for k, v in d.items() if k not in _KNOWN_FIELDS}
@@ -425,7 +437,7 @@ def event_to_dict(event: InferenceEvent) -> dict[str, Any]:
         prompt_tokens=event.prompt_tokens,
         completion_tokens=event.completion_tokens,
     )
-    for name in ("engine", "gpu_uuid", "ttft_ms", "prompt", "completion", "completion_logprobs"):
+    for name in ("engine", "gpu_uuid", "ttft_ms", "prompt", "completion", "completion_logprobs", "replica", "build"):
         v = getattr(event, name)
         if v is not None:
             out[name] = v

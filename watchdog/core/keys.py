@@ -103,6 +103,14 @@ class Keys:
         """String ``{prefix}:lease:{name}`` with a TTL: the holder of singleton work (golden scheduler)."""
         return f"{self.prefix}:lease:{name}"
 
+    def maintenance(self, model: str, route: str) -> str:
+        """String ``{prefix}:maintenance:{model}:{route}``: an operator's maintenance annotation,
+        JSON ``{"start": unix s, "until": unix s, "reason": str, "by": str}`` with a TTL that ends
+        it. Model ``*`` covers every model of the route. Live windows overlapping it are marked
+        (``watchdog.policy.changes.mark_maintenance``) and the learned live rules with ``settle``
+        judge nothing until it ended and the route settled (docs/JUDGE.md, "Deploys")."""
+        return f"{self.prefix}:maintenance:{key_part(model)}:{key_part(route)}"
+
     def heartbeat(self, instance: str) -> str:
         """String ``{prefix}:heartbeat:{instance}`` with a TTL: a JSON blob a live daemon refreshes."""
         return f"{self.prefix}:heartbeat:{instance}"

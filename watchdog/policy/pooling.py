@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from watchdog.core.signals import Signal
+from watchdog.policy.changes import change_entry
+from watchdog.policy.judge.fleet import FleetOptions, fleet_inputs, mix_log_diff, mix_shift
 from watchdog.policy.judge.live import judge_learned, quantile_log_diff, rate_diff_estimate
 from watchdog.policy.judge.paired import judge_paired_replays
 from watchdog.policy.judge.pooled import judge_rate_pooled, judge_unpaired_pooled
@@ -81,6 +83,8 @@ def window_difference(rule: Rule, cand: Signal, base: Signal) -> tuple[float, fl
     j = rule.judge
     assert j is not None
     sign = 1.0 if j.harm_direction == "lower_is_better" else -1.0
+    if j.test == "quantile" and (j.adjust is not None or j.replicas is not None or j.max_mix_shift is not None):
+        return _fleet_difference(rule, cand, base, sign)
     if j.test in ("quantile", "mann_whitney"):
         hists = [s.detail.get("latency_hist") for s in (cand, base)]
         if not all(isinstance(h, Mapping) and "relative_accuracy" in h for h in hists):
@@ -101,6 +105,38 @@ def window_difference(rule: Rule, cand: Signal, base: Signal) -> tuple[float, fl
     return sign * out[0], out[1]
 
 
+def _fleet_difference(rule: Rule, cand: Signal, base: Signal, sign: float) -> tuple[float, float] | str:
+    """``window_difference`` with ``adjust: mix`` and/or ``replicas: robust`` (judge/fleet.py): each
+    precision's window without its outlier replicas, then the within-cell (mix) or the plain statistic."""
+    j = rule.judge
+    assert j is not None
+    opts = FleetOptions(j.adjust, j.replicas)
+    (hc, rc, dc), (hb, rb, db) = fleet_inputs(cand.detail, opts), fleet_inputs(base.detail, opts)
+    out: tuple[float, float] | None = None
+    if j.max_mix_shift is not None and rc and rb:
+        moved = mix_shift(rc, rb)
+        if moved is not None and abs(moved) > j.max_mix_shift:
+            return (f"the precisions' request mixes differ (they move the mean log latency difference by "
+                    f"{moved:+.3f} > {j.max_mix_shift}): not comparable like with like in this window")
+    if j.adjust == "mix" and rc and rb:
+        mixed = mix_log_diff(rc, rb)
+        if mixed is not None:
+            out = mixed[0], mixed[1]
+    if out is None:
+        if not (isinstance(hc, Mapping) and "relative_accuracy" in hc and isinstance(hb, Mapping)
+                and "relative_accuracy" in hb):
+            return "no latency_hist in the window's detail"
+        try:
+            out = quantile_log_diff(hc, hb, j.q, j.tail, j.relative_to)
+        except (KeyError, TypeError, ValueError) as exc:
+            return f"unreadable latency_hist: {exc}"
+    if out is None or not all(math.isfinite(x) for x in out):
+        return "no latencies in the window"
+    if dc or db:
+        cand.detail.setdefault("replicas_left_out", {})[rule.name] = [dc, db]
+    return sign * out[0], out[1]
+
+
 def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
                    null: list[dict[str, Any]] | None) -> Judgement | str:
     j = rule.judge
@@ -108,8 +144,20 @@ def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
     diff = window_difference(rule, cand, base)
     if isinstance(diff, str):
         return diff
-    _push_window(pool, {"start": cand.start, "end": cand.end, "samples": [cand.samples, base.samples],
-                        "e": diff[0], "v": diff[1]}, j.pool or 1)
+    entry: dict[str, Any] = {"start": cand.start, "end": cand.end, "samples": [cand.samples, base.samples],
+                             "e": diff[0], "v": diff[1]}
+    if j.settle is not None:
+        # deploys and maintenance (watchdog/policy/changes.py): judge only after both sides settled
+        entry.update(change_entry(pool, cand, base, j.settle))
+        if entry["since"] == 0:
+            pool.clear()
+        _push_window(pool, entry, j.pool or 1)
+        if entry["since"] < j.settle:
+            return (f"settling after a change ({entry.get('why')}): {entry['since']} of {j.settle} windows "
+                    "without a further change")
+        pool[:] = [e for e in pool if int(e.get("since", 1)) > 0]
+    else:
+        _push_window(pool, entry, j.pool or 1)
     n_cand = min(int(e["samples"][0]) for e in pool)
     n_base = min(int(e["samples"][1]) for e in pool)
     if min(n_cand, n_base) < max(rule.min_samples, j.min_n):

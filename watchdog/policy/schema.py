@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
 
 from watchdog.core.signals import Severity
 from watchdog.policy.conditions import Condition, parse_condition
@@ -242,6 +242,33 @@ class Judge(_Strict):
     #: golden rules (paired): judge the latest ``replays`` replays of the same items with two looks
     #: (judge_paired_replays: the latest alone, then the per-item mean of the latest two)
     replays: Annotated[int, Field(ge=1, le=MAX_REPLAYS)] | None = None
+    #: live latency (``test: quantile``, ``tail: 0.0``): compare FP8 with FP16 within request-mix
+    #: cells (octaves of prompt and completion tokens), so a router that sends one precision more
+    #: long prompts is not a regression (watchdog/policy/judge/fleet.py); windows without the
+    #: ``latency_mix`` detail are judged unadjusted
+    adjust: Literal["mix"] | None = None
+    #: live latency: leave a precision's upward-outlier replica (a stall) out of the window before
+    #: judging (needs the windows' ``replicas`` detail; without it the window is judged whole)
+    replicas: Literal["robust"] | None = None
+    #: live latency (``test: quantile``): judge a window only when the two precisions saw comparable
+    #: request mixes - the mix moves the FP8 - FP16 mean log latency (unadjusted minus within-cell)
+    #: by at most this much (log units); else the window is inconclusive (a shape statistic such as
+    #: the tail contrast cannot be compared like with like across different mixes)
+    max_mix_shift: Annotated[float, Field(gt=0)] | None = None
+    #: live judged rules: after a build change on either precision or an operator maintenance
+    #: annotation, judge nothing (and learn nothing) until this many windows passed without a further
+    #: change; then judge against the level learned before it (watchdog/policy/changes.py)
+    settle: Annotated[int, Field(ge=1, le=MAX_POOL_WINDOWS)] | None = None
+
+    @model_validator(mode="after")
+    def _fleet_options(self) -> Judge:
+        if self.adjust is not None and not (self.test == "quantile" and self.tail == 0.0 and self.relative_to is None):
+            raise ValueError("adjust: mix needs test: quantile with tail: 0.0 (the mean log latency)")
+        if (self.replicas is not None or self.max_mix_shift is not None) and self.test != "quantile":
+            raise ValueError("replicas and max_mix_shift need test: quantile")
+        if self.settle is not None and not (self.test == "quantile" or (self.test != "paired" and self.learn)):
+            raise ValueError("settle is for learned live rules (test: quantile, or a live test with learn)")
+        return self
 
     @property
     def harm_direction(self) -> Literal["higher_is_better", "lower_is_better"]:

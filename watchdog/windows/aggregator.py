@@ -124,6 +124,8 @@ class WindowAggregator:
         w.count += 1
         w.dirty = True
         w.prompt_tokens += event.prompt_tokens
+        if event.build is not None:
+            w.fleet.count_build(event.build)
         status = event.status
         if status == "ok":
             # content and speed metrics are over successful requests only
@@ -134,6 +136,8 @@ class WindowAggregator:
             ttft = event.ttft_ms
             if ttft is not None:
                 w.ttft_buf.append(ttft)
+            w.fleet.buf.append((event.latency_ms, event.prompt_tokens, event.completion_tokens,
+                                event.replica or event.gpu_uuid))
             if len(buf) >= BUFFERED:
                 w.flush()
             completion = event.completion

@@ -22,6 +22,7 @@ from operator import truediv as _div
 from typing import Any
 
 from watchdog.core.signals import Signal
+from watchdog.windows.fleet import FleetStats
 from watchdog.windows.sketch import QuantileSketch
 
 __all__ = ["BUFFERED", "PartitionKey", "Window"]
@@ -43,7 +44,7 @@ class Window:
         "index", "count", "ok", "errors", "timeouts", "latency", "ttft", "ok_latency_s",
         "ok_completion_tokens", "prompt_tokens", "with_completion", "empty", "lp_sum", "lp_tokens",
         "lp_events", "shadow_seen", "shadow_sampled", "shadow_precisions", "pairs", "offsets",
-        "latency_buf", "ttft_buf", "shadow_error", "bleu", "dirty",
+        "latency_buf", "ttft_buf", "shadow_error", "bleu", "dirty", "fleet",
     )
 
     def __init__(self, index: int) -> None:
@@ -77,6 +78,8 @@ class Window:
         # sketch update, and ``flush`` adds them in C-level batches (at most BUFFERED each)
         self.latency_buf: list[float] = []
         self.ttft_buf: list[float] = []
+        #: request mix cells, per-replica latency, build counts (watchdog/windows/fleet.py)
+        self.fleet = FleetStats()
 
     def flush(self) -> None:
         """Move the buffered latencies into the sketches (the same state as adding them one by one)."""
@@ -92,6 +95,7 @@ class Window:
                 self.ttft = QuantileSketch()
             self.ttft.add_many(buf)
             self.ttft_buf = []
+        self.fleet.flush()
 
     def to_signal(self, model: str, route: str, precision: str, length_s: float) -> Signal:
         """The live ``Signal`` of this window (``length_s`` long) for (model, route, precision)."""
@@ -137,6 +141,7 @@ class Window:
             detail["shadow_precisions"] = dict(self.shadow_precisions)
         if self.shadow_error:
             detail["shadow_error"] = self.shadow_error
+        detail.update(self.fleet.detail())
         if self.pairs:
             values["shadow_rougeL"] = _fsum(p[1] for p in self.pairs) / len(self.pairs)
         if self.bleu:
@@ -169,6 +174,7 @@ class Window:
             "sp": self.shadow_precisions, "pairs": _pack(self.pairs), "bleu": _pack(self.bleu),
             "err": self.shadow_error,
             "off": [[t, p, o] for (t, p), o in self.offsets.items()],
+            "fleet": self.fleet.export(),
         }
 
     @classmethod
@@ -187,6 +193,7 @@ class Window:
         heapq.heapify(w.bleu)
         w.shadow_error = d.get("err")
         w.offsets = {(str(t), int(p)): int(o) for t, p, o in d.get("off") or []}
+        w.fleet = FleetStats.from_export(d.get("fleet"))  # absent in checkpoints written before it
         w.dirty = False
         return w
 

@@ -1,0 +1,111 @@
+"""Changes on either side are not FP8's fault: deploys and maintenance (docs/JUDGE.md, "Deploys"). Pure.
+
+A live window knows which builds served it (``Signal.detail["builds"]``, from the events' optional
+``build`` field: engine version, model revision, serving image, as the producer spells it) and
+whether an operator declared maintenance on its route (``detail["maintenance"]``, set by
+``mark_maintenance`` from the ``maintenance`` Redis keys, watchdog/core/keys.py).
+
+A learned live rule with ``judge: {settle: N}`` keeps, in each pool entry, the window's build
+signature per precision and the number of windows since the last change (``since``). A window is
+a **change** when either precision's signature differs from the previous window's, when a
+precision runs more than one build (a rolling deploy in progress), or under maintenance. Then:
+
+* the pool restarts (windows from before the change are not comparable with windows after it) and
+  the change window itself is never judged evidence (it straddles the change);
+* nothing is judged and nothing is learned until ``N`` windows passed without a further change
+  (both precisions settled: a staggered deploy reaching FP16 1-3 windows after FP8 restarts the
+  count);
+* then the windows since the change are judged as usual, against the level learned *before* the
+  change: a deploy that moved both precisions alike leaves the difference where it was, a
+  regression that outlives the deploy (the new build is slower on FP8 only) is one.
+
+The price is a delay of ``N`` windows after every deploy before a regression can be caught.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from watchdog.core.signals import Signal
+
+__all__ = ["MIN_BUILD_EVENTS", "MIN_BUILD_SHARE", "build_signature", "change_entry", "maintenance_spans",
+           "mark_maintenance"]
+
+#: a build counts in a window's signature when it served at least this share of its events ...
+MIN_BUILD_SHARE = 0.01
+#: ... and at least this many (a few late events of the old build are not a second build)
+MIN_BUILD_EVENTS = 3
+
+
+def build_signature(sig: Signal | None) -> str:
+    """The builds that served a window, sorted and joined by ``+`` ("" when none is named)."""
+    if sig is None:
+        return ""
+    builds = sig.detail.get("builds")
+    if not isinstance(builds, Mapping) or not builds:
+        return ""
+    total = sum(int(c) for c in builds.values())
+    keep = sorted(str(b) for b, c in builds.items()
+                  if int(c) >= MIN_BUILD_EVENTS and int(c) >= MIN_BUILD_SHARE * total)
+    return "+".join(keep)
+
+
+def _maintenance(sig: Signal | None) -> bool:
+    return sig is not None and bool(sig.detail.get("maintenance"))
+
+
+def change_entry(pool: Sequence[Mapping[str, Any]], cand: Signal, base: Signal, settle: int) -> dict[str, Any]:
+    """The change bookkeeping of this window for its pool entry: ``b`` (build signatures FP8,
+    FP16), ``since`` (windows since the last change; 0 = this window is one) and ``why``."""
+    sigs = [build_signature(cand), build_signature(base)]
+    prev = pool[-1] if pool else None
+    why = ""
+    if _maintenance(cand) or _maintenance(base):
+        why = "maintenance"
+    elif any("+" in s for s in sigs):
+        why = "mixed builds " + " / ".join(sigs)
+    elif prev is not None and isinstance(prev.get("b"), list) and prev["b"] != sigs:
+        why = f"build change {prev['b'][0] or '-'}/{prev['b'][1] or '-'} -> {sigs[0] or '-'}/{sigs[1] or '-'}"
+    if why:
+        return {"b": sigs, "since": 0, "why": why}
+    since = int(prev.get("since", settle)) + 1 if prev is not None else settle
+    out: dict[str, Any] = {"b": sigs, "since": min(since, settle)}
+    if prev is not None and prev.get("why") and since <= settle:
+        out["why"] = prev["why"]
+    return out
+
+
+def mark_maintenance(signals: Sequence[Signal], spans: Mapping[tuple[str, str], Sequence[tuple[float, float]]]) -> int:
+    """Mark every live signal whose window overlaps an operator maintenance span of its
+    (model, route) (``("*", route)`` covers every model) with ``detail["maintenance"] = True``;
+    returns how many were marked. The runtime reads the spans from the ``maintenance`` keys and
+    calls this before ``PolicyEngine.observe``."""
+    marked = 0
+    for s in signals:
+        if s.source != "live":
+            continue
+        for key in ((s.model, s.route), ("*", s.route)):
+            if any(start < s.end and s.start < until for start, until in spans.get(key, ())):
+                s.detail["maintenance"] = True
+                marked += 1
+                break
+    return marked
+
+
+def maintenance_spans(records: Mapping[tuple[str, str], Any]) -> dict[tuple[str, str], list[tuple[float, float]]]:
+    """The spans of the ``maintenance`` keys' JSON values (watchdog/core/keys.py), by (model, route);
+    unreadable values are skipped. The runtime reads the keys (SCAN ``{prefix}:maintenance:*`` or the
+    routes it owns) and passes ``mark_maintenance(signals, maintenance_spans(values))``."""
+    import json
+
+    out: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for key, raw in records.items():
+        try:
+            d = json.loads(raw) if isinstance(raw, str | bytes) else raw
+            start, until = float(d["start"]), float(d["until"])
+        except (TypeError, ValueError, KeyError):
+            continue
+        if until > start:
+            out.setdefault(key, []).append((start, until))
+    return out

@@ -1,0 +1,231 @@
+"""Live latency compared like with like: net of the request mix, without a stalled replica (docs/JUDGE.md,
+"Request mix and replicas"). Pure numpy.
+
+Two per-window statistics on top of the windows' fleet detail (watchdog/windows/fleet.py):
+
+* ``mix_log_diff``: FP8 - FP16 mean log latency *within* request-mix cells (octave of prompt tokens x
+  octave of completion tokens), combined with the cells' harmonic weights ``h = n8 n16 / (n8 + n16)``
+  (the fixed-effects / Mantel-Haenszel weighting: minimum variance when the effect is the same in
+  every cell). A router that sends FP8 more long prompts changes which cells FP8's requests fall in,
+  not the within-cell differences, so it is not a slowdown; a per-request slowdown moves every cell.
+  Variance ``sum h^2 (s8^2 / n8 + s16^2 / n16) / (sum h)^2`` with each precision's pooled within-cell
+  variance ``s^2``.
+* ``clean_side``: per precision, the replicas whose own latency is an *upward* outlier against the
+  rest of that precision's replicas (a stall: a share of one replica's requests many times slower)
+  are left out of that precision's sketch and cells before any statistic is computed. A replica is
+  an outlier when its mean log latency or its tail contrast (mean log latency of its slowest
+  ``1 - p`` minus its mean) exceeds the rest's by more than ``min_dev`` (log units) *and* by more
+  than ``z_out`` standard errors. At most ``max(1, m // 8)`` of ``m`` replicas are left out per
+  precision and window, the worst first; ``_other`` (overflow) and ``_none`` (no id) never are. A
+  regression present on the precision's replicas alike moves every replica and the rest together, so
+  none is an outlier and the window is judged whole. When nothing is left out, the statistic and
+  its variance are exactly the unmodified ones.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+__all__ = ["FleetOptions", "clean_side", "fleet_inputs", "mix_log_diff", "mix_shift"]
+
+#: replica ids never left out: the overflow of more than MAX_REPLICAS and requests without an id
+_POOLED_IDS = frozenset({"_other", "_none"})
+
+
+class FleetOptions:
+    """How a window's fleet detail is used: ``adjust="mix"`` and/or ``replicas="robust"``."""
+
+    __slots__ = ("adjust", "min_dev", "p", "replicas", "z_out")
+
+    def __init__(self, adjust: str | None = None, replicas: str | None = None, p: float = 0.95,
+                 z_out: float = 5.0, min_dev: float = 0.2) -> None:
+        self.adjust, self.replicas, self.p, self.z_out, self.min_dev = adjust, replicas, p, z_out, min_dev
+
+
+# --- request mix -------------------------------------------------------------------------------
+
+
+def _cells(rows: Any) -> dict[tuple[int, int], tuple[float, float, float]]:
+    out: dict[tuple[int, int], tuple[float, float, float]] = {}
+    for r in rows or []:
+        n = float(r[2])
+        if n > 0:
+            out[(int(r[0]), int(r[1]))] = (n, float(r[3]), float(r[4]))
+    return out
+
+
+def _within_var(cells: Mapping[Any, tuple[float, float, float]]) -> float:
+    """Pooled within-cell variance of y (NaN without a cell of two or more)."""
+    ss, df = 0.0, 0.0
+    for n, s, q in cells.values():
+        if n >= 2:
+            ss += max(q - s * s / n, 0.0)
+            df += n - 1
+    return ss / df if df > 0 else math.nan
+
+
+def mix_log_diff(cand_rows: Any, base_rows: Any) -> tuple[float, float, dict[str, Any]] | None:
+    """(FP8 - FP16 mean log latency within request-mix cells, its variance, detail) from two
+    precisions' ``latency_mix.cells`` rows ``[prompt octave, completion octave, n, sum y, sum y^2]``;
+    None when no cell has requests of both."""
+    a, b = _cells(cand_rows), _cells(base_rows)
+    va, vb = _within_var(a), _within_var(b)
+    if not (math.isfinite(va) and math.isfinite(vb)):
+        return None
+    num = den = var = 0.0
+    used_a = used_b = 0.0
+    for key, (na, sa, _) in a.items():
+        cb = b.get(key)
+        if cb is None:
+            continue
+        nb, sb = cb[0], cb[1]
+        h = na * nb / (na + nb)
+        num += h * (sa / na - sb / nb)
+        den += h
+        var += h * h * (va / na + vb / nb)
+        used_a += na
+        used_b += nb
+    if den <= 0:
+        return None
+    tot_a = sum(c[0] for c in a.values())
+    tot_b = sum(c[0] for c in b.values())
+    return num / den, var / (den * den), {"cells": len(a.keys() & b.keys()),
+                                          "support": [used_a / tot_a, used_b / tot_b]}
+
+
+def mix_shift(cand_rows: Any, base_rows: Any) -> float | None:
+    """How much the request mix moves the FP8 - FP16 mean log latency: the unadjusted difference
+    of mean log latency minus the within-cell one (``mix_log_diff``); ~0 when both precisions saw
+    the same mix, whatever their speed. None when it cannot be computed."""
+    mixed = mix_log_diff(cand_rows, base_rows)
+    if mixed is None:
+        return None
+    a, b = _cells(cand_rows), _cells(base_rows)
+    na, nb = sum(c[0] for c in a.values()), sum(c[0] for c in b.values())
+    raw = sum(c[1] for c in a.values()) / na - sum(c[1] for c in b.values()) / nb
+    return raw - mixed[0]
+
+
+# --- replicas ----------------------------------------------------------------------------------
+
+
+def _matrix(replicas: Mapping[str, Any]) -> tuple[list[str], np.ndarray, np.ndarray, float, np.ndarray]:
+    """(ids, log bucket midpoints x, counts per replica (m x B), log gamma, bucket indices)."""
+    ids = sorted(replicas)
+    hists = [replicas[i].get("latency_hist") or {} for i in ids]
+    acc = float(next((h["relative_accuracy"] for h in hists if "relative_accuracy" in h), 0.01))
+    lg = math.log((1.0 + acc) / (1.0 - acc))
+    keys = sorted({int(k) for h in hists for k, c in h.get("bins", []) if int(c) > 0})
+    pos = {k: j for j, k in enumerate(keys)}
+    mat = np.zeros((len(ids), len(keys)))
+    for r, h in enumerate(hists):
+        for k, c in h.get("bins", []):
+            if int(c) > 0:
+                mat[r, pos[int(k)]] += int(c)
+    idx = np.asarray(keys, dtype=float)
+    return ids, (idx - 0.5) * lg, mat, lg, idx
+
+
+def _mean_rows(x: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of counts: mean of x and the variance of that mean."""
+    n = c.sum(axis=1)
+    safe = np.maximum(n, 1.0)
+    m = (c * x).sum(axis=1) / safe
+    var = (c * (x - m[:, None]) ** 2).sum(axis=1) / np.maximum(n - 1, 1.0)
+    return m, var / safe
+
+
+def _contrast_rows(x: np.ndarray, c: np.ndarray, p: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of counts: the tail contrast (mean of x above the p quantile minus the mean) and its
+    influence-function variance, as ``judge.live.sketch_log_tail_contrast`` for one sketch."""
+    n = c.sum(axis=1)
+    safe = np.maximum(n, 1.0)
+    need = (safe * (1.0 - p))[:, None]
+    above = np.cumsum(c[:, ::-1], axis=1)[:, ::-1]
+    w = np.clip(need - (above - c), 0.0, c)
+    ws = np.maximum(w.sum(axis=1), 1e-12)
+    tail = (w * x).sum(axis=1) / ws
+    first = np.argmax(w > 0, axis=1)
+    q = x[first]
+    mean = (c * x).sum(axis=1) / safe
+    frac = np.divide(w, c, out=np.zeros_like(w), where=c > 0)
+    infl = frac * (x - q[:, None]) / (1.0 - p) + (q - tail)[:, None] - (x - mean[:, None])
+    return tail - mean, (c * infl * infl).sum(axis=1) / (safe * safe)
+
+
+def clean_side(replicas: Mapping[str, Any] | None, opts: FleetOptions) -> list[str]:
+    """The replica ids of one precision's window to leave out (upward outliers; see the module)."""
+    if not replicas or len(replicas) < 2:
+        return []
+    ids, x, mat, _, _ = _matrix(replicas)
+    n = mat.sum(axis=1)
+    keep = np.ones(len(ids), dtype=bool)
+    dropped: list[str] = []
+    limit = max(1, len(ids) // 8)
+    eligible = np.array([i not in _POOLED_IDS for i in ids]) & (n >= 20)
+    while len(dropped) < limit and keep.sum() > 1:
+        total = (mat * keep[:, None]).sum(axis=0)
+        rest = total[None, :] - mat
+        rest_ok = rest.sum(axis=1) >= 20
+        m_r, vm_r = _mean_rows(x, mat)
+        m_o, vm_o = _mean_rows(x, rest)
+        c_r, vc_r = _contrast_rows(x, mat, opts.p)
+        c_o, vc_o = _contrast_rows(x, rest, opts.p)
+        d_loc, d_tail = m_r - m_o, c_r - c_o
+        z_loc = d_loc / np.sqrt(np.maximum(vm_r + vm_o, 1e-18))
+        z_tail = d_tail / np.sqrt(np.maximum(vc_r + vc_o, 1e-18))
+        out_loc = (d_loc > opts.min_dev) & (z_loc > opts.z_out)
+        out_tail = (d_tail > opts.min_dev) & (z_tail > opts.z_out)
+        score = np.where(out_loc | out_tail, np.maximum(z_loc, z_tail), -np.inf)
+        score[~(keep & eligible & rest_ok)] = -np.inf
+        worst = int(np.argmax(score))
+        if not math.isfinite(score[worst]):
+            break
+        keep[worst] = False
+        dropped.append(ids[worst])
+    return dropped
+
+
+def _without(hist: Mapping[str, Any], replicas: Mapping[str, Any], dropped: list[str]) -> dict[str, Any]:
+    """A sketch export minus the dropped replicas' bins."""
+    bins = {int(k): int(c) for k, c in hist.get("bins", [])}
+    zero = int(hist.get("zero_count", 0))
+    for rid in dropped:
+        h = replicas[rid].get("latency_hist") or {}
+        for k, c in h.get("bins", []):
+            bins[int(k)] = bins.get(int(k), 0) - int(c)
+        zero -= int(h.get("zero_count", 0))
+    return {"relative_accuracy": hist["relative_accuracy"], "min_value": hist.get("min_value", 1e-3),
+            "zero_count": max(zero, 0), "count": sum(max(c, 0) for c in bins.values()) + max(zero, 0),
+            "bins": [[k, c] for k, c in sorted(bins.items()) if c > 0]}
+
+
+def _cells_without(rows: Any, replicas: Mapping[str, Any], dropped: list[str]) -> list[list[float]]:
+    cells = {(int(r[0]), int(r[1])): [float(r[2]), float(r[3]), float(r[4])] for r in rows or []}
+    for rid in dropped:
+        for r in replicas[rid].get("cells") or []:
+            c = cells.get((int(r[0]), int(r[1])))
+            if c is not None:
+                c[0] -= float(r[2])
+                c[1] -= float(r[3])
+                c[2] -= float(r[4])
+    return [[k[0], k[1], *v] for k, v in sorted(cells.items()) if v[0] > 0.5]
+
+
+def fleet_inputs(detail: Mapping[str, Any], opts: FleetOptions) -> tuple[Mapping[str, Any] | None, Any, list[str]]:
+    """One precision's window, cleaned: (latency sketch, mix cell rows, replicas left out)."""
+    hist = detail.get("latency_hist")
+    rows = (detail.get("latency_mix") or {}).get("cells")
+    reps = detail.get("replicas")
+    if opts.replicas != "robust" or not isinstance(reps, Mapping):
+        return hist if isinstance(hist, Mapping) else None, rows, []
+    dropped = clean_side(reps, opts)
+    if not dropped:
+        return hist if isinstance(hist, Mapping) else None, rows, []
+    hist2 = _without(hist, reps, dropped) if isinstance(hist, Mapping) else None
+    rows2 = _cells_without(rows, reps, dropped) if rows is not None else None
+    return hist2, rows2, dropped

@@ -1,0 +1,165 @@
+"""What one window keeps about the fleet behind its requests: the request mix, the replicas, the builds.
+
+Three bounded additions to a window's running sums (docs/EVENTS.md, "Request mix, replicas, builds"):
+
+* **mix cells**: ok requests grouped by (octave of prompt tokens, octave of completion tokens)
+  (``int.bit_length``: 0, 1, 2-3, 4-7, ... tokens), each cell ``[n, sum y, sum y^2]`` of the log
+  latency ``y = ln(latency_ms)``. The judge compares FP8 with FP16 *within* cells (like with like),
+  so a router that sends one precision more long prompts does not look like a slowdown. At most
+  31 x 31 cells (token counts are capped at 1e9); a few dozen in practice.
+* **replicas**: per serving instance (``replica``, else ``gpu_uuid``) its own latency sketch and mix
+  cells, so the judge can leave out one replica whose requests alone drive the window's statistic
+  (a GC or allocator stall). At most ``MAX_REPLICAS`` named per window; later ones share ``_other``;
+  requests without an id are ``_none`` (``_other`` once the table is full).
+* **builds**: events per ``build`` (at most ``MAX_BUILDS`` named; later ones share ``_other``): a change
+  of build between windows is a deploy (watchdog/policy/changes.py).
+
+Latencies of 0 ms have no log and are left out of the cells (they stay in the sketches).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from watchdog.windows.sketch import QuantileSketch
+
+__all__ = ["MAX_BUILDS", "MAX_REPLICAS", "NO_REPLICA", "OTHER", "FleetStats", "cell_list", "merge_cells"]
+
+#: most replicas tracked per (route, precision, window); more share the ``_other`` entry
+MAX_REPLICAS = 32
+#: most builds counted per window; more share ``_other``
+MAX_BUILDS = 8
+OTHER = "_other"
+#: requests whose event names no replica
+NO_REPLICA = "_none"
+_log = math.log
+
+#: a mix cell: [n, sum of ln latency, sum of squares]
+Cells = dict[int, list[float]]
+
+
+def _fold(cells: Cells, key: int, y: float) -> None:
+    c = cells.get(key)
+    if c is None:
+        cells[key] = [1.0, y, y * y]
+    else:
+        c[0] += 1.0
+        c[1] += y
+        c[2] += y * y
+
+
+def cell_list(cells: Cells) -> list[list[float]]:
+    """Cells as ``[[prompt octave, completion octave, n, sum y, sum y^2], ...]``, sorted."""
+    return [[k >> 6, k & 63, *v] for k, v in sorted(cells.items())]
+
+
+def cells_from_list(rows: Any) -> Cells:
+    out: Cells = {}
+    for row in rows or []:
+        out[(int(row[0]) << 6) | int(row[1])] = [float(row[2]), float(row[3]), float(row[4])]
+    return out
+
+
+def merge_cells(into: Cells, other: Cells) -> None:
+    for k, v in other.items():
+        c = into.get(k)
+        if c is None:
+            into[k] = list(v)
+        else:
+            c[0] += v[0]
+            c[1] += v[1]
+            c[2] += v[2]
+
+
+class _Replica:
+    __slots__ = ("cells", "sketch")
+
+    def __init__(self) -> None:
+        self.sketch = QuantileSketch()
+        self.cells: Cells = {}
+
+
+class FleetStats:
+    """Mix cells, per-replica sketches and cells, and build counts of one window (bounded)."""
+
+    __slots__ = ("buf", "builds", "cells", "replicas")
+
+    def __init__(self) -> None:
+        self.cells: Cells = {}
+        self.replicas: dict[str, _Replica] = {}
+        self.builds: dict[str, int] = {}
+        #: ok requests not folded yet: (latency_ms, prompt_tokens, completion_tokens, replica id)
+        self.buf: list[tuple[float, int, int, str | None]] = []
+
+    def count_build(self, build: str) -> None:
+        b = self.builds
+        if build not in b and len(b) >= MAX_BUILDS:
+            build = OTHER
+        b[build] = b.get(build, 0) + 1
+
+    def flush(self) -> None:
+        """Fold the buffered requests into the cells and the replicas."""
+        buf = self.buf
+        if not buf:
+            return
+        self.buf = []
+        cells = self.cells
+        reps = self.replicas
+        by_rep: dict[str, list[float]] = {}
+        for lat, pt, ct, rid in buf:
+            key = rid if rid is not None else NO_REPLICA
+            r = reps.get(key)
+            if r is None:
+                if len(reps) >= MAX_REPLICAS:
+                    key = OTHER
+                    r = reps.get(key)
+                if r is None:
+                    r = reps[key] = _Replica()
+            lats = by_rep.get(key)
+            if lats is None:
+                lats = by_rep[key] = []
+            lats.append(lat)
+            if lat > 0.0:
+                y = _log(lat)
+                cell = (pt.bit_length() << 6) | ct.bit_length()
+                _fold(cells, cell, y)
+                _fold(r.cells, cell, y)
+        for key, lats in by_rep.items():
+            reps[key].sketch.add_many(lats)
+
+    def has_replicas(self) -> bool:
+        return any(k != NO_REPLICA for k in self.replicas)
+
+    def detail(self) -> dict[str, Any]:
+        """The window's ``Signal.detail`` additions: ``latency_mix``, ``replicas``, ``builds``."""
+        self.flush()
+        out: dict[str, Any] = {}
+        if self.cells:
+            out["latency_mix"] = {"cells": cell_list(self.cells)}
+        if self.has_replicas():
+            out["replicas"] = {k: {"latency_hist": r.sketch.to_dict(), "cells": cell_list(r.cells)}
+                               for k, r in sorted(self.replicas.items())}
+        if self.builds:
+            out["builds"] = dict(self.builds)
+        return out
+
+    def export(self) -> dict[str, Any]:
+        self.flush()
+        return {"cells": cell_list(self.cells),
+                "rep": {k: {"lat": r.sketch.to_dict(), "cells": cell_list(r.cells)} for k, r in self.replicas.items()},
+                "bld": dict(self.builds)}
+
+    @classmethod
+    def from_export(cls, d: dict[str, Any] | None) -> FleetStats:
+        f = cls()
+        if not d:
+            return f
+        f.cells = cells_from_list(d.get("cells"))
+        for k, r in (d.get("rep") or {}).items():
+            rep = _Replica()
+            rep.sketch = QuantileSketch.from_dict(r["lat"])
+            rep.cells = cells_from_list(r.get("cells"))
+            f.replicas[str(k)] = rep
+        f.builds = {str(k): int(v) for k, v in (d.get("bld") or {}).items()}
+        return f
