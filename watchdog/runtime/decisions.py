@@ -25,6 +25,8 @@ import threading
 import time
 from collections.abc import Callable
 
+import redis
+
 from watchdog.actuation.actuator import REVOKED, Actuator, FlagStore, FlipExtras
 from watchdog.actuation.outbox import action_record
 from watchdog.actuation.routing import RoutingFlags
@@ -33,7 +35,7 @@ from watchdog.config.settings import Config
 from watchdog.core.keys import Keys
 from watchdog.core.metrics import Metrics
 from watchdog.core.signals import Action, Signal
-from watchdog.policy import PolicyEngine
+from watchdog.policy import PolicyEngine, changes
 from watchdog.runtime.health import RedisHealth
 from watchdog.runtime.ownership import Ownership
 from watchdog.runtime.stats import DaemonStats
@@ -109,6 +111,7 @@ class Decisions:
         self.stats = stats
         self.golden = golden
         self.clock = clock
+        self.store = store
         self.actuator = Actuator(store, changed_by=f"watchdog@{cfg.instance}", extras=self.flip_extras)
         #: (model, route) -> end of the window that caused the pending flip (reaction metric)
         self._decided_at: dict[P.Route, float] = {}
@@ -123,8 +126,9 @@ class Decisions:
             # our flip is gone from Redis: the engine must not read that as an operator's change
             flags[route] = precision
             self.reassert(route, precision, now)
-        actions = self.engine.observe(signals, now, flags, self.cfg.default_precision)
         touched = {(s.model, s.route) for s in signals}
+        self.mark_maintenance(signals, touched)
+        actions = self.engine.observe(signals, now, flags, self.cfg.default_precision)
         everywhere = any("*" in r for r in touched)
         for part in self.ownership.parts.values():
             # engine state of these routes may have changed (a "*" signal, e.g. GPU health, touches all)
@@ -134,6 +138,22 @@ class Decisions:
                 part.dirty = True
         for action in actions:
             self.dispatch(action)
+
+    def mark_maintenance(self, signals: list[Signal], routes: set[P.Route]) -> None:
+        """Mark live signals inside an operator's maintenance span (``Keys.maintenance``; one MGET
+        over the signals' routes and their ``*`` model): the learned latency rules re-baseline there.
+        Redis away: nothing is marked (those windows are judged as usual) and readiness says why."""
+        wanted = sorted({r for r in routes if "*" not in r} | {("*", route) for _m, route in routes if route != "*"})
+        if not wanted or not any(s.source == "live" for s in signals):
+            return
+        try:
+            values = self.store.client.mget([self.keys.maintenance(m, r) for m, r in wanted])
+        except (redis.RedisError, OSError) as exc:
+            self.redis_health.failed(exc, "reading maintenance annotations")
+            return
+        found = {route: v for route, v in zip(wanted, values, strict=True) if v}
+        if found:
+            changes.mark_maintenance(signals, changes.maintenance_spans(found))
 
     def dispatch(self, action: Action) -> None:
         self.stats.record_action(action)
