@@ -480,6 +480,9 @@ def _clock_step(name: str, step_s: float, root: Path, workdir: Path, full: bool)
         clock = d.stack.workdir / "clock-offset"
         clock.write_text("0")
         d.daemon.clock_file = clock
+        # the group join alone took 10-12 s on the shared 2-core box in some runs; what is judged here
+        # is the step, which comes only after windows are recorded
+        d.expect.start_tolerance_s = 15.0
         d.start()
         d.traffic.regress("r0")
         d.expect.flips = {"r0": ["rollback", "promote"]}
