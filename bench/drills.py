@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"drills: unknown drill(s) {unknown}; known: {', '.join(DRILLS)}", file=sys.stderr)
             return 2
         root = args.root.resolve()
-        if not (root / "watchdog" / "cli.py").exists():
+        if not (root / "watchdog" / "cli" / "main.py").exists():
             print(f"drills: {root} is not a checkout of llm-watchdog (no watchdog/cli/main.py)", file=sys.stderr)
             return 2
         label = args.label or root.name

@@ -146,6 +146,9 @@ class DaemonProc:
         self.starts = 0
         #: [down since, up again or None]: killed, stopped, frozen or not yet started
         self.down: list[list[float | None]] = [[0.0, None]]
+        #: clock drills: a file holding the seconds this replica's ``time.time()`` is shifted by
+        #: (tests/drills/clockshift/sitecustomize.py; only ``time.time``, not sleep nor monotonic)
+        self.clock_file: Path | None = None
 
     def _went_down(self) -> None:
         if not self.down or self.down[-1][1] is not None:
@@ -163,6 +166,11 @@ class DaemonProc:
         self.write_config()
         env = {**os.environ, "PYTHONPATH": str(self.root), "PYTHONUNBUFFERED": "1"}
         env.pop("LLMWD_CONFIG", None)
+        env.pop("LLMWD_DRILL_CLOCK_FILE", None)
+        if self.clock_file is not None:
+            shift = Path(__file__).resolve().parent / "clockshift"
+            env["PYTHONPATH"] = f"{shift}{os.pathsep}{self.root}"
+            env["LLMWD_DRILL_CLOCK_FILE"] = str(self.clock_file)
         with open(self.log_path, "ab") as out:
             out.write(f"\n==== start {self.name} at {time.time():.3f}\n".encode())
             self.proc = subprocess.Popen([sys.executable, "-m", "watchdog.cli.main", "run", "--config", str(self.cfg_path)],

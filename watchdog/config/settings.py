@@ -110,6 +110,9 @@ class WindowConfig(_Section):
     max_future_s: float = Field(300.0, gt=0)
     #: windows stay open this long past the watermark; an event whose window closed is ``late``
     allowed_lateness_s: float = Field(0.0, ge=0)
+    #: the host clock may differ from the steady and the events' clock by this much before readiness
+    #: says ``clock-skew`` (docs/OPERATIONS.md, "Time")
+    clock_skew_s: float = Field(300.0, gt=0)
 
 
 class AlertChannelConfig(BaseModel):

@@ -88,8 +88,10 @@ class Ingest:
                  dlq_topic: str, max_event_bytes: int, metrics: Metrics, sink: EventSink,
                  on_assigned: PartitionsFn = lambda pks: None, on_revoked: PartitionsFn = lambda pks: None,
                  accept: Callable[[PartitionKey], bool] = lambda pk: True,
-                 decode_many: RecordDecoder | None = None) -> None:
+                 decode_many: RecordDecoder | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.consumer = consumer
+        #: the clock of ``mark_reset``/``recent_resets`` and ``broker_silence`` (the daemon's steady clock)
+        self.clock = clock
         #: a codec whose record holds many events (OTLP span batches, watchdog.ingest.otlp); None: JSON events
         self.decode_many = decode_many
         self.producer = producer
@@ -140,7 +142,7 @@ class Ingest:
             self.last_polled.add(pkey)
             expected = self.next_offset.get(pkey)
             if expected is not None and records[0].offset < expected:
-                self._resets[pkey] = time.time()
+                self._resets[pkey] = self.clock()
                 log.error("partition %s:%s: offset went back from %s to %s (broker restarted empty or "
                           "log truncated)", tp.topic, tp.partition, expected, records[0].offset)
             for rec in records:
@@ -197,7 +199,7 @@ class Ingest:
         except (KafkaError, Exception) as exc:  # noqa: BLE001 - a stalled broker is reported, not raised
             log.debug("end_offsets failed: %s", exc)
             if self._broker_silent_since is None:
-                self._broker_silent_since = time.time()
+                self._broker_silent_since = self.clock()
             self.broker_error = f"{type(exc).__name__}: {exc}"[:200]
             return None
         self._broker_silent_since = None
@@ -281,7 +283,7 @@ class Ingest:
         self._final_offsets[pkey] = offset
 
     def broker_silence(self) -> float | None:
-        """Wall time since which the broker has not answered an offsets request (None: it answers)."""
+        """Time (``clock``) since which the broker has not answered an offsets request (None: it answers)."""
         return self._broker_silent_since
 
     def clear_broker_silence(self) -> None:

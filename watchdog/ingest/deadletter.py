@@ -44,7 +44,7 @@ class _Letter:
 class _PartitionLetters:
     pending: list[_Letter] = field(default_factory=list)
     failed: str | None = None
-    #: wall time the oldest unacknowledged dead letter was sent
+    #: monotonic time the oldest unacknowledged dead letter was sent
     since: float | None = None
 
 
@@ -76,7 +76,7 @@ class DeadLetters:
         dl = _Letter(rec, reason, error)
         st = self._dlq.setdefault(pkey, _PartitionLetters())
         if not st.pending:
-            st.since = time.time()
+            st.since = time.monotonic()
         st.pending.append(dl)
         self._send(dl)
 
@@ -116,7 +116,7 @@ class DeadLetters:
                 log.warning("dead-letter flush failed: %s", exc)
         left: list[_Letter] = []
         error = None
-        waited = time.time() - (st.since or time.time())
+        waited = time.monotonic() - (st.since or time.monotonic())
         for dl in st.pending:
             fut = dl.future
             if isinstance(fut, BaseException):

@@ -4,15 +4,20 @@ Modelled on Flink's bounded-out-of-orderness watermarks with idle sources, on ka
 
 * a partition's watermark is the newest event time read from it minus the allowed out-of-orderness
   (``out_of_order_s``, the window grace);
-* a partition is *idle* when the broker confirmed, at wall time ``T``, that nothing is left to read
+* a partition is *idle* when the broker confirmed, at time ``T``, that nothing is left to read
   (our position >= its end offset, asked with a bounded ``end_offsets`` request) and no record came
   since; an idle partition does not hold the others back, it only caps the close time at
-  ``T - out_of_order_s``;
+  ``min(T, E(T)) - out_of_order_s``, where ``E(T)`` is the *events' clock* at ``T``: the newest event
+  time seen (or restored from a checkpoint) plus the time elapsed since it was seen. The close time
+  never runs ahead of what the events support, so a host clock that steps forward cannot close
+  windows (nor persist a "closed up to" mark) ahead of the events still to come;
 * windows close up to the minimum over the assigned partitions; a partition that may still hold
   records (behind, or not confirmed caught up) and has not delivered any holds everything back.
 
-The wall clock is used only through broker confirmations, so a frozen broker, a poll or a commit
-that hangs, or a loop that stalls is a *stall* (nothing closes), never lateness.
+Every ``now`` and ``T`` here is the daemon's steady clock (``watchdog.runtime.clock.SteadyClock``:
+wall time advanced by the monotonic clock, no steps). It is used only through broker confirmations
+and the events' clock, so a frozen broker, a poll or a commit that hangs, or a loop that stalls is a
+*stall* (nothing closes), never lateness.
 
 An event is validated before it can move a watermark: stamped beyond ``now + max_future_s`` it is
 rejected as ``future`` (it would otherwise push the watermark ahead and make every later event late).
@@ -29,11 +34,11 @@ PartitionKey = tuple[str, int]
 class PartitionClock:
     #: newest valid event time read (restored from the checkpoint after a restart)
     max_ts: float | None = None
-    #: wall time the broker last confirmed this partition had nothing more to read
+    #: (steady) time the broker last confirmed this partition had nothing more to read
     caught_up_at: float | None = None
-    #: wall time of the last record read from it
+    #: (steady) time of the last record read from it
     last_record_at: float | None = None
-    #: wall time the watermark last moved forward
+    #: (steady) time the watermark last moved forward
     advanced_at: float | None = None
 
 
@@ -42,10 +47,16 @@ class Watermarks:
         self.out_of_order_s = out_of_order_s
         self.max_future_s = max_future_s
         self.parts: dict[PartitionKey, PartitionClock] = {}
+        #: the events' clock: newest event time read by this process, and the ``now`` it was read at
+        self._seen: tuple[float, float] | None = None
+        #: the same over restored checkpoints (their ``max_ts`` at restore time): only ever behind
+        self._restored: tuple[float, float] | None = None
 
     # -- partitions ----------------------------------------------------------------------------
     def assign(self, pk: PartitionKey, max_ts: float | None, now: float) -> None:
         self.parts[pk] = PartitionClock(max_ts=max_ts, advanced_at=now)
+        if max_ts is not None and (self._restored is None or max_ts > self._restored[0]):
+            self._restored = (max_ts, now)
 
     def revoke(self, pk: PartitionKey) -> None:
         self.parts.pop(pk, None)
@@ -62,6 +73,19 @@ class Watermarks:
         if pc.max_ts is None or ts > pc.max_ts:
             pc.max_ts = ts
             pc.advanced_at = now
+            seen = self._seen
+            if seen is None or ts > seen[0] + (now - seen[1]):
+                self._seen = (ts, now)
+
+    def events_now(self, now: float, restored: bool = False) -> float | None:
+        """The events' clock at ``now``: the newest event time read plus the time since it was read
+        (with ``restored``, checkpoints' ``max_ts`` count too, as of their restore); None before any."""
+        best: float | None = None
+        for mark in (self._seen, self._restored if restored else None):
+            if mark is not None:
+                t = mark[0] + max(0.0, now - mark[1])
+                best = t if best is None else max(best, t)
+        return best
 
     def records_read(self, pks: set[PartitionKey], now: float) -> None:
         """``pks`` returned records in the last poll: they are not idle any more."""
@@ -95,6 +119,15 @@ class Watermarks:
             if pc.max_ts is None:
                 return None  # may hold records and has delivered none: wait for it
             active.append(pc.max_ts - self.out_of_order_s)
+        if caps:
+            # an idle partition's cap never runs ahead of the events' clock (module docstring)
+            events = self.events_now(now, restored=True)
+            if events is None:
+                if not active:
+                    return None  # no event seen at all: nothing to close
+            else:
+                limit = events - self.out_of_order_s
+                caps = [min(c, limit) for c in caps]
         t = min(active) if active else min(caps)
         if caps:
             t = min(t, min(caps))

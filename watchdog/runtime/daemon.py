@@ -43,6 +43,7 @@ from watchdog.ingest.eventtime import Watermarks
 from watchdog.ingest.otlp import decoder_for
 from watchdog.ingest.startup import StartupTimeout, Stopped, bounded, diagnose
 from watchdog.runtime.checkpointer import Checkpointer
+from watchdog.runtime.clock import ClockCheck, SteadyClock
 from watchdog.runtime.closer import WindowCloser
 from watchdog.runtime.decisions import FLAG_RELOAD_S, Decisions
 from watchdog.runtime.health import LoopHealth, Readiness, RedisHealth
@@ -64,10 +65,12 @@ SignalSource = Callable[[float], list[Signal]]
 
 class Daemon:
     def __init__(self, cfg: Config, *, redis_client: redis.Redis | None = None, alerter: Alerter | None = None,
-                 metrics: Metrics | None = None, clock: Callable[[], float] = time.time,
+                 metrics: Metrics | None = None, clock: SteadyClock | None = None,
                  sources: list[SignalSource] | None = None, gpu_nvml: Any = None) -> None:
         self.cfg = cfg
-        self.clock = clock
+        #: every duration, guard and "now" of the daemon: step-free wall time (watchdog.runtime.clock)
+        self.clock = clock = clock or SteadyClock()
+        self.clock_check = ClockCheck(clock, cfg.windows.clock_skew_s)
         self.metrics = metrics or Metrics()
         self.stats = DaemonStats()
         self.keys = Keys(cfg.redis.prefix)
@@ -137,7 +140,8 @@ class Daemon:
         self.ingest = ingest = Ingest(consumer, producer, topic=k.topic, dlq_topic=k.dead_letter_topic,
                                       max_event_bytes=self.cfg.windows.max_event_bytes, metrics=self.metrics,
                                       sink=own.fold, on_assigned=own.assigned, on_revoked=own.revoked,
-                                      accept=self.parts.__contains__, decode_many=decoder_for(k.codec, k.otlp))
+                                      accept=self.parts.__contains__, decode_many=decoder_for(k.codec, k.otlp),
+                                      clock=self.clock)
         own.attach(ingest)
         self.checkpointer.attach(ingest)
         self.closer.attach(ingest)
@@ -183,7 +187,9 @@ class Daemon:
         t0 = time.monotonic()
         ingest = self.ingest
         assert ingest is not None
-        self.ownership.poll_now = self.clock()
+        # an event is ``future`` only when ahead of both the steady and the host clock: neither a step
+        # of the host clock nor a start-up anchor the host corrected since drops real events
+        self.ownership.poll_now = max(self.clock(), self.clock.wall())
         ingest.poll(poll_ms)
         ingest.commit_mirror({})  # mirror offsets a busy commit held back
         now = self.clock()
@@ -204,10 +210,23 @@ class Daemon:
         self.decisions.reconcile(now)
         self.decisions.export_flags(now)
         self.policies.check(now)
+        self._check_clock(now)
         self.health.update(now)
         self.stats.last_loop = time.monotonic()
-        self.metrics.loop_last.set(time.time())
+        self.metrics.loop_last.set(self.clock())
         self.metrics.loop_seconds.observe(self.stats.last_loop - t0)
+
+    def _check_clock(self, now: float) -> None:
+        """The host clock against the steady and the events' clock: ``clock-skew`` while they disagree.
+        An events' clock behind the host counts only while caught up (a backlog is old, not skewed)."""
+        events = self.wm.events_now(now)
+        if events is not None and events < self.clock.wall() and not self.health.caught_up():
+            events = None
+        problem = self.clock_check.check(events)
+        if problem:
+            self.readiness.set("clock-skew", problem, now)
+        else:
+            self.readiness.clear("clock-skew", now)
 
     def _poll_sources(self, now: float) -> list[Signal]:
         """Signals of the golden, GPU and other sources; each is recorded for the windows stream."""

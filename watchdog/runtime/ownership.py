@@ -16,6 +16,7 @@ checkpoint and its routes' engine state, seek to the checkpointed offset. Redis 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -61,7 +62,8 @@ class Ownership:
         self.topic_id: str | None = None
         #: routes of partitions we held and lost: their decisions are the new owner's
         self.revoked_routes: set[P.Route] = set()
-        #: wall time of the current poll (the ingest sink refuses events further in the future than that)
+        #: the later of the steady and the host clock at the current poll (the ingest sink refuses
+        #: events further in the future than that)
         self.poll_now = 0.0
         self._last_restore_try = 0.0
         self._save: Callable[[P.Partition, float], Any] = lambda part, now: None
@@ -116,7 +118,7 @@ class Ownership:
 
     def new_aggregator(self) -> WindowAggregator:
         w = self.cfg.windows
-        # future events are refused before they reach a window (by wall clock, in fold)
+        # future events are refused before they reach a window (in fold, against ``poll_now``)
         return WindowAggregator(length_s=w.length_s, grace_s=w.grace_s, shadow_sample_rate=w.shadow_sample_rate,
                                 shadow_max_pairs=w.shadow_max_pairs, max_future_s=float("inf"))
 
@@ -138,7 +140,7 @@ class Ownership:
             return False
         agg = self.new_aggregator()
         agg.import_open(data.get("windows") or [])
-        agg.set_closed_end(data.get("closed_end"))
+        agg.set_closed_end(self._closed_end_bound(pk, data.get("closed_end"), data.get("max_ts"), now))
         part = P.Partition(pk, claim.token, claim.seq, agg, routes=routes, start_offset=data.get("offset"),
                            full=claim.data is None)
         P.load_engine_states(self.engine, saved)
@@ -159,6 +161,19 @@ class Ownership:
                  claim.token, claim.seq, offset, agg.open_windows(), len(routes))
         self._restored(now)
         return True
+
+    def _closed_end_bound(self, pk: P.PartitionKey, closed_end: int | None, max_ts: float | None,
+                          now: float) -> int | None:
+        """A checkpoint's "closed up to" mark, never ahead of the steady clock nor the partition's newest
+        event (a mark persisted by a host clock that had stepped ahead would make every later event late)."""
+        if closed_end is None:
+            return None
+        limit = int(math.floor(max(now, max_ts or 0.0) / self.cfg.windows.length_s))
+        if closed_end > limit:
+            log.warning("partition %s: checkpoint's windows-closed mark %.0f s ahead of the clock and of its "
+                        "events; brought back to now", pk[1], (closed_end - limit) * self.cfg.windows.length_s)
+            return limit
+        return closed_end
 
     def _resume_offset(self, pk: P.PartitionKey, offset: int | None, saved_tid: str | None,
                        now: float) -> int | None:

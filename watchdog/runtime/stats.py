@@ -11,7 +11,8 @@ from watchdog.core.signals import Action
 
 @dataclass
 class DaemonStats:
-    started_at: float = field(default_factory=time.time)
+    #: monotonic time the daemon started (uptime)
+    started_at: float = field(default_factory=time.monotonic)
     #: monotonic time of the last main-loop iteration (liveness)
     last_loop: float = field(default_factory=time.monotonic)
     windows_closed: int = 0

@@ -50,7 +50,7 @@ class StatusDocument:
         stats = self.stats
         return {
             "instance": self.instance,
-            "uptime_s": round(time.time() - stats.started_at, 1),
+            "uptime_s": round(time.monotonic() - stats.started_at, 1),
             "ready": not problems,
             "problems": problems,
             "partitions": self.ownership.status(),
