@@ -48,3 +48,33 @@ def test_precision_gauge_reads_0_after_a_rollback_1_on_fp8_and_forgets_unknown_r
         redis_client.srem(keys.routes_index, keys.route("other-model", "batch"))
         wait_until(lambda: ("other-model", "batch") not in _gauge(server.url), 15)
         assert _gauge(server.url)[(MODEL, "legal/contracts")] == 0.0
+
+
+def test_maintenance_annotation_marks_the_live_signals_of_its_route(kafka_service, redis_service, redis_client,
+                                                                    topic, tmp_path):
+    """The operator's ``maintenance`` key (one JSON span) reaches the engine as ``detail["maintenance"]`` on
+    the live signals of that route (``*`` model covers every model); other routes and golden signals stay
+    unmarked; an unreadable value marks nothing."""
+    import json
+
+    from watchdog.core.signals import Signal
+    from watchdog.runtime.daemon import Daemon
+
+    cfg = make_config(kafka_service.address, redis_service.port, topic, write_policy(tmp_path / "p.yaml"), None)
+    keys = Keys()
+    redis_client.set(keys.maintenance("*", "legal/contracts"), json.dumps({"start": 1000.0, "until": 2000.0}))
+    redis_client.set(keys.maintenance(MODEL, "support/chat"), "not json")
+    daemon = Daemon(cfg)
+    try:
+        sigs = [Signal(source="live", model=MODEL, route="legal/contracts", precision="fp8", start=1500.0,
+                       end=1510.0, samples=100),
+                Signal(source="live", model=MODEL, route="legal/contracts", precision="fp8", start=2500.0,
+                       end=2510.0, samples=100),
+                Signal(source="live", model=MODEL, route="support/chat", precision="fp8", start=1500.0,
+                       end=1510.0, samples=100),
+                Signal(source="golden", model=MODEL, route="legal/contracts", precision="fp8", start=1500.0,
+                       end=1510.0, samples=100)]
+        daemon.decisions.mark_maintenance(sigs, {(s.model, s.route) for s in sigs})
+        assert [bool(s.detail.get("maintenance")) for s in sigs] == [True, False, False, False]
+    finally:
+        daemon.shutdown()
