@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
@@ -56,11 +58,28 @@ class Metrics:
         self.pages = Counter("llmwd_pages_total",
                              "Alert messages per channel, by result: delivered, failed (given up after retries or "
                              "refused) or dropped (queue full, or undelivered at stop)", ["result"], registry=r)
+        # what each rule can judge at its route's traffic (watchdog/policy/status.py judgeability_rows)
+        self.rule_judged = Gauge("llmwd_rule_judged", "1 when the rule is judged at the route's traffic (per window "
+                                 "or over its horizon), 0 when it cannot be", ["policy", "model", "route", "rule"],
+                                 registry=r)
+        self.rule_mde = Gauge("llmwd_rule_mde", "Minimum detectable FP8-vs-FP16 harm at the route's traffic (80 % "
+                              "power; log ratio for latency, points for rates), per window or over the horizon",
+                              ["policy", "model", "route", "rule", "over"], registry=r)
         # label values known in advance start at 0, so increase() and rate() see their first event
         for result in ("delivered", "failed", "dropped"):
             self.pages.labels(result)
         for result in ("ok", "rejected"):
             self.policy_reloads.labels(result)
+
+    def set_judgeability(self, rows: list[dict[str, Any]]) -> None:
+        """Set ``llmwd_rule_judged`` / ``llmwd_rule_mde`` from ``judgeability_rows(engine.snapshot())``."""
+        for row in rows:
+            labels = (row["policy"], row["model"], row["route"], row["rule"])
+            self.rule_judged.labels(*labels).set(row["judged"])
+            for over, key in (("window", "mde"), ("horizon", "horizon_mde")):
+                x = row.get(key)
+                if x is not None:
+                    self.rule_mde.labels(*labels, over).set(x)
 
     def count_page(self, result: str, n: int = 1) -> None:
         """The alerter's ``on_page`` hook: ``n`` messages to one channel ``delivered``, ``failed`` or ``dropped``."""
