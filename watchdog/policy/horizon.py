@@ -26,7 +26,7 @@ from watchdog.policy.judge.anchor import anchor_cap, update_anchor
 from watchdog.policy.judge.stats import z_quantile
 from watchdog.policy.schema import Rule
 
-__all__ = ["MDE_POWER", "apply_horizon", "judgeability", "learn_anchor", "level_cap", "window_mde"]
+__all__ = ["MDE_POWER", "apply_horizon", "judgeability", "learn_anchor", "level_cap", "null_learned", "window_mde"]
 
 #: the power at which minimum detectable effects are stated
 MDE_POWER = 0.8
@@ -85,11 +85,20 @@ def _difference(rule: Rule, cand: Signal | None, base: Signal | None,
     return None if isinstance(out, str) else out
 
 
+def null_learned(rule: Rule, null: list[dict[str, Any]] | None) -> bool:
+    """Whether the rule's learned null holds ``learn_min`` healthy windows (its level is known)."""
+    j = rule.judge
+    if j is None or j.learn is None:
+        return False
+    return sum(1 for x in null or [] if "e" in x) >= j.learn_min
+
+
 def apply_horizon(rule: Rule, cand: Signal | None, base: Signal | None, v: Any,
-                  horizon: dict[str, Any] | None) -> None:
+                  horizon: dict[str, Any] | None, null: list[dict[str, Any]] | None = None) -> None:
     """Feed this window to the rule's sequential tests and fold their result into the verdict
     ``v`` (an ``evaluate.Verdict``): a rejection is a fail (reason ``horizon_regression``); the
-    per-window and horizon MDEs go to ``v.extra``."""
+    per-window and horizon MDEs go to ``v.extra``. The tolerance is ``horizon.tolerance`` until
+    the rule's learned null (``null``) knows the route's level, ``learned_tolerance`` after."""
     j = rule.judge
     if j is None:
         return
@@ -99,11 +108,12 @@ def apply_horizon(rule: Rule, cand: Signal | None, base: Signal | None, v: Any,
     if j.horizon is None or horizon is None:
         return
     h = j.horizon
-    tol, gamma = j.horizon_tolerance, j.horizon_mixture_sd
+    learned = null_learned(rule, null)
+    tol, gamma = j.horizon_tolerance_at(learned), j.horizon_mixture_sd
     seq = horizon.setdefault("seq", sequential.new_state())
     diff = _difference(rule, cand, base, v.judgement)
     if diff is not None:
-        sequential.update(seq, diff[0], diff[1], end=v.end, tolerance=tol, between_sd=j.horizon_between_sd,
+        sequential.update(seq, diff[0], diff[1], end=v.end, between_sd=j.horizon_between_sd,
                           restart=h.restart, windows=h.windows)
     ev = sequential.evaluate(seq, alpha=h.alpha, gamma=gamma, tolerance=tol, windows=h.windows, power=MDE_POWER)
     v.extra.update({"horizon_windows": float(ev["windows"]), "horizon_log_lr": float(ev["log_lr"]),
@@ -111,6 +121,7 @@ def apply_horizon(rule: Rule, cand: Signal | None, base: Signal | None, v: Any,
     summary = {k: ev[k] for k in ("reject", "log_lr", "threshold", "windows", "estimate", "se", "tests",
                                   "mde_now", "mde_horizon")}
     summary["tolerance"] = tol
+    summary["level_learned"] = learned
     if v.judgement is not None:
         v.judgement.setdefault("detail", {})["horizon"] = summary
     if not ev["reject"] or v.status == "fail":

@@ -191,8 +191,13 @@ class Horizon(_Strict):
     #: a test starts every ``restart`` windows, so false alarms stay below alpha / restart per window
     alpha: Annotated[float, Field(gt=0, lt=0.5)] = 0.001
     #: absolute tolerance (harm units: log ratio for latency, rate points for rates): FP8 worse
-    #: than FP16 by more than this is never normal, whatever the learned level. Default: ``effect``
+    #: than FP16 by more than this is a regression while the route has no learned level (a new
+    #: route, a restart without state, a route too thin for its per-window judge). Default: ``effect``
     tolerance: Annotated[float, Field(ge=0)] | None = None
+    #: the tolerance once the rule's learned null holds ``learn_min`` healthy windows (default: the
+    #: judge's ``level_cap``, else ``tolerance``): replica offsets up to the learned level's cap are
+    #: normal on a route whose healthy level is known, FP8 worse than this never is
+    learned_tolerance: Annotated[float, Field(ge=0)] | None = None
     #: prior sd of the window-to-window variation added to each window's sampling variance
     #: (default: the judge's ``between_sd``)
     between_sd: Annotated[float, Field(ge=0)] | None = None
@@ -287,6 +292,15 @@ class Judge(_Strict):
         """The horizon test's absolute tolerance (``horizon.tolerance``, else ``effect``)."""
         assert self.horizon is not None
         return self.horizon.tolerance if self.horizon.tolerance is not None else self.effect
+
+    def horizon_tolerance_at(self, learned: bool) -> float:
+        """The horizon test's tolerance before (``learned`` False) or after the null is learned."""
+        assert self.horizon is not None
+        if not learned:
+            return self.horizon_tolerance
+        if self.horizon.learned_tolerance is not None:
+            return self.horizon.learned_tolerance
+        return max(self.horizon_tolerance, self.level_cap if self.level_cap is not None else 0.0)
 
     @property
     def horizon_between_sd(self) -> float:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from statistics import NormalDist
 from typing import Any
 
 __all__ = ["log_mixture_lr", "boundary", "mde", "update", "evaluate", "new_state"]
@@ -62,22 +63,16 @@ def log_mixture_lr(a: float, info: float, gamma: float) -> float:
 
 def boundary(info: float, alpha: float, gamma: float) -> float:
     """The mean excess over the tolerance, ``a / info``, at which the test rejects with
-    information ``info`` (log Lambda = log(1 / alpha)); inf without information."""
-    if info <= 0:
+    information ``info`` (log Lambda = log(1 / alpha)); inf without information. In z =
+    a / sqrt(P): ``z^2 = 2 (log(1 / alpha) - log 2 + log(1 + g^2 I) / 2 - log Phi(z))``, a fixed
+    point reached in a few steps (log Phi(z) is tiny for the z > 3 that alpha <= 0.05 needs)."""
+    if info <= 0 or gamma <= 0:
         return math.inf
-    target = math.log(1.0 / alpha)
-    lo, hi = 0.0, 1.0
-    while log_mixture_lr(hi * info, info, gamma) < target:
-        hi *= 2.0
-        if hi > 1e9:
-            return math.inf
-    for _ in range(80):
-        mid = 0.5 * (lo + hi)
-        if log_mixture_lr(mid * info, info, gamma) < target:
-            lo = mid
-        else:
-            hi = mid
-    return hi
+    base = 2.0 * (math.log(1.0 / alpha) - math.log(2.0) + 0.5 * math.log1p(gamma * gamma * info))
+    z = math.sqrt(max(base, 1e-12))
+    for _ in range(8):
+        z = math.sqrt(max(base - 2.0 * _log_phi(z), 1e-12))
+    return z * math.sqrt(1.0 / (gamma * gamma) + info) / info
 
 
 def mde(info: float, alpha: float, gamma: float, tolerance: float, power: float = 0.8) -> float:
@@ -87,29 +82,18 @@ def mde(info: float, alpha: float, gamma: float, tolerance: float, power: float 
     also had every earlier look, so the real power is a little higher."""
     if info <= 0:
         return math.inf
-    z = _z(power)
-    return tolerance + boundary(info, alpha, gamma) + z / math.sqrt(info)
-
-
-def _z(p: float) -> float:
-    # inverse normal CDF by bisection (stdlib only; called rarely)
-    lo, hi = -10.0, 10.0
-    for _ in range(80):
-        mid = 0.5 * (lo + hi)
-        if 0.5 * math.erfc(-mid / _SQRT2) < p:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
+    return tolerance + boundary(info, alpha, gamma) + NormalDist().inv_cdf(power) / math.sqrt(info)
 
 
 def new_state() -> dict[str, Any]:
     """An empty staggered-test state: windows seen since the last reset, the running tests
-    ``[start_end, windows, a, info]`` (oldest first) and the last window end."""
+    ``[start_end, windows, sum x / w, sum 1 / w]`` (oldest first; the tolerance enters only at
+    evaluation: ``a = sum x / w - tolerance * info``), the last window end and a running typical
+    window variance ``w``."""
     return {"count": 0, "tests": [], "end": None, "w": None}
 
 
-def update(state: dict[str, Any], x: float, v: float, *, end: float, tolerance: float, between_sd: float,
+def update(state: dict[str, Any], x: float, v: float, *, end: float, between_sd: float,
            restart: int, windows: int) -> None:
     """Add one window's difference ``x`` (variance ``v``) to every running test; a new test
     starts every ``restart`` windows and a test is dropped after ``windows`` windows. A window
@@ -128,7 +112,7 @@ def update(state: dict[str, Any], x: float, v: float, *, end: float, tolerance: 
         tests.append([end, 0, 0.0, 0.0])
     for t in tests:
         t[1] = int(t[1]) + 1
-        t[2] = float(t[2]) + (x - tolerance) / w
+        t[2] = float(t[2]) + x / w
         t[3] = float(t[3]) + 1.0 / w
     state["tests"] = [t for t in tests if int(t[1]) <= windows]
     state["count"] = count + 1
@@ -144,7 +128,8 @@ def evaluate(state: Mapping[str, Any], *, alpha: float, gamma: float, tolerance:
     1 / alpha), the strongest test's ``log_lr``, ``estimate`` (its mean difference, harm units),
     ``se``, ``windows`` (its length), the longest-running test's information, the MDE now and
     after ``windows`` windows of the current traffic (``mde_now``, ``mde_horizon``)."""
-    tests = [t for t in state.get("tests", []) if float(t[3]) > 0]
+    tests = [[t[0], t[1], float(t[2]) - tolerance * float(t[3]), float(t[3])]
+             for t in state.get("tests", []) if float(t[3]) > 0]
     out: dict[str, Any] = {"reject": False, "log_lr": 0.0, "threshold": math.log(1.0 / alpha), "tests": len(tests),
                            "windows": 0, "estimate": None, "se": None, "mde_now": math.inf, "mde_horizon": math.inf}
     w = state.get("w")
