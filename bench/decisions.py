@@ -533,9 +533,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--default-power-routes", type=int, default=100,
                     help="regressed routes of the chat (default policy) fixed golden-200 scenario")
     ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--parts", default="live,golden,power,trained", help="which parts to run (comma-separated): "
+    ap.add_argument("--parts", default="live,golden,power,trained,fleet", help="which parts to run (comma-separated): "
                     "live, golden, power (power includes the baselines), trained (golden models with the drift "
-                    "measured on a trained model); to spread a full run over processes")
+                    "measured on a trained model), fleet (cold start, restart, creep, low and lopsided traffic: "
+                    "bench/fleet_traffic.py); to spread a full run over processes")
+    ap.add_argument("--fleet-power-routes", type=int, default=40, help="regressed routes per fleet power scenario")
     args = ap.parse_args(argv)
     if args.quick:
         args.routes, args.windows, args.replays, args.golden_routes = 4, 30, 12, 4
@@ -617,6 +619,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  ({time.perf_counter() - t_start:.0f} s)")
     if "power" in parts:
         compare_baselines(res, args, n_pow, onset)
+    if "fleet" in parts:
+        from bench.fleet_traffic import run_all
+
+        run_all(ps, res, quick=args.quick, seed=args.seed, routes=args.routes, windows=args.windows,
+                power_routes=args.fleet_power_routes)
+        print(f"  ({time.perf_counter() - t_start:.0f} s)")
     res["seconds"] = time.perf_counter() - t_start
     print(f"total {res['seconds']:.1f} s")
     if args.json:
