@@ -147,7 +147,8 @@ def judgeability(rule: Rule, last: Any, horizon: Mapping[str, Any] | None) -> di
     window and ``horizon_mde`` now / after the full horizon at this traffic. Plain ``fail_if``
     rules are ``window`` whenever their last verdict is pass or fail."""
     out: dict[str, Any] = {"judged": "no", "why": None, "mde": None, "horizon_mde": None,
-                           "horizon_mde_full": None, "horizon_windows": None}
+                           "horizon_mde_full": None, "horizon_windows": None,
+                           "kind": "threshold" if rule.judge is None else "judge"}
     if last is None:
         out["why"] = "no window yet"
         return out

@@ -83,5 +83,6 @@ def judgeability_rows(snapshot: Mapping[str, Any]) -> list[dict[str, Any]]:
                 continue
             rows.append({"policy": sc["policy"], "model": sc["model"], "route": sc["route"], "rule": name,
                          "judged": 1 if jb["judged"] in ("window", "horizon") else 0, "how": jb["judged"],
-                         "mde": jb.get("mde"), "horizon_mde": jb.get("horizon_mde")})
+                         "mde": jb.get("mde"), "horizon_mde": jb.get("horizon_mde"), "kind": jb.get("kind"),
+                         "why": jb.get("why")})
     return rows
