@@ -25,6 +25,11 @@ def test_quick_benchmark_runs_the_shipped_engine(tmp_path: Path) -> None:
     # a diffuse -0.03 ROUGE-L drop on 200 items is caught within 2 replays by the default policy
     assert power["golden -0.03 diffuse (golden-200)"] >= 0.75, power
     assert {r["baseline"] for r in res["baselines"]} == {"flagger", "kayenta"}
+    # the fleet situations (bench/fleet_traffic.py): thin and lopsided traffic roll nothing back,
+    # the cold start and the low-traffic regressions are measured
+    assert res["fleet_healthy"] and all(r["rollbacks"] == 0 for r in res["fleet_healthy"]), res["fleet_healthy"]
+    scenarios = {r["scenario"] for r in res["fleet_power"]}
+    assert any(s.startswith("cold start") for s in scenarios) and any("low-50" in s for s in scenarios)
 
 
 def test_simulated_sketch_bins_have_the_distribution_of_bucketed_requests() -> None:
