@@ -85,11 +85,15 @@ def _difference(rule: Rule, cand: Signal | None, base: Signal | None,
     return None if isinstance(out, str) else out
 
 
-def null_learned(rule: Rule, null: list[dict[str, Any]] | None) -> bool:
-    """Whether the rule's learned null holds ``learn_min`` healthy windows (its level is known)."""
+def null_learned(rule: Rule, null: list[dict[str, Any]] | None, seq: Mapping[str, Any] | None = None) -> bool:
+    """Whether the route's level is known: the rule's learned null holds ``learn_min`` healthy
+    windows, or (a route too thin for the per-window judge, whose null never fills) the horizon
+    tests have followed ``learn_min`` windows since the last flip or restart without rejecting."""
     j = rule.judge
     if j is None or j.learn is None:
         return False
+    if seq is not None and int(seq.get("count", 0)) >= j.learn_min:
+        return True
     return sum(1 for x in null or [] if "e" in x) >= j.learn_min
 
 
@@ -108,9 +112,9 @@ def apply_horizon(rule: Rule, cand: Signal | None, base: Signal | None, v: Any,
     if j.horizon is None or horizon is None:
         return
     h = j.horizon
-    learned = null_learned(rule, null)
-    tol, gamma = j.horizon_tolerance_at(learned), j.horizon_mixture_sd
     seq = horizon.setdefault("seq", sequential.new_state())
+    learned = null_learned(rule, null, seq)
+    tol, gamma = j.horizon_tolerance_at(learned), j.horizon_mixture_sd
     diff = _difference(rule, cand, base, v.judgement)
     if diff is not None:
         sequential.update(seq, diff[0], diff[1], end=v.end, between_sd=j.horizon_between_sd,
