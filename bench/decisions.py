@@ -535,8 +535,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--parts", default="live,golden,power,trained", help="which parts to run (comma-separated): "
                     "live, golden, power (power includes the baselines), trained (golden models with the drift "
-                    "measured on a trained model), fleet (stalls, deploys, router bias: bench/fleet_confounders.py; "
-                    "not in the default set); to spread a full run over processes")
+                    "measured on a trained model), confounders (stalls, deploys, router bias: "
+                    "bench/fleet_confounders.py), traffic (cold start, restart, creep, low and lopsided traffic: "
+                    "bench/fleet_traffic.py); the last two are not in the default set (they take the full run past "
+                    "10 minutes) and run tiny in --quick; to spread a full run over processes")
+    ap.add_argument("--fleet-power-routes", type=int, default=40, help="regressed routes per traffic power scenario")
     args = ap.parse_args(argv)
     if args.quick:
         args.routes, args.windows, args.replays, args.golden_routes = 4, 30, 12, 4
@@ -618,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  ({time.perf_counter() - t_start:.0f} s)")
     if "power" in parts:
         compare_baselines(res, args, n_pow, onset)
-    if "fleet" in parts or args.quick:
+    if "confounders" in parts or args.quick:
         # single-replica stalls, staggered deploys, router bias (bench/fleet_confounders.py; its own
         # command runs the power and the baselines): opt-in in a full run, tiny in --quick
         from bench.fleet_confounders import FLEET_MODELS, healthy_rows
@@ -626,6 +629,12 @@ def main(argv: list[str] | None = None) -> int:
         quick = FLEET_MODELS[:2] if args.quick else None
         res["fleet"] = healthy_rows(ps, 1 if args.quick else args.routes, 30 if args.quick else args.windows, args.seed,
                                     quick)
+    if "traffic" in parts or args.quick:
+        from bench.fleet_traffic import run_all
+
+        run_all(ps, res, quick=args.quick, seed=args.seed, routes=args.routes, windows=args.windows,
+                power_routes=args.fleet_power_routes)
+        print(f"  ({time.perf_counter() - t_start:.0f} s)")
     res["seconds"] = time.perf_counter() - t_start
     print(f"total {res['seconds']:.1f} s")
     if args.json:

@@ -372,7 +372,7 @@ def matched_baseline(kind: str, ours: float, bad: BaselineData, healthy: Baselin
 def healthy_rows(ps: PolicySet, routes: int, windows: int, seed: int, models: list[Fleet] | None = None
                  ) -> list[dict[str, Any]]:
     """False rollbacks of every target confounder model on both route sets (``bench/decisions.py
-    --parts fleet``; ``--quick`` runs it tiny, as a smoke test)."""
+    --parts confounders``; ``--quick`` runs it tiny, as a smoke test)."""
     rows = []
     for i, m in enumerate(models or [m for m in FLEET_MODELS if m.target]):
         for j, label in enumerate(("legal", "chat")):

@@ -28,6 +28,11 @@ def test_quick_benchmark_runs_the_shipped_engine(tmp_path: Path) -> None:
     # the fleet confounders (bench/fleet_confounders.py) run through the same engine
     assert {(r["model"], r["routes"]) for r in res["fleet"]} == {(m, s) for m in ("stalls", "deploys")
                                                                  for s in ("legal", "chat")}
+    # the fleet situations (bench/fleet_traffic.py): thin and lopsided traffic roll nothing back,
+    # the cold start and the low-traffic regressions are measured
+    assert res["fleet_healthy"] and all(r["rollbacks"] == 0 for r in res["fleet_healthy"]), res["fleet_healthy"]
+    scenarios = {r["scenario"] for r in res["fleet_power"]}
+    assert any(s.startswith("cold start") for s in scenarios) and any("low-50" in s for s in scenarios)
 
 
 def test_simulated_sketch_bins_have_the_distribution_of_bucketed_requests() -> None:

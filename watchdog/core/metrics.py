@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+#: at most this many (policy, model, route, rule) series of llmwd_rule_judged / llmwd_rule_mde
+MAX_JUDGEABILITY_ROWS = 500
 
 
 class Metrics:
@@ -56,11 +62,51 @@ class Metrics:
         self.pages = Counter("llmwd_pages_total",
                              "Alert messages per channel, by result: delivered, failed (given up after retries or "
                              "refused) or dropped (queue full, or undelivered at stop)", ["result"], registry=r)
+        # what each rule can judge at its route's traffic (watchdog/policy/status.py judgeability_rows)
+        self.rule_judged = Gauge("llmwd_rule_judged", "1 when the rule is judged at the route's traffic (per window "
+                                 "or over its horizon), 0 when it cannot be", ["policy", "model", "route", "rule"],
+                                 registry=r)
+        self.rule_mde = Gauge("llmwd_rule_mde", "Minimum detectable FP8-vs-FP16 harm at the route's traffic (80 % "
+                              "power; log ratio for latency, points for rates), per window or over the horizon",
+                              ["policy", "model", "route", "rule", "over"], registry=r)
+        self._judgeability_labels: set[tuple[str, ...]] = set()
         # label values known in advance start at 0, so increase() and rate() see their first event
         for result in ("delivered", "failed", "dropped"):
             self.pages.labels(result)
         for result in ("ok", "rejected"):
             self.policy_reloads.labels(result)
+
+    def set_judgeability(self, rows: list[dict[str, Any]], max_rows: int = MAX_JUDGEABILITY_ROWS) -> None:
+        """Set ``llmwd_rule_judged`` / ``llmwd_rule_mde`` from ``judgeability_rows(engine.snapshot())``.
+
+        Bounded: at most ``max_rows`` (policy, model, route, rule) series, the rules that are not
+        judged first, then the largest MDEs (what on-call needs to see); the series of rows no
+        longer exported are removed. /status carries every row."""
+        def worst_first(row: dict[str, Any]) -> tuple[int, float]:
+            return row["judged"], -float(row.get("mde") or row.get("horizon_mde") or 0.0)
+
+        keep = sorted(rows, key=worst_first)[:max_rows]
+        exported: set[tuple[str, ...]] = set()
+        for row in keep:
+            labels: tuple[str, ...] = (row["policy"], row["model"], row["route"], row["rule"])
+            exported.add(labels)
+            self.rule_judged.labels(*labels).set(row["judged"])
+            for over, key in (("window", "mde"), ("horizon", "horizon_mde")):
+                x = row.get(key)
+                if x is not None:
+                    self.rule_mde.labels(*labels, over).set(x)
+                else:
+                    self._remove(self.rule_mde, (*labels, over))
+        for labels in self._judgeability_labels - exported:
+            self._remove(self.rule_judged, labels)
+            for over in ("window", "horizon"):
+                self._remove(self.rule_mde, (*labels, over))
+        self._judgeability_labels = exported
+
+    @staticmethod
+    def _remove(gauge: Gauge, labels: tuple[str, ...]) -> None:
+        with contextlib.suppress(KeyError):
+            gauge.remove(*labels)
 
     def count_page(self, result: str, n: int = 1) -> None:
         """The alerter's ``on_page`` hook: ``n`` messages to one channel ``delivered``, ``failed`` or ``dropped``."""

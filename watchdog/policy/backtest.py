@@ -28,6 +28,7 @@ from watchdog.core.events import InvalidEvent, decode_event
 from watchdog.core.signals import Action, Signal
 from watchdog.policy.engine import PolicyEngine
 from watchdog.policy.loader import PolicySet
+from watchdog.policy.status import judgeability_rows
 from watchdog.windows.aggregator import WindowAggregator
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,10 @@ class BacktestResult:
     #: (model, route) -> [(time, precision served from then on)], starting at the candidate
     serving: dict[tuple[str, str], list[tuple[float, str]]] = field(default_factory=dict)
     flags: dict[tuple[str, str], str] = field(default_factory=dict)
+    #: per (policy, model, route, rule) at the end of the replay: whether the rule was judged at
+    #: that traffic (per window, over its horizon, or not) and its minimum detectable effect
+    #: (``watchdog.policy.status.judgeability_rows``)
+    judged: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def flips(self) -> int:
@@ -103,6 +108,7 @@ class BacktestResult:
             "alerts": sum(a.kind == "alert" for a in self.actions),
             "actions": [a.to_dict() for a in self.actions],
             "final_flags": {f"{m}/{r}": p for (m, r), p in sorted(self.flags.items())},
+            "judged": self.judged,
         }
 
 
@@ -234,6 +240,7 @@ def run_backtest(policy_set: PolicySet, lines: Iterable[bytes], golden: GoldenFe
         rp.feed(sigs, t)
     r.late = agg.late
     r.golden_reports = len(feed)
+    r.judged = judgeability_rows(rp.engine.snapshot())
     log.info("backtest: %d lines, %d events, %d bad, %d windows, %d golden reports, %d flips",
              r.lines, r.events, r.bad_lines, r.windows, r.golden_reports, r.flips)
     return r

@@ -59,6 +59,29 @@ def render_table(result: BacktestResult, console: Any | None = None) -> None:
     console.print(f"[bold]{flips} flip{'s' if flips != 1 else ''}[/bold], "
                   f"{sum(a.kind == 'alert' for a in result.actions)} alerts; final flags: "
                   + (", ".join(f"{m}/{r}={p}" for (m, r), p in sorted(result.flags.items())) or "unchanged"))
+    if result.judged:
+        render_judged(result, console)
+
+
+def _mde(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
+def render_judged(result: BacktestResult, console: Any) -> None:
+    """What each judged rule could see at each route's traffic at the end of the replay: judged
+    per window, over its horizon (sequential test), still learning, or not (and why), with its
+    minimum detectable effect (harm units at 80 % power: log ratio for latency, points for rates)."""
+    from rich.table import Table
+
+    table = Table(title="judged rules at this traffic (MDE: log ratio / rate points, 80 % power)", show_lines=False)
+    for col in ("route", "rule", "judged", "MDE window", "MDE horizon"):
+        table.add_column(col, overflow="fold")
+    for row in result.judged:
+        if row.get("kind") != "judge":
+            continue
+        table.add_row(f"{row['model']}/{row['route']}", f"{row['policy']}:{row['rule']}", row["how"],
+                      _mde(row.get("mde")), _mde(row.get("horizon_mde")))
+    console.print(table)
 
 
 # --- thresholds ------------------------------------------------------------------------------------

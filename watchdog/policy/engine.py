@@ -20,6 +20,7 @@ from watchdog.core.signals import Action, Signal
 from watchdog.policy.causes import gpu_reading
 from watchdog.policy.decide import decide, utc_day
 from watchdog.policy.evaluate import Verdict, combine_window, evaluate_rule
+from watchdog.policy.horizon import learn_anchor
 from watchdog.policy.loader import PolicySet
 from watchdog.policy.pooling import learn_items
 from watchdog.policy.schema import MAX_POOL_WINDOWS, Policy, Rule
@@ -45,6 +46,8 @@ def _learn(rule: Rule, rs: RuleState, v: Verdict) -> None:
         est = detail["window_estimate"]
         rs.null.append({"end": v.end, "e": float(est[0]), "v": float(est[1])})
         del rs.null[:-j.learn]
+        if v.status == "pass":  # the long-term anchor moves with passing windows only
+            learn_anchor(rule, rs.horizon, rs.null, float(est[0]))
         return
     if j.test == "paired" and j.learn is not None and rs.pool and rs.pool[-1].get("end") == v.end:
         learn_items(rs.null, rs.pool[-1], j.learn)
@@ -163,7 +166,8 @@ class PolicyEngine:
             if cand is None:
                 cand = next((s for s in group if s.precision is None), None)
             base = next((s for s in group if s.precision == policy.baseline), None)
-            judged = [(rule, evaluate_rule(rule, cand, base, st.rules[rule.name].pool, st.rules[rule.name].null))
+            judged = [(rule, evaluate_rule(rule, cand, base, st.rules[rule.name].pool, st.rules[rule.name].null,
+                                           st.rules[rule.name].horizon))
                       for rule in policy.rules if rule.source == source]
             combine_window(policy, judged)
             window = [self._apply(rule, st, v) for rule, v in judged]

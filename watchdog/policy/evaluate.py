@@ -18,6 +18,7 @@ from typing import Any
 
 from watchdog.core.signals import Signal, VerdictStatus
 from watchdog.policy.conditions import Condition
+from watchdog.policy.horizon import apply_horizon, level_cap
 from watchdog.policy.judge.paired import judge_broken, judge_paired
 from watchdog.policy.judge.unpaired import judge_rate, judge_unpaired
 from watchdog.policy.judge.verdict import Judgement, combine
@@ -102,12 +103,16 @@ def sample_count(rule: Rule, sig: Signal) -> int:
 
 
 def evaluate_rule(rule: Rule, candidate: Signal | None, baseline: Signal | None,
-                  pool: Pool | None = None, null: list[dict[str, Any]] | None = None) -> Verdict:
+                  pool: Pool | None = None, null: list[dict[str, Any]] | None = None,
+                  horizon: dict[str, Any] | None = None) -> Verdict:
     """The verdict of ``rule`` for one window: a plain ``fail_if`` threshold, a judge, or both.
 
     ``pool`` is the rule's history for a pooled judge (``judge.pool`` / ``judge.replays`` > 1):
     this window's entry is appended to it (and the list trimmed) when the window is readable, and
-    the judge sees the whole pool. Without it a pooled rule judges this window alone."""
+    the judge sees the whole pool. Without it a pooled rule judges this window alone.
+
+    ``horizon`` is the rule's longer-horizon state (``RuleState.horizon``: sequential tests and
+    long-term anchor, watchdog/policy/horizon.py); without it a ``judge.horizon`` is not run."""
     ref = candidate or baseline
     v = Verdict(rule.name, "inconclusive", "", rule.source, rule.metric,
                 start=ref.start if ref else 0.0, end=ref.end if ref else 0.0)
@@ -117,7 +122,10 @@ def evaluate_rule(rule: Rule, candidate: Signal | None, baseline: Signal | None,
             v.reason = why
             return v
     if rule.judge is not None:
-        return _evaluate_judged(rule, candidate, baseline, v, pool, null)
+        v = _evaluate_judged(rule, candidate, baseline, v, pool, null, level_cap(rule, horizon))
+        if v.status != "error":
+            apply_horizon(rule, candidate, baseline, v, horizon, null)
+        return v
     return _evaluate_condition(rule, candidate, baseline, v)
 
 
@@ -335,12 +343,13 @@ def _with_broken(rule: Rule, mean_j: Judgement | str, items: list[float] | None,
 
 
 def _run_judge(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool | None,
-               null: list[dict[str, Any]] | None = None) -> Judgement | str:
-    """The judge's verdict, or why it could not run (an inconclusive reason)."""
+               null: list[dict[str, Any]] | None = None, cap: float | None = None) -> Judgement | str:
+    """The judge's verdict, or why it could not run (an inconclusive reason); ``cap``: a lower
+    cap on a learned null's level (the long-term anchor's)."""
     j = rule.judge
     assert j is not None
     if j.test != "paired" and learned(rule):
-        return judge_pool(rule, cand, base, pool if pool is not None else [], None, null)
+        return judge_pool(rule, cand, base, pool if pool is not None else [], None, null, level_cap=cap)
     if pool is not None and j.history > 1:
         items = _paired_items(rule, cand, base)
         if j.test == "paired" and j.broken is not None:
@@ -391,7 +400,7 @@ def _run_judge(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool 
 
 
 def _evaluate_judged(rule: Rule, candidate: Signal | None, baseline: Signal | None, v: Verdict,
-                     pool: Pool | None, null: list[dict[str, Any]] | None = None) -> Verdict:
+                     pool: Pool | None, null: list[dict[str, Any]] | None = None, cap: float | None = None) -> Verdict:
     j = rule.judge
     assert j is not None
     # a pooled live rule applies min_samples to the pool's events (judge_pool), not to one window
@@ -420,7 +429,7 @@ def _evaluate_judged(rule: Rule, candidate: Signal | None, baseline: Signal | No
         raw = sig.values.get(rule.metric)
         if raw is not None and not math.isnan(float(raw)):
             setattr(v, role, float(raw))
-    result = _run_judge(rule, candidate, baseline, pool, null)
+    result = _run_judge(rule, candidate, baseline, pool, null, cap)
     if isinstance(result, str):
         v.reason = f"{rule.metric}: {result}"
         return v

@@ -227,6 +227,10 @@ def _judge_checks(rule: dict[str, Any], rpath: tuple[str | int, ...], source: ob
                                                       "tail: p (0 < p < 1)"))
     if judge.get("null_model") == "sampling" and judge.get("learn") is None and test != "quantile":
         out.append((doc.pos((*jpath, "null_model")), "judge: null_model applies to a learned null: add learn: N"))
+    if judge.get("horizon") is not None and (source != "live" or test == "paired"):
+        out.append((doc.pos((*jpath, "horizon")), "judge: horizon accumulates live windows: use it on a live rule"))
+    if judge.get("anchor") is not None and judge.get("learn") is None:
+        out.append((doc.pos((*jpath, "anchor")), "judge: anchor caps a learned null: add learn: N"))
     if test == "rate" and judge.get("direction") == "higher_is_better":
         out.append((doc.pos((*jpath, "direction")), "judge: a rate (errors, timeouts) is lower_is_better"))
     effect, marginal = judge.get("effect"), judge.get("marginal")

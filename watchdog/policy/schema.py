@@ -181,6 +181,47 @@ class Broken(_Strict):
     alpha: Annotated[float, Field(gt=0, lt=0.5)] | None = None
 
 
+class Horizon(_Strict):
+    """Judge a live rule over a longer horizon as well: an always-valid sequential test (mixture
+    SPRT, watchdog/policy/judge/sequential.py) of "FP8 - FP16 > tolerance" that accumulates every
+    window's difference, whatever its traffic (no ``min_samples``), so a low-traffic or lopsided
+    route is judged over hours instead of never, and a route that starts (or restarts without
+    state) with FP8 already beyond the tolerance is caught without a warm-up."""
+
+    #: false-alarm probability of one sequential test over its whole life (any number of looks);
+    #: a test starts every ``restart`` windows, so false alarms stay below alpha / restart per window
+    alpha: Annotated[float, Field(gt=0, lt=0.5)] = 0.001
+    #: absolute tolerance (harm units: log ratio for latency, rate points for rates): FP8 worse
+    #: than FP16 by more than this is a regression while the route has no learned level (a new
+    #: route, a restart without state, a route too thin for its per-window judge). Default: ``effect``
+    tolerance: Annotated[float, Field(ge=0)] | None = None
+    #: the tolerance once the rule's learned null holds ``learn_min`` healthy windows (default: the
+    #: judge's ``level_cap``, else ``tolerance``): replica offsets up to the learned level's cap are
+    #: normal on a route whose healthy level is known, FP8 worse than this never is
+    learned_tolerance: Annotated[float, Field(ge=0)] | None = None
+    #: prior sd of the window-to-window variation added to each window's sampling variance
+    #: (default: the judge's ``between_sd``)
+    between_sd: Annotated[float, Field(ge=0)] | None = None
+    #: scale of the half-normal mixture over the excess (default: the tolerance, at least between_sd)
+    mixture_sd: Annotated[float, Field(gt=0)] | None = None
+    #: a new test starts every this many windows
+    restart: Annotated[int, Field(ge=1, le=288)] = 12
+    #: a test is dropped after this many windows (its horizon)
+    windows: Annotated[int, Field(ge=2, le=2016)] = 288
+
+
+class Anchor(_Strict):
+    """A long-term anchor of a learned null (watchdog/policy/judge/anchor.py): a slowly updated,
+    persisted reference of the healthy level; the level the null credits never exceeds
+    ``anchor + tolerance``, so a slow creep cannot become the route's level."""
+
+    #: how far above the anchor the learned level may sit (harm units)
+    tolerance: Annotated[float, Field(ge=0)]
+    #: half-life of the anchor's exponential average, in passing windows (2016 = a week of 5 min);
+    #: it never moves more than ``tolerance`` per half-life
+    halflife: Annotated[int, Field(ge=24, le=100_000)] = 2016
+
+
 class Judge(_Strict):
     """A statistical test of candidate vs baseline (watchdog/policy/judge/paired.py) in place of, or on top of,
     a plain ``fail_if`` threshold."""
@@ -269,6 +310,37 @@ class Judge(_Strict):
         if self.settle is not None and not (self.test == "quantile" or (self.test != "paired" and self.learn)):
             raise ValueError("settle is for learned live rules (test: quantile, or a live test with learn)")
         return self
+    #: live: also judge over a longer horizon (always-valid sequential test against a tolerance)
+    horizon: Horizon | None = None
+    #: live, learned null: cap the learned level at a long-term anchor + tolerance
+    anchor: Anchor | None = None
+
+    @property
+    def horizon_tolerance(self) -> float:
+        """The horizon test's absolute tolerance (``horizon.tolerance``, else ``effect``)."""
+        assert self.horizon is not None
+        return self.horizon.tolerance if self.horizon.tolerance is not None else self.effect
+
+    def horizon_tolerance_at(self, learned: bool) -> float:
+        """The horizon test's tolerance before (``learned`` False) or after the null is learned."""
+        assert self.horizon is not None
+        if not learned:
+            return self.horizon_tolerance
+        if self.horizon.learned_tolerance is not None:
+            return self.horizon.learned_tolerance
+        return max(self.horizon_tolerance, self.level_cap if self.level_cap is not None else 0.0)
+
+    @property
+    def horizon_between_sd(self) -> float:
+        assert self.horizon is not None
+        return self.horizon.between_sd if self.horizon.between_sd is not None else self.prior_sd
+
+    @property
+    def horizon_mixture_sd(self) -> float:
+        assert self.horizon is not None
+        if self.horizon.mixture_sd is not None:
+            return self.horizon.mixture_sd
+        return max(self.horizon_tolerance, self.horizon_between_sd, 1e-3)
 
     @property
     def harm_direction(self) -> Literal["higher_is_better", "lower_is_better"]:

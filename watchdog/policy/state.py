@@ -36,6 +36,10 @@ class RuleState:
     #: paired rule with ``broken`` the passing replays' broken counts {"end", "broken", "n"};
     #: bounded, kept across flips (it describes healthy FP8 vs FP16, not the serving state)
     null: list[dict[str, Any]] = field(default_factory=list)
+    #: what a rule learns over a longer horizon: {"seq": the staggered sequential tests
+    #: (watchdog/policy/judge/sequential.py; emptied by a flip), "anchor": the long-term anchor of
+    #: the learned null (watchdog/policy/judge/anchor.py; kept across flips)}; absent keys = none yet
+    horizon: dict[str, Any] = field(default_factory=dict)
 
     def tripped(self, rule: Rule) -> bool:
         if self.fails >= rule.for_:
@@ -45,7 +49,7 @@ class RuleState:
     def to_json(self) -> dict[str, Any]:
         return {"fingerprint": self.fingerprint, "fails": self.fails, "errors": self.errors,
                 "last": self.last.to_dict() if self.last else None, "ref": self.ref, "pool": list(self.pool),
-                "null": list(self.null)}
+                "null": list(self.null), "horizon": dict(self.horizon)}
 
     @classmethod
     def from_json(cls, r: dict[str, Any]) -> RuleState:
@@ -56,7 +60,11 @@ class RuleState:
         null = r.get("null") or []  # absent in states saved before learned nulls
         if not isinstance(null, list) or not all(isinstance(e, dict) for e in null):
             null = []
-        return cls(r["fingerprint"], int(r["fails"]), int(r["errors"]), last, r.get("ref"), list(pool), list(null))
+        horizon = r.get("horizon") or {}  # absent in states saved before horizon tests and anchors
+        if not isinstance(horizon, dict):
+            horizon = {}
+        return cls(r["fingerprint"], int(r["fails"]), int(r["errors"]), last, r.get("ref"), list(pool), list(null),
+                   dict(horizon))
 
 
 @dataclass(slots=True)
@@ -81,6 +89,7 @@ class ScopeState:
         """Start every pooled rule afresh: evidence from before a flip is not about after it."""
         for rs in self.rules.values():
             rs.pool.clear()
+            rs.horizon.pop("seq", None)  # the horizon tests too; the long-term anchor stays
 
     def to_json(self) -> dict[str, Any]:
         return {

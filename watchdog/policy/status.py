@@ -4,7 +4,9 @@
 streaks and whether it trips; ``status_snapshot`` is the ``/status`` view: the loaded policies
 (names, candidate and baseline, rules, promote mode, source file), the policy set's digest, and
 per scope an overall status, the tripped rules and the scope state, with the pooled sketches and
-learned nulls reduced to their counts so the page stays small. ``PolicyEngine.verdicts`` and
+learned nulls reduced to their counts so the page stays small, and per rule whether it is judged
+at the route's traffic and its minimum detectable effect (``rules.<name>.judgeability``,
+watchdog/policy/horizon.py); ``judgeability_rows`` flattens that for the metrics. ``PolicyEngine.verdicts`` and
 ``PolicyEngine.snapshot`` (``watchdog/policy/engine.py``) return these.
 """
 
@@ -13,10 +15,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from watchdog.policy.horizon import judgeability
 from watchdog.policy.loader import PolicySet
 from watchdog.policy.state import ScopeState
 
-__all__ = ["rule_verdicts", "status_snapshot"]
+__all__ = ["judgeability_rows", "rule_verdicts", "status_snapshot"]
 
 
 def rule_verdicts(policy_set: PolicySet, states: Mapping[tuple[str, str, str], ScopeState]) -> list[dict[str, Any]]:
@@ -46,9 +49,15 @@ def status_snapshot(policy_set: PolicySet, states: Mapping[tuple[str, str, str],
                    "marginal" if "marginal" in statuses else
                    "pass" if "pass" in statuses else "inconclusive")
         state = st.to_json()
-        for r in state["rules"].values():  # sketches and diffs stay out of /status: only their count
+        for name, r in state["rules"].items():  # sketches and diffs stay out of /status: only their count
             r["pooled"] = len(r.pop("pool"))
             r["learned"] = len(r.pop("null", []))
+            horizon = r.pop("horizon", {}) or {}
+            rule = policy.rule(name) if policy else None
+            if rule is not None:
+                r["judgeability"] = judgeability(rule, st.rules[name].last, horizon)
+            if horizon.get("anchor"):
+                r["anchor"] = horizon["anchor"].get("level")
         scopes.append({"policy": pname, "model": model, "route": route, "status": overall,
                        "tripped": tripped, **state})
     return {
@@ -59,3 +68,21 @@ def status_snapshot(policy_set: PolicySet, states: Mapping[tuple[str, str, str],
         "digest": policy_set.digest,
         "scopes": scopes,
     }
+
+
+def judgeability_rows(snapshot: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One row per (policy, model, route, rule) of a ``status_snapshot``: ``judged`` (1 when the
+    rule is judged now, per window or over its horizon; 0 when it cannot be: too little traffic
+    and no horizon test, or no data) and ``mde`` / ``horizon_mde`` (harm units at 80 % power;
+    None when unknown): what the ``llmwd_rule_judged`` and ``llmwd_rule_mde`` gauges show."""
+    rows = []
+    for sc in snapshot.get("scopes", []):
+        for name, r in (sc.get("rules") or {}).items():
+            jb = r.get("judgeability")
+            if not jb:
+                continue
+            rows.append({"policy": sc["policy"], "model": sc["model"], "route": sc["route"], "rule": name,
+                         "judged": 1 if jb["judged"] in ("window", "horizon") else 0, "how": jb["judged"],
+                         "mde": jb.get("mde"), "horizon_mde": jb.get("horizon_mde"), "kind": jb.get("kind"),
+                         "why": jb.get("why")})
+    return rows

@@ -36,6 +36,7 @@ from watchdog.core.keys import Keys
 from watchdog.core.metrics import Metrics
 from watchdog.core.signals import Action, Signal
 from watchdog.policy import PolicyEngine, changes
+from watchdog.policy.status import judgeability_rows
 from watchdog.runtime.health import RedisHealth
 from watchdog.runtime.ownership import Ownership
 from watchdog.runtime.stats import DaemonStats
@@ -53,6 +54,8 @@ RECONCILE_EVERY_S = 1.0
 FLAG_RELOAD_S = 4.0
 #: seconds between two exports of ``llmwd_route_precision_is_candidate``
 EXPORT_EVERY_S = 1.0
+#: seconds between two exports of the rules' judgeability gauges (a snapshot of every route's state)
+JUDGEABILITY_EVERY_S = 10.0
 #: the longest a flip we wrote overlays the cache that has not shown it yet
 WRITE_VISIBLE_S = 2.0
 
@@ -117,6 +120,7 @@ class Decisions:
         self._decided_at: dict[P.Route, float] = {}
         self._last_reconcile = 0.0
         self._last_export = 0.0
+        self._last_judgeability = 0.0
         self._exported: set[P.Route] = set()
 
     # -- deciding ------------------------------------------------------------------------------
@@ -265,6 +269,9 @@ class Decisions:
         if now - self._last_export < EXPORT_EVERY_S:
             return
         self._last_export = now
+        if now - self._last_judgeability >= JUDGEABILITY_EVERY_S:
+            self._last_judgeability = now
+            self.metrics.set_judgeability(judgeability_rows(self.engine.snapshot()))
         flags = self.flags.snapshot()
         default = self.cfg.default_precision
         policies = self.engine.route_policies()
