@@ -26,7 +26,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("uvicorn")
 
 from watchdog.dev import demo  # noqa: E402
-from watchdog.dev.demo_golden import GoldenDemo  # noqa: E402
+from watchdog.dev.demo_golden import ITEMS, SET, GoldenDemo, demo_model, margin_check, shipped_model_fits  # noqa: E402
 
 pytestmark = [pytest.mark.services, pytest.mark.torch, pytest.mark.slow]
 
@@ -46,6 +46,23 @@ def root_logging() -> Iterator[None]:
         if h not in root.handlers:
             root.addHandler(h)
     root.setLevel(level)
+
+
+def test_the_shipped_demo_model_fits_the_code_set_with_its_margin(tmp_path: Path) -> None:
+    """The fast guard: the shipped model answers exactly the demo's 32 'code' items (edit the set and
+    this fails, instead of every newcomer's demo silently training for minutes), and on this CPU
+    every reference token leads by margins a CPU's float kernels cannot bridge."""
+    from probes.engines.torch_engine import calibrate_model
+    from probes.golden import find_golden_set, load_golden_set
+
+    pairs = load_golden_set(find_golden_set(SET)).head(ITEMS).pairs()
+    assert shipped_model_fits(pairs), "rebuild probes/data/demo_code_model (docs/GOLDEN.md)"
+    model_dir, origin = demo_model(tmp_path, pairs)
+    assert origin == "shipped"
+    calibrate_model(model_dir, [p + r for p, r in pairs])
+    check = margin_check(model_dir, pairs)
+    assert check.fp16 > 3.0 and check.fp8 > 2.0 and check.fp8_items == len(pairs), check
+    assert check.stale_items == 0, check
 
 
 @pytest.mark.timeout(600)

@@ -70,12 +70,19 @@ class MarginCheck:
                 f"their last bits; weight noise 1,000x larger moves them < 0.05 nats - docs/GOLDEN.md)")
 
 
+def shipped_model_fits(pairs: list[tuple[str, str]]) -> bool:
+    """Whether the shipped demo model was trained on exactly these (prompt, reference) pairs."""
+    meta = SHIPPED_MODEL / "tiny_model.json"
+    if not meta.exists() or not (SHIPPED_MODEL / "model.safetensors").exists():
+        return False
+    return [tuple(p) for p in json.loads(meta.read_text(encoding="utf-8"))["pairs"]] == pairs
+
+
 def demo_model(cache: Path, pairs: list[tuple[str, str]]) -> tuple[Path, str]:
     """The demo's model directory (a writable copy under ``cache``: calibration is written next to
     it) and where it came from. The shipped model when it was trained on exactly ``pairs``, else
     one trained here with the same recipe (cached)."""
-    meta = SHIPPED_MODEL / "tiny_model.json"
-    if meta.exists() and [tuple(p) for p in json.loads(meta.read_text(encoding="utf-8"))["pairs"]] == pairs:
+    if shipped_model_fits(pairs):
         digest = hashlib.sha256((SHIPPED_MODEL / "model.safetensors").read_bytes()).hexdigest()[:12]
         target = cache / f"demo-code-{digest}"
         if not (target / "tiny_model.json").exists():
@@ -164,8 +171,7 @@ class GoldenDemo:
         pairs = golden.pairs()
         cache = self.workdir / "models"
         started = time.monotonic()
-        shipped = (SHIPPED_MODEL / "model.safetensors").exists()
-        if not shipped:
+        if not shipped_model_fits(pairs):
             console.print(f"   training the in-process engine's tiny Llama on {len(pairs)} '{SET}' golden items, "
                           f"FP8-aware until every reference token leads by {FP8_MARGIN:g} nats (minutes on CPU "
                           f"the first time, cached in {cache})")
