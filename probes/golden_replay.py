@@ -28,6 +28,7 @@ from probes.metrics import (
     Scorer,
     count_words,
     perplexity,
+    worst_value,
 )
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,23 @@ def _score(engine: Engine, prompts: list[str], references: list[str]) -> list[Re
         msg = f"engine returned {len(scores)} scores for {len(prompts)} prompts"
         return [ReferenceScore(0.0, 0, 0, error=msg)] * len(prompts)
     return scores
+
+
+def finite_scores(scores: dict[str, float], where: str = "") -> dict[str, float]:
+    """``scores`` with every NaN or infinite value replaced by the metric's worst value
+    (``probes.metrics.worst_value``): a broken output is the worst item, never a dropped one. A
+    metric without a worst value (a custom metric) is left out instead (absent, never a guess)."""
+    out: dict[str, float] = {}
+    for m, v in scores.items():
+        if math.isfinite(v):
+            out[m] = v
+            continue
+        worst = worst_value(m)
+        if worst is None:
+            log.warning("golden replay: %s: metric %s is %s; left out", where, m, v)
+        else:
+            out[m] = worst
+    return out
 
 
 def _likelihood(score: ReferenceScore, reference: str) -> Likelihood:
@@ -139,12 +157,10 @@ def replay(
                 latency_ms=g.latency_ms,
             )
             rs = ref_scores[side][n] if want_ppl else None
-            if rs is not None and sides[side].error is None:
-                if rs.error is not None:
-                    sides[side].error = f"score: {rs.error}"
-                elif not math.isfinite(rs.logprob_sum):
-                    # NaN/inf logits (e.g. FP8 overflow) are an engine failure, not a score
-                    sides[side].error = f"score: non-finite log-likelihood ({rs.logprob_sum})"
+            if rs is not None and sides[side].error is None and rs.error is not None:
+                sides[side].error = f"score: {rs.error}"
+            # a NaN or -inf log-likelihood (NaN/overflowing logits) is not an engine error: it is a
+            # measurement, the worst one - its perplexity is capped at PERPLEXITY_CAP (probes.metrics)
         results.append(
             ItemResult(item.id, item.reference, sides["candidate"], sides["baseline"], list(item.tags))
         )
@@ -166,7 +182,8 @@ def replay(
                 lk = _likelihood(rs, items[n].reference)
                 likelihoods.append(lk)
                 sr.scores.update({m: v for m, v in perplexity([lk]).items() if m in metrics})
-        values = {**scorer.corpus_from(scored), **perplexity(likelihoods)}
+            sr.scores = finite_scores(sr.scores, f"{side} item {items[n].id!r}")
+        values = finite_scores({**scorer.corpus_from(scored), **perplexity(likelihoods)}, f"{side} set")
         corpus[side] = {
             m: v for m, v in values.items() if m in ("bleu", "chrf", "length_ratio", *PERPLEXITY_METRICS)
         }

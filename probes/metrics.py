@@ -226,6 +226,17 @@ def score_pairs(
 # --- perplexity (lm-evaluation-harness definitions) ---------------------------------------------
 
 
+#: the largest log-perplexity (nats per token, word or byte) a report carries. A reference the engine
+#: gives (almost) no probability - logits scaled far off, overflowing or NaN, a garbage model - has a
+#: per-unit NLL of hundreds or thousands of nats, past ``math.exp``'s range (~709); it gets this
+#: capped worst value instead of an ``OverflowError``: finite, so the report stays strict JSON and
+#: the paired statistics stay defined. e^100 is far beyond any working model (a uniform guess over a
+#: 128k vocabulary is e^11.8 per token).
+MAX_LOG_PERPLEXITY = 100.0
+#: the worst perplexity a report carries (``exp(MAX_LOG_PERPLEXITY)``, about 2.7e43)
+PERPLEXITY_CAP = math.exp(MAX_LOG_PERPLEXITY)
+
+
 @dataclass(slots=True, frozen=True)
 class Likelihood:
     """Teacher-forced log-likelihood (natural log) of one reference and its sizes."""
@@ -236,11 +247,23 @@ class Likelihood:
     n_words: int
 
 
+def _capped_exp(nll_per_unit: float) -> float:
+    """``exp(nll)`` for a perplexity, never raising: NaN or anything past the cap is the cap."""
+    if not nll_per_unit <= MAX_LOG_PERPLEXITY:  # also NaN
+        return PERPLEXITY_CAP
+    return math.exp(nll_per_unit)
+
+
 def perplexity(items: Sequence[Likelihood]) -> dict[str, float]:
     """Pooled perplexities as lm-evaluation-harness computes them (``weighted_perplexity``:
     ``exp(-sum(logprob) / sum(count))``) per token, per word and per byte, plus
     ``bits_per_byte = -sum(logprob) / (sum(bytes) * ln 2)``. A count of zero leaves its metric
-    out (unmeasurable is absent, never 0). For a single item pass a one-element list."""
+    out (unmeasurable is absent, never 0). For a single item pass a one-element list.
+
+    Never raises and never returns NaN or inf: a log-likelihood that is NaN, -inf or so low that
+    the perplexity overflows (a catastrophically broken engine) gives the capped worst value,
+    ``PERPLEXITY_CAP`` (``bits_per_byte``: ``MAX_LOG_PERPLEXITY / ln 2``), so it counts as the
+    worst item instead of failing the replay."""
     total = sum(i.logprob_sum for i in items)
     out: dict[str, float] = {}
     for name, count in (
@@ -249,11 +272,22 @@ def perplexity(items: Sequence[Likelihood]) -> dict[str, float]:
         ("byte_perplexity", sum(i.n_bytes for i in items)),
     ):
         if count > 0:
-            out[name] = math.exp(-total / count)
+            out[name] = _capped_exp(-total / count)
     n_bytes = sum(i.n_bytes for i in items)
     if n_bytes > 0:
-        out["bits_per_byte"] = -total / (n_bytes * math.log(2))
+        nll = -total / n_bytes
+        out["bits_per_byte"] = (nll if nll <= MAX_LOG_PERPLEXITY else MAX_LOG_PERPLEXITY) / math.log(2)
     return out
+
+
+def worst_value(metric: str) -> float | None:
+    """The worst value a built-in metric can take (what a NaN or infinite score counts as), or
+    None for a metric without one (custom metrics, ``length_ratio``)."""
+    if metric in PERPLEXITY_METRICS:
+        return MAX_LOG_PERPLEXITY / math.log(2) if metric == "bits_per_byte" else PERPLEXITY_CAP
+    if metric in (*ROUGE_TYPES, "bleu", "chrf", "exact_match", *AGREEMENT_METRICS):
+        return 0.0
+    return None
 
 
 # --- custom metrics through evaluate.load(<local script>) ---------------------------------------

@@ -12,6 +12,8 @@ import sacrebleu
 from rouge_score import rouge_scorer, scoring
 
 from probes.metrics import (
+    MAX_LOG_PERPLEXITY,
+    PERPLEXITY_CAP,
     CjkTokenizer,
     Likelihood,
     Scorer,
@@ -22,6 +24,7 @@ from probes.metrics import (
     perplexity,
     score_batch,
     score_pairs,
+    worst_value,
 )
 
 REFS = [
@@ -200,6 +203,24 @@ def test_perplexity_lm_eval_definitions() -> None:
     assert two["byte_perplexity"] == pytest.approx(math.exp(8.0 / 16))
     assert perplexity([Likelihood(0.0, 0, 0, 0)]) == {}  # unmeasurable: absent, never 0
     assert count_words("a  b\tc") == 3
+
+
+@pytest.mark.parametrize("logprob_sum", [-2e6, -1e4 * 7, -math.inf, math.nan])
+def test_perplexity_of_a_garbage_engine_is_capped_never_raised(logprob_sum: float) -> None:
+    """Issue 17: a per-word NLL past ~709 nats made math.exp raise OverflowError inside replay. A
+    reference the engine gives no probability (overflowing, -inf or NaN log-likelihoods) is the
+    worst finite value instead."""
+    out = perplexity([Likelihood(logprob_sum, 7, 30, 5)])
+    assert out["ppl"] == out["word_perplexity"] == out["byte_perplexity"] == PERPLEXITY_CAP
+    assert out["bits_per_byte"] == pytest.approx(MAX_LOG_PERPLEXITY / math.log(2))
+    assert all(math.isfinite(v) for v in out.values())
+    # pooled with healthy items: one destroyed reference makes the pooled value the worst too
+    pooled = perplexity([Likelihood(-3.0, 3, 12, 2), Likelihood(logprob_sum, 7, 30, 5)])
+    assert pooled["ppl"] == PERPLEXITY_CAP
+    # just below the cap it is still the exact value
+    assert perplexity([Likelihood(-99.0, 1, 1, 1)])["ppl"] == pytest.approx(math.exp(99.0))
+    assert worst_value("ppl") == PERPLEXITY_CAP and worst_value("rougeL") == 0.0
+    assert worst_value("length_ratio") is None and worst_value("my_custom") is None
 
 
 @pytest.mark.skipif(importlib.util.find_spec("evaluate") is None, reason="evaluate not installed")

@@ -15,7 +15,8 @@ from rouge_score import rouge_scorer
 from probes.drift import DriftReport, paired_bootstrap_ci
 from probes.engines.base import Engine, Generation, ReferenceScore
 from probes.golden import GoldenItem, GoldenSet, load_golden_set
-from probes.golden_replay import add_replay_command, apply_stop, replay
+from probes.golden_replay import add_replay_command, apply_stop, finite_scores, replay
+from probes.metrics import MAX_LOG_PERPLEXITY, PERPLEXITY_CAP
 
 REPO_SETS = Path(__file__).resolve().parents[1] / "golden_sets"
 
@@ -170,15 +171,26 @@ def test_engine_errors_are_counted_and_excluded(rag: GoldenSet) -> None:
     assert cand_sig.error is None
 
 
-def test_non_finite_likelihood_is_an_engine_error(rag: GoldenSet) -> None:
+def test_non_finite_likelihood_is_the_worst_measurement_not_an_error(rag: GoldenSet) -> None:
+    """NaN/-inf log-likelihoods (NaN or overflowing logits) are a broken engine: the item is
+    measured with the worst perplexity, never dropped as an engine error (issue 17, item 8)."""
     small = rag.head(6)
     cand = TableEngine("fp8", answers_for(small))
     cand.nan_on = {small.render(small.items[2])}
     report = replay(small, cand, TableEngine("fp16", answers_for(small)), progress=False)
-    assert report.errors == {"candidate": 1, "baseline": 0, "excluded": 1}
-    assert report.items[2].candidate.error == "score: non-finite log-likelihood (nan)"
-    assert math.isfinite(report.summary("ppl").candidate)
-    json.loads(report.to_json())  # strict JSON: no NaN leaks into the report
+    assert report.errors == {"candidate": 0, "baseline": 0, "excluded": 0}
+    assert report.items[2].candidate.scores["ppl"] == PERPLEXITY_CAP
+    assert report.summary("ppl").candidate == PERPLEXITY_CAP  # pooled: one destroyed item is the worst
+    cand_sig, _ = report.to_signals("m", "rag")
+    assert cand_sig.error is None and cand_sig.paired["ppl"][2] == pytest.approx(PERPLEXITY_CAP)
+    json.loads(report.to_json())  # strict JSON: no NaN or inf leaks into the report
+
+
+def test_non_finite_scores_count_as_the_worst_value() -> None:
+    scores = finite_scores({"rougeL": math.nan, "bleu": math.inf, "ppl": math.nan, "bits_per_byte": math.inf,
+                            "chrf": 55.0, "custom_thing": math.nan})
+    assert scores == {"rougeL": 0.0, "bleu": 0.0, "ppl": PERPLEXITY_CAP,
+                      "bits_per_byte": pytest.approx(MAX_LOG_PERPLEXITY / math.log(2)), "chrf": 55.0}
 
 
 def test_all_items_failing_is_an_error_signal(rag: GoldenSet) -> None:

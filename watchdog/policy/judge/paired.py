@@ -180,17 +180,21 @@ def judge_broken(
     history). The share of broken items is judged like a rate (Newcombe interval of the
     difference of the two shares): fail when the whole interval lies beyond
     ``effect_threshold`` (share points: 0.02 = 2 % of the set broke more than in the null).
-    Sensitive to "6 % of prompts destroyed" when the mean barely moves. ``detail['broken']``
-    ranks the broken items, worst first (ids from ``item_ids`` when given, else positions)."""
+    NaN items are not measured; an infinite harmful difference counts as broken (its harm is
+    shown as the largest float). Sensitive to "6 % of prompts destroyed" when the mean barely
+    moves. ``detail['broken']`` ranks the broken items, worst first (ids from ``item_ids`` when
+    given, else positions)."""
     sign = check_direction(direction)
     arr = np.asarray(diffs, dtype=float).ravel()
-    ok = np.isfinite(arr)
+    # NaN marks an item not measured (missing in one replay); an infinite difference is a
+    # measurement - harmful infinity is the surest break there is, never a dropped item
+    ok = ~np.isnan(arr)
     n = int(ok.sum())
     harm = np.where(ok, sign * arr, -np.inf)
     broken = np.flatnonzero(harm > drop)
     order = broken[np.argsort(-harm[broken], kind="stable")]
     ids = list(item_ids) if item_ids is not None and len(item_ids) == arr.size else None
-    ranked = [{"item": ids[i] if ids else int(i), "harm": float(harm[i])} for i in order[:top]]
+    ranked = [{"item": ids[i] if ids else int(i), "harm": float(np.nan_to_num(harm[i]))} for i in order[:top]]
     j = judge_rate(int(broken.size), n, int(null_broken), int(null_items), effect_threshold=effect_threshold,
                    alpha=alpha, min_samples=min_items, metric=metric)
     j.method = "broken_items"
@@ -200,15 +204,7 @@ def judge_broken(
         # the broken items of the replay and of the null together, the chance that the replay
         # holds this many of them. With an effect: the count against the null share's upper
         # 1 - alpha/2 bound (Wilson) plus the effect, binomial tail at alpha / 2.
-        if effect_threshold <= 0:
-            p0 = null_broken / max(null_items, 1)
-            tail = st.hypergeom_sf(int(broken.size), null_items + n, null_broken + int(broken.size), n)
-            level = alpha
-        else:
-            _, p0_hi = st.wilson(null_broken, max(null_items, 1), st.z_quantile(1 - alpha / 2))
-            p0 = float(p0_hi)
-            tail = st.binom_sf(int(broken.size), n, min(p0 + effect_threshold, 1.0))
-            level = alpha / 2
+        tail, level, p0 = _broken_tail(int(broken.size), n, null_broken, null_items, alpha, effect_threshold)
         j.p_value = tail
         j.detail["null_share_upper"] = p0
         j.detail["test"] = "fisher_exact" if effect_threshold <= 0 else "binomial_at_null_upper"
@@ -226,3 +222,34 @@ def judge_broken(
                         f"binomial tail p={j.p_value:.2g} at null share {j.detail['null_share_upper']:.3f} + "
                         f"{effect_threshold:g}"))
     return j
+
+
+def _broken_tail(k: int, n: int, null_broken: int, null_items: int, alpha: float,
+                 effect_threshold: float) -> tuple[float, float, float]:
+    """(tail probability of k or more broken of n, the level it is compared with, the null share)."""
+    if effect_threshold <= 0:
+        return (st.hypergeom_sf(k, null_items + n, null_broken + k, n), alpha,
+                null_broken / max(null_items, 1))
+    _, p0_hi = st.wilson(null_broken, max(null_items, 1), st.z_quantile(1 - alpha / 2))
+    return st.binom_sf(k, n, min(float(p0_hi) + effect_threshold, 1.0)), alpha / 2, float(p0_hi)
+
+
+def broken_items_to_fail(n: int, *, null_broken: int, null_items: int, alpha: float,
+                         effect_threshold: float = 0.0) -> int | None:
+    """The fewest broken items of ``n`` that make ``judge_broken`` fail with this null (None when
+    even all ``n`` would not): how far a replay is from a rollback on this test, in items. The
+    tail falls as the count rises, so a binary search over 0..n finds it."""
+    def fails(k: int) -> bool:
+        tail, level, _ = _broken_tail(k, n, null_broken, null_items, alpha, effect_threshold)
+        return tail <= level
+
+    if n <= 0 or not fails(n):
+        return None
+    lo, hi = 0, n  # fails(hi) holds; find the smallest such k
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fails(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
