@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from watchdog.config.settings import Config, load_config
+from watchdog.core.starter import starter_path
 from watchdog.core.text import shorten
 from watchdog.dev.alertsink import AlertSink
 from watchdog.dev.embedded import free_port, start_redis, start_tansu
@@ -40,17 +41,12 @@ ROUTES = ["support/chat", "legal/contracts", "medical/triage", "code/assist"]
 REGRESSED = "legal/contracts"
 GOLDEN_ROUTE = "code/assist"
 GATEWAY_ROUTE = "support/chat"
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the checkout, when there is one
 
 
 def _default_policy() -> Path:
-    """The shipped default policy: packaged with the wheel (watchdog.core.starter), else the checkout's."""
-    try:
-        from watchdog.core.starter import starter_path  # type: ignore[import-not-found, unused-ignore]
-
-        return Path(starter_path("policies")) / "default.yaml"
-    except (ImportError, RuntimeError):  # no watchdog.core.starter, or its InitError (a RuntimeError)
-        return ROOT / "policies" / "default.yaml"
+    """The shipped default policy: packaged with the wheel, else the checkout's (watchdog.core.starter)."""
+    return starter_path("policies") / "default.yaml"
 
 
 def _default_workdir() -> Path:
