@@ -14,6 +14,7 @@ from probes.golden_replay import replay
 from tests.daemon_harness import make_config, running_daemon
 from tests.helpers import wait_until
 from tests.test_replay import TableEngine
+from watchdog.config.settings import GoldenJobConfig
 from watchdog.sources.golden import GoldenJob, GoldenScheduler
 
 ANSWERS = {f"q{i}?": f"answer {i}" for i in range(6)}
@@ -28,10 +29,10 @@ def mini_set(root: Path) -> GoldenSet:
 
 
 def job(**kw) -> GoldenJob:
-    base = {"name": "mini", "set_path": "mini", "model": "m", "routes": ["r1", "r2"],
+    base = {"name": "mini", "set": "mini", "model": "m", "routes": ["r1", "r2"],
             "candidate": {"kind": "table", "precision": "fp8"}, "baseline": {"kind": "table", "precision": "fp16"},
             "every_s": None, "jitter_s": 0.0}
-    return GoldenJob(**{**base, **kw})
+    return GoldenJob(GoldenJobConfig.model_validate({**base, **kw}))
 
 
 def table_replay(root: Path, delay: float = 0.0, calls: list[float] | None = None):
@@ -134,7 +135,7 @@ def test_daemon_rolls_back_on_a_stale_fp8_calibration(kafka_service, redis_servi
         assert scheduler.run_job("tiny")  # calibrated FP8: same answers as FP16
         time.sleep(1.0)
         assert daemon.flags.precision_for("tiny-llama", "qa") == "fp8"
-        scheduler.jobs["tiny"].candidate["scale_multiplier"] = 0.05  # the calibration went stale
+        scheduler.jobs["tiny"].spec.candidate["scale_multiplier"] = 0.05  # the calibration went stale
         assert scheduler.run_job("tiny")
         wait_until(lambda: daemon.flags.precision_for("tiny-llama", "qa") == "fp16", 15)
         verdicts = json.dumps(daemon.status()["verdicts"])

@@ -34,18 +34,9 @@ ReplayFn = Callable[["GoldenJob"], Any]
 
 @dataclass
 class GoldenJob:
-    name: str
-    set_path: str
-    model: str
-    routes: list[str]
-    candidate: dict[str, Any]
-    baseline: dict[str, Any]
-    every_s: float | None = 3600.0
-    cron: str | None = None
-    jitter_s: float = 30.0
-    max_items: int | None = None
-    #: a suspicious live signal on one of the routes triggers an immediate replay
-    on_suspicion: bool = True
+    """A ``golden.jobs`` entry of the daemon config (``spec``, the one schema) and its run state."""
+
+    spec: GoldenJobConfig
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     last_run: float | None = None
     last_error: str | None = None
@@ -53,13 +44,9 @@ class GoldenJob:
     last_extra: dict[str, float] = field(default_factory=dict)
     runs: int = 0
 
-    @classmethod
-    def from_config(cls, cfg: GoldenJobConfig) -> GoldenJob:
-        """The job a ``golden.jobs`` entry of the daemon config describes."""
-        return cls(name=cfg.name, set_path=cfg.set, model=cfg.model, routes=list(cfg.routes),
-                   candidate=dict(cfg.candidate), baseline=dict(cfg.baseline), every_s=cfg.every_s,
-                   cron=cfg.cron, jitter_s=cfg.jitter_s, max_items=cfg.max_items,
-                   on_suspicion=cfg.on_suspicion)
+    @property
+    def name(self) -> str:
+        return self.spec.name
 
 
 def default_replay(job: GoldenJob) -> Any:
@@ -68,11 +55,11 @@ def default_replay(job: GoldenJob) -> Any:
     from probes.golden import find_golden_set, load_golden_set
     from probes.golden_replay import replay
 
-    golden = load_golden_set(find_golden_set(job.set_path))
-    if job.max_items is not None:
-        golden = golden.head(job.max_items)
-    candidate = get_engine(**job.candidate)
-    baseline = get_engine(**job.baseline)
+    golden = load_golden_set(find_golden_set(job.spec.set))
+    if job.spec.max_items is not None:
+        golden = golden.head(job.spec.max_items)
+    candidate = get_engine(**job.spec.candidate)
+    baseline = get_engine(**job.spec.baseline)
     try:
         report = replay(golden, candidate, baseline, progress=False)
         extra: dict[str, float] = {}
@@ -102,7 +89,7 @@ class GoldenScheduler:
         """The scheduler of the daemon config's ``golden`` section; None when it has no jobs."""
         if not cfg.jobs:
             return None
-        return cls([GoldenJob.from_config(j) for j in cfg.jobs], replay_fn=replay_fn,
+        return cls([GoldenJob(j) for j in cfg.jobs], replay_fn=replay_fn,
                    reports_dir=cfg.reports_dir, debounce_s=cfg.debounce_s)
 
     def start(self) -> GoldenScheduler:
@@ -112,10 +99,10 @@ class GoldenScheduler:
 
         self._scheduler = BackgroundScheduler(job_defaults={"coalesce": True, "max_instances": 1})
         for job in self.jobs.values():
-            if job.cron:
-                trigger: Any = CronTrigger.from_crontab(job.cron, jitter=job.jitter_s)
-            elif job.every_s:
-                trigger = IntervalTrigger(seconds=job.every_s, jitter=job.jitter_s)
+            if job.spec.cron:
+                trigger: Any = CronTrigger.from_crontab(job.spec.cron, jitter=job.spec.jitter_s)
+            elif job.spec.every_s:
+                trigger = IntervalTrigger(seconds=job.spec.every_s, jitter=job.spec.jitter_s)
             else:
                 continue
             self._scheduler.add_job(self.run_job, trigger, args=[job.name], id=job.name, name=job.name)
@@ -131,7 +118,7 @@ class GoldenScheduler:
         now = time.time() if now is None else now
         started = []
         for job in self.jobs.values():
-            if not job.on_suspicion or job.model != model or route not in job.routes:
+            if not job.spec.on_suspicion or job.spec.model != model or route not in job.spec.routes:
                 continue
             if now - self._requested.get(job.name, -1e18) < self.debounce_s:
                 continue
@@ -154,9 +141,9 @@ class GoldenScheduler:
             job.last_extra = dict(extra)
             if self.reports_dir is not None:
                 report.save(self.reports_dir / name)
-            for route in job.routes:
-                for sig in report.to_signals(job.model, route):
-                    if sig.precision == job.candidate.get("precision"):
+            for route in job.spec.routes:
+                for sig in report.to_signals(job.spec.model, route):
+                    if sig.precision == job.spec.candidate.get("precision"):
                         sig.values.update(extra)
                     self._done.put(sig)
             job.last_error = None
@@ -164,9 +151,9 @@ class GoldenScheduler:
         except Exception as exc:  # noqa: BLE001 - a failed replay is an error signal, not a crash
             log.exception("golden replay %s failed", name)
             job.last_error = str(exc)
-            for route in job.routes:
-                self._done.put(Signal(source="golden", model=job.model, route=route,
-                                      precision=str(job.candidate.get("precision", "fp8")), start=started,
+            for route in job.spec.routes:
+                self._done.put(Signal(source="golden", model=job.spec.model, route=route,
+                                      precision=str(job.spec.candidate.get("precision", "fp8")), start=started,
                                       end=time.time(), samples=0, error=f"replay failed: {exc}"))
             return False
         finally:
@@ -183,7 +170,7 @@ class GoldenScheduler:
                 return out
 
     def status(self) -> list[dict[str, Any]]:
-        return [{"job": j.name, "set": j.set_path, "routes": j.routes, "runs": j.runs, "last_run": j.last_run,
+        return [{"job": j.name, "set": j.spec.set, "routes": j.spec.routes, "runs": j.runs, "last_run": j.last_run,
                  "running": j.lock.locked(), "last_error": j.last_error, **j.last_extra} for j in self.jobs.values()]
 
 
