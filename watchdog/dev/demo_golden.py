@@ -207,7 +207,7 @@ class GoldenDemo:
         self._show_verdict(console, "healthy", verdict, daemon)
         console.print(f"   verdict: {self.route} stays on FP8")
         console.print(f"   replay 2: FP8 with stale activation scales (x{STALE_MULTIPLIER})")
-        job.candidate["scale_multiplier"] = STALE_MULTIPLIER
+        job.spec.candidate["scale_multiplier"] = STALE_MULTIPLIER
         t0 = time.monotonic()
         report = self._replay(console, scheduler)
         if report is None:
