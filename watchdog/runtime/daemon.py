@@ -209,6 +209,7 @@ class Daemon:
             self.golden_leader.tick(now)
         self.decisions.reconcile(now)
         self.decisions.export_flags(now)
+        self.decisions.export_judgeability(now)
         self.policies.check(now)
         self._check_clock(now)
         self.health.update(now)

@@ -269,9 +269,6 @@ class Decisions:
         if now - self._last_export < EXPORT_EVERY_S:
             return
         self._last_export = now
-        if now - self._last_judgeability >= JUDGEABILITY_EVERY_S:
-            self._last_judgeability = now
-            self.metrics.set_judgeability(judgeability_rows(self.engine.snapshot()))
         flags = self.flags.snapshot()
         default = self.cfg.default_precision
         policies = self.engine.route_policies()
@@ -284,3 +281,10 @@ class Decisions:
         for route in self._exported - known:
             gauge.remove(*route)
         self._exported = known
+
+    def export_judgeability(self, now: float) -> None:
+        """``llmwd_rule_judged`` / ``llmwd_rule_mde`` from the engine's snapshot (bounded in Metrics)."""
+        if now - self._last_judgeability < JUDGEABILITY_EVERY_S:
+            return
+        self._last_judgeability = now
+        self.metrics.set_judgeability(judgeability_rows(self.engine.snapshot()))
