@@ -354,10 +354,15 @@ class Golden:
     nondeterminism: float = 0.3
     #: healthy deltas resampled from this measured variant (bench/data/fp8_drift_trained.json)
     measured: str | None = None
+    #: sampled serving (temperature > 0): each engine's answer to an item is a fresh sample with
+    #: this probability per replay, moving its score by U(-0.5, 0.5) (0.11: ~12 % of items move by
+    #: more than 0.2 between two replays of the same engine)
+    sampled: float = 0.0
 
 
 GOLDEN_MODELS = [Golden("golden-50", 50), Golden("golden-200", 200), Golden("golden-500", 500),
-                 Golden("golden-200-rotated", 200, rotate=True)]
+                 Golden("golden-200-rotated", 200, rotate=True),
+                 Golden("golden-200-sampled", 200, nondeterminism=0.0, sampled=0.11)]
 #: the measured drift of a trained model (gpu12, H200): healthy FP8 per-tensor and per-row
 TRAINED_MODELS = [Golden("trained-per-tensor-200", 200, measured="fp8 per-tensor"),
                   Golden("trained-per-row-200", 200, measured="fp8 per-row")]
@@ -366,7 +371,12 @@ TRAINED_MODELS = [Golden("trained-per-tensor-200", 200, measured="fp8 per-tensor
 class GoldenSim:
     """Golden replays of ``routes`` routes (hourly), one golden model; ``damage`` (None,
     "diffuse": 30 % of items -0.1, "concentrated": a persistent 6 % of items -0.5) from replay
-    ``onset`` on."""
+    ``onset`` on.
+
+    Every replay also carries an A/A pass (the daemon's ``repeat_baseline``): the baseline's
+    second answer minus its first. Without sampling a baseline answer changes only where the
+    comparison is nondeterministic (``nondeterminism`` of the items redraw, a symmetric healthy-
+    shape jump); with ``sampled`` every engine draws its own sample per replay."""
 
     def __init__(self, g: Golden, routes: int, seed: int, route_prefix: str) -> None:
         self.g, self.damage, self.onset = g, None, 10**9
@@ -380,6 +390,10 @@ class GoldenSim:
             self.broken_items[r, rng.choice(self.pool_n, round(0.06 * self.pool_n), replace=False)] = True
         self.names = [f"{route_prefix}/g{i}" for i in range(routes)]
 
+    def _sample(self, n: int) -> np.ndarray:
+        rng = self.rng
+        return np.where(rng.random(n) < self.g.sampled, rng.uniform(-0.5, 0.5, n), 0.0)
+
     def signals(self, t: int) -> list[Signal]:
         g, rng = self.g, self.rng
         start = T0 + t * 3600.0
@@ -389,14 +403,23 @@ class GoldenSim:
             d = self.persistent[r, idx].copy()
             redraw = rng.random(g.items) < g.nondeterminism
             d[redraw] = healthy_deltas(rng, (int(redraw.sum()),), self.measured)
+            flip = rng.random(g.items) < g.nondeterminism
+            sign = np.where(rng.random(g.items) < 0.5, -1.0, 1.0)
+            aa = np.where(flip, sign * healthy_deltas(rng, (g.items,), self.measured), 0.0)
+            if g.sampled:
+                e_b, e_c, e_r = self._sample(g.items), self._sample(g.items), self._sample(g.items)
+                d += e_c - e_b
+                aa = e_r - e_b
             if self.damage and t >= self.onset:
                 if self.damage == "diffuse":
                     d -= np.where(rng.random(g.items) < 0.3, 0.1, 0.0)
                 else:
                     d -= np.where(self.broken_items[r, idx], 0.5, 0.0)
-            d = np.clip(d, -1, 1)
+            d, aa = np.clip(d, -1, 1), np.clip(aa, -1, 1)
             em = np.where(d < -0.2, -1.0, np.where(d > 0.2, 1.0, 0.0))
-            detail = {"golden_set": "bench", "item_ids": [int(i) for i in idx]}
+            em_aa = np.where(aa < -0.2, -1.0, np.where(aa > 0.2, 1.0, 0.0))
+            detail = {"golden_set": "bench", "item_ids": [int(i) for i in idx],
+                      "aa": {"rougeL": aa.tolist(), "exact_match": em_aa.tolist()}}
             sigs.append(Signal("golden", "m", route, "fp8", start, start + 120, g.items,
                                {"rougeL": 0.5 + float(d.mean()), "exact_match": 0.5 + float(em.mean())},
                                {"rougeL": d.tolist(), "exact_match": em.tolist()}, None, detail))
@@ -604,6 +627,15 @@ def main(argv: list[str] | None = None) -> int:
                                      "within": "2 replays", "power": p, "n": n_gpow, "by_rule": tg.by_rule})
                 print(f"power {label:6s} {g.name:20s} -0.03 {damage:12s} within 2 replays: {p:.3f} "
                       f"({n_gpow} routes) {tg.by_rule}")
+        for g in (golden_power[:2] + (GOLDEN_MODELS[2], GOLDEN_MODELS[4])) if "power" in parts else ():
+            # damage present from the first replay: nothing healthy to learn from first
+            n_first = 8 if args.quick else args.golden_power_routes
+            tg = run_golden(ps, g, n_first, 2, args.seed + 350, prefix, damages=("concentrated",), onset=0)[0]
+            p = power(tg, 0, 2)
+            res["power"].append({"scenario": f"golden -0.03 concentrated from the first replay ({g.name})",
+                                 "routes": label, "within": "2 replays", "power": p, "n": n_first, "by_rule": tg.by_rule})
+            print(f"power {label:6s} {g.name:20s} -0.03 concentrated from replay 0 within 2 replays: {p:.3f} "
+                  f"({n_first} routes) {tg.by_rule}")
         # the latency rules are the default policy's (the strict one has none that rolls back): their
         # power is measured on the chat routes only, with more of them
         if "power" not in parts or (label == "legal" and not args.quick):

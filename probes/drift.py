@@ -69,6 +69,8 @@ class ItemResult:
     tags: list[str] = field(default_factory=list)
     #: ROUGE-L between the candidate and baseline outputs
     agreement: float | None = None
+    #: the baseline's second answer (an A/A replay), when the replay repeated the baseline
+    repeat: SideResult | None = None
 
     @property
     def failed(self) -> bool:
@@ -77,6 +79,13 @@ class ItemResult:
     def diff(self, metric: str) -> float | None:
         c, b = self.candidate.scores.get(metric), self.baseline.scores.get(metric)
         return None if c is None or b is None or self.failed else c - b
+
+    def aa_diff(self, metric: str) -> float | None:
+        """The baseline's second answer minus its first (None without a usable repeat)."""
+        if self.repeat is None or self.repeat.error is not None or self.failed:
+            return None
+        r, b = self.repeat.scores.get(metric), self.baseline.scores.get(metric)
+        return None if r is None or b is None else r - b
 
 
 @dataclass(slots=True)
@@ -160,6 +169,7 @@ class DriftReport:
                 baseline=SideResult(**i["baseline"]),
                 tags=list(i.get("tags", [])),
                 agreement=i.get("agreement"),
+                repeat=SideResult(**i["repeat"]) if i.get("repeat") else None,
             )
             for i in d["items"]
         ]
@@ -198,6 +208,17 @@ class DriftReport:
 
     # --- signals -------------------------------------------------------------------------------
 
+    def aa_diffs(self, measured: list[ItemResult]) -> dict[str, list[float]]:
+        """metric -> the A/A differences of the items with a usable repeat (empty without one)."""
+        out: dict[str, list[float]] = {}
+        for m in self.metrics:
+            if m.metric == "agreement_rougeL":
+                continue
+            diffs = [d for d in (i.aa_diff(m.metric) for i in measured) if d is not None]
+            if diffs:
+                out[m.metric] = diffs
+        return out
+
     def to_signals(self, model: str, route: str) -> list[Signal]:
         """A candidate and a baseline ``source="golden"`` signal. Values are the set-level metric
         values plus ``error_rate``; the candidate also carries ``agreement_rougeL`` and the per-item
@@ -226,6 +247,9 @@ class DriftReport:
             # tells a rotated set (different items) from a repeated one
             item_ids = [i.id for i in measured] if paired and all(
                 len(v) == len(measured) for v in paired.values()) else None
+            # the A/A differences (baseline again - baseline) of the measured items: the judge's
+            # null for how much answers move by themselves
+            aa = self.aa_diffs(measured) if side == "candidate" else {}
             error = None
             if not measured:
                 first = next((i.candidate.error or i.baseline.error for i in self.items if i.failed), None)
@@ -246,6 +270,7 @@ class DriftReport:
                     error=error,
                     detail={
                         **({"item_ids": item_ids} if item_ids is not None else {}),
+                        **({"aa": aa} if aa else {}),
                         "golden_set": self.golden_set,
                         "engine": info.name,
                         "role": side,

@@ -115,10 +115,14 @@ def replay(
     progress: bool = True,
     scorer: Scorer | None = None,
     baseline_first: bool = False,
+    repeat_baseline: bool = False,
 ) -> DriftReport:
     """Replay ``golden_set`` through both engines and build the drift report.
 
-    ``baseline_first`` runs the baseline's batches before the candidate's (benchmarks alternate it)."""
+    ``baseline_first`` runs the baseline's batches before the candidate's (benchmarks alternate it).
+    ``repeat_baseline`` generates the baseline's answers a second time (an A/A replay: FP16 against
+    FP16) and scores them into each item's ``repeat``: the judge's null for how much answers move
+    by themselves (sampling, batch-dependent kernels), measured instead of assumed."""
     started = time.time()
     manifest = golden_set.manifest
     items = list(golden_set.items)
@@ -129,17 +133,20 @@ def replay(
     stop = manifest.generation.stop
     engines = {"candidate": candidate, "baseline": baseline}
     run_order = ["baseline", "candidate"] if baseline_first else ["candidate", "baseline"]
+    if repeat_baseline:
+        engines["repeat"] = baseline
+        run_order.append("repeat")
     gens: dict[str, list[Generation]] = {k: [] for k in engines}
     ref_scores: dict[str, list[ReferenceScore | None]] = {k: [] for k in engines}
     batches = [range(s, min(s + batch_size, len(items))) for s in range(0, len(items), max(1, batch_size))]
 
-    with _progress(progress, f"replay {golden_set.name}", 2 * len(items)) as advance:
+    with _progress(progress, f"replay {golden_set.name}", len(run_order) * len(items)) as advance:
         for side in run_order:
             engine = engines[side]
             for batch in batches:
                 bp = [prompts[i] for i in batch]
                 gens[side].extend(_generate(engine, bp, manifest.generation.max_new_tokens, stop))
-                if want_ppl:
+                if want_ppl and side != "repeat":
                     scores = _score(engine, bp, [refs[i] for i in batch])
                     ref_scores[side].extend(scores if scores is not None else [None] * len(batch))
                 advance(len(batch))
@@ -156,13 +163,14 @@ def replay(
                 error=g.error,
                 latency_ms=g.latency_ms,
             )
-            rs = ref_scores[side][n] if want_ppl else None
+            rs = ref_scores[side][n] if want_ppl and side != "repeat" else None
             if rs is not None and sides[side].error is None and rs.error is not None:
                 sides[side].error = f"score: {rs.error}"
             # a NaN or -inf log-likelihood (NaN/overflowing logits) is not an engine error: it is a
             # measurement, the worst one - its perplexity is capped at PERPLEXITY_CAP (probes.metrics)
         results.append(
-            ItemResult(item.id, item.reference, sides["candidate"], sides["baseline"], list(item.tags))
+            ItemResult(item.id, item.reference, sides["candidate"], sides["baseline"], list(item.tags),
+                       repeat=sides.get("repeat"))
         )
 
     # score the items both engines answered: per item, and corpus level from the same statistics
@@ -177,7 +185,7 @@ def replay(
             sr.scores = {m: v for m, v in item_scores.items() if m in metrics}
             for cm in custom:
                 sr.scores.update(cm.compute([items[n].reference], [sr.output]))
-            rs = ref_scores[side][n] if want_ppl else None
+            rs = ref_scores[side][n] if want_ppl and side != "repeat" else None
             if rs is not None:
                 lk = _likelihood(rs, items[n].reference)
                 likelihoods.append(lk)
@@ -187,6 +195,7 @@ def replay(
         corpus[side] = {
             m: v for m, v in values.items() if m in ("bleu", "chrf", "length_ratio", *PERPLEXITY_METRICS)
         }
+    corpus.pop("repeat", None)  # the A/A pass has per-item scores only
     if "agreement_rougeL" in metrics:
         for n in ok:
             results[n].agreement = scorer.agreement(results[n].candidate.output, results[n].baseline.output)
@@ -308,7 +317,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         return 1
     try:
         report = replay(
-            golden, candidate, baseline, batch_size=args.batch_size, progress=not args.no_progress
+            golden, candidate, baseline, batch_size=args.batch_size, progress=not args.no_progress,
+            repeat_baseline=args.repeat_baseline,
         )
     finally:
         candidate.close()
@@ -359,6 +369,8 @@ def add_replay_command(subparsers: argparse._SubParsersAction) -> argparse.Argum
     p.add_argument("--candidate-option", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--baseline-option", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--batch-size", type=positive_int, default=16)
+    p.add_argument("--repeat-baseline", action="store_true",
+                   help="answer every item with the baseline twice (an A/A pass: how much answers move by themselves)")
     p.add_argument("--max-items", type=positive_int, default=None, help="replay only the first N items")
     p.add_argument("--out", default=None, help="directory to save report-*.json, latest.json, summary.txt")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of tables")

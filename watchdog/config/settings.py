@@ -161,6 +161,10 @@ class GoldenJobConfig(_Section):
     jitter_s: float = Field(30.0, ge=0)
     max_items: int | None = Field(None, ge=1)
     on_suspicion: bool = True
+    #: generate the baseline's answers twice per replay (an A/A pass, FP16 against FP16): the
+    #: broken-items test's null for how much answers move by themselves (sampling, batch-dependent
+    #: kernels), measured rather than assumed. Costs one more baseline pass per replay.
+    repeat_baseline: bool = True
 
 
 class GoldenConfig(_Section):

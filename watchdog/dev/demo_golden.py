@@ -126,10 +126,9 @@ def describe_margin(verdict: Any, rule: Any) -> list[str]:
     if bt and judge is not None and judge.broken is not None:
         k0, n0 = bt["null"]
         n, count = int(bt["n"]), int(bt["count"])
-        line = broken_items_to_fail(n, null_broken=int(k0), null_items=int(n0), alpha=judge.broken_alpha,
-                                    effect_threshold=judge.broken.effect)
-        what = f"{count}/{n} items broke by > {judge.broken.drop:g}" + (" (mean of the last two replays)"
-                                                                       if bt.get("pooled") else "")
+        line = broken_items_to_fail(n, null_broken=float(k0), null_items=float(n0), alpha=judge.broken_alpha,
+                                    effect_threshold=judge.broken.effect, tolerance=bt.get("tolerance"))
+        what = f"{count}/{n} items broke by > {judge.broken.drop:g}"
         if line is None:
             lines.append(f"broken items: {what}; no count of {n} items could roll back")
         elif count < line:

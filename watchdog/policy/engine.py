@@ -19,7 +19,7 @@ from typing import Any
 from watchdog.core.signals import Action, Signal
 from watchdog.policy.causes import gpu_reading
 from watchdog.policy.decide import decide, utc_day
-from watchdog.policy.evaluate import Verdict, combine_window, evaluate_rule
+from watchdog.policy.evaluate import MAX_AA_NULL, Verdict, combine_window, evaluate_rule
 from watchdog.policy.horizon import learn_anchor
 from watchdog.policy.loader import PolicySet
 from watchdog.policy.pooling import learn_items
@@ -36,7 +36,7 @@ ScopeKey = tuple[str, str, str]  # (policy, model, route)
 
 def _learn(rule: Rule, rs: RuleState, v: Verdict) -> None:
     """A passing window or replay feeds the rule's learned null (bounded): the window's FP8 -
-    FP16 difference (``judge.learn``) or the replay's broken-item count (``judge.broken``)."""
+    FP16 difference or the replay's per-item levels (``judge.learn``)."""
     j = rule.judge
     jd = v.judgement
     if j is None or jd is None:
@@ -51,17 +51,27 @@ def _learn(rule: Rule, rs: RuleState, v: Verdict) -> None:
         return
     if j.test == "paired" and j.learn is not None and rs.pool and rs.pool[-1].get("end") == v.end:
         learn_items(rs.null, rs.pool[-1], j.learn)
-    if j.broken is not None and isinstance(detail.get("broken_test"), dict):
-        bt = detail["broken_test"]
-        if isinstance(bt.get("count"), int):
-            counts = [x for x in rs.null if "broken" in x]
-            counts.append({"end": v.end, "broken": bt["count"], "n": int(bt.get("n") or jd.get("n") or 0),
-                           "pooled": bool(bt.get("pooled", False))})
-            rs.null[:] = [x for x in rs.null if "broken" not in x] + counts[-_MAX_BROKEN_NULL:]
 
 
-#: passing golden replays whose broken-item counts form a paired rule's null
-_MAX_BROKEN_NULL = 20
+def _learn_aa(rule: Rule, rs: RuleState, v: Verdict) -> None:
+    """Every judged replay with an A/A pass adds its count to the broken-items null (whatever
+    the verdict: FP16 against FP16 says nothing about FP8); a passing one also adds its level-
+    adjusted broken count (the change test's null). The last ``MAX_AA_NULL`` of each are kept."""
+    j = rule.judge
+    bt = ((v.judgement or {}).get("detail") or {}).get("broken_test")
+    if j is None or j.broken is None or not isinstance(bt, dict):
+        return
+    aa = bt.get("aa")
+    if isinstance(aa, list) and len(aa) == 2:
+        _append_bounded(rs.null, "aa", {"end": v.end, "aa": float(aa[0]), "n": int(aa[1])})
+    change = bt.get("change")
+    if v.status == "pass" and isinstance(change, dict) and isinstance(change.get("count"), int):
+        _append_bounded(rs.null, "broken", {"end": v.end, "broken": change["count"], "n": int(bt.get("n") or 0)})
+
+
+def _append_bounded(null: list[dict[str, Any]], key: str, entry: dict[str, Any]) -> None:
+    counts = [x for x in null if key in x][-(MAX_AA_NULL - 1):] + [entry]
+    null[:] = [x for x in null if key not in x] + counts
 
 
 class PolicyEngine:
@@ -179,6 +189,7 @@ class PolicyEngine:
     @staticmethod
     def _apply(rule: Rule, st: ScopeState, v: Verdict) -> Verdict:
         rs = st.rules[rule.name]
+        _learn_aa(rule, rs, v)
         if v.status == "pass":
             rs.fails = rs.errors = 0
             _learn(rule, rs, v)

@@ -304,42 +304,104 @@ def _item_ids(cand: Signal | None, base: Signal | None) -> list[Any] | None:
     return None
 
 
+def aa_count(rule: Rule, cand: Signal | None) -> tuple[float, int] | None:
+    """This replay's A/A count for ``rule``'s broken-items test: (half the items whose baseline
+    repeat moved by more than ``drop`` either way - the harmful side's share by symmetry, items)
+    from the candidate signal's ``detail['aa']``, or None when the replay had no A/A pass."""
+    j = rule.judge
+    aa = cand.detail.get("aa") if cand is not None else None
+    values = aa.get(rule.metric) if isinstance(aa, Mapping) else None
+    if j is None or j.broken is None or not isinstance(values, list) or not values:
+        return None
+    vals = [float(x) for x in values if isinstance(x, (int, float)) and not math.isnan(x)]
+    return sum(abs(x) > j.broken.drop for x in vals) / 2.0, len(vals)
+
+
+#: A/A replays whose counts form a broken-items null (engine state)
+MAX_AA_NULL = 20
+
+
+def broken_null(rule: Rule, cand: Signal | None, null: list[dict[str, Any]] | None
+                ) -> tuple[float, float, float]:
+    """The broken-items null of ``rule`` for this replay: (A/A broken, A/A items, tolerance).
+    Measured when any A/A pass is known (this replay's and the last ``MAX_AA_NULL`` stored):
+    the baseline's own share plus the policy's ``null_share`` (FP8's tolerated sensitivity).
+    Otherwise the stated share alone, as if measured on ``null_items`` items. Never learned from
+    FP8-vs-FP16 replays: damage present from the first replay is not taken for the normal."""
+    j = rule.judge
+    assert j is not None and j.broken is not None
+    b = j.broken
+    counts = [(float(x["aa"]), int(x.get("n", 0))) for x in (null or []) if "aa" in x][-MAX_AA_NULL:]
+    now = aa_count(rule, cand)
+    if now is not None:
+        counts.append(now)
+    k0, n0 = sum(k for k, _ in counts), sum(n for _, n in counts)
+    if n0 > 0:
+        return k0, float(n0), b.null_share
+    return b.null_share * b.null_items, float(b.null_items), 0.0
+
+
 def _with_broken(rule: Rule, mean_j: Judgement | str, items: list[float] | None, cand: Signal | None,
                  base: Signal | None, null: list[dict[str, Any]] | None,
-                 prev_ids: list[Any] | None = None, pooled: bool = False) -> Judgement | str:
-    """A paired rule with ``judge.broken``: the mean-drift judgement and the broken-items test of
-    the latest replay, which split the rule's alpha (Bonferroni: ``broken.alpha``, default half,
-    and the rest); the failing one (mean first) is the verdict, and the broken-items ranking is
-    always in its detail."""
+                 prev_ids: list[Any] | None = None) -> Judgement | str:
+    """A paired rule with ``judge.broken``: the mean-drift judgement and the broken-items tests of
+    the latest replay (of the latest two when they asked different items), which split the
+    rule's alpha (Bonferroni: ``broken.alpha``, default half, and the rest); the failing one
+    (mean first) is the verdict, and the broken-items ranking is always in its detail.
+
+    Two broken-items tests share ``broken.alpha``. The *absolute* one reads the raw FP8 - FP16
+    differences against ``broken_null`` (A/A share + tolerance): no learned per-item level and
+    no learned share can hide items broken from the start. The *change* one (rules that
+    ``learn``, once per-item levels are known) reads the differences net of each item's healthy
+    level against the level-adjusted counts of passing replays, seeded with the absolute null:
+    sharper for damage that starts on a route with a healthy history."""
     j = rule.judge
     assert j is not None and j.broken is not None
     if isinstance(mean_j, str) or not items:
         return mean_j
     b = j.broken
     ids = (prev_ids or []) + (_item_ids(cand, base) or []) if prev_ids else _item_ids(cand, base)
-    if j.learn is not None and ids is not None and len(ids) == len(items):
-        # against each item's learned healthy level: a persistently FP8-sensitive prompt is not
-        # a new break every replay (the null counts are learned the same way)
-        levels = item_levels(null)
-        items = [d - levels[str(i)][0] if str(i) in levels and levels[str(i)][1] >= 2 else d
-                 for d, i in zip(items, ids, strict=True)]
-    prior_k = b.null_share * b.null_items
-    # the null counts of the same kind of evaluation: one replay, or the per-item mean of two
-    same = [x for x in (null or []) if "broken" in x and bool(x.get("pooled", False)) == pooled]
-    k0 = prior_k + sum(float(x.get("broken", 0)) for x in same)
-    n0 = b.null_items + sum(float(x.get("n", 0)) for x in same)
-    bj = judge_broken(items, direction=j.harm_direction, drop=b.drop, effect_threshold=b.effect,
-                      null_broken=round(k0), null_items=round(n0), alpha=j.broken_alpha, min_items=j.min_n,
-                      item_ids=ids, metric=rule.metric)
-    summary = {"status": bj.status, "count": bj.detail.get("broken_count"), "null": [round(k0), round(n0)],
-               "pooled": pooled, "n": len(items),
+    k0, n0, tolerance = broken_null(rule, cand, null)
+    adjusted = _level_adjusted(rule, items, ids, null)
+    alpha = j.broken_alpha / (2 if adjusted is not None else 1)
+    common: dict[str, Any] = dict(direction=j.harm_direction, drop=b.drop, effect_threshold=b.effect, alpha=alpha,
+                                  min_items=j.min_n, item_ids=ids, metric=rule.metric)
+    bj = judge_broken(items, null_broken=k0, null_items=n0, tolerance=tolerance, **common)
+    now = aa_count(rule, cand)
+    summary = {"status": bj.status, "count": bj.detail.get("broken_count"), "null": [k0, n0],
+               "tolerance": tolerance, "n": len(items), "alpha": alpha, **({"aa": list(now)} if now is not None else {}),
                "estimate": bj.estimate, "ci_low": bj.ci_low, "ci_high": bj.ci_high, "items": bj.detail.get("broken")}
+    if adjusted is not None:
+        seed = k0 / n0 + tolerance  # the absolute null's share: A/A + tolerance, or the stated share
+        learned_counts = [x for x in (null or []) if "broken" in x]
+        kc = seed * b.null_items + sum(float(x.get("broken", 0)) for x in learned_counts)
+        nc = b.null_items + sum(float(x.get("n", 0)) for x in learned_counts)
+        cj = judge_broken(adjusted, null_broken=kc, null_items=nc, **common)
+        summary["change"] = {"status": cj.status, "count": cj.detail.get("broken_count"), "null": [kc, nc],
+                             "p_value": cj.p_value}
+        if bj.status != "fail" and cj.status == "fail":
+            bj = cj
     if mean_j.status != "fail" and bj.status == "fail":
         bj.detail["mean_drift"] = {"status": mean_j.status, "message": mean_j.message}
         bj.detail["broken_test"] = summary
         return bj
     mean_j.detail["broken_test"] = summary
     return mean_j
+
+
+def _level_adjusted(rule: Rule, items: list[float], ids: list[Any] | None, null: list[dict[str, Any]] | None
+                    ) -> list[float] | None:
+    """``items`` net of each item's learned healthy level (items seen in at least 2 passing
+    replays), or None when the rule does not learn or no item has a level yet."""
+    j = rule.judge
+    assert j is not None
+    levels = item_levels(null) if j.learn is not None else {}
+    if not levels or ids is None or len(ids) != len(items):
+        return None
+    known = [levels.get(str(i)) for i in ids]
+    if not any(x is not None and x[1] >= 2 for x in known):
+        return None
+    return [d - x[0] if x is not None and x[1] >= 2 else d for d, x in zip(items, known, strict=True)]
 
 
 def _run_judge(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool | None,
@@ -357,15 +419,6 @@ def _run_judge(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool 
             if not isinstance(out, str) and out.detail.get("looks", {}).get("rotated2") and len(pool) >= 2:
                 prev = [math.nan if x is None else float(x) for x in pool[-2]["diffs"]]
                 return _with_broken(rule, out, prev + (items or []), cand, base, null, pool[-2].get("ids"))
-            if not isinstance(out, str) and "pooled2" in out.detail.get("looks", {}) and len(pool) >= 2 \
-                    and not out.detail.get("identical_replays") and items:
-                # the same items replayed twice: count breaks on the per-item mean, so a one-replay
-                # nondeterministic jump is half a break and a persistent break stays whole
-                prev = [math.nan if x is None else float(x) for x in pool[-2]["diffs"]]
-                if len(prev) == len(items):
-                    both = [(a + c) / 2 if math.isfinite(a) and math.isfinite(c) else (c if math.isfinite(c) else a)
-                            for a, c in zip(prev, items, strict=True)]
-                    return _with_broken(rule, out, both, cand, base, null, pooled=True)
             return _with_broken(rule, out, items, cand, base, null)
         return judge_pool(rule, cand, base, pool, items, null)
     if j.test == "paired":

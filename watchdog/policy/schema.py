@@ -169,8 +169,9 @@ class Scope(_Strict):
 
 class Broken(_Strict):
     """Concentrated-damage test of a paired rule (watchdog.policy.judge.paired.judge_broken): the share of items
-    whose harm exceeds ``drop`` against the null share (learned from passing replays, seeded
-    with ``null_share`` over ``null_items`` pseudo-items)."""
+    whose harm exceeds ``drop`` against the baseline's own share in A/A replays plus ``null_share``
+    (FP8's tolerated sensitivity); without A/A replays ``null_share`` as if measured on
+    ``null_items`` items (docs/JUDGE.md, "Concentrated damage")."""
 
     drop: Annotated[float, Field(gt=0)] = 0.2
     effect: Annotated[float, Field(ge=0, lt=1)] = 0.02

@@ -61,7 +61,7 @@ def default_replay(job: GoldenJob) -> Any:
     candidate = get_engine(**job.spec.candidate)
     baseline = get_engine(**job.spec.baseline)
     try:
-        report = replay(golden, candidate, baseline, progress=False)
+        report = replay(golden, candidate, baseline, progress=False, repeat_baseline=job.spec.repeat_baseline)
         extra: dict[str, float] = {}
         saturation = getattr(candidate, "saturation", lambda: None)()
         if saturation is not None:

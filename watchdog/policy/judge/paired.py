@@ -7,6 +7,7 @@ exact test, one-sided). Nothing here does I/O; docs/JUDGE.md explains the statis
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -167,8 +168,9 @@ def judge_broken(
     direction: Direction,
     drop: float,
     effect_threshold: float,
-    null_broken: int,
-    null_items: int,
+    null_broken: float,
+    null_items: float,
+    tolerance: float | None = None,
     alpha: float = 0.01,
     min_items: int = 30,
     item_ids: Sequence[Any] | None = None,
@@ -176,14 +178,18 @@ def judge_broken(
     metric: str = "",
 ) -> Judgement:
     """How many items broke (a harmful per-item change larger than ``drop``) against how many
-    break in the null: ``null_broken`` of ``null_items`` (FP16-vs-FP16 replays, or healthy FP8
-    history). The share of broken items is judged like a rate (Newcombe interval of the
-    difference of the two shares): fail when the whole interval lies beyond
-    ``effect_threshold`` (share points: 0.02 = 2 % of the set broke more than in the null).
-    NaN items are not measured; an infinite harmful difference counts as broken (its harm is
-    shown as the largest float). Sensitive to "6 % of prompts destroyed" when the mean barely
-    moves. ``detail['broken']`` ranks the broken items, worst first (ids from ``item_ids`` when
-    given, else positions)."""
+    break in the null: ``null_broken`` of ``null_items``. NaN items are not measured; an infinite
+    harmful difference counts as broken (its harm is shown as the largest float). Sensitive to
+    "6 % of prompts destroyed" when the mean barely moves. ``detail['broken']`` ranks the broken
+    items, worst first (ids from ``item_ids`` when given, else positions).
+
+    Two nulls. With ``tolerance`` (a share, the golden rules' A/A null) the counts are A/A
+    replays of the baseline (FP16 against FP16; half the items that moved by more than ``drop``
+    either way, by symmetry) and the test is the predictive tail of the count when items break
+    at the A/A share - uncertain, Beta(k + 1/2, n - k + 1/2) - plus ``tolerance`` plus
+    ``effect_threshold`` (``broken_null_tail``). Without it (the old form) the counts are
+    pseudo or learned counts of the same comparison: Fisher's exact test with no effect, else
+    the binomial tail at the null share's upper bound plus the effect."""
     sign = check_direction(direction)
     arr = np.asarray(diffs, dtype=float).ravel()
     # NaN marks an item not measured (missing in one replay); an infinite difference is a
@@ -195,52 +201,80 @@ def judge_broken(
     order = broken[np.argsort(-harm[broken], kind="stable")]
     ids = list(item_ids) if item_ids is not None and len(item_ids) == arr.size else None
     ranked = [{"item": ids[i] if ids else int(i), "harm": float(np.nan_to_num(harm[i]))} for i in order[:top]]
-    j = judge_rate(int(broken.size), n, int(null_broken), int(null_items), effect_threshold=effect_threshold,
-                   alpha=alpha, min_samples=min_items, metric=metric)
+    j = judge_rate(int(broken.size), n, round(null_broken), max(round(null_items), 1),
+                   effect_threshold=effect_threshold, alpha=alpha, min_samples=min_items, metric=metric)
     j.method = "broken_items"
     if j.status not in ("inconclusive", "error"):
         # the decision is exact (a score interval on a handful of broken items is too optimistic
-        # for a 1e-4 target). With no tolerated effect: Fisher's exact test, one-sided - given
-        # the broken items of the replay and of the null together, the chance that the replay
-        # holds this many of them. With an effect: the count against the null share's upper
-        # 1 - alpha/2 bound (Wilson) plus the effect, binomial tail at alpha / 2.
-        tail, level, p0 = _broken_tail(int(broken.size), n, null_broken, null_items, alpha, effect_threshold)
+        # for a 1e-4 target)
+        tail, level, p0 = _broken_tail(int(broken.size), n, null_broken, null_items, alpha, effect_threshold,
+                                       tolerance)
         j.p_value = tail
         j.detail["null_share_upper"] = p0
-        j.detail["test"] = "fisher_exact" if effect_threshold <= 0 else "binomial_at_null_upper"
+        j.detail["test"] = ("aa_mixture" if tolerance is not None else
+                            "fisher_exact" if effect_threshold <= 0 else "binomial_at_null_upper")
         if tail <= level:
             j.status, j.reason = "fail", st.REASONS["fail"]
         else:
             j.status, j.reason = "pass", st.REASONS["pass"]
-    j.detail.update({"broken": ranked, "broken_count": int(broken.size), "null_broken": int(null_broken),
-                     "null_items": int(null_items), "drop": drop})
+    j.detail.update({"broken": ranked, "broken_count": int(broken.size), "null_broken": float(null_broken),
+                     "null_items": float(null_items), "drop": drop, "tolerance": tolerance})
     if j.status != "inconclusive" and j.status != "error":
+        test = j.detail.get("test")
+        null = (f"{null_broken:g}/{null_items:g} in A/A replays + {tolerance:g} tolerated" if tolerance is not None
+                else f"{null_broken:g}/{null_items:g} in the null")
         j.message = (f"{metric}: {j.status} ({j.reason}); {broken.size}/{n} items broke by > {drop:g} vs "
-                     f"{null_broken}/{null_items} in the null; share difference {j.estimate:+.3f} "
-                     f"[{j.ci_low:+.3f}, {j.ci_high:+.3f}], "
-                     + (f"Fisher exact p={j.p_value:.2g}" if j.detail.get("test") == "fisher_exact" else
-                        f"binomial tail p={j.p_value:.2g} at null share {j.detail['null_share_upper']:.3f} + "
-                        f"{effect_threshold:g}"))
+                     f"{null}; share difference {j.estimate:+.3f} [{j.ci_low:+.3f}, {j.ci_high:+.3f}], "
+                     + (f"Fisher exact p={j.p_value:.2g}" if test == "fisher_exact" else
+                        f"tail p={j.p_value:.2g} at null share {j.detail['null_share_upper']:.3f}"
+                        + (f" + {effect_threshold:g}" if effect_threshold > 0 else "")))
     return j
 
 
-def _broken_tail(k: int, n: int, null_broken: int, null_items: int, alpha: float,
-                 effect_threshold: float) -> tuple[float, float, float]:
+def broken_null_tail(k: int, n: int, aa_broken: float, aa_items: float, shift: float, grid: int = 256) -> float:
+    """P(X >= k) for X ~ Binomial(n, shift + q), q ~ Beta(aa_broken + 1/2, aa_items - aa_broken + 1/2)
+    (the A/A share with its uncertainty; ``aa_items`` 0 means q = 0). The Beta is integrated on
+    ``grid`` equal-probability points from its log density (no scipy in the daemon)."""
+    if k <= 0:
+        return 1.0
+    if aa_items <= 0:
+        return st.binom_sf(k, n, min(shift, 1.0))
+    a, b = aa_broken + 0.5, max(aa_items - aa_broken, 0.0) + 0.5
+    mean = a / (a + b)
+    sd = math.sqrt(a * b / ((a + b) ** 2 * (a + b + 1)))
+    lo, hi = max(mean - 12 * sd, 0.0), min(mean + 12 * sd, 1.0)
+    q = np.linspace(lo, hi, 4 * grid + 1)[1:-1] if hi > lo else np.array([mean])
+    logpdf = (a - 1) * np.log(np.maximum(q, 1e-300)) + (b - 1) * np.log1p(-np.minimum(q, 1 - 1e-16))
+    w = np.exp(logpdf - logpdf.max())
+    w /= w.sum()
+    # binom_sf is monotone in p: evaluate it on a coarse grid of the mass, interpolate between
+    keep = w > 1e-12 * w.max()
+    qs, ws = q[keep], w[keep]
+    pts = np.unique(np.linspace(0, qs.size - 1, min(grid, qs.size)).round().astype(int))
+    tails = np.array([st.binom_sf(k, n, min(shift + float(qs[i]), 1.0)) for i in pts])
+    return float(min(1.0, np.dot(ws, np.interp(np.arange(qs.size), pts, tails)) / ws.sum()))
+
+
+def _broken_tail(k: int, n: int, null_broken: float, null_items: float, alpha: float,
+                 effect_threshold: float, tolerance: float | None = None) -> tuple[float, float, float]:
     """(tail probability of k or more broken of n, the level it is compared with, the null share)."""
+    if tolerance is not None:
+        share = (null_broken / null_items if null_items > 0 else 0.0) + tolerance + effect_threshold
+        return broken_null_tail(k, n, null_broken, null_items, tolerance + effect_threshold), alpha, share
+    nb, ni = round(null_broken), max(round(null_items), 1)
     if effect_threshold <= 0:
-        return (st.hypergeom_sf(k, null_items + n, null_broken + k, n), alpha,
-                null_broken / max(null_items, 1))
-    _, p0_hi = st.wilson(null_broken, max(null_items, 1), st.z_quantile(1 - alpha / 2))
+        return st.hypergeom_sf(k, ni + n, nb + k, n), alpha, nb / ni
+    _, p0_hi = st.wilson(nb, ni, st.z_quantile(1 - alpha / 2))
     return st.binom_sf(k, n, min(float(p0_hi) + effect_threshold, 1.0)), alpha / 2, float(p0_hi)
 
 
-def broken_items_to_fail(n: int, *, null_broken: int, null_items: int, alpha: float,
-                         effect_threshold: float = 0.0) -> int | None:
+def broken_items_to_fail(n: int, *, null_broken: float, null_items: float, alpha: float,
+                         effect_threshold: float = 0.0, tolerance: float | None = None) -> int | None:
     """The fewest broken items of ``n`` that make ``judge_broken`` fail with this null (None when
     even all ``n`` would not): how far a replay is from a rollback on this test, in items. The
     tail falls as the count rises, so a binary search over 0..n finds it."""
     def fails(k: int) -> bool:
-        tail, level, _ = _broken_tail(k, n, null_broken, null_items, alpha, effect_threshold)
+        tail, level, _ = _broken_tail(k, n, null_broken, null_items, alpha, effect_threshold, tolerance)
         return tail <= level
 
     if n <= 0 or not fails(n):

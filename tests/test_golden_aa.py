@@ -1,0 +1,95 @@
+"""Golden nulls from the baseline itself (issue 17 item 4): an A/A pass (the baseline answering
+twice) gives the broken-items test a measured null; nothing is learned from FP8-vs-FP16
+differences that could already be damage. Drives ``probes.golden_replay.replay`` with the table
+engine and the shipped policies through ``PolicyEngine.observe`` on the decision benchmark's
+golden simulator."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from bench.decisions import GOLDEN_MODELS, T0, GoldenSim
+from probes.golden import load_golden_set
+from probes.golden_replay import replay
+from tests.test_replay import REPO_SETS, TableEngine, answers_for
+from watchdog.policy.engine import PolicyEngine
+from watchdog.policy.evaluate import MAX_AA_NULL
+from watchdog.policy.loader import load_policy_files
+
+POLICY = Path(__file__).resolve().parents[1] / "policies" / "default.yaml"
+
+
+def test_replay_with_a_repeated_baseline_carries_the_aa_differences() -> None:
+    golden = load_golden_set(REPO_SETS / "legal-clauses").head(20)
+    table = answers_for(golden)
+    first = golden.render(golden.items[0])
+
+    class Sampling(TableEngine):
+        """The baseline answers item 0 differently on its second call (a sampled answer)."""
+
+        calls = 0
+
+        def generate(self, prompts, max_new_tokens):  # type: ignore[no-untyped-def]
+            out = super().generate(prompts, max_new_tokens)
+            if first in prompts:
+                self.calls += 1
+                if self.calls == 2:
+                    i = prompts.index(first)
+                    out[i] = dataclasses.replace(out[i], text="something else entirely")
+            return out
+
+    report = replay(golden, TableEngine("fp8", table), Sampling("fp16", table), progress=False, repeat_baseline=True)
+    cand = next(s for s in report.to_signals("m", "legal/x") if s.precision == "fp8")
+    aa = cand.detail["aa"]["rougeL"]
+    assert len(aa) == len(cand.paired["rougeL"]) == 20
+    assert aa[0] < -0.5 and all(d == 0.0 for d in aa[1:])
+    # the A/A pass survives the report's JSON round trip; without it the signal carries none
+    again = type(report).from_json(report.to_json())
+    assert again.items[0].repeat is not None and again.items[0].repeat.output == "something else entirely"
+    plain = replay(golden, TableEngine("fp8", table), TableEngine("fp16", table), progress=False)
+    assert "aa" not in next(s for s in plain.to_signals("m", "x") if s.precision == "fp8").detail
+
+
+def _run(model_index: int, replays: int, *, damage: str | None = None, aa: bool = True, routes: int = 20,
+         seed: int = 3) -> tuple[int, PolicyEngine, list[str]]:
+    g = GOLDEN_MODELS[model_index]
+    sim = GoldenSim(g, routes, seed, "chat")
+    sim.damage, sim.onset = damage, 0
+    engine = PolicyEngine(load_policy_files([str(POLICY)]))
+    flags = {("m", r): "fp8" for r in sim.names}
+    rolled: set[str] = set()
+    for t in range(replays):
+        sigs = sim.signals(t)
+        if not aa:
+            for s in sigs:
+                s.detail.pop("aa", None)
+        for a in engine.observe(sigs, T0 + t * 3600.0 + 121, flags):
+            if a.kind == "rollback":
+                rolled.add(a.route)
+    return len(rolled), engine, sim.names
+
+
+def test_sampled_serving_holds_with_the_aa_null_and_fails_without_it() -> None:
+    """Sampled answers (~12 % of items move by > 0.2 between two runs of one engine): with the A/A
+    pass no healthy route rolls back; with the stated 1.5 % share alone most do - the old null
+    that learned only from passing replays locked into failing the same way."""
+    assert GOLDEN_MODELS[4].sampled > 0
+    with_aa, engine, _ = _run(4, 12)
+    without, _, _ = _run(4, 12, aa=False)
+    assert with_aa == 0
+    assert without >= 10, without
+    # the null holds A/A counts (bounded), never FP8-vs-FP16 counts of failing replays
+    st = next(iter(engine.states.values())).rules["golden-rougeL"]
+    aa = [x for x in st.null if "aa" in x]
+    assert 0 < len(aa) <= MAX_AA_NULL and all(x["n"] == 200 for x in aa)
+
+
+def test_damage_present_from_the_first_replay_is_caught_on_a_large_set() -> None:
+    """6 % of 500 items broken by 0.5 from the very first replay (nothing healthy to learn
+    from): the absolute broken-items test against the A/A null catches every route within two
+    replays, and healthy routes of the same set stay at FP8."""
+    caught, _, names = _run(2, 2, damage="concentrated", routes=15)
+    assert caught == len(names)
+    healthy, _, _ = _run(2, 6, routes=15)
+    assert healthy == 0
