@@ -84,6 +84,10 @@ class KafkaConfig(_Section):
     startup_timeout_s: float = Field(10.0, gt=0)
     #: assigned no partition for longer than this: not ready (``unassigned``)
     unassigned_grace_s: float = Field(30.0, gt=0)
+    #: ceiling of the loop's wait for a log-end / position answer (idle-partition confirmation);
+    #: the wait starts at 1 s, doubles after a timeout up to this, then settles at 4x the answers'
+    #: duration (watchdog/ingest/brokerwait.py): round trips up to ~2 s keep windows closing
+    broker_timeout_ms: int = Field(8000, ge=100, le=120_000)
 
     @property
     def dead_letter_topic(self) -> str:

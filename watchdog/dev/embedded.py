@@ -142,11 +142,15 @@ def _workdir(base: Path | None, name: str) -> Path:
     return base
 
 
-def start_tansu(port: int | None = None, workdir: Path | None = None, timeout: float = 20.0) -> Service:
+def start_tansu(port: int | None = None, workdir: Path | None = None, timeout: float = 20.0,
+                advertised_port: int | None = None) -> Service:
+    """Start the Tansu broker; ``advertised_port`` makes clients reconnect through another port
+    (a fault proxy in front of it)."""
     port = port or free_port()
     wd = _workdir(workdir, "tansu")
     url = f"tcp://127.0.0.1:{port}"
-    argv = [find_tansu(), "broker", "--listener-url", url, "--advertised-listener-url", url,
+    advertised = f"tcp://127.0.0.1:{advertised_port or port}"
+    argv = [find_tansu(), "broker", "--listener-url", url, "--advertised-listener-url", advertised,
             "--storage-engine", "memory://tansu/"]
     return Service("tansu", argv, port, wd / "tansu.log", workdir=wd).start(timeout)
 

@@ -20,6 +20,7 @@ from kafka.structs import OffsetAndMetadata, TopicPartition
 from watchdog.config.settings import KafkaConfig
 from watchdog.core.events import InferenceEvent, InvalidEvent, decode_event, encode_event
 from watchdog.core.metrics import Metrics
+from watchdog.ingest.brokerwait import BrokerWait
 from watchdog.ingest.deadletter import DeadLetters
 from watchdog.ingest.otlp import RecordDecoder
 
@@ -88,7 +89,8 @@ class Ingest:
                  dlq_topic: str, max_event_bytes: int, metrics: Metrics, sink: EventSink,
                  on_assigned: PartitionsFn = lambda pks: None, on_revoked: PartitionsFn = lambda pks: None,
                  accept: Callable[[PartitionKey], bool] = lambda pk: True,
-                 decode_many: RecordDecoder | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 decode_many: RecordDecoder | None = None, clock: Callable[[], float] = time.monotonic,
+                 broker_timeout_ms: int = 5000) -> None:
         self.consumer = consumer
         #: the clock of ``mark_reset``/``recent_resets`` and ``broker_silence`` (the daemon's steady clock)
         self.clock = clock
@@ -115,6 +117,8 @@ class Ingest:
         self._mirror_wanted: dict[PartitionKey, int] = {}
         self._broker_silent_since: float | None = None
         self.broker_error = ""
+        #: the adaptive wait of log-end / position requests (its failures are a readiness reason)
+        self.broker_wait = BrokerWait(broker_timeout_ms, clock)
         #: checkpointed offsets to commit synchronously at close (set by the daemon's shutdown)
         self._final_offsets: dict[PartitionKey, int] = {}
         #: the dead-letter topic's writer: a partition never checkpoints past an unacknowledged one
@@ -191,24 +195,29 @@ class Ingest:
     def resume(self, pkey: PartitionKey) -> None:
         self.consumer.resume(TopicPartition(*pkey))
 
-    def end_offsets(self, pkeys: list[PartitionKey], timeout_ms: int = 1000) -> dict[PartitionKey, int] | None:
-        """The log end of each partition, asked of the broker with a bounded wait; None on failure
-        (``broker_silence()`` then says since when the broker has not answered)."""
+    def end_offsets(self, pkeys: list[PartitionKey]) -> dict[PartitionKey, int] | None:
+        """The log end of each partition, asked of the broker with the adaptive wait
+        (``broker_wait``); None on failure (``broker_silence()`` then says since when the broker has
+        not answered)."""
+        wait = self.broker_wait
+        started = time.monotonic()
         try:
-            ends = self.consumer.end_offsets([TopicPartition(*pk) for pk in pkeys], timeout_ms=timeout_ms)
+            ends = self.consumer.end_offsets([TopicPartition(*pk) for pk in pkeys], timeout_ms=wait.timeout_ms)
         except (KafkaError, Exception) as exc:  # noqa: BLE001 - a stalled broker is reported, not raised
-            log.debug("end_offsets failed: %s", exc)
+            wait.failed("end_offsets", exc)
             if self._broker_silent_since is None:
                 self._broker_silent_since = self.clock()
             self.broker_error = f"{type(exc).__name__}: {exc}"[:200]
             return None
+        wait.answered(time.monotonic() - started)
         self._broker_silent_since = None
         return {(tp.topic, tp.partition): off for tp, off in ends.items()}
 
     def position(self, pkey: PartitionKey) -> int | None:
         try:
-            return int(self.consumer.position(TopicPartition(*pkey), timeout_ms=500))
-        except (KafkaError, Exception):  # noqa: BLE001
+            return int(self.consumer.position(TopicPartition(*pkey), timeout_ms=self.broker_wait.timeout_ms))
+        except (KafkaError, Exception) as exc:  # noqa: BLE001
+            self.broker_wait.failed("position", exc)
             return None
 
     def commit_mirror(self, offsets: dict[PartitionKey, int]) -> None:

@@ -44,7 +44,9 @@ class WindowCloser:
         """Partitions that gave no record this poll: caught up if the broker says their log ends there."""
         ingest = self.ingest
         assert ingest is not None
-        if now - self._last_confirm < CONFIRM_EVERY_S:
+        took = ingest.broker_wait.last_s or 0.0
+        # a slow broker is asked less often: the loop waits for each answer
+        if now - self._last_confirm < max(CONFIRM_EVERY_S, 2 * took):
             return
         self.ownership.check_topic_id(now)
         quiet = [pk for pk in self.ownership.parts if pk not in ingest.last_polled]
@@ -52,7 +54,7 @@ class WindowCloser:
             return
         self._last_confirm = now
         asked = self.clock()
-        ends = ingest.end_offsets(quiet, timeout_ms=1000)
+        ends = ingest.end_offsets(quiet)
         if ends is None:
             return
         for pk, end in ends.items():

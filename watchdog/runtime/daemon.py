@@ -141,7 +141,7 @@ class Daemon:
                                       max_event_bytes=self.cfg.windows.max_event_bytes, metrics=self.metrics,
                                       sink=own.fold, on_assigned=own.assigned, on_revoked=own.revoked,
                                       accept=self.parts.__contains__, decode_many=decoder_for(k.codec, k.otlp),
-                                      clock=self.clock)
+                                      clock=self.clock, broker_timeout_ms=k.broker_timeout_ms)
         own.attach(ingest)
         self.checkpointer.attach(ingest)
         self.closer.attach(ingest)

@@ -244,6 +244,13 @@ class LoopHealth:
             r.clear("undecodable", now)
         else:
             r.set(ingest.error_reason or "kafka", ingest.last_error or "not connected", now)
+        # records may flow while log-end requests time out: idle partitions then hold every window
+        wait = ingest.broker_wait
+        if wait.failing_since is not None and now - wait.failing_since > 2.0:
+            r.set("broker-slow", f"log-end requests failing for {now - wait.failing_since:.0f} s (waiting up to "
+                  f"{wait.timeout_ms} ms; {wait.last_error}): idle partitions cannot be confirmed, windows wait", now)
+        else:
+            r.clear("broker-slow", now)
 
     def _assignment(self, ingest: Ingest, now: float) -> None:
         r = self.readiness
