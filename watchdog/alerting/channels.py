@@ -8,11 +8,12 @@ POST, retries and queueing live in :mod:`watchdog.alerting.delivery`.
 from __future__ import annotations
 
 import difflib
+import json
 import socket
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal
 from urllib.parse import quote
@@ -76,10 +77,25 @@ class Alert:
     detail: dict[str, Any] = field(default_factory=dict)
     #: back-link to the watchdog status page, if known
     url: str | None = None
+    #: stable id of this message: the same on every retry and after a restart (webhook ``id``,
+    #: Slack context line, ``Idempotency-Key`` header); receivers that keep no state dedupe by it
+    page_id: str | None = None
 
     @property
     def is_ops(self) -> bool:
         return self.route is None
+
+    def to_json(self) -> str:
+        """The message as JSON, for a durable per-channel page stream."""
+        return json.dumps(asdict(self), default=str)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> Alert:
+        d = json.loads(raw)
+        return cls(**{k: v for k, v in d.items() if k in _ALERT_FIELDS})
+
+
+_ALERT_FIELDS = frozenset(f.name for f in fields(Alert))
 
 
 def scrub(detail: Mapping[str, Any], depth: int = 0) -> dict[str, Any]:
@@ -232,6 +248,8 @@ def _facts(alert: Alert) -> dict[str, str]:
         facts.update(model=str(alert.model), route=alert.route, policy=str(alert.policy))
     facts["event"] = alert.event + (" (dry run)" if alert.dry_run else "")
     facts["since"] = rfc3339(alert.started_at)
+    if alert.page_id:
+        facts["page"] = alert.page_id
     return facts
 
 
@@ -260,6 +278,7 @@ class WebhookChannel(Channel):
             "ended_at": rfc3339(alert.ended_at) if alert.ended_at is not None else None,
             "url": alert.url,
             "detail": alert.detail,
+            "id": alert.page_id,
         }
 
 

@@ -82,6 +82,7 @@ class Daemon:
                                   ttl_s=FLAG_RELOAD_S)
         self.alerter = alerter or Alerter.from_config(
             [c.model_dump() for c in cfg.alerts.channels], on_page=self.metrics.count_page,
+            on_channel_page=self.metrics.count_channel_page,
             status_url=cfg.server.status_url)
         self.pager = Pager(self.redis, self.keys, cfg.kafka.group_id, cfg.instance, self.alerter)
         self.readiness = Readiness(self.metrics, self._raise_ops_alert, self.alerter.ops_resolve)
@@ -250,6 +251,7 @@ class Daemon:
             self.redis_health.failed(exc, "outbox")
         else:
             self.redis_health.recovered()
+            self.metrics.set_pages_backlog(self.pager.backlog())
 
     def shutdown(self) -> None:
         """Checkpoint every partition (open windows stay open, in the checkpoint) and close."""
