@@ -1,21 +1,23 @@
 """Pages from the outbox: on-call messages written in the same atomic step as the decision.
 
 A flip, the engine state it implies and its page record land together (``flip.lua``); alerts and
-resolves land with the partition checkpoint (``checkpoint.lua``). The pager reads the outbox stream
-through a Redis consumer group (``pager``) in order, lets the ``Alerter``'s incident book turn each
-record into messages (``render``: nothing is sent yet), and in one MULTI stores the record's incident,
-appends each message to the page stream of every channel that accepts it (``watchdog.actuation.pages``)
-and acknowledges and deletes the record. It never waits on the network: each channel then delivers
-its own stream at its own pace (the incidents are a Redis hash, one field per incident key, so
-replicas that share the outbox share them too; a record's incident is re-read from it before the
-record is handled). So:
+resolves land with the partition checkpoint (``checkpoint.lua``). The pager takes the outbox stream
+from its head, in order: it lets the ``Alerter``'s incident book turn a record into messages
+(``render``: nothing is sent yet) and, in one MULTI under WATCH of the outbox and the incidents,
+stores the record's incident, appends each message to the page stream of every channel that accepts
+it (``watchdog.actuation.pages``) and deletes the record. It never waits on the network: each channel
+then delivers its own stream at its own pace. The incidents are a Redis hash, one field per incident
+key, so replicas that share the outbox share them too; the WATCH makes replicas take the records one
+after another, in stream order, each exactly once (the loser of a race reads the new head). So:
 
 * no page goes out before its flip is in Redis (the record does not exist before);
 * a dead Slack webhook holds back only Slack's pages, never PagerDuty's;
-* a restarted daemon re-reads the records it had not yet copied and the incidents as they were, and
-  each channel resumes from its own unacknowledged pages: nothing is lost, and only a page delivered
-  in the instant before the crash is sent again, with the same page id (at least once);
-* records and pages of a dead replica are claimed after ``claim_idle_s``.
+* a restarted daemon finds the records not yet taken at the head of the outbox and the incidents as
+  they were, and each channel's undelivered pages in its stream: nothing is lost, and only a page
+  delivered in the instant before the crash is sent again, with the same page id (at least once).
+
+Before this design the outbox was read through consumer group ``pager`` and records were only
+acknowledged; ``start`` trims what that group had acknowledged and removes the group, once.
 """
 
 from __future__ import annotations
@@ -35,9 +37,12 @@ from watchdog.core.signals import Action
 
 log = logging.getLogger(__name__)
 
+#: the consumer group of the outbox before per-channel page streams (removed by ``Pager.start``)
 GROUP = "pager"
 #: outbox records taken per pump
 BATCH = 100
+#: tries of one record while other replicas change the incidents under it
+WATCH_TRIES = 5
 #: seconds between two reads of the channels' backlog
 BACKLOG_EVERY_S = 1.0
 
@@ -58,31 +63,24 @@ def action_from_record(raw: str) -> Action:
 
 class Pager:
     def __init__(self, client: Any, keys: Keys, group: str, instance: str, alerter: Alerter,
-                 claim_idle_s: float = 30.0) -> None:
+                 lease_ttl_s: float = 10.0) -> None:
         self.client = client
         self.keys = keys
         self.instance = instance
         self.alerter = alerter
-        self.claim_idle_s = claim_idle_s
-        self.pages = PageStreams(client, keys, group, instance, claim_idle_s)
+        self.pages = PageStreams(client, keys, group, instance, lease_ttl_s)
         self._incidents_key = keys.incidents(group)
         self._ready = False
         self._restored = False
         self._attached = False
-        self._last_claim = 0.0
         self._last_backlog = 0.0
         self._backlog: dict[str, int] = {}
         #: outbox records copied to the channels' page streams
         self.taken = 0
 
     def start(self) -> None:
-        """Create the consumer groups and load the open incidents (Redis errors propagate)."""
-        try:
-            self.client.xgroup_create(self.keys.outbox, GROUP, id="0", mkstream=True)
-        except redis.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
-        self.pages.create(self.alerter.channel_names())
+        """Load the open incidents, hand the page streams to the alerter (Redis errors propagate)."""
+        self._migrate()
         if not self._restored:
             raw = self.client.hgetall(self._incidents_key)
             self.alerter.restore_incidents([json.loads(text(v)) for v in raw.values()])
@@ -92,23 +90,33 @@ class Pager:
             self._attached = True
         self._ready = True
 
+    def _migrate(self) -> None:
+        """Trim what the old consumer group ``pager`` acknowledged, then remove the group."""
+        try:
+            groups = self.client.xinfo_groups(self.keys.outbox)
+        except redis.ResponseError:  # no outbox yet
+            return
+        if not any(text(g.get("name")) == GROUP for g in groups):
+            return
+        last = next(text(g.get("last-delivered-id")) for g in groups if text(g.get("name")) == GROUP)
+        pending = self.client.xpending(self.keys.outbox, GROUP)
+        if pending.get("pending"):
+            keep_from = text(pending["min"])
+        else:
+            ms, seq = last.split("-")
+            keep_from = f"{ms}-{int(seq) + 1}"
+        trimmed = self.client.xtrim(self.keys.outbox, minid=keep_from, approximate=False)
+        self.client.xgroup_destroy(self.keys.outbox, GROUP)
+        log.info("outbox: %d records the old consumer group had acknowledged trimmed; group removed", trimmed)
+
     def pump(self, now: float) -> None:
         """Move the outbox along: never waits on a channel; Redis errors propagate (the caller reports them)."""
-        try:
-            self._pump(now)
-        except redis.ResponseError as exc:
-            if "NOGROUP" not in str(exc):
-                raise
-            # Redis lost the stream (restart without persistence): start the group afresh
-            log.error("outbox consumer group gone from Redis; re-creating it")
-            self._ready = False
-
-    def _pump(self, now: float) -> None:
         if not self._ready:
             self.start()
         taken = 0
-        for entry_id, raw in self._next(now):
-            self._take(entry_id, raw)
+        for entry_id, raw in self._head():
+            if not self._take(entry_id, raw):
+                break  # another replica took it first, or it kept changing: read the head again next pump
             taken += 1
         if taken:
             self.alerter.wake()
@@ -116,48 +124,51 @@ class Pager:
             self._last_backlog = time.monotonic()
             self._backlog = self.pages.backlog(self.alerter.channel_names())
 
-    def _take(self, entry_id: str, raw: str) -> None:
+    def _head(self) -> list[tuple[str, str]]:
+        entries = self.client.xrange(self.keys.outbox, count=BATCH)
+        return [(text(e), text((f or {}).get("json") or "{}")) for e, f in entries]
+
+    def _take(self, entry_id: str, raw: str) -> bool:
         """One record: its messages onto the channels' page streams, its incident stored, the record
-        acknowledged and deleted, all in one MULTI."""
-        pipe = self.client.pipeline(transaction=True)
+        deleted, all in one MULTI under WATCH of the outbox and the incidents: if another replica
+        took a record or changed an incident meanwhile, this one reads again."""
         try:
             action = action_from_record(raw)
         except (ValueError, KeyError, TypeError) as exc:
             log.error("outbox record %s unreadable, skipped: %s", entry_id, exc)
-        else:
-            key = action.incident_key
-            stored = self.client.hget(self._incidents_key, key)
-            self.alerter.set_incident(key, json.loads(text(stored)) if stored else None)
-            for i, alert in enumerate(self.alerter.render(action)):
-                # the page id names the record, so a record read again after a crash gives the same ids
-                alert = replace(alert, page_id=f"{self.keys.prefix}:{entry_id}:{i}")
-                for channel in self.alerter.channels_for(alert):
-                    pipe.xadd(self.pages.stream(channel), {"json": alert.to_json()})
-            inc = self.alerter.incident(key)
-            if inc is None:
-                pipe.hdel(self._incidents_key, key)
-            else:
-                pipe.hset(self._incidents_key, key, json.dumps(inc, default=str))
-        pipe.xack(self.keys.outbox, GROUP, entry_id)
-        pipe.xdel(self.keys.outbox, entry_id)
-        pipe.execute()
-        self.taken += 1
+            action = None
+        for _ in range(WATCH_TRIES):
+            with self.client.pipeline(transaction=True) as pipe:
+                try:
+                    pipe.watch(self.keys.outbox, self._incidents_key)
+                    if not pipe.xrange(self.keys.outbox, min=entry_id, max=entry_id):
+                        return False  # another replica took it
+                    stored = pipe.hget(self._incidents_key, action.incident_key) if action is not None else None
+                    pipe.multi()
+                    if action is not None:
+                        self._render(pipe, entry_id, action, stored)
+                    pipe.xdel(self.keys.outbox, entry_id)
+                    pipe.execute()
+                except redis.WatchError:
+                    continue
+            self.taken += 1
+            return True
+        log.warning("outbox record %s: the outbox kept changing under it; taken again at the next pump", entry_id)
+        return False
 
-    def _next(self, now: float) -> list[tuple[str, str]]:
-        # our own unacknowledged records first (a restart), then new ones, then a dead replica's
-        out: list[tuple[str, str]] = []
-        for start in ("0", ">"):
-            reply = self.client.xreadgroup(GROUP, self.instance, {self.keys.outbox: start}, count=BATCH)
-            for _stream, entries in reply or []:
-                out += [(text(e), _json(f)) for e, f in entries]
-            if out:
-                return out
-        if now - self._last_claim > self.claim_idle_s / 2:
-            self._last_claim = now
-            claimed = self.client.xautoclaim(self.keys.outbox, GROUP, self.instance,
-                                             min_idle_time=int(self.claim_idle_s * 1000), count=BATCH)
-            out += [(text(e), _json(f)) for e, f in (claimed[1] if len(claimed) > 1 else [])]
-        return out
+    def _render(self, pipe: Any, entry_id: str, action: Action, stored: Any) -> None:
+        key = action.incident_key
+        self.alerter.set_incident(key, json.loads(text(stored)) if stored else None)
+        for i, alert in enumerate(self.alerter.render(action)):
+            # the page id names the record, so a record read again after a crash gives the same ids
+            alert = replace(alert, page_id=f"{self.keys.prefix}:{entry_id}:{i}")
+            for channel in self.alerter.channels_for(alert):
+                pipe.xadd(self.pages.stream(channel), {"json": alert.to_json()})
+        inc = self.alerter.incident(key)
+        if inc is None:
+            pipe.hdel(self._incidents_key, key)
+        else:
+            pipe.hset(self._incidents_key, key, json.dumps(inc, default=str))
 
     def backlog(self) -> dict[str, int]:
         """Pages each channel still owes, as of the last read (at most ``BACKLOG_EVERY_S`` old)."""
@@ -173,7 +184,6 @@ class Pager:
         except (redis.RedisError, OSError):
             return
 
-
-def _json(fields: Any) -> str:
-    """The ``json`` field of a stream entry ("{}" for a deleted one, which is then skipped)."""
-    return text((fields or {}).get("json") or (fields or {}).get(b"json") or "{}")
+    def release(self) -> None:
+        """After the alerter stopped: hand the channels' leases to the next replica."""
+        self.pages.release()

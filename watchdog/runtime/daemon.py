@@ -269,7 +269,8 @@ class Daemon:
                 closer.start()
                 closer.join(max(0.5, deadline - time.monotonic()))
             self.flags.close()
-            self.alerter.stop(timeout=1.5)
+            if self.alerter.stop(timeout=1.5):
+                self.pager.release()  # nothing in flight: the next replica may deliver our channels at once
             gc.unfreeze()  # let whatever this daemon held be collected (tests run several per process)
             log.info("llm-watchdog stopped")
 
