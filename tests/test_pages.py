@@ -43,10 +43,11 @@ def dispatch(client: Any, *actions: Action) -> None:
 
 
 @contextmanager
-def pager(client: Any, channels: list[dict[str, Any]], instance: str = "i1", **kw: Any) -> Iterator[Pager]:
+def pager(client: Any, channels: list[dict[str, Any]], instance: str = "i1", lease_ttl_s: float = 10.0,
+          **kw: Any) -> Iterator[Pager]:
     """An alerter and its pager, pumped every 20 ms as the daemon's loop does; stopped on exit."""
     alerter = Alerter(channels, **{**FAST, **kw}).start()
-    p = Pager(client, Keys(), GROUP, instance, alerter)
+    p = Pager(client, Keys(), GROUP, instance, alerter, lease_ttl_s=lease_ttl_s)
     stop = threading.Event()
 
     def loop() -> None:
@@ -229,3 +230,18 @@ def test_two_replicas_share_the_outbox_without_losing_a_resolve_or_sending_twice
     assert len(set(ids(sink))) == 2 * n and redis_client.hlen(Keys().incidents(GROUP)) == 0
     order = [(r.body["route"], r.body["status"]) for r in sink.accepted]
     assert all(order.index((f"r{i}", "firing")) < order.index((f"r{i}", "resolved")) for i in range(n))
+
+
+def test_a_channel_busy_with_slow_requests_keeps_its_lease(redis_client: Any) -> None:
+    """Every sender thread of the channel waits on a slow receiver for longer than the lease's TTL:
+    the pump renews the lease, so the other replica does not take over and send the pages again."""
+    n = 8
+    with AlertSink(delay_s=1.2) as sink:
+        channels = [{"kind": "webhook", "url": sink.url, "timeout_s": 3}]
+        with pager(redis_client, channels, instance="i1", lease_ttl_s=2.0, max_in_flight=2), \
+                pager(redis_client, channels, instance="i2", lease_ttl_s=2.0, max_in_flight=2):
+            dispatch(redis_client, *(act(f"r{i}") for i in range(n)))
+            sink.wait_for(n, timeout=10)
+            time.sleep(1.5)
+    got = Counter(ids(sink))
+    assert len(got) == n and len(sink.received) == n, got.most_common(3)

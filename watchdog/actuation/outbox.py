@@ -120,6 +120,7 @@ class Pager:
             taken += 1
         if taken:
             self.alerter.wake()
+        self.pages.keep(self.alerter.channel_names())
         if time.monotonic() - self._last_backlog >= BACKLOG_EVERY_S:
             self._last_backlog = time.monotonic()
             self._backlog = self.pages.backlog(self.alerter.channel_names())

@@ -7,7 +7,7 @@ stream holds exactly the pages that channel still owes, oldest first, so a dead 
 holds back only its own stream. A page delivered (or given up) is deleted by its own entry id.
 
 One replica at a time delivers a channel: the holder of the lease ``{prefix}:lease:pages:{group}:
-{channel}`` (10 s TTL, renewed at each fetch), so a channel's pages reach it in order even with
+{channel}`` (10 s TTL, renewed by the pager's pump and at each fetch), so a channel's pages reach it in order even with
 several replicas. The holder reads from the head of the stream past what it already holds; a
 restarted (or new) holder starts at the head again, so nothing undelivered is lost, and only a page
 delivered in the instant before a crash (not yet deleted) is sent again, with the same page id.
@@ -39,6 +39,7 @@ class PageStreams:
         self.instance = instance
         self.lease_ttl_s = lease_ttl_s
         self._lock = threading.Lock()
+        self._lease_lock = threading.Lock()  # one lease round trip at a time (pump and sender threads)
         self._leases: dict[str, Lease] = {}
         self._held: dict[str, set[str]] = {}  # channel -> entry ids handed out and not yet deleted
         self._unacked: dict[str, set[str]] = {}  # done, delete failed: retried at the next fetch
@@ -78,16 +79,24 @@ class PageStreams:
         return out
 
     def _lease(self, channel: str) -> bool:
-        lease = self._leases.get(channel)
-        if lease is None:
-            key = self.keys.lease(f"pages:{self.group}:{channel}")
-            lease = self._leases[channel] = Lease(self.client, key, self.instance, self.lease_ttl_s)
-        was = lease.held(time.monotonic())
-        now_held = lease.tick(time.monotonic())
+        with self._lease_lock:
+            lease = self._leases.get(channel)
+            if lease is None:
+                key = self.keys.lease(f"pages:{self.group}:{channel}")
+                lease = self._leases[channel] = Lease(self.client, key, self.instance, self.lease_ttl_s)
+            was = lease.held(time.monotonic())
+            now_held = lease.tick(time.monotonic())
         if now_held and not was:
             with self._lock:  # (re)gained: read from the head, past what we still hold
                 self._cursor[channel] = "-"
         return now_held
+
+    def keep(self, channels: list[str]) -> None:
+        """Acquire or renew every channel's lease (the pager calls this each pump): a channel whose
+        sender threads are all busy with slow requests keeps its lease, so no replica takes over and
+        sends its pages in flight a second time."""
+        for channel in channels:
+            self._lease(channel)
 
     def ack(self, channel: str, entry: str) -> None:
         """``channel`` is done with ``entry`` (delivered or given up): delete it from the stream."""
