@@ -14,9 +14,7 @@ import logging
 import random
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 from watchdog.alerting.channels import Alert, Channel, build_channel
@@ -157,7 +155,6 @@ class Alerter:
         # called under self._lock so two threads' messages for one key reach the queues in order
         for alert in alerts:
             log.info("alert %s %s %s: %s", alert.status, alert.severity, alert.key, alert.summary)
-            alert = replace(alert, page_id=alert.page_id or uuid.uuid4().hex)  # the same on every retry
             for w in self.workers:
                 if w.channel.accepts(alert):
                     w.put(alert)

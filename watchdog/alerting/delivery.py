@@ -18,11 +18,14 @@ own id as soon as it is delivered or given up. In-memory messages (ops alerts) k
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 import threading
 import time
+import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Literal, Protocol
 
 import httpx
@@ -35,6 +38,9 @@ log = logging.getLogger(__name__)
 
 #: seconds between two looks at the page source when nobody woke the worker
 POLL_S = 1.0
+#: page ids of in-memory messages: this process, then a count
+_PROCESS_ID = uuid.uuid4().hex[:12]
+_SEQ = itertools.count(1)
 
 
 class PageSource(Protocol):
@@ -263,6 +269,8 @@ class ChannelWorker:
         item.attempt += 1
         if item.first_try is None:
             item.first_try = time.monotonic()
+            if item.alert.page_id is None:  # an in-memory message: its id, the same on every retry
+                item.alert = replace(item.alert, page_id=f"{_PROCESS_ID}-{next(_SEQ)}")
         ch = self.channel
         try:
             body = ch.payload(item.alert)

@@ -48,6 +48,7 @@ class DeliveryQueue:
         self._items: deque[Delivery] = deque()
         self._busy: dict[str, int] = {}  # incident key -> messages of it in flight (0 or 1)
         self._in_flight: list[Delivery] = []
+        self._held = {False: 0, True: 0}  # messages held (waiting or in flight), by durable
 
     def __len__(self) -> int:
         return len(self._items)
@@ -59,12 +60,14 @@ class DeliveryQueue:
             self._items.appendleft(item)
         else:
             self._items.append(item)
+        self._held[item.durable] += 1
         dropped: list[Delivery] = []
-        while self.in_memory() > self.max_queue:
+        while self._held[False] > self.max_queue:
             oldest = next((d for d in self._items if not d.durable), None)
             if oldest is None:
                 break
             self._items.remove(oldest)
+            self._held[False] -= 1
             dropped.append(oldest)
         return dropped
 
@@ -91,6 +94,7 @@ class DeliveryQueue:
         self._busy.pop(item.alert.key, None)
         if item in self._in_flight:
             self._in_flight.remove(item)
+            self._held[item.durable] -= 1
 
     def retry(self, item: Delivery) -> list[Delivery]:
         """Put ``item`` back in front of its incident's later messages (its ``due`` set by the caller)."""
@@ -98,11 +102,12 @@ class DeliveryQueue:
         return self.put(item, front=True)
 
     def in_memory(self) -> int:
-        return sum(1 for d in self._items if not d.durable) + sum(1 for d in self._in_flight if not d.durable)
+        """In-memory messages held, waiting or in flight."""
+        return self._held[False]
 
     def durable(self) -> int:
         """Durable messages held, waiting or in flight (the worker's fetch window)."""
-        return sum(1 for d in self._items if d.durable) + sum(1 for d in self._in_flight if d.durable)
+        return self._held[True]
 
     def in_flight(self) -> int:
         return len(self._in_flight)
@@ -111,4 +116,6 @@ class DeliveryQueue:
         """Remove and return every waiting message (at stop)."""
         out = list(self._items)
         self._items.clear()
+        for d in out:
+            self._held[d.durable] -= 1
         return out
