@@ -18,7 +18,7 @@ import pytest
 
 from watchdog.actuation.outbox import Pager, action_record
 from watchdog.alerting.alerter import Alerter
-from watchdog.alerting.channels import Alert
+from watchdog.alerting.message import Alert
 from watchdog.alerting.queue import Delivery, DeliveryQueue
 from watchdog.core.keys import Keys
 from watchdog.core.signals import Action

@@ -24,7 +24,7 @@ from typing import Any
 
 import redis
 
-from watchdog.alerting.channels import Alert
+from watchdog.alerting.message import Alert
 from watchdog.core.keys import Keys, text
 from watchdog.state.lease import Lease
 

@@ -17,9 +17,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from watchdog.alerting.channels import Alert, Channel, build_channel
-from watchdog.alerting.delivery import ChannelWorker, PageSource
+from watchdog.alerting.channels import Channel, build_channel
+from watchdog.alerting.delivery import ChannelWorker
 from watchdog.alerting.incidents import OPS_PREFIX, IncidentBook
+from watchdog.alerting.message import Alert
+from watchdog.alerting.queue import PageSource
 from watchdog.core.signals import Action, Severity
 
 log = logging.getLogger(__name__)

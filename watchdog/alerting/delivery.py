@@ -26,12 +26,13 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import httpx
 
-from watchdog.alerting.channels import ActiveAlerts, Alert, Channel
-from watchdog.alerting.queue import Delivery, DeliveryQueue
+from watchdog.alerting.channels import Channel
+from watchdog.alerting.message import ActiveAlerts, Alert
+from watchdog.alerting.queue import Delivery, DeliveryQueue, PageSource, acker
 from watchdog.core.backoff import backoff_delay
 
 log = logging.getLogger(__name__)
@@ -41,14 +42,6 @@ POLL_S = 1.0
 #: page ids of in-memory messages: this process, then a count
 _PROCESS_ID = uuid.uuid4().hex[:12]
 _SEQ = itertools.count(1)
-
-
-class PageSource(Protocol):
-    """Where a channel's durable pages wait: handed out in order, acknowledged by id. Never raises."""
-
-    def fetch(self, channel: str, n: int) -> list[tuple[str, Alert]]: ...
-
-    def ack(self, channel: str, entry: str) -> None: ...
 
 
 class ChannelWorker:
@@ -182,7 +175,7 @@ class ChannelWorker:
             self._fetching = False
             self._next_poll = time.monotonic() + POLL_S
             for entry, alert in pages:
-                self._queue.put(Delivery(alert, entry=entry, done=_acker(source, name, entry)))
+                self._queue.put(Delivery(alert, entry=entry, done=acker(source, name, entry)))
             self._cond.notify_all()
 
     def _wait(self, index: int) -> Delivery | None | Literal["resend", "fetch"]:
@@ -235,6 +228,11 @@ class ChannelWorker:
         with httpx.Client(timeout=ch.config.timeout_s, headers=ch.headers()) as client:
             while (item := self._next(index)) is not None:
                 outcome, retry_after = self._attempt(client, item)
+                acked = False
+                if outcome == "ok" and item.done is not None:  # first thing after the 2xx: shortest window
+                    item.done(True)  # in which a crash would send it again
+                    acked = True
+                    log.info("alert %s (%s) delivered to %s", item.alert.key, item.alert.status, ch.name)
                 with self._cond:
                     if outcome == "retry":
                         self._failures += 1
@@ -254,7 +252,7 @@ class ChannelWorker:
                         log.error("alert %s (%s) to %s given up after %d attempt(s): %s", item.alert.key,
                                   item.alert.status, ch.name, item.attempt, self.last_error)
                     self._on_page(ch.name, "delivered" if outcome == "ok" else "failed", 1)
-                if item.done is not None:
+                if item.done is not None and not acked:
                     item.done(outcome == "ok")  # outside our lock: it may write to Redis
                 with self._cond:
                     self._queue.finish(item)
@@ -285,7 +283,8 @@ class ChannelWorker:
             log.exception("alert to %s could not be built", ch.name)
             return "fail", None
         if 200 <= resp.status_code < 300:
-            log.info("alert %s (%s) delivered to %s", item.alert.key, item.alert.status, ch.name)
+            if item.done is None:
+                log.info("alert %s (%s) delivered to %s", item.alert.key, item.alert.status, ch.name)
             return "ok", None
         self.last_error = f"HTTP {resp.status_code}: {resp.text[:200]}"
         if resp.status_code in (408, 425, 429) or resp.status_code >= 500:
@@ -297,13 +296,6 @@ class ChannelWorker:
         """Seconds before probe ``attempt`` of a failing channel: the project's one schedule
         (``core.backoff``), jittered by this worker's own random stream, Retry-After honoured."""
         return backoff_delay(attempt, self.backoff_initial, self.backoff_max, self._rng, retry_after)
-
-
-def _acker(source: PageSource, channel: str, entry: str) -> Callable[[bool], None]:
-    """A durable page is done for its channel, delivered or given up: acknowledge it by its own id."""
-    def done(_ok: bool) -> None:
-        source.ack(channel, entry)
-    return done
 
 
 def _retry_after(resp: httpx.Response) -> float | None:

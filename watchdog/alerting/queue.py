@@ -9,7 +9,8 @@ Two kinds of message share the queue. An in-memory one (``entry`` None: ops aler
 only here; when more than ``max_queue`` of them are held, the oldest waiting one is dropped. A
 durable one (``entry`` set: a page from the Redis outbox) is a copy of a Redis stream entry; the
 worker fetches only as many as its window allows, so none is ever dropped here, and one abandoned
-at stop stays in Redis for the next start.
+at stop stays in Redis for the next start. :class:`PageSource` is what the worker fetches durable
+messages from and acknowledges them to (``watchdog.actuation.pages`` implements it on Redis).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
-from watchdog.alerting.channels import Alert
+from watchdog.alerting.message import Alert
 
 
 @dataclass(slots=True)
@@ -119,3 +121,18 @@ class DeliveryQueue:
         for d in out:
             self._held[d.durable] -= 1
         return out
+
+
+class PageSource(Protocol):
+    """Where a channel's durable pages wait: handed out in order, acknowledged by id. Never raises."""
+
+    def fetch(self, channel: str, n: int) -> list[tuple[str, Alert]]: ...
+
+    def ack(self, channel: str, entry: str) -> None: ...
+
+
+def acker(source: PageSource, channel: str, entry: str) -> Callable[[bool], None]:
+    """A durable page is done for its channel, delivered or given up: acknowledge it by its own id."""
+    def done(_ok: bool) -> None:
+        source.ack(channel, entry)
+    return done
