@@ -245,3 +245,49 @@ def test_a_channel_busy_with_slow_requests_keeps_its_lease(redis_client: Any) ->
             time.sleep(1.5)
     got = Counter(ids(sink))
     assert len(got) == n and len(sink.received) == n, got.most_common(3)
+
+
+_PAGER_PROCESS = """
+import sys, time, redis
+from watchdog.actuation.outbox import Pager
+from watchdog.alerting.alerter import Alerter
+from watchdog.core.keys import Keys
+client = redis.Redis(port=int(sys.argv[1]), decode_responses=True)
+alerter = Alerter([{"kind": "webhook", "url": sys.argv[2], "timeout_s": 3}], max_in_flight=2,
+                  backoff_initial=0.05, backoff_max=0.5).start()
+pager = Pager(client, Keys(), "g", "i1", alerter)
+while True:
+    pager.pump(time.time())
+    time.sleep(0.02)
+"""
+
+
+def test_sigkill_mid_delivery_loses_nothing_and_resends_only_what_was_in_flight(redis_client: Any) -> None:
+    """A real crash: the pager's process is SIGKILLed while pages are on the wire. The restarted one
+    delivers every page; a copy can only be a page that was in flight at the kill, with its id."""
+    import subprocess
+    import sys
+
+    n = 16
+    port = redis_client.connection_pool.connection_kwargs["port"]
+    with AlertSink(delay_s=0.4) as sink:
+        argv = [sys.executable, "-c", _PAGER_PROCESS, str(port), sink.url]
+        proc = subprocess.Popen(argv)
+        try:
+            dispatch(redis_client, *(act(f"r{i}") for i in range(n)))
+            wait(lambda: len(sink.received) >= 5, 10, "five pages")
+            proc.kill()
+            proc.wait(5)
+            before = Counter(r.body["id"] for r in sink.received)
+            proc = subprocess.Popen(argv)
+            wait(lambda: len(set(ids(sink))) >= n, 15, f"{n} distinct pages after the restart")
+            time.sleep(1.0)
+        finally:
+            proc.kill()
+            proc.wait(5)
+    got = Counter(ids(sink))
+    copies = {i for i, c in got.items() if c > 1}
+    print(f"\nSIGKILL: {sum(before.values())} POSTs before the kill, {len(got)} distinct of {n} after the "
+          f"restart, {sum(got.values()) - len(got)} sent twice (in flight at the kill: at most 2)")
+    assert len(got) == n and copies <= set(before) and len(copies) <= 2
+    assert redis_client.xlen(Keys().pages(GROUP, "webhook")) == 0
