@@ -175,9 +175,6 @@ class Pager:
         """Pages each channel still owes, as of the last read (at most ``BACKLOG_EVERY_S`` old)."""
         return dict(self._backlog)
 
-    def idle(self) -> bool:
-        return True
-
     def wait(self, timeout_s: float) -> None:
         """At shutdown: copy what the outbox holds to the page streams (delivery goes on at the next start)."""
         try:

@@ -113,10 +113,6 @@ class ChannelWorker:
         for t in self._threads:
             t.start()
 
-    def alive(self) -> bool:
-        """False when a started sender thread died (a readiness reason for the caller)."""
-        return not self._threads or all(t.is_alive() for t in self._threads) or self._deadline is not None
-
     def request_stop(self, deadline: float) -> None:
         with self._cond:
             self._deadline = deadline
@@ -133,7 +129,8 @@ class ChannelWorker:
     def stats(self) -> dict[str, Any]:
         return {"kind": self.channel.config.kind, "url": self.channel.endpoint(), "sent": self.sent,
                 "failed": self.failed, "retried": self.retried, "dropped": self.dropped,
-                "queued": self.queued(), "last_error": self.last_error}
+                "queued": self.queued(), "last_error": self.last_error,
+                "senders": sum(t.is_alive() for t in self._threads)}
 
     # -- sender threads -----------------------------------------------------------------------
 
