@@ -4,8 +4,10 @@
 or operational alert to its :class:`~watchdog.alerting.incidents.IncidentBook` (which decides
 whether the event is news) under one lock, and hands every resulting message to the
 :class:`~watchdog.alerting.delivery.ChannelWorker` of each channel whose ``min_severity`` accepts
-it. ``handle()`` only enqueues; it never waits on the network. Stats, open incidents and the
-start/stop of the workers are here too.
+it. ``handle()`` only enqueues; it never waits on the network. The daemon's pager uses ``render()``
+instead (the book decides, nothing is queued: the pager writes the messages to each channel's
+durable page stream) and ``attach()`` gives every worker that stream to deliver. Stats, open
+incidents and the start/stop of the workers are here too.
 """
 
 from __future__ import annotations

@@ -88,14 +88,14 @@ class ChannelWorker:
         """Deliver this channel's durable pages from ``source`` too."""
         with self._cond:
             self._source = source
-            self.wake_locked()
+            self._wake_locked()
 
     def wake(self) -> None:
         """New durable pages may be waiting: fetch now rather than at the next poll."""
         with self._cond:
-            self.wake_locked()
+            self._wake_locked()
 
-    def wake_locked(self) -> None:
+    def _wake_locked(self) -> None:
         self._fetch_wanted = True
         self._cond.notify()
 
