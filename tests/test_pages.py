@@ -291,3 +291,28 @@ def test_sigkill_mid_delivery_loses_nothing_and_resends_only_what_was_in_flight(
           f"restart, {sum(got.values()) - len(got)} sent twice (in flight at the kill: at most 2)")
     assert len(got) == n and copies <= set(before) and len(copies) <= 2
     assert redis_client.xlen(Keys().pages(GROUP, "webhook")) == 0
+
+
+def test_page_streams_hand_a_channel_to_its_lease_holder_only(redis_client: Any) -> None:
+    """``PageStreams`` on real Redis: pages in order, none twice while held, None once another
+    replica holds the channel's lease (the worker then forgets what it had not sent), and the head
+    of the stream again when the lease comes back; a delivered page is deleted by its id."""
+    from watchdog.actuation.pages import PageStreams
+
+    streams = PageStreams(redis_client, Keys(), GROUP, "i1", lease_ttl_s=1.0)
+    stream = streams.stream("slack")
+    for i in range(3):
+        redis_client.xadd(stream, {"json": Alert(f"k{i}", "firing", "warning", "s", "d", "alert", 0.0).to_json()})
+    got = streams.fetch("slack", 10)
+    assert got is not None and [a.key for _e, a in got] == ["k0", "k1", "k2"]
+    assert streams.fetch("slack", 10) == []  # held: not handed out twice
+    streams.ack("slack", got[0][0])
+    assert redis_client.xlen(stream) == 2
+    lease = Keys().lease(f"pages:{GROUP}:slack")
+    redis_client.set(lease, "i2", px=5000)  # i1 lost it (it paused past the TTL) and i2 took it
+    time.sleep(1.1)
+    assert streams.fetch("slack", 10) is None
+    redis_client.delete(lease)
+    time.sleep(0.4)
+    again = streams.fetch("slack", 10)
+    assert again is not None and [a.key for _e, a in again] == ["k1", "k2"]

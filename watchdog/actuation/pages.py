@@ -49,11 +49,16 @@ class PageStreams:
     def stream(self, channel: str) -> str:
         return self.keys.pages(self.group, channel)
 
-    def fetch(self, channel: str, n: int) -> list[tuple[str, Alert]]:
-        """Up to ``n`` pages ``channel`` does not hold yet, oldest first; none unless we hold its lease."""
+    def fetch(self, channel: str, n: int) -> list[tuple[str, Alert]] | None:
+        """Up to ``n`` pages ``channel`` does not hold yet, oldest first; None while another replica
+        holds its lease (what we held is forgotten: the holder sends it, or we read it again)."""
         try:
             self._retry_acks(channel)
             if not self._lease(channel):
+                with self._lock:
+                    self._held.pop(channel, None)
+                return None
+            if n <= 0:
                 return []
             with self._lock:
                 start = self._cursor.get(channel, "-")

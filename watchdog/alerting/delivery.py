@@ -161,16 +161,21 @@ class ChannelWorker:
         source = self._source
         assert source is not None
         name = self.channel.name
+        pages: list[tuple[str, Alert]] | None = []
         try:
             with self._cond:
                 room = self.window - self._queue.durable()
-            pages = source.fetch(name, room) if room > 0 else []
+            pages = source.fetch(name, max(0, room))  # with no room: only whether we may deliver
         except Exception:  # a source bug must not kill the sender thread
             log.exception("pages for %s could not be fetched", name)
             pages = []
         with self._cond:
             self._fetching = False
             self._next_poll = time.monotonic() + POLL_S
+            if pages is None:  # another replica delivers this channel now: it sends what we had not
+                if self._queue.drop_durable():
+                    log.warning("pages of %s: delivered by another replica now", name)
+                pages = []
             for entry, alert in pages:
                 self._queue.put(Delivery(alert, entry=entry, done=acker(source, name, entry)))
             self._cond.notify_all()
@@ -191,7 +196,8 @@ class ChannelWorker:
                     waits.append(self._deadline - now)  # type: ignore[operator]
                 else:
                     if self._source is not None and not self._fetching:
-                        if (self._fetch_wanted or now >= self._next_poll) and self._queue.durable() < self.window:
+                        room = self._queue.durable() < self.window
+                        if (self._fetch_wanted and room) or now >= self._next_poll:
                             self._fetching, self._fetch_wanted = True, False
                             return "fetch"
                         waits.append(max(0.0, self._next_poll - now))

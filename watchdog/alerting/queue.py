@@ -114,6 +114,14 @@ class DeliveryQueue:
     def in_flight(self) -> int:
         return len(self._in_flight)
 
+    def drop_durable(self) -> int:
+        """Forget the waiting durable messages (their store still has them); returns how many."""
+        keep = [d for d in self._items if not d.durable]
+        dropped = len(self._items) - len(keep)
+        self._items = deque(keep)
+        self._held[True] -= dropped
+        return dropped
+
     def drain(self) -> list[Delivery]:
         """Remove and return every waiting message (at stop)."""
         out = list(self._items)
@@ -124,9 +132,11 @@ class DeliveryQueue:
 
 
 class PageSource(Protocol):
-    """Where a channel's durable pages wait: handed out in order, acknowledged by id. Never raises."""
+    """Where a channel's durable pages wait: handed out in order, acknowledged by id. Never raises.
+    ``fetch`` returns None when this process may not deliver the channel now (another replica does):
+    the worker then forgets the pages it holds but has not sent."""
 
-    def fetch(self, channel: str, n: int) -> list[tuple[str, Alert]]: ...
+    def fetch(self, channel: str, n: int) -> list[tuple[str, Alert]] | None: ...
 
     def ack(self, channel: str, entry: str) -> None: ...
 
