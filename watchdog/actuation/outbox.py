@@ -1,37 +1,50 @@
 """Pages from the outbox: on-call messages written in the same atomic step as the decision.
 
 A flip, the engine state it implies and its page record land together (``flip.lua``); alerts and
-resolves land with the partition checkpoint (``checkpoint.lua``). The pager reads the outbox stream
-through a Redis consumer group (``pager``), one record at a time in order, hands it to the
-``Alerter``, and once every channel has delivered (or given up) stores the open incidents and
-acknowledges the record in one MULTI (the incidents are a Redis hash, one field per incident key, so
-replicas that share the outbox share them too; a record's incident is re-read from it before the
-record is handled). So:
+resolves land with the partition checkpoint (``checkpoint.lua``). The pager takes the outbox stream
+from its head, in order: it lets the ``Alerter``'s incident book turn a record into messages
+(``render``: nothing is sent yet) and, in one MULTI under WATCH of the outbox and the incidents,
+stores the record's incident, appends each message to the page stream of every channel that accepts
+it (``watchdog.actuation.pages``) and deletes the record. It never waits on the network: each channel
+then delivers its own stream at its own pace. The incidents are a Redis hash, one field per incident
+key, so replicas that share the outbox share them too; the WATCH makes replicas take the records one
+after another, in stream order, each exactly once (the loser of a race reads the new head). So:
 
 * no page goes out before its flip is in Redis (the record does not exist before);
-* a restarted daemon re-reads its unacknowledged record and the incidents as they were before it,
-  so it neither loses a resolve nor re-pages what was acknowledged (a page delivered but not yet
-  acknowledged when the process died is sent again: at least once, receivers dedupe by key);
-* records of a dead replica are claimed after ``claim_idle_s``.
+* a dead Slack webhook holds back only Slack's pages, never PagerDuty's;
+* a restarted daemon finds the records not yet taken at the head of the outbox and the incidents as
+  they were, and each channel's undelivered pages in its stream: nothing is lost, and only a page
+  delivered in the instant before the crash is sent again, with the same page id (at least once).
+
+Before this design the outbox was read through consumer group ``pager`` and records were only
+acknowledged; ``start`` trims what that group had acknowledged and removes the group, once.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 import redis
 
+from watchdog.actuation.pages import PageStreams
 from watchdog.alerting.alerter import Alerter
 from watchdog.core.keys import Keys, text
 from watchdog.core.signals import Action
 
 log = logging.getLogger(__name__)
 
+#: the consumer group of the outbox before per-channel page streams (removed by ``Pager.start``)
 GROUP = "pager"
+#: outbox records taken per pump
+BATCH = 100
+#: tries of one record while other replicas change the incidents under it
+WATCH_TRIES = 5
+#: seconds between two reads of the channels' backlog
+BACKLOG_EVERY_S = 1.0
 
 
 def action_record(action: Action, instance: str) -> str:
@@ -50,132 +63,125 @@ def action_from_record(raw: str) -> Action:
 
 class Pager:
     def __init__(self, client: Any, keys: Keys, group: str, instance: str, alerter: Alerter,
-                 claim_idle_s: float = 30.0) -> None:
+                 lease_ttl_s: float = 10.0) -> None:
         self.client = client
         self.keys = keys
         self.instance = instance
         self.alerter = alerter
-        self.claim_idle_s = claim_idle_s
+        self.pages = PageStreams(client, keys, group, instance, lease_ttl_s)
         self._incidents_key = keys.incidents(group)
         self._ready = False
         self._restored = False
-        self._current: str | None = None
-        self._current_key: str | None = None
-        self._done = threading.Event()
-        #: the record in flight is acknowledged by the delivery thread or, on a retry, by the loop
-        self._lock = threading.Lock()
-        self._loop_thread: int | None = None
-        self._last_claim = 0.0
-        self.delivered = 0
+        self._attached = False
+        self._last_backlog = 0.0
+        self._backlog: dict[str, int] = {}
+        #: outbox records copied to the channels' page streams
+        self.taken = 0
 
     def start(self) -> None:
-        """Create the consumer group and load the open incidents (Redis errors propagate)."""
-        try:
-            self.client.xgroup_create(self.keys.outbox, GROUP, id="0", mkstream=True)
-        except redis.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        """Load the open incidents, hand the page streams to the alerter (Redis errors propagate)."""
+        self._migrate()
         if not self._restored:
             raw = self.client.hgetall(self._incidents_key)
             self.alerter.restore_incidents([json.loads(text(v)) for v in raw.values()])
             self._restored = True
+        if not self._attached:
+            self.alerter.attach(self.pages)
+            self._attached = True
         self._ready = True
 
-    def pump(self, now: float) -> None:
-        """Move the outbox along: never blocks; Redis errors propagate (the caller reports them)."""
+    def _migrate(self) -> None:
+        """Trim what the old consumer group ``pager`` acknowledged, then remove the group."""
         try:
-            self._pump(now)
-        except redis.ResponseError as exc:
-            if "NOGROUP" not in str(exc):
-                raise
-            # Redis lost the stream (restart without persistence): start the group afresh
-            log.error("outbox consumer group gone from Redis; re-creating it")
-            self._ready = False
-            self._current = None
+            groups = self.client.xinfo_groups(self.keys.outbox)
+        except redis.ResponseError:  # no outbox yet
+            return
+        if not any(text(g.get("name")) == GROUP for g in groups):
+            return
+        last = next(text(g.get("last-delivered-id")) for g in groups if text(g.get("name")) == GROUP)
+        pending = self.client.xpending(self.keys.outbox, GROUP)
+        if pending.get("pending"):
+            keep_from = text(pending["min"])
+        else:
+            ms, seq = last.split("-")
+            keep_from = f"{ms}-{int(seq) + 1}"
+        trimmed = self.client.xtrim(self.keys.outbox, minid=keep_from, approximate=False)
+        self.client.xgroup_destroy(self.keys.outbox, GROUP)
+        log.info("outbox: %d records the old consumer group had acknowledged trimmed; group removed", trimmed)
 
-    def _pump(self, now: float) -> None:
-        self._loop_thread = threading.get_ident()
+    def pump(self, now: float) -> None:
+        """Move the outbox along: never waits on a channel; Redis errors propagate (the caller reports them)."""
         if not self._ready:
             self.start()
-        if self._current is not None:
-            if not self._done.is_set():
-                return
-            self._ack()  # the delivery thread's own acknowledgement failed (Redis): retry it here
-            if self._current is not None:
-                return
-        entry = self._next(now)
-        if entry is None:
-            return
-        entry_id, raw = entry
-        self._current = entry_id
-        self._done.clear()
+        taken = 0
+        for entry_id, raw in self._head():
+            if not self._take(entry_id, raw):
+                break  # another replica took it first, or it kept changing: read the head again next pump
+            taken += 1
+        if taken:
+            self.alerter.wake()
+        self.pages.keep(self.alerter.channel_names())
+        if time.monotonic() - self._last_backlog >= BACKLOG_EVERY_S:
+            self._last_backlog = time.monotonic()
+            self._backlog = self.pages.backlog(self.alerter.channel_names())
+
+    def _head(self) -> list[tuple[str, str]]:
+        entries = self.client.xrange(self.keys.outbox, count=BATCH)
+        return [(text(e), text((f or {}).get("json") or "{}")) for e, f in entries]
+
+    def _take(self, entry_id: str, raw: str) -> bool:
+        """One record: its messages onto the channels' page streams, its incident stored, the record
+        deleted, all in one MULTI under WATCH of the outbox and the incidents: if another replica
+        took a record or changed an incident meanwhile, this one reads again."""
         try:
             action = action_from_record(raw)
         except (ValueError, KeyError, TypeError) as exc:
             log.error("outbox record %s unreadable, skipped: %s", entry_id, exc)
-            self._current_key = None
-            self._done.set()
-            return
-        self._current_key = action.incident_key
-        raw = self.client.hget(self._incidents_key, action.incident_key)
-        self.alerter.set_incident(action.incident_key, json.loads(text(raw)) if raw else None)
-        self.alerter.handle(action, on_done=self._delivered)
+            action = None
+        for _ in range(WATCH_TRIES):
+            with self.client.pipeline(transaction=True) as pipe:
+                try:
+                    pipe.watch(self.keys.outbox, self._incidents_key)
+                    if not pipe.xrange(self.keys.outbox, min=entry_id, max=entry_id):
+                        return False  # another replica took it
+                    stored = pipe.hget(self._incidents_key, action.incident_key) if action is not None else None
+                    pipe.multi()
+                    if action is not None:
+                        self._render(pipe, entry_id, action, stored)
+                    pipe.xdel(self.keys.outbox, entry_id)
+                    pipe.execute()
+                except redis.WatchError:
+                    continue
+            self.taken += 1
+            return True
+        log.warning("outbox record %s: the outbox kept changing under it; taken again at the next pump", entry_id)
+        return False
 
-    def _delivered(self) -> None:
-        """Every channel is done with the record: acknowledge it at once, from the delivery thread,
-        so the window in which a crash re-sends a delivered page is one Redis round trip, not a loop
-        iteration; if Redis fails here, the next ``pump`` retries."""
-        self._done.set()
-        if threading.get_ident() == self._loop_thread:
-            return  # called from inside Alerter.handle (no channel to wait for): the loop acknowledges
-        try:
-            self._ack()
-        except (redis.RedisError, OSError) as exc:
-            log.warning("outbox acknowledgement failed (retried by the loop): %s", exc)
+    def _render(self, pipe: Any, entry_id: str, action: Action, stored: Any) -> None:
+        key = action.incident_key
+        self.alerter.set_incident(key, json.loads(text(stored)) if stored else None)
+        for i, alert in enumerate(self.alerter.render(action)):
+            # the page id names the record, so a record read again after a crash gives the same ids
+            alert = replace(alert, page_id=f"{self.keys.prefix}:{entry_id}:{i}")
+            for channel in self.alerter.channels_for(alert):
+                pipe.xadd(self.pages.stream(channel), {"json": alert.to_json()})
+        inc = self.alerter.incident(key)
+        if inc is None:
+            pipe.hdel(self._incidents_key, key)
+        else:
+            pipe.hset(self._incidents_key, key, json.dumps(inc, default=str))
 
-    def _ack(self) -> None:
-        with self._lock:
-            if self._current is None:
-                return
-            pipe = self.client.pipeline(transaction=True)
-            if self._current_key:
-                inc = self.alerter.incident(self._current_key)
-                if inc is None:
-                    pipe.hdel(self._incidents_key, self._current_key)
-                else:
-                    pipe.hset(self._incidents_key, self._current_key, json.dumps(inc, default=str))
-            pipe.xack(self.keys.outbox, GROUP, self._current)
-            pipe.execute()
-            self.delivered += 1
-            self._current = None
-
-    def _next(self, now: float) -> tuple[str, str] | None:
-        # our own unacknowledged record first (a restart), then new ones, then a dead replica's
-        for start in ("0", ">"):
-            reply = self.client.xreadgroup(GROUP, self.instance, {self.keys.outbox: start}, count=1)
-            for _stream, entries in reply or []:
-                for entry_id, fields in entries:
-                    if fields:
-                        return text(entry_id), text(fields.get("json") or fields.get(b"json") or "{}")
-        if now - self._last_claim > self.claim_idle_s / 2:
-            self._last_claim = now
-            claimed = self.client.xautoclaim(self.keys.outbox, GROUP, self.instance,
-                                             min_idle_time=int(self.claim_idle_s * 1000), count=1)
-            for entry_id, fields in (claimed[1] if len(claimed) > 1 else []):
-                if fields:
-                    return text(entry_id), text(fields.get("json") or "{}")
-        return None
-
-    def idle(self) -> bool:
-        return self._current is None
+    def backlog(self) -> dict[str, int]:
+        """Pages each channel still owes, as of the last read (at most ``BACKLOG_EVERY_S`` old)."""
+        return dict(self._backlog)
 
     def wait(self, timeout_s: float) -> None:
-        """At shutdown: give the record in flight a moment to be delivered and acknowledged."""
-        deadline = time.monotonic() + timeout_s
-        while self._current is not None and time.monotonic() < deadline:
-            if self._done.wait(0.05):
-                try:
-                    self.pump(time.time())
-                except redis.RedisError:
-                    return
-                return
+        """At shutdown: copy what the outbox holds to the page streams (delivery goes on at the next start)."""
+        try:
+            self.pump(time.time())
+        except (redis.RedisError, OSError):
+            return
+
+    def release(self) -> None:
+        """After the alerter stopped: hand the channels' leases to the next replica."""
+        self.pages.release()

@@ -1,4 +1,5 @@
 """Stage 5, pages: incidents and the alerter that de-duplicates, escalates and resolves them
-(``alerter``), and one class per channel (webhook, Slack, PagerDuty, Alertmanager) that fails on its
-own (``channels``).
+(``incidents``, ``alerter``), the message every channel sees (``message``), one class per channel
+(webhook, Slack, PagerDuty, Alertmanager, ``channels``), and each channel's own queue and sender
+threads (``queue``, ``delivery``), so that each fails and waits on its own.
 """

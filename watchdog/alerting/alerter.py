@@ -4,8 +4,10 @@
 or operational alert to its :class:`~watchdog.alerting.incidents.IncidentBook` (which decides
 whether the event is news) under one lock, and hands every resulting message to the
 :class:`~watchdog.alerting.delivery.ChannelWorker` of each channel whose ``min_severity`` accepts
-it. ``handle()`` only enqueues; it never waits on the network. Stats, open incidents and the
-start/stop of the workers are here too.
+it. ``handle()`` only enqueues; it never waits on the network. The daemon's pager uses ``render()``
+instead (the book decides, nothing is queued: the pager writes the messages to each channel's
+durable page stream) and ``attach()`` gives every worker that stream to deliver. Stats, open
+incidents and the start/stop of the workers are here too.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from watchdog.alerting.channels import Alert, Channel, build_channel
+from watchdog.alerting.channels import Channel, build_channel
 from watchdog.alerting.delivery import ChannelWorker
 from watchdog.alerting.incidents import OPS_PREFIX, IncidentBook
+from watchdog.alerting.message import Alert
+from watchdog.alerting.queue import PageSource
 from watchdog.core.signals import Action, Severity
 
 log = logging.getLogger(__name__)
@@ -31,19 +35,31 @@ class Alerter:
     def __init__(self, channels: Sequence[Channel | Mapping[str, Any] | Any], *, max_queue: int = 1000,
                  backoff_initial: float = 0.5, backoff_max: float = 60.0, max_attempts: int = 8,
                  status_url: str | None = None, clock: Callable[[], float] = time.time,
-                 seed: int | None = None, on_page: Callable[[str, int], None] | None = None) -> None:
-        """``on_page(result, n)`` counts messages per channel: delivered, failed (given up) or dropped."""
+                 seed: int | None = None, on_page: Callable[[str, int], None] | None = None,
+                 on_channel_page: Callable[[str, str, int], None] | None = None, max_in_flight: int = 4,
+                 durable_give_up_s: float = 3600.0) -> None:
+        """``on_page(result, n)`` counts messages over all channels: delivered, failed (given up) or
+        dropped; ``on_channel_page(channel, result, n)`` the same per channel, plus ``retried``."""
         if max_queue < 1 or max_attempts < 1 or backoff_initial <= 0 or backoff_max < backoff_initial:
             raise ValueError("alerter: need max_queue >= 1, max_attempts >= 1, 0 < backoff_initial <= backoff_max")
+        if max_in_flight < 1:
+            raise ValueError("alerter: need max_in_flight >= 1")
         built = [c if isinstance(c, Channel) else build_channel(c) for c in channels]
         self._dedupe_names(built)
         self._book = IncidentBook(status_url=status_url, clock=clock)
         self._lock = threading.Lock()
         rng = random.Random(seed)
+
+        def count(channel: str, result: str, n: int) -> None:
+            if on_page is not None and result != "retried":
+                on_page(result, n)
+            if on_channel_page is not None:
+                on_channel_page(channel, result, n)
+
         self.workers = [
             ChannelWorker(ch, max_queue=max_queue, backoff_initial=backoff_initial, backoff_max=backoff_max,
                           max_attempts=max_attempts, active=self._active_alerts, rng=random.Random(rng.random()),
-                          on_page=on_page)
+                          on_page=count, max_in_flight=max_in_flight, durable_give_up_s=durable_give_up_s)
             for ch in built
         ]
         self.invalid = 0
@@ -63,18 +79,43 @@ class Alerter:
 
     # -- inputs (never block on I/O) ----------------------------------------------------------
 
-    def handle(self, action: Action, on_done: Callable[[], None] | None = None) -> list[Alert]:
-        """Record an action; returns the messages it produced (empty when suppressed). ``on_done`` is
-        called once every message is delivered or given up on every channel (at once when none)."""
+    def handle(self, action: Action) -> list[Alert]:
+        """Record an action and queue its messages in memory; returns them (empty when suppressed)."""
         with self._lock:
-            try:
-                alerts = self._book.on_action(action)
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                self.invalid += 1
-                log.error("alerter: cannot handle action %r for %s: %s", action.kind, action.incident_key, exc)
-                alerts = []
-            self._dispatch(alerts, on_done)
+            alerts = self._render(action)
+            self._dispatch(alerts)
         return alerts
+
+    def render(self, action: Action) -> list[Alert]:
+        """Record an action and return its messages without sending them: the pager writes them to
+        each channel's durable page stream (``attach``), in the same step as the incident."""
+        with self._lock:
+            return self._render(action)
+
+    def _render(self, action: Action) -> list[Alert]:
+        try:
+            return self._book.on_action(action)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            self.invalid += 1
+            log.error("alerter: cannot handle action %r for %s: %s", action.kind, action.incident_key, exc)
+            return []
+
+    def channels_for(self, alert: Alert) -> list[str]:
+        """Names of the channels whose ``min_severity`` accepts ``alert``."""
+        return [w.channel.name for w in self.workers if w.channel.accepts(alert)]
+
+    def channel_names(self) -> list[str]:
+        return [w.channel.name for w in self.workers]
+
+    def attach(self, source: PageSource) -> None:
+        """Every channel also delivers its durable pages from ``source``, each at its own pace."""
+        for w in self.workers:
+            w.attach(source)
+
+    def wake(self) -> None:
+        """New durable pages were written: let every channel fetch them now."""
+        for w in self.workers:
+            w.wake()
 
     def export_incidents(self) -> list[dict[str, Any]]:
         """Open route incidents (ops incidents are about this process and are not kept)."""
@@ -114,30 +155,13 @@ class Alerter:
             self._dispatch(alerts)
         return alerts
 
-    def _dispatch(self, alerts: list[Alert], on_done: Callable[[], None] | None = None) -> None:
+    def _dispatch(self, alerts: list[Alert]) -> None:
         # called under self._lock so two threads' messages for one key reach the queues in order
-        targets = [(alert, w) for alert in alerts for w in self.workers if w.channel.accepts(alert)]
         for alert in alerts:
             log.info("alert %s %s %s: %s", alert.status, alert.severity, alert.key, alert.summary)
-        if on_done is None:
-            for alert, worker in targets:
-                worker.put(alert)
-            return
-        if not targets:
-            on_done()
-            return
-        left = [len(targets)]
-        guard = threading.Lock()
-
-        def one_done(_ok: bool) -> None:
-            with guard:
-                left[0] -= 1
-                last = left[0] == 0
-            if last:
-                on_done()
-
-        for alert, worker in targets:
-            worker.put(alert, one_done)
+            for w in self.workers:
+                if w.channel.accepts(alert):
+                    w.put(alert)
 
     def _active_alerts(self) -> list[Alert]:
         with self._lock:

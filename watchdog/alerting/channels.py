@@ -1,8 +1,8 @@
 """Alert channels: what an on-call alert looks like on the wire for each receiver.
 
 One registry maps a channel kind (``webhook``, ``slack``, ``pagerduty``, ``alertmanager``) to its
-class. A channel is pure: it turns an :class:`Alert` into (url, headers, JSON body); the HTTP
-POST, retries and queueing live in :mod:`watchdog.alerting.delivery`.
+class. A channel is pure: it turns an :class:`~watchdog.alerting.message.Alert` into (url, headers,
+JSON body); the HTTP POST, retries and queueing live in :mod:`watchdog.alerting.delivery`.
 """
 
 from __future__ import annotations
@@ -11,107 +11,18 @@ import difflib
 import socket
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any, ClassVar, Literal
+from collections.abc import Mapping
+from typing import Any, ClassVar
 from urllib.parse import quote
 
 from pydantic import ValidationError
 
+from watchdog.alerting.message import Alert, rfc3339
 from watchdog.config.settings import AlertChannelConfig
-from watchdog.core.signals import SEVERITY_RANK, Severity
-
-AlertStatus = Literal["firing", "resolved"]
+from watchdog.core.signals import SEVERITY_RANK
 
 #: version of the generic webhook body; bump when a field changes meaning
 WEBHOOK_SCHEMA = "llm-watchdog.alert/v1"
-
-#: detail keys that may carry customer text; never sent to a receiver
-PRIVATE_KEYS = frozenset(
-    {
-        "prompt",
-        "prompts",
-        "completion",
-        "completions",
-        "messages",
-        "message_text",
-        "input",
-        "inputs",
-        "output",
-        "outputs",
-        "response",
-        "responses",
-        "text",
-        "texts",
-        "reference",
-        "references",
-        "candidate_text",
-        "baseline_text",
-    }
-)
-_MAX_DETAIL_STR = 300
-_MAX_DETAIL_ITEMS = 50
-
-
-@dataclass(frozen=True, slots=True)
-class Alert:
-    """One message about one incident, as every channel sees it."""
-
-    key: str
-    status: AlertStatus
-    severity: Severity
-    summary: str
-    description: str
-    #: what caused this message: alert, rollback, promote, resolve, escalate, ops, ops_resolve
-    event: str
-    started_at: float
-    ended_at: float | None = None
-    model: str | None = None
-    route: str | None = None
-    policy: str | None = None
-    dry_run: bool = False
-    #: set when the message raises the severity of an already open incident
-    previous_severity: Severity | None = None
-    detail: dict[str, Any] = field(default_factory=dict)
-    #: back-link to the watchdog status page, if known
-    url: str | None = None
-
-    @property
-    def is_ops(self) -> bool:
-        return self.route is None
-
-
-def scrub(detail: Mapping[str, Any], depth: int = 0) -> dict[str, Any]:
-    """Copy ``detail`` without keys that may hold prompts/completions, with long values cut."""
-    out: dict[str, Any] = {}
-    for i, (k, v) in enumerate(detail.items()):
-        if i >= _MAX_DETAIL_ITEMS:
-            out["_truncated"] = True
-            break
-        if str(k).lower() in PRIVATE_KEYS:
-            continue
-        out[str(k)] = _scrub_value(v, depth)
-    return out
-
-
-def _scrub_value(v: Any, depth: int) -> Any:
-    if v is None or isinstance(v, bool | int | float):
-        return v
-    if isinstance(v, str):
-        return v if len(v) <= _MAX_DETAIL_STR else v[:_MAX_DETAIL_STR] + "…"
-    if depth >= 3:
-        return str(v)[:_MAX_DETAIL_STR]
-    if isinstance(v, Mapping):
-        return scrub(v, depth + 1)
-    if isinstance(v, list | tuple | set | frozenset):
-        return [_scrub_value(x, depth + 1) for x in list(v)[:_MAX_DETAIL_ITEMS]]
-    return str(v)[:_MAX_DETAIL_STR]
-
-
-def rfc3339(ts: float) -> str:
-    return datetime.fromtimestamp(ts, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
 
 def channel_config(raw: AlertChannelConfig | Mapping[str, Any] | Any) -> AlertChannelConfig:
     """A checked :class:`~watchdog.config.settings.AlertChannelConfig` from the model itself, a
@@ -232,6 +143,8 @@ def _facts(alert: Alert) -> dict[str, str]:
         facts.update(model=str(alert.model), route=alert.route, policy=str(alert.policy))
     facts["event"] = alert.event + (" (dry run)" if alert.dry_run else "")
     facts["since"] = rfc3339(alert.started_at)
+    if alert.page_id:
+        facts["page"] = alert.page_id
     return facts
 
 
@@ -260,6 +173,7 @@ class WebhookChannel(Channel):
             "ended_at": rfc3339(alert.ended_at) if alert.ended_at is not None else None,
             "url": alert.url,
             "detail": alert.detail,
+            "id": alert.page_id,
         }
 
 
@@ -376,7 +290,3 @@ def _hostname(_cache: dict[str, str] = {}) -> str:  # noqa: B006 - memo of one v
     if "h" not in _cache:
         _cache["h"] = socket.gethostname() or "llm-watchdog"
     return _cache["h"]
-
-
-#: type of a function that lists the alerts of open incidents (for channels that re-send)
-ActiveAlerts = Callable[[], list[Alert]]

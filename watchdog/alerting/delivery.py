@@ -1,190 +1,282 @@
-"""Delivery to one alert channel: a bounded queue drained in order by one thread.
+"""Delivery to one alert channel: a few sender threads draining that channel's own queue.
 
-:class:`ChannelWorker` owns everything that touches the network for one channel: the queue
-(oldest dropped, and counted, when full), the delivery thread, the HTTP POST through httpx, the
-retry decision (connection errors, timeouts, 408/425/429 and 5xx are retried; other 4xx are not)
-and the retry delays from :func:`watchdog.core.backoff.backoff_delay` on the monotonic clock. A
+:class:`ChannelWorker` owns everything that touches the network for one channel: its
+:class:`~watchdog.alerting.queue.DeliveryQueue` (in order per incident, up to ``max_in_flight``
+incidents at once), the sender threads, the HTTP POST through httpx, the retry decision (connection
+errors, timeouts, 408/425/429 and 5xx are retried; other 4xx are not) and the retry delays from
+:func:`watchdog.core.backoff.backoff_delay` on the monotonic clock. The backoff is the channel's, not
+each message's: after a retryable failure the channel sends one probe at a time, each after the
+next backoff delay, and goes back to ``max_in_flight`` at once when one gets through, so a receiver
+that is down is not hammered by every waiting message and gets them all soon after it is back. A
 channel that fails or hangs delays only its own messages; the alerter never waits on it.
+
+Durable pages come from a :class:`PageSource` (the Redis outbox's per-channel stream, see
+``watchdog.actuation.pages``): the worker fetches at most ``window`` of them at a time, retries a
+retryable failure until it is delivered or ``durable_give_up_s`` old, and acknowledges each by its
+own id as soon as it is delivered or given up. In-memory messages (ops alerts) keep ``max_attempts``.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 import threading
 import time
-from collections import deque
+import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any, Literal
 
 import httpx
 
-from watchdog.alerting.channels import ActiveAlerts, Alert, Channel
+from watchdog.alerting.channels import Channel
+from watchdog.alerting.message import ActiveAlerts, Alert
+from watchdog.alerting.queue import Delivery, DeliveryQueue, PageSource, acker
 from watchdog.core.backoff import backoff_delay
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(slots=True)
-class _Delivery:
-    """One message on its way to one channel: the attempts so far and when the next is due."""
-
-    alert: Alert
-    attempt: int = 0
-    due: float = 0.0
-    #: called once the message is delivered or given up (not when abandoned at stop)
-    done: Callable[[bool], None] | None = None
+#: seconds between two looks at the page source when nobody woke the worker
+POLL_S = 1.0
+#: page ids of in-memory messages: this process, then a count
+_PROCESS_ID = uuid.uuid4().hex[:12]
+_SEQ = itertools.count(1)
 
 
 class ChannelWorker:
-    """Delivers one channel's alerts in order from a bounded queue, in its own thread.
-
-    Order is kept per channel (a resolve never overtakes its trigger): while the head of the
-    queue waits for a retry, the messages behind it wait too.
-    """
+    """Delivers one channel's alerts from its queue, in ``max_in_flight`` threads of its own."""
 
     def __init__(self, channel: Channel, *, max_queue: int, backoff_initial: float, backoff_max: float,
                  max_attempts: int, active: ActiveAlerts, rng: random.Random,
-                 on_page: Callable[[str, int], None] | None = None) -> None:
-        self._on_page = on_page or (lambda result, n: None)  # counts (delivered|failed|dropped, n) messages
+                 on_page: Callable[[str, str, int], None] | None = None, max_in_flight: int = 4,
+                 durable_give_up_s: float = 3600.0) -> None:
+        #: counts (channel, delivered|failed|dropped|retried, n) messages
+        self._on_page = on_page or (lambda channel, result, n: None)
         self.channel = channel
-        self.max_queue = max_queue
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
         self.max_attempts = max_attempts
+        self.max_in_flight = max_in_flight
+        self.durable_give_up_s = durable_give_up_s
+        self.window = 8 * max_in_flight
         self._active = active
         self._rng = rng
-        self._queue: deque[_Delivery] = deque()
+        self._queue = DeliveryQueue(max_queue)
         self._cond = threading.Condition()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._deadline: float | None = None  # set by stop(): drain until then
-        self._abandoned = 0  # deliveries dropped by the last stop()
+        self._abandoned = 0  # in-memory deliveries dropped by the last stop()
         self._last_resend = time.monotonic()
+        self._source: PageSource | None = None
+        self._fetching = False
+        self._fetch_wanted = True
+        self._next_poll = 0.0
+        self._failures = 0  # retryable failures in a row: the channel's backoff
+        self._resume_at = 0.0  # monotonic time of the next probe while failing
         self.sent = self.failed = self.retried = self.dropped = 0
         self.last_error: str | None = None
 
     # -- called from any thread ---------------------------------------------------------------
 
-    def put(self, alert: Alert, done: Callable[[bool], None] | None = None) -> None:
+    def put(self, alert: Alert) -> None:
         with self._cond:
-            self._append(_Delivery(alert, done=done))
+            self._count_dropped(self._queue.put(Delivery(alert)))
             self._cond.notify()
+
+    def attach(self, source: PageSource) -> None:
+        """Deliver this channel's durable pages from ``source`` too."""
+        with self._cond:
+            self._source = source
+            self._wake_locked()
+
+    def wake(self) -> None:
+        """New durable pages may be waiting: fetch now rather than at the next poll."""
+        with self._cond:
+            self._wake_locked()
+
+    def _wake_locked(self) -> None:
+        self._fetch_wanted = True
+        self._cond.notify()
 
     def queued(self) -> int:
         with self._cond:
-            return len(self._queue)
+            return len(self._queue) + self._queue.in_flight()
 
     def start(self) -> None:
-        if self._thread is not None and self._thread.is_alive():
+        if any(t.is_alive() for t in self._threads):
             return
         self._deadline = None
         self._abandoned = 0
-        self._thread = threading.Thread(target=self._run, name=f"alerts-{self.channel.name}", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._run, args=(i,), name=f"alerts-{self.channel.name}-{i}",
+                                          daemon=True) for i in range(self.max_in_flight)]
+        for t in self._threads:
+            t.start()
 
     def request_stop(self, deadline: float) -> None:
         with self._cond:
             self._deadline = deadline
-            self._cond.notify()
+            self._cond.notify_all()
 
     def join(self, deadline: float) -> bool:
-        if self._thread is not None:
-            self._thread.join(max(0.0, deadline - time.monotonic()) + 0.05)
-            if self._thread.is_alive():
-                return False
-            self._thread = None
-        return not self._queue and not self._abandoned
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()) + 0.05)
+        if any(t.is_alive() for t in self._threads):
+            return False
+        self._threads = []
+        return not self._queue.in_memory() and not self._abandoned
 
     def stats(self) -> dict[str, Any]:
         return {"kind": self.channel.config.kind, "url": self.channel.endpoint(), "sent": self.sent,
                 "failed": self.failed, "retried": self.retried, "dropped": self.dropped,
-                "queued": self.queued(), "last_error": self.last_error}
+                "queued": self.queued(), "last_error": self.last_error,
+                "senders": sum(t.is_alive() for t in self._threads)}
 
-    # -- worker thread ------------------------------------------------------------------------
+    # -- sender threads -----------------------------------------------------------------------
 
-    def _append(self, item: _Delivery, front: bool = False) -> None:
-        if front:
-            self._queue.appendleft(item)
-        else:
-            self._queue.append(item)
-        while len(self._queue) > self.max_queue:
-            lost = self._queue.popleft()
+    def _count_dropped(self, lost: list[Delivery]) -> None:
+        for item in lost:
             self.dropped += 1
-            self._on_page("dropped", 1)
+            self._on_page(self.channel.name, "dropped", 1)
             if self.dropped & (self.dropped - 1) == 0:  # log the 1st, 2nd, 4th, 8th... drop, not all
                 log.warning("alert queue of %s full: dropped %s (%s); %d dropped so far", self.channel.name,
-                            lost.alert.key, lost.alert.status, self.dropped)
+                            item.alert.key, item.alert.status, self.dropped)
 
-    def _next(self) -> _Delivery | None:
-        """Wait for the next due delivery; None when stopping and done."""
+    def _next(self, index: int) -> Delivery | None:
+        """Wait for the next delivery that may go; None when stopping and done."""
         while True:
-            item = self._wait()
-            if not isinstance(item, str):
-                return item
-            # fetched without holding our lock: the alerter takes its lock, then ours
-            alerts = [a for a in self._active() if self.channel.accepts(a)]
-            with self._cond:
-                for alert in alerts:
-                    self._append(_Delivery(alert))
+            got = self._wait(index)
+            if got is None or isinstance(got, Delivery):
+                return got
+            if got == "resend":
+                # fetched without holding our lock: the alerter takes its lock, then ours
+                alerts = [a for a in self._active() if self.channel.accepts(a)]
+                with self._cond:
+                    for alert in alerts:
+                        self._count_dropped(self._queue.put(Delivery(alert)))
+            else:
+                self._fetch()
 
-    def _wait(self) -> _Delivery | None | Literal["resend"]:
+    def _fetch(self) -> None:
+        source = self._source
+        assert source is not None
+        name = self.channel.name
+        pages: list[tuple[str, Alert]] | None = []
+        try:
+            with self._cond:
+                room = self.window - self._queue.durable()
+            pages = source.fetch(name, max(0, room))  # with no room: only whether we may deliver
+        except Exception:  # a source bug must not kill the sender thread
+            log.exception("pages for %s could not be fetched", name)
+            pages = []
+        with self._cond:
+            self._fetching = False
+            self._next_poll = time.monotonic() + POLL_S
+            if pages is None:  # another replica delivers this channel now: it sends what we had not
+                if self._queue.drop_durable():
+                    log.warning("pages of %s: delivered by another replica now", name)
+                pages = []
+            for entry, alert in pages:
+                self._queue.put(Delivery(alert, entry=entry, done=acker(source, name, entry)))
+            self._cond.notify_all()
+
+    def _wait(self, index: int) -> Delivery | None | Literal["resend", "fetch"]:
         with self._cond:
             while True:
                 now = time.monotonic()
                 stopping = self._deadline is not None
-                if stopping and (not self._queue or now >= self._deadline):  # type: ignore[operator]
-                    if self._queue:
-                        self.dropped += len(self._queue)
-                        self._on_page("dropped", len(self._queue))
-                        self._abandoned += len(self._queue)
-                        log.warning("alerts to %s: %d undelivered at stop", self.channel.name, len(self._queue))
-                        self._queue.clear()
+                if stopping and (not self._queue.in_memory() or now >= self._deadline):  # type: ignore[operator]
+                    self._abandon()
                     return None
-                if self._queue and self._queue[0].due <= now:
-                    return self._queue.popleft()
-                waits = []
-                if self._queue:
-                    waits.append(self._queue[0].due - now)
+                got = self._take(now)
+                if isinstance(got, Delivery):
+                    return got
+                waits = [got] if got is not None else []
                 if stopping:
                     waits.append(self._deadline - now)  # type: ignore[operator]
-                elif self.channel.resend_interval_s and not self._queue:
-                    until = self._last_resend + self.channel.resend_interval_s - now
-                    if until <= 0:
-                        self._last_resend = now
-                        return "resend"
-                    waits.append(until)
+                else:
+                    if self._source is not None and not self._fetching:
+                        room = self._queue.durable() < self.window
+                        if (self._fetch_wanted and room) or now >= self._next_poll:
+                            self._fetching, self._fetch_wanted = True, False
+                            return "fetch"
+                        waits.append(max(0.0, self._next_poll - now))
+                    if index == 0 and self.channel.resend_interval_s and not len(self._queue):
+                        until = self._last_resend + self.channel.resend_interval_s - now
+                        if until <= 0:
+                            self._last_resend = now
+                            return "resend"
+                        waits.append(until)
                 self._cond.wait(min(waits) if waits else None)
 
-    def _run(self) -> None:
+    def _take(self, now: float) -> Delivery | float | None:
+        """The next message that may go, or how long to wait: while the channel fails, one probe at
+        a time, after the channel's backoff delay."""
+        if self._failures and self._queue.in_flight():
+            return None  # the probe in flight decides
+        if self._failures and self._resume_at > now:
+            return self._resume_at - now
+        return self._queue.take(now)
+
+    def _abandon(self) -> None:
+        left = [d for d in self._queue.drain() if not d.durable]  # durable ones stay in their store
+        if left:
+            self.dropped += len(left)
+            self._on_page(self.channel.name, "dropped", len(left))
+            self._abandoned += len(left)
+            log.warning("alerts to %s: %d undelivered at stop", self.channel.name, len(left))
+
+    def _run(self, index: int) -> None:
         ch = self.channel
         with httpx.Client(timeout=ch.config.timeout_s, headers=ch.headers()) as client:
-            while (item := self._next()) is not None:
+            while (item := self._next(index)) is not None:
                 outcome, retry_after = self._attempt(client, item)
+                acked = False
+                if outcome == "ok" and item.done is not None:  # first thing after the 2xx: shortest window
+                    item.done(True)  # in which a crash would send it again
+                    acked = True
+                    log.info("alert %s (%s) delivered to %s", item.alert.key, item.alert.status, ch.name)
                 with self._cond:
+                    if outcome == "retry":
+                        self._failures += 1
+                        self._resume_at = time.monotonic() + self._retry_delay(self._failures, retry_after)
+                    else:  # delivered, or refused by a receiver that answers: the channel is up
+                        self._failures = 0
+                    if outcome == "retry" and self._may_retry(item):
+                        self.retried += 1
+                        self._on_page(ch.name, "retried", 1)
+                        self._count_dropped(self._queue.retry(item))
+                        self._cond.notify_all()
+                        continue
                     if outcome == "ok":
                         self.sent += 1
-                        self._on_page("delivered", 1)
-                        if item.done is not None:
-                            item.done(True)
-                    elif outcome == "retry" and item.attempt < self.max_attempts:
-                        self.retried += 1
-                        item.due = time.monotonic() + self._retry_delay(item.attempt, retry_after)
-                        self._append(item, front=True)
                     else:
                         self.failed += 1
-                        self._on_page("failed", 1)
-                        if item.done is not None:
-                            item.done(False)
                         log.error("alert %s (%s) to %s given up after %d attempt(s): %s", item.alert.key,
                                   item.alert.status, ch.name, item.attempt, self.last_error)
+                    self._on_page(ch.name, "delivered" if outcome == "ok" else "failed", 1)
+                if item.done is not None and not acked:
+                    item.done(outcome == "ok")  # outside our lock: it may write to Redis
+                with self._cond:
+                    self._queue.finish(item)
+                    self._cond.notify_all()
 
-    def _attempt(self, client: httpx.Client, item: _Delivery) -> tuple[str, float | None]:
+    def _may_retry(self, item: Delivery) -> bool:
+        if item.durable:  # a page from the outbox is never lost to a receiver that is only down
+            return time.monotonic() - (item.first_try or 0.0) < self.durable_give_up_s
+        return item.attempt < self.max_attempts
+
+    def _attempt(self, client: httpx.Client, item: Delivery) -> tuple[str, float | None]:
         item.attempt += 1
+        if item.first_try is None:
+            item.first_try = time.monotonic()
+            if item.alert.page_id is None:  # an in-memory message: its id, the same on every retry
+                item.alert = replace(item.alert, page_id=f"{_PROCESS_ID}-{next(_SEQ)}")
         ch = self.channel
         try:
             body = ch.payload(item.alert)
-            resp = client.post(ch.endpoint(), json=body)
+            headers = {"Idempotency-Key": item.alert.page_id} if item.alert.page_id else None
+            resp = client.post(ch.endpoint(), json=body, headers=headers)
         except httpx.HTTPError as exc:
             self.last_error = f"{type(exc).__name__}: {exc}"
             log.warning("alert to %s failed (attempt %d): %s", ch.name, item.attempt, self.last_error)
@@ -194,7 +286,8 @@ class ChannelWorker:
             log.exception("alert to %s could not be built", ch.name)
             return "fail", None
         if 200 <= resp.status_code < 300:
-            log.info("alert %s (%s) delivered to %s", item.alert.key, item.alert.status, ch.name)
+            if item.done is None:
+                log.info("alert %s (%s) delivered to %s", item.alert.key, item.alert.status, ch.name)
             return "ok", None
         self.last_error = f"HTTP {resp.status_code}: {resp.text[:200]}"
         if resp.status_code in (408, 425, 429) or resp.status_code >= 500:
@@ -203,7 +296,7 @@ class ChannelWorker:
         return "fail", None
 
     def _retry_delay(self, attempt: int, retry_after: float | None) -> float:
-        """Seconds before retry ``attempt`` of one delivery: the project's one schedule
+        """Seconds before probe ``attempt`` of a failing channel: the project's one schedule
         (``core.backoff``), jittered by this worker's own random stream, Retry-After honoured."""
         return backoff_delay(attempt, self.backoff_initial, self.backoff_max, self._rng, retry_after)
 

@@ -1,7 +1,7 @@
 """Incidents: one per (model, route, policy) or operational key, and the messages they produce.
 
 :class:`IncidentBook` is the pure part of on-call alerting: it turns policy actions and operational
-alerts into :class:`~watchdog.alerting.channels.Alert` messages, opening one incident per key and
+alerts into :class:`~watchdog.alerting.message.Alert` messages, opening one incident per key and
 suppressing repeats until the incident escalates (a higher severity, or a rollback not yet
 announced) or resolves. It holds no lock, thread or socket; :class:`~watchdog.alerting.alerter.Alerter`
 serialises the calls and hands the messages to the channel workers. Open incidents export to and
@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from watchdog.alerting.channels import Alert, rfc3339, scrub
+from watchdog.alerting.message import Alert, rfc3339, scrub
 from watchdog.core.signals import SEVERITIES, SEVERITY_RANK, Action, Severity
 
 #: key prefix of operational incidents (about this process, not a route)

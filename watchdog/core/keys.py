@@ -91,8 +91,15 @@ class Keys:
     @property
     def outbox(self) -> str:
         """Stream ``{prefix}:outbox``: one JSON record (field ``json``) per page to send, written in the
-        same atomic step as the decision that causes it; delivered through consumer group ``pager``."""
+        same atomic step as the decision that causes it; read through consumer group ``pager``, which
+        copies each record's messages to the channels' page streams and deletes it in one MULTI."""
         return f"{self.prefix}:outbox"
+
+    def pages(self, group: str, channel: str) -> str:
+        """Stream ``{prefix}:pages:{group}:{channel}``: the messages one alert channel still has to
+        deliver (field ``json``: an ``Alert``), written by the pager as it takes an outbox record and
+        read through consumer group ``pager``; an entry is deleted once delivered (or given up)."""
+        return f"{self.prefix}:pages:{group}:{key_part(channel)}"
 
     def incidents(self, group: str) -> str:
         """Hash ``{prefix}:incidents:{group}``: one field per open incident key (``model/route/policy``),

@@ -62,6 +62,12 @@ class Metrics:
         self.pages = Counter("llmwd_pages_total",
                              "Alert messages per channel, by result: delivered, failed (given up after retries or "
                              "refused) or dropped (queue full, or undelivered at stop)", ["result"], registry=r)
+        self.channel_pages = Counter("llmwd_channel_pages_total",
+                                     "Alert messages per channel, by result: delivered, failed, dropped, or retried "
+                                     "(one failed attempt that will be tried again)", ["channel", "result"],
+                                     registry=r)
+        self.pages_backlog = Gauge("llmwd_pages_backlog", "Pages from the outbox a channel has not yet delivered "
+                                   "(its Redis page stream's length)", ["channel"], registry=r)
         # what each rule can judge at its route's traffic (watchdog/policy/status.py judgeability_rows)
         self.rule_judged = Gauge("llmwd_rule_judged", "1 when the rule is judged at the route's traffic (per window "
                                  "or over its horizon), 0 when it cannot be", ["policy", "model", "route", "rule"],
@@ -111,3 +117,12 @@ class Metrics:
     def count_page(self, result: str, n: int = 1) -> None:
         """The alerter's ``on_page`` hook: ``n`` messages to one channel ``delivered``, ``failed`` or ``dropped``."""
         self.pages.labels(result).inc(n)
+
+    def count_channel_page(self, channel: str, result: str, n: int = 1) -> None:
+        """The alerter's ``on_channel_page`` hook: the same per channel (names come from the config), plus
+        ``retried`` attempts, so one failing channel is visible before it gives anything up."""
+        self.channel_pages.labels(channel, result).inc(n)
+
+    def set_pages_backlog(self, backlog: dict[str, int]) -> None:
+        for channel, n in backlog.items():
+            self.pages_backlog.labels(channel).set(n)

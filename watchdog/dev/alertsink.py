@@ -1,13 +1,16 @@
 """A tiny local HTTP endpoint that records alert POSTs: the demo's "on-call" and the tests' receiver.
 
 Binds 127.0.0.1 on a free port, keeps every POST (path, JSON body, status answered) in memory,
-can print a one-line summary of each with rich, and can be told to fail the next N requests.
+can print a one-line summary of each with rich, can be told to fail the next N requests, and can
+answer slowly (``delay_s``: the POST is recorded, then answered that many seconds later, as a slow
+receiver that did get the message).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -53,12 +56,22 @@ def summarize(path: str, body: Any) -> str:
     return f"{path}: {json.dumps(body)[:160]}"
 
 
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], BrokenPipeError | ConnectionResetError):
+            return  # the client went away before the answer (timed out, or was killed): nothing to report
+        super().handle_error(request, client_address)
+
+
 class AlertSink:
     """``url = AlertSink().start()``; POST alerts to it; read ``.received``; ``.stop()``."""
 
-    def __init__(self, *, echo: bool = False, status: int = 200) -> None:
+    def __init__(self, *, echo: bool = False, status: int = 200, port: int = 0, delay_s: float = 0.0) -> None:
         self.echo = echo
         self.status = status
+        self.port = port
+        #: seconds between recording a POST and answering it
+        self.delay_s = delay_s
         self.received: list[Received] = []
         self._fail_next = 0
         self._fail_status = 500
@@ -81,6 +94,8 @@ class AlertSink:
                 except ValueError:
                     body = raw.decode("utf-8", "replace")
                 status = sink._record(self.path, body, dict(self.headers))
+                if sink.delay_s > 0:
+                    time.sleep(sink.delay_s)
                 reply = json.dumps({"status": "ok" if status < 300 else "error"}).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -91,7 +106,7 @@ class AlertSink:
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - signature of the base
                 log.debug("alertsink: " + format, *args)
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = _Server(("127.0.0.1", self.port), Handler)
         self._server.daemon_threads = True
         port = self._server.server_address[1]
         self.url = f"http://127.0.0.1:{port}"

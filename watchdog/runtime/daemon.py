@@ -82,6 +82,7 @@ class Daemon:
                                   ttl_s=FLAG_RELOAD_S)
         self.alerter = alerter or Alerter.from_config(
             [c.model_dump() for c in cfg.alerts.channels], on_page=self.metrics.count_page,
+            on_channel_page=self.metrics.count_channel_page,
             status_url=cfg.server.status_url)
         self.pager = Pager(self.redis, self.keys, cfg.kafka.group_id, cfg.instance, self.alerter)
         self.readiness = Readiness(self.metrics, self._raise_ops_alert, self.alerter.ops_resolve)
@@ -250,6 +251,7 @@ class Daemon:
             self.redis_health.failed(exc, "outbox")
         else:
             self.redis_health.recovered()
+            self.metrics.set_pages_backlog(self.pager.backlog())
 
     def shutdown(self) -> None:
         """Checkpoint every partition (open windows stay open, in the checkpoint) and close."""
@@ -267,7 +269,8 @@ class Daemon:
                 closer.start()
                 closer.join(max(0.5, deadline - time.monotonic()))
             self.flags.close()
-            self.alerter.stop(timeout=1.5)
+            if self.alerter.stop(timeout=1.5):
+                self.pager.release()  # nothing in flight: the next replica may deliver our channels at once
             gc.unfreeze()  # let whatever this daemon held be collected (tests run several per process)
             log.info("llm-watchdog stopped")
 

@@ -40,7 +40,9 @@ class Lease:
             return self.held(now)
         self._last = now
         try:
-            if self._held and self._renew(keys=[self.key], args=[self.holder, self.ttl_ms], client=self.client):
+            # renew first even when we think we do not hold it: a restarted holder (same instance
+            # name) takes its lease back at once instead of waiting out its own TTL
+            if self._renew(keys=[self.key], args=[self.holder, self.ttl_ms], client=self.client):
                 ok = True
             else:
                 ok = bool(self.client.set(self.key, self.holder, nx=True, px=self.ttl_ms))
