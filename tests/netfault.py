@@ -1,5 +1,7 @@
 """A user-space TCP proxy that delays what the server sends back (a slow network in front of a
-real broker or Redis; the kernel here has no netem). ``delay_s`` may be changed while it runs."""
+real broker or Redis; the kernel here has no netem). ``delay_s`` may be changed while it runs;
+``blackhole()`` holds everything either way (a peer that stops answering without refusing) until
+``restore()``."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ class DelayProxy:
         self.server = socket.create_server(("127.0.0.1", listen_port))
         self.port = self.server.getsockname()[1]
         self._stop = threading.Event()
+        self._open = threading.Event()
+        self._open.set()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -36,6 +40,9 @@ class DelayProxy:
                     break
                 if delayed and self.delay_s > 0:
                     time.sleep(self.delay_s)
+                while not self._open.wait(0.1):
+                    if self._stop.is_set():
+                        return
                 dst.sendall(data)
         except OSError:
             pass
@@ -43,6 +50,12 @@ class DelayProxy:
             for s in (src, dst):
                 with contextlib.suppress(OSError):
                     s.close()
+
+    def blackhole(self) -> None:
+        self._open.clear()
+
+    def restore(self) -> None:
+        self._open.set()
 
     def close(self) -> None:
         self._stop.set()

@@ -157,6 +157,8 @@ class Daemon:
 
     def run(self) -> None:
         self.alerter.start()
+        # pages fire on time even while the loop waits on a Redis or broker timeout
+        threading.Thread(target=self._tick_readiness, name="readiness", daemon=True).start()
         if self.gpu is not None:
             self.gpu.start()
         log.info("llm-watchdog starting: topic %s, %d policies, instance %s", self.cfg.kafka.topic,
@@ -176,6 +178,10 @@ class Daemon:
                 self.step()
         finally:
             self.shutdown()
+
+    def _tick_readiness(self) -> None:
+        while not self._stop.wait(0.5):
+            self.readiness.tick(self.clock())
 
     @staticmethod
     def freeze_startup_heap() -> None:

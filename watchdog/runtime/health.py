@@ -36,17 +36,21 @@ log = logging.getLogger(__name__)
 #: every reason the daemon may report (docs/OPERATIONS.md, "Readiness")
 REASONS = ("starting", "kafka", "kafka-startup", "undecodable", "unassigned", "loop-stuck", "watermark-stuck",
            "redis", "redis-auth", "redis-tls", "dlq", "offsets-reset", "unrestored", "fenced", "pending-flips",
-           "clock-skew")
+           "clock-skew", "broker-slow")
 
 #: reasons that page (the others show in /readyz only)
 _SEVERITY = {"redis": "critical", "redis-auth": "critical", "redis-tls": "critical", "kafka": "critical",
              "kafka-startup": "critical", "undecodable": "critical", "unassigned": "warning",
              "watermark-stuck": "warning", "dlq": "critical", "offsets-reset": "warning", "unrestored": "critical",
-             "fenced": "warning", "loop-stuck": "critical", "clock-skew": "warning"}
+             "fenced": "warning", "loop-stuck": "critical", "clock-skew": "warning",
+             "broker-slow": "warning"}
 
 
 #: events rather than conditions: paged at once, shown in readiness only briefly
 _IMMEDIATE = {"offsets-reset"}
+#: seconds a condition lasts before it pages, where not ``fire_after_s``: a Redis operation reports
+#: only after its socket timeout (2 s), so Redis reasons page 1.5 s later - within 5 s of the outage
+_FIRE_AFTER = {"redis": 1.5, "redis-auth": 1.5, "redis-tls": 1.5}
 #: reasons paged under another reason's incident (one page per outage: a broker restart that lost its
 #: data is one Kafka outage, whether we saw it as "not answering" first or only as offsets going back)
 _ALERT_KEY = {"offsets-reset": "kafka", "kafka-startup": "kafka", "undecodable": "undecodable"}
@@ -120,7 +124,7 @@ class Readiness:
         with self._lock:
             for reason, c in list(self._cond.items()):
                 if c.cleared_at is None:
-                    delay = 0.0 if reason in _IMMEDIATE else self.fire_after_s
+                    delay = 0.0 if reason in _IMMEDIATE else _FIRE_AFTER.get(reason, self.fire_after_s)
                     if not c.alerted and now - c.since >= delay and reason in _SEVERITY:
                         c.alerted = True
                         fire.append((reason, c.message))
