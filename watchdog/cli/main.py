@@ -95,6 +95,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGHUP, lambda *_: daemon.request_reload())
     try:
         daemon.run()
+    except Exception:  # noqa: BLE001 - logged with its traceback by the daemon (crash-only exit)
+        return 1
     finally:
         server.stop()
     return 0

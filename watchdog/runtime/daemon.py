@@ -156,14 +156,21 @@ class Daemon:
         self._stop.set()
 
     def run(self) -> None:
+        """The main loop until ``stop``. Crash-only: an unexpected exception leaves without a
+        checkpoint or a flip (the state it would save may be what broke) and is raised again; the
+        next start restores the last good checkpoint and re-reads from its offsets."""
+        before = set(threading.enumerate())
         self.alerter.start()
         # pages fire on time even while the loop waits on a Redis or broker timeout
         threading.Thread(target=self._tick_readiness, name="readiness", daemon=True).start()
         if self.gpu is not None:
             self.gpu.start()
+        #: the long-lived threads this daemon started: the death of one is a readiness reason
+        self.health.threads = [t for t in threading.enumerate() if t not in before]
         log.info("llm-watchdog starting: topic %s, %d policies, instance %s", self.cfg.kafka.topic,
                  len(self.policies.loader.policy_set.policies), self.cfg.instance)
         backoff = Backoff(1.0, 30.0, jitter=False)
+        crashed = False
         try:
             while self.ingest is None and not self._stop.is_set():
                 if self.connect_kafka():
@@ -176,8 +183,14 @@ class Daemon:
             self.freeze_startup_heap()
             while not self._stop.is_set():
                 self.step()
+        except Exception:
+            crashed = True
+            log.critical("the main loop failed; leaving without a checkpoint (the next start restores the last "
+                         "good one and re-reads)", exc_info=True)
+            raise
         finally:
-            self.shutdown()
+            self._stop.set()
+            self.shutdown(checkpoint=not crashed)
 
     def _tick_readiness(self) -> None:
         while not self._stop.wait(0.5):
@@ -259,11 +272,12 @@ class Daemon:
             self.redis_health.recovered()
             self.metrics.set_pages_backlog(self.pager.backlog())
 
-    def shutdown(self) -> None:
-        """Checkpoint every partition (open windows stay open, in the checkpoint) and close."""
+    def shutdown(self, checkpoint: bool = True) -> None:
+        """Checkpoint every partition (open windows stay open, in the checkpoint) and close; without
+        ``checkpoint`` (a crash) only close: Kafka gets the offsets of the last good checkpoints."""
         deadline = time.monotonic() + 6.0
         try:
-            if self.ingest is not None:
+            if self.ingest is not None and checkpoint:
                 self._drain(deadline)
         finally:
             if self.golden_leader is not None:

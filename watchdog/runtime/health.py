@@ -36,14 +36,14 @@ log = logging.getLogger(__name__)
 #: every reason the daemon may report (docs/OPERATIONS.md, "Readiness")
 REASONS = ("starting", "kafka", "kafka-startup", "undecodable", "unassigned", "loop-stuck", "watermark-stuck",
            "redis", "redis-auth", "redis-tls", "dlq", "offsets-reset", "unrestored", "fenced", "pending-flips",
-           "clock-skew", "broker-slow")
+           "clock-skew", "broker-slow", "thread-died")
 
 #: reasons that page (the others show in /readyz only)
 _SEVERITY = {"redis": "critical", "redis-auth": "critical", "redis-tls": "critical", "kafka": "critical",
              "kafka-startup": "critical", "undecodable": "critical", "unassigned": "warning",
              "watermark-stuck": "warning", "dlq": "critical", "offsets-reset": "warning", "unrestored": "critical",
              "fenced": "warning", "loop-stuck": "critical", "clock-skew": "warning",
-             "broker-slow": "warning"}
+             "broker-slow": "warning", "thread-died": "critical"}
 
 
 #: events rather than conditions: paged at once, shown in readiness only briefly
@@ -206,6 +206,8 @@ class LoopHealth:
         self._last_lag = 0.0
         #: records behind the log ends at the last lag check (None: not known yet)
         self._lag_total: int | None = None
+        #: the daemon's long-lived threads (alert senders, readiness ticker, GPU monitor)
+        self.threads: list[threading.Thread] = []
 
     def attach(self, ingest: Ingest, now: float) -> None:
         """Kafka clients are up: from ``now`` the group must hand us partitions."""
@@ -217,6 +219,7 @@ class LoopHealth:
         ingest = self.ingest
         assert ingest is not None
         self._kafka(ingest, now)
+        self._threads(now)
         self._assignment(ingest, now)
         self._partitions(ingest, now)
         r = self.readiness
@@ -255,6 +258,14 @@ class LoopHealth:
                   f"{wait.timeout_ms} ms; {wait.last_error}): idle partitions cannot be confirmed, windows wait", now)
         else:
             r.clear("broker-slow", now)
+
+    def _threads(self, now: float) -> None:
+        dead = [t.name for t in self.threads if not t.is_alive()]
+        if dead:
+            self.readiness.set("thread-died", f"threads stopped: {', '.join(dead)[:200]} (see the log; restart "
+                               "the daemon)", now)
+        else:
+            self.readiness.clear("thread-died", now)
 
     def _assignment(self, ingest: Ingest, now: float) -> None:
         r = self.readiness
