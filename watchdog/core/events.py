@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import unicodedata
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -64,6 +65,10 @@ MAX_DURATION_MS = 86_400_000.0
 MAX_TOKENS = 1_000_000_000
 #: a log-probability below this is not one an engine reports (exp(-1e4) underflows to 0)
 MIN_LOGPROB = -1e4
+#: the longest model or route name (characters) that ``name_problem`` (and so ``decode_event``) accepts
+MAX_NAME_CHARS = 200
+#: an ASCII name ``name_problem`` accepts: 1 to MAX_NAME_CHARS printable characters, no space
+_ascii_name = re.compile(r"[!-~]{1,%d}" % MAX_NAME_CHARS).fullmatch
 
 _KNOWN_FIELDS = frozenset(
     {
@@ -283,6 +288,17 @@ def _shadow(v: Any) -> ShadowResult | None:
     )
 
 
+def _check_names(model: str, route: str) -> None:
+    """Refuse a model or route name ``name_problem`` finds fault with: ``out_of_range:<field>`` when
+    too long, ``bad_value:<field>`` for a space, control, invisible or unassigned character."""
+    for name, value in (("model", model), ("route", route)):
+        why = name_problem(value)
+        if why is not None:
+            if len(value) > MAX_NAME_CHARS:
+                raise _out_of_range(name, f"{name} {why}")
+            raise _bad_value(name, f"{name} {value[:40]!r} {why}")
+
+
 def _parse(raw: Any, max_bytes: int) -> Any:
     if raw is None or len(raw) == 0:
         raise InvalidEvent("empty", "message has no value")
@@ -347,8 +363,14 @@ def decode_event(raw: bytes, max_bytes: int = MAX_EVENT_BYTES) -> InferenceEvent
     precision = get("precision")
     if type(precision) is not str or not precision:
         precision = _req_str(d, "precision")
-    if not (model.isascii() and route.isascii()):  # policy scopes are NFKC too (watchdog/policy/names.py)
+    if model.isascii() and route.isascii():
+        # names are keys of per-route state, metrics and Redis: bounded in length and charset
+        # (``name_problem``); one C-level regex match each settles the common ASCII case
+        if not (_ascii_name(model) and _ascii_name(route)):
+            _check_names(model, route)
+    else:  # policy scopes are NFKC too (watchdog/policy/names.py)
         model, route = unicodedata.normalize("NFKC", model), unicodedata.normalize("NFKC", route)
+        _check_names(model, route)
     if not (type(latency) is float and 0.0 <= latency <= MAX_DURATION_MS):
         latency = _number(latency, "latency_ms")
     prompt_tokens = get("prompt_tokens")
@@ -456,8 +478,6 @@ def event_to_dict(event: InferenceEvent) -> dict[str, Any]:
     return out
 
 
-#: the longest model or route name (characters) that ``name_problem`` accepts
-MAX_NAME_CHARS = 200
 _BAD_NAME_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zs", "Zl", "Zp"})
 
 
