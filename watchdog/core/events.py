@@ -68,7 +68,7 @@ MIN_LOGPROB = -1e4
 #: the longest model or route name (characters) that ``name_problem`` (and so ``decode_event``) accepts
 MAX_NAME_CHARS = 200
 #: an ASCII name ``name_problem`` accepts: 1 to MAX_NAME_CHARS printable characters, no space
-_ascii_name = re.compile(r"[!-~]{1,%d}" % MAX_NAME_CHARS).fullmatch
+_ascii_name = re.compile(rf"[!-~]{{1,{MAX_NAME_CHARS}}}").fullmatch
 
 _KNOWN_FIELDS = frozenset(
     {

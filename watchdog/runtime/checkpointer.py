@@ -143,6 +143,9 @@ class Checkpointer:
         by_route = P.engine_states_by_route(self.engine) if routes else {}
         engines = {self.keys.engine(self.cfg.kafka.group_id, m, r): P.engine_json(by_route[(m, r)])
                    for m, r in sorted(routes) if (m, r) in by_route}
+        for m, r in sorted(part.evicted - part.routes):  # forgotten as idle: '' deletes the key
+            engines[self.keys.engine(self.cfg.kafka.group_id, m, r)] = ""
+        part.evicted = set()
         changed, closed = part.agg.export_changes(everything=full)
         part.start_offset = offset
         part.dirty = False

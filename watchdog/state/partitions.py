@@ -42,6 +42,10 @@ class Partition:
     full: bool = True
     #: seconds the last save took (checkpoints are spaced to keep their cost <= 10 % of the loop)
     last_cost_s: float = 0.0
+    #: route -> the daemon's clock at its last event (idle routes are forgotten: runtime/routes.py)
+    last_seen: dict[Route, float] = field(default_factory=dict)
+    #: routes forgotten since the last save: the next save deletes their engine-state keys
+    evicted: set[Route] = field(default_factory=set)
 
 
 def route_of_key(key: bytes | None) -> Route | None:
