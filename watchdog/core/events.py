@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import unicodedata
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -67,8 +66,10 @@ MAX_TOKENS = 1_000_000_000
 MIN_LOGPROB = -1e4
 #: the longest model or route name (characters) that ``name_problem`` (and so ``decode_event``) accepts
 MAX_NAME_CHARS = 200
-#: an ASCII name ``name_problem`` accepts: 1 to MAX_NAME_CHARS printable characters, no space
-_ascii_name = re.compile(rf"[!-~]{{1,{MAX_NAME_CHARS}}}").fullmatch
+#: names ``name_problem`` accepted, as sent -> as kept (NFKC): most events repeat a few names, so
+#: checking each name once keeps the check off the hot path; at most ``_NAMES_MAX`` are remembered
+_NAMES: dict[str, str] = {}
+_NAMES_MAX = 4096
 
 _KNOWN_FIELDS = frozenset(
     {
@@ -288,15 +289,20 @@ def _shadow(v: Any) -> ShadowResult | None:
     )
 
 
-def _check_names(model: str, route: str) -> None:
-    """Refuse a model or route name ``name_problem`` finds fault with: ``out_of_range:<field>`` when
-    too long, ``bad_value:<field>`` for a space, control, invisible or unassigned character."""
-    for name, value in (("model", model), ("route", route)):
-        why = name_problem(value)
-        if why is not None:
-            if len(value) > MAX_NAME_CHARS:
-                raise _out_of_range(name, f"{name} {why}")
-            raise _bad_value(name, f"{name} {value[:40]!r} {why}")
+def _checked_name(raw: str, field: str) -> str:
+    """``raw`` NFKC-normalised if ``name_problem`` accepts it (remembered in ``_NAMES``); otherwise
+    ``out_of_range:<field>`` when too long, ``bad_value:<field>`` for a space, control, invisible or
+    unassigned character."""
+    name = raw if raw.isascii() else unicodedata.normalize("NFKC", raw)
+    why = name_problem(name)
+    if why is not None:
+        if len(name) > MAX_NAME_CHARS:
+            raise _out_of_range(field, f"{field} {why}")
+        raise _bad_value(field, f"{field} {name[:40]!r} {why}")
+    if len(_NAMES) >= _NAMES_MAX:  # a flood of distinct names: start again (bounded memory)
+        _NAMES.clear()
+    _NAMES[raw] = name
+    return name
 
 
 def _parse(raw: Any, max_bytes: int) -> Any:
@@ -363,14 +369,14 @@ def decode_event(raw: bytes, max_bytes: int = MAX_EVENT_BYTES) -> InferenceEvent
     precision = get("precision")
     if type(precision) is not str or not precision:
         precision = _req_str(d, "precision")
-    if model.isascii() and route.isascii():
-        # names are keys of per-route state, metrics and Redis: bounded in length and charset
-        # (``name_problem``); one C-level regex match each settles the common ASCII case
-        if not (_ascii_name(model) and _ascii_name(route)):
-            _check_names(model, route)
-    else:  # policy scopes are NFKC too (watchdog/policy/names.py)
-        model, route = unicodedata.normalize("NFKC", model), unicodedata.normalize("NFKC", route)
-        _check_names(model, route)
+    # names are keys of per-route state, metrics and Redis: NFKC (as policy scopes are,
+    # watchdog/policy/names.py), bounded in length and charset (``name_problem``); a name seen
+    # before costs one dict lookup
+    names = _NAMES
+    checked = names.get(model)
+    model = checked if checked is not None else _checked_name(model, "model")
+    checked = names.get(route)
+    route = checked if checked is not None else _checked_name(route, "route")
     if not (type(latency) is float and 0.0 <= latency <= MAX_DURATION_MS):
         latency = _number(latency, "latency_ms")
     prompt_tokens = get("prompt_tokens")
