@@ -112,12 +112,12 @@ def test_idle_routes_are_forgotten_and_status_stays_small(kafka_service, redis_s
 
         wait_until(lambda: len(routes_with_state()) == len(routes), 30, what="engine state of every route")
         wait_until(lambda: redis_client.keys("llmwd:engine:*"), 10, what="engine state in Redis")
-        # /status with 301 routes: the top 50 by default, every count beside them
+        # /status with 301 routes: the top 20 by default, every count beside them
         full = httpx.get(f"{server.url}/status?top=1000").content
         small = httpx.get(f"{server.url}/status").content
         doc = json.loads(small)
-        assert len(small) < 150_000 < 500_000 < len(full), (len(small), len(full))  # ~2 KB per route shown
-        assert doc["routes"]["with_state"] == len(routes) and doc["routes"]["shown"] == 50
+        assert len(small) < 64_000 < 500_000 < len(full), (len(small), len(full))  # ~2 KB per route shown
+        assert doc["routes"]["with_state"] == len(routes) and doc["routes"]["shown"] == 20
         assert doc["flags"] == {f"{MODEL}/kept-fp16": "fp16"}  # the flag off the default ranks first
         one = httpx.get(f"{server.url}/status", params={"route": "tenant-7"}).json()
         assert {(s["model"], s["route"]) for s in one["verdicts"]["scopes"]} == {(MODEL, "tenant-7")}

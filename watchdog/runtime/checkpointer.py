@@ -140,7 +140,7 @@ class Checkpointer:
                                  topic_id=self.ownership.topic_id)
         full = part.full
         routes = part.routes if full else part.dirty_routes & part.routes
-        by_route = P.engine_states_by_route(self.engine) if routes else {}
+        by_route = P.engine_states_by_route(self.engine, routes) if routes else {}
         engines = {self.keys.engine(self.cfg.kafka.group_id, m, r): P.engine_json(by_route[(m, r)])
                    for m, r in sorted(routes) if (m, r) in by_route}
         for m, r in sorted(part.evicted - part.routes):  # forgotten as idle: '' deletes the key

@@ -36,7 +36,7 @@ from watchdog.core.keys import Keys
 from watchdog.core.metrics import Metrics
 from watchdog.core.signals import Action, Signal
 from watchdog.policy import PolicyEngine, changes
-from watchdog.policy.status import judgeability_rows
+from watchdog.policy.status import state_judgeability_rows
 from watchdog.runtime.health import RedisHealth
 from watchdog.runtime.ownership import Ownership
 from watchdog.runtime.stats import DaemonStats
@@ -287,4 +287,4 @@ class Decisions:
         if now - self._last_judgeability < JUDGEABILITY_EVERY_S:
             return
         self._last_judgeability = now
-        self.metrics.set_judgeability(judgeability_rows(self.engine.snapshot()))
+        self.metrics.set_judgeability(state_judgeability_rows(self.engine.policy_set, self.engine.states))

@@ -32,7 +32,7 @@ from watchdog.sources.golden import GoldenLeader, GoldenScheduler
 #: modules whose presence /status reports (the daemon must not import them unless configured to)
 HEAVY_MODULES = ("torch", "transformers", "evaluate", "pynvml")
 #: routes /status lists by default, and at most (``?top=N``)
-TOP_ROUTES = 50
+TOP_ROUTES = 20
 MAX_TOP = 1000
 #: incidents listed at most
 MAX_INCIDENTS = 100

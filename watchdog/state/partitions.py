@@ -55,10 +55,12 @@ def route_of_key(key: bytes | None) -> Route | None:
     return (model, route) if sep else None
 
 
-def engine_states_by_route(engine: PolicyEngine) -> dict[Route, dict[str, Any]]:
+def engine_states_by_route(engine: PolicyEngine, routes: set[Route] | None = None) -> dict[Route, dict[str, Any]]:
+    """The engine state of each route (of ``routes`` only, when given: a save serialises just those)."""
     out: dict[Route, dict[str, Any]] = defaultdict(dict)
     for (policy, model, route), st in engine.states.items():
-        out[(model, route)][policy] = st.to_json()
+        if routes is None or (model, route) in routes:
+            out[(model, route)][policy] = st.to_json()
     return out
 
 
