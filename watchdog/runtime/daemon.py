@@ -115,7 +115,8 @@ class Daemon:
         self.ownership.bind(save=functools.partial(self.checkpointer.save, force=True),
                             restored=functools.partial(self.decisions.reconcile, force=True))
         self.routes = RouteKeeper(cfg, self.ownership, self.engine, self.readiness, self.metrics,
-                                  self.decisions.flags.snapshot, self.actuator.pending_routes)
+                                  self.decisions.flags.snapshot, self.actuator.pending_routes,
+                                  self.alerter.open_incidents)
         self.closer = WindowCloser(cfg, self.wm, self.ownership, self.metrics, self.stats, clock)
         self.health = LoopHealth(cfg, self.readiness, self.wm, self.ownership.fenced_partitions, self.actuator,
                                  self.stats)

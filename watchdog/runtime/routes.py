@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from watchdog.config.settings import Config
 from watchdog.core.metrics import Metrics
@@ -40,7 +41,8 @@ EXPORT_EVERY_S = 1.0
 class RouteKeeper:
     def __init__(self, cfg: Config, ownership: Ownership, engine: PolicyEngine, readiness: Readiness,
                  metrics: Metrics, flags: Callable[[], Mapping[P.Route, str]],
-                 pending: Callable[[], set[P.Route]]) -> None:
+                 pending: Callable[[], set[P.Route]],
+                 incidents: Callable[[], list[dict[str, Any]]] = list) -> None:
         self.cfg = cfg
         self.ownership = ownership
         self.engine = engine
@@ -49,6 +51,8 @@ class RouteKeeper:
         #: the flags as the daemon sees them (``FlagView.snapshot``) and the routes with a flip pending
         self.flags = flags
         self.pending = pending
+        #: the alerter's open incidents (``Alerter.open_incidents``: dicts with ``model`` and ``route``)
+        self.incidents = incidents
         self.idle_s = cfg.windows.route_idle_s
         #: seconds between two sweeps for idle routes
         self.sweep_every_s = min(30.0, max(0.2, self.idle_s / 10))
@@ -132,6 +136,7 @@ class RouteKeeper:
         flags = self.flags()
         keep = {r for r in candidates if flags.get(r, default) != default}
         keep |= self.pending() & candidates.keys()
+        keep |= {(str(i.get("model")), str(i.get("route"))) for i in self.incidents()} & candidates.keys()
         for (_p, m, r), st in self.engine.states.items():
             route = (m, r)
             if route in candidates and (st.pending is not None or st.open_alerts
