@@ -102,3 +102,19 @@ def test_idle_routes_are_forgotten_unless_something_holds_them() -> None:
 def test_limits_are_validated(windows: dict[str, object]) -> None:
     with pytest.raises(Exception, match="greater than"):
         load_config(None, env={}, windows=windows)
+
+
+def test_decisions_judge_at_most_max_routes_per_iteration_and_keep_each_routes_order() -> None:
+    from watchdog.core.signals import Signal
+    from watchdog.runtime.decisions import split_by_route
+
+    def sig(route: str, end: float, model: str = "m") -> Signal:
+        return Signal(source="live", model=model, route=route, precision="fp8", start=end - 10, end=end,
+                      samples=1)
+
+    signals = [sig("a", 10), sig("b", 10), sig("c", 10), sig("*", 10, "*"), sig("a", 20), sig("c", 20)]
+    now, later = split_by_route(signals, 2)
+    assert [(s.route, s.end) for s in now] == [("a", 10), ("b", 10), ("*", 10), ("a", 20)]
+    assert [(s.route, s.end) for s in later] == [("c", 10), ("c", 20)]
+    now, later = split_by_route(later + [sig("d", 30)], 2)
+    assert [(s.route, s.end) for s in now] == [("c", 10), ("c", 20), ("d", 30)] and later == []

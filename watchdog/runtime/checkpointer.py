@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -63,6 +64,8 @@ class Checkpointer:
         self.ingest: Ingest | None = None
         #: records of golden/GPU signals no owned partition's checkpoint carries, for the windows stream
         self.unowned_records: list[str] = []
+        #: routes whose closed windows wait to be judged (``Decisions.deferred_routes``, bound by the daemon)
+        self.deferred_routes: Callable[[], set[P.Route]] = set
 
     def attach(self, ingest: Ingest) -> None:
         self.ingest = ingest
@@ -82,6 +85,9 @@ class Checkpointer:
         assert self.ingest is not None
         if part.routes & self.actuator.pending_routes():
             return False  # the flip goes first: it carries the engine state the checkpoint would
+        deferred = self.deferred_routes()
+        if deferred and not part.routes.isdisjoint(deferred):
+            return False  # windows closed but not judged yet: never record them as done before they are
         if not self.ingest.dead_letters.settled(part.pk, timeout_s=1.0 if force else 0.2):
             return False  # never checkpoint past a dead letter the broker has not acknowledged
         if part.inflight is None:

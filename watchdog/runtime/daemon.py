@@ -112,6 +112,7 @@ class Daemon:
         self.actuator = self.decisions.actuator
         self.checkpointer = Checkpointer(cfg, self.keys, self.redis, self.checkpoints, self.engine, self.wm,
                                          self.ownership, self.actuator, self.redis_health, self.metrics, self.stats)
+        self.checkpointer.deferred_routes = lambda: self.decisions.deferred_routes
         self.ownership.bind(save=functools.partial(self.checkpointer.save, force=True),
                             restored=functools.partial(self.decisions.reconcile, force=True))
         self.routes = RouteKeeper(cfg, self.ownership, self.engine, self.readiness, self.metrics,
@@ -203,7 +204,7 @@ class Daemon:
         self.closer.confirm_idle(now)
         signals = self.closer.close_windows(now)
         signals.extend(self._poll_sources(now))
-        if signals:
+        if signals or self.decisions.deferred:
             self.decisions.decide(signals, now)
         self.decisions.act(now)
         self.checkpointer.checkpoint(now)
@@ -287,6 +288,8 @@ class Daemon:
             until = time.monotonic() + 4.0
             while not ingest.assigned() and time.monotonic() < until:
                 ingest.poll(100)
+        while self.decisions.deferred and time.monotonic() < deadline - 4:
+            self.decisions.decide([], self.clock())  # windows closed but not judged yet
         while self.actuator.pending() and time.monotonic() < deadline - 3:
             self.decisions.act(self.clock())
             if self.actuator.pending():
