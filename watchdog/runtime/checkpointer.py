@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 
 #: golden/GPU signal records held for the windows stream while Redis is down, at most
 MAX_UNOWNED_RECORDS = 10_000
+#: one loop iteration starts no further partition save once its saves have taken this long
+STEP_BUDGET_S = 0.25
 
 
 class Checkpointer:
@@ -71,13 +73,18 @@ class Checkpointer:
         self.ingest = ingest
 
     def checkpoint(self, now: float, force: bool = False) -> None:
-        """Save every partition that changed and whose spacing has passed (all of them with ``force``)."""
+        """Save every partition that changed and whose spacing has passed (all of them with ``force``);
+        without ``force``, the least recently saved first and no more once this call has taken
+        ``STEP_BUDGET_S`` (the others are saved in the next loop iterations)."""
         every = self.cfg.redis.checkpoint_every_s if self.redis_health.ok else 1.0
-        for part in list(self.ownership.parts.values()):
+        t0 = time.perf_counter()
+        for part in sorted(self.ownership.parts.values(), key=lambda p: p.last_save):
             if part.inflight is None and not part.dirty:
                 continue
             if not force and now - part.last_save < max(every, 10 * part.last_cost_s):
                 continue
+            if not force and time.perf_counter() - t0 > STEP_BUDGET_S:
+                break
             self.save(part, now, force=force)
 
     def save(self, part: P.Partition, now: float, force: bool = False, mirror: bool = True) -> bool:
