@@ -54,3 +54,29 @@ def test_edges_still_accepted_and_routes_nfkc() -> None:
                           completion_logprobs=[-9999.0, 0.0], route="\uff43\uff48\uff41\uff54", model="m"))
     assert ev.latency_ms == 86_400_000.0 and ev.completion_tokens == 1_000_000_000
     assert ev.route == "chat"  # fullwidth letters: NFKC, as policy scopes are
+
+
+@pytest.mark.parametrize(("fields", "reason", "says"), [
+    ({"route": "r" * 201}, "out_of_range:route", "201 characters long (at most 200)"),
+    ({"model": "m" * 5000}, "out_of_range:model", "5000 characters long"),
+    ({"route": "tenant a"}, "bad_value:route", "a space or control character"),
+    ({"route": "a\tb"}, "bad_value:route", "control"),
+    ({"model": "m\x00"}, "bad_value:model", "control"),
+    ({"route": "a\u200bb"}, "bad_value:route", "U+200B (ZERO WIDTH SPACE)"),
+    ({"route": "a\u00a0b"}, "bad_value:route", "a space"),  # NFKC makes the no-break space a space
+    ({"model": "m\u202eevil"}, "bad_value:model", "RIGHT-TO-LEFT OVERRIDE"),
+    ({"route": "\ue000"}, "bad_value:route", "U+E000"),  # private use
+    ({"route": "\uff43" * 201}, "out_of_range:route", "201 characters"),  # long after NFKC too
+])
+def test_bad_names_are_dead_letters_with_a_reason(fields: dict[str, object], reason: str, says: str) -> None:
+    with pytest.raises(InvalidEvent) as exc:
+        decode_event(raw(**fields))
+    assert exc.value.reason == reason
+    assert says in exc.value.message
+
+
+@pytest.mark.parametrize("name", ["r" * 200, "legal/contracts", "llama3:8b", "a.b-c_d~!@#$%^&*()", "法务/合同",
+                                  "équipe-ventes", "x"])
+def test_good_names_pass(name: str) -> None:
+    ev = decode_event(raw(model=name, route=name))
+    assert (ev.model, ev.route) == (name, name)

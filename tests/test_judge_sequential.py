@@ -312,3 +312,14 @@ def test_judgeability_gauges_are_bounded_and_forget_old_rows() -> None:
     judged = {s.labels["route"] for f in m.registry.collect() if f.name == "llmwd_rule_judged" for s in f.samples}
     mde = {s.labels["route"] for f in m.registry.collect() if f.name == "llmwd_rule_mde" for s in f.samples}
     assert judged == mde == {"r0", "r1", "r2"}
+
+
+def test_state_judgeability_rows_equal_the_snapshot_rows(shipped: PolicySet) -> None:
+    """The daemon's metric export skips the snapshot; its rows are the same."""
+    from watchdog.policy.status import state_judgeability_rows
+
+    eng = PolicyEngine(shipped)
+    _run(eng, "chat/small", 6, 800.0, 50, 50, 5)
+    _run(eng, "chat/big", 4, 800.0, 2000, 1000, 6)
+    rows = state_judgeability_rows(eng.policy_set, eng.states)
+    assert rows and rows == judgeability_rows(eng.snapshot())

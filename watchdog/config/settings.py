@@ -117,6 +117,15 @@ class WindowConfig(_Section):
     #: the host clock may differ from the steady and the events' clock by this much before readiness
     #: says ``clock-skew`` (docs/OPERATIONS.md, "Time")
     clock_skew_s: float = Field(300.0, gt=0)
+    #: routes (model, route) one partition keeps state for; an event of a further route is
+    #: dead-lettered ``route_limit`` (docs/OPERATIONS.md, "Bounded routes")
+    max_routes_per_partition: int = Field(2_000, ge=1, le=1_000_000)
+    #: routes one replica keeps state for, over all the partitions it owns
+    max_routes: int = Field(10_000, ge=1, le=10_000_000)
+    #: a route without an event for this long (the daemon's clock) is forgotten: its windows' and
+    #: engine state and its checkpoint entries, unless its flag is off the default precision, a
+    #: flip of it is pending or an incident of it is open
+    route_idle_s: float = Field(3_600.0, gt=0)
 
 
 class AlertChannelConfig(BaseModel):

@@ -64,6 +64,12 @@ MAX_DURATION_MS = 86_400_000.0
 MAX_TOKENS = 1_000_000_000
 #: a log-probability below this is not one an engine reports (exp(-1e4) underflows to 0)
 MIN_LOGPROB = -1e4
+#: the longest model or route name (characters) that ``name_problem`` (and so ``decode_event``) accepts
+MAX_NAME_CHARS = 200
+#: names ``name_problem`` accepted, as sent -> as kept (NFKC): most events repeat a few names, so
+#: checking each name once keeps the check off the hot path; at most ``_NAMES_MAX`` are remembered
+_NAMES: dict[str, str] = {}
+_NAMES_MAX = 4096
 
 _KNOWN_FIELDS = frozenset(
     {
@@ -283,6 +289,22 @@ def _shadow(v: Any) -> ShadowResult | None:
     )
 
 
+def _checked_name(raw: str, field: str) -> str:
+    """``raw`` NFKC-normalised if ``name_problem`` accepts it (remembered in ``_NAMES``); otherwise
+    ``out_of_range:<field>`` when too long, ``bad_value:<field>`` for a space, control, invisible or
+    unassigned character."""
+    name = raw if raw.isascii() else unicodedata.normalize("NFKC", raw)
+    why = name_problem(name)
+    if why is not None:
+        if len(name) > MAX_NAME_CHARS:
+            raise _out_of_range(field, f"{field} {why}")
+        raise _bad_value(field, f"{field} {name[:40]!r} {why}")
+    if len(_NAMES) >= _NAMES_MAX:  # a flood of distinct names: start again (bounded memory)
+        _NAMES.clear()
+    _NAMES[raw] = name
+    return name
+
+
 def _parse(raw: Any, max_bytes: int) -> Any:
     if raw is None or len(raw) == 0:
         raise InvalidEvent("empty", "message has no value")
@@ -347,8 +369,14 @@ def decode_event(raw: bytes, max_bytes: int = MAX_EVENT_BYTES) -> InferenceEvent
     precision = get("precision")
     if type(precision) is not str or not precision:
         precision = _req_str(d, "precision")
-    if not (model.isascii() and route.isascii()):  # policy scopes are NFKC too (watchdog/policy/names.py)
-        model, route = unicodedata.normalize("NFKC", model), unicodedata.normalize("NFKC", route)
+    # names are keys of per-route state, metrics and Redis: NFKC (as policy scopes are,
+    # watchdog/policy/names.py), bounded in length and charset (``name_problem``); a name seen
+    # before costs one dict lookup
+    names = _NAMES
+    checked = names.get(model)
+    model = checked if checked is not None else _checked_name(model, "model")
+    checked = names.get(route)
+    route = checked if checked is not None else _checked_name(route, "route")
     if not (type(latency) is float and 0.0 <= latency <= MAX_DURATION_MS):
         latency = _number(latency, "latency_ms")
     prompt_tokens = get("prompt_tokens")
@@ -456,8 +484,6 @@ def event_to_dict(event: InferenceEvent) -> dict[str, Any]:
     return out
 
 
-#: the longest model or route name (characters) that ``name_problem`` accepts
-MAX_NAME_CHARS = 200
 _BAD_NAME_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zs", "Zl", "Zp"})
 
 

@@ -76,6 +76,14 @@ class Metrics:
                               "power; log ratio for latency, points for rates), per window or over the horizon",
                               ["policy", "model", "route", "rule", "over"], registry=r)
         self._judgeability_labels: set[tuple[str, ...]] = set()
+        # bounded routes (watchdog/runtime/routes.py)
+        self.routes_active = Gauge("llmwd_routes_active", "Routes (model, route) this replica keeps state for",
+                                   registry=r)
+        self.route_limit_events = Counter(
+            "llmwd_route_limit_events_total", "Events of new routes dead-lettered (route_limit) because the "
+            "partition's or the replica's route cap was reached, by cap", ["cap"], registry=r)
+        for cap in ("partition", "replica"):
+            self.route_limit_events.labels(cap)
         # label values known in advance start at 0, so increase() and rate() see their first event
         for result in ("delivered", "failed", "dropped"):
             self.pages.labels(result)

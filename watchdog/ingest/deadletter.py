@@ -48,6 +48,8 @@ class _PartitionLetters:
     since: float | None = None
 
 
+#: at most one warning per dead-letter reason this often (the rest are counted in the next one)
+LOG_EVERY_S = 1.0
 #: a dead letter unacknowledged this long counts as failed (its partition pauses, readiness ``dlq``)
 DLQ_ACK_TIMEOUT_S = 10.0
 
@@ -64,12 +66,15 @@ class DeadLetters:
         self._dlq: dict[PartitionKey, _PartitionLetters] = {}
         #: partitions that dead-lettered since the daemon last looked (their checkpoint must advance)
         self.touched: set[PartitionKey] = set()
+        #: reason -> (monotonic time of its last warning, dead letters not logged since)
+        self._logged: dict[str, tuple[float, int]] = {}
 
     def add(self, pkey: PartitionKey, rec: Any, reason: str, error: str) -> None:
         """Count ``rec`` as invalid and send it, with the reason in its headers, to the dead-letter topic."""
+        kind = reason.split(":", 1)[0]
         self.metrics.events.labels("invalid").inc()
-        self.metrics.dlq.labels(reason.split(":", 1)[0]).inc()
-        log.warning("dead-lettering %s:%s@%s: %s", rec.topic, rec.partition, rec.offset, error[:300])
+        self.metrics.dlq.labels(kind).inc()
+        self._log(kind, rec, error)
         if self.producer is None:
             return
         self.touched.add(pkey)
@@ -79,6 +84,18 @@ class DeadLetters:
             st.since = time.monotonic()
         st.pending.append(dl)
         self._send(dl)
+
+    def _log(self, kind: str, rec: Any, error: str) -> None:
+        """One warning per reason per ``LOG_EVERY_S`` at most, with the count of those not logged (a
+        flood of dead letters must not become a flood of log lines; the metric counts each one)."""
+        now = time.monotonic()
+        last, quiet = self._logged.get(kind, (-LOG_EVERY_S, 0))
+        if now - last < LOG_EVERY_S:
+            self._logged[kind] = (last, quiet + 1)
+            return
+        self._logged[kind] = (now, 0)
+        more = f" (and {quiet} more {kind} dead letters not logged)" if quiet else ""
+        log.warning("dead-lettering %s:%s@%s: %s%s", rec.topic, rec.partition, rec.offset, error[:300], more)
 
     def _send(self, dl: _Letter) -> None:
         rec = dl.rec

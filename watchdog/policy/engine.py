@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from watchdog.core.signals import Action, Signal
@@ -284,9 +284,13 @@ class PolicyEngine:
         """The last verdict of every rule for every (policy, model, route), JSON-able."""
         return rule_verdicts(self.policy_set, self.states)
 
-    def snapshot(self) -> dict[str, Any]:
-        """Policies and per-scope state for /status, JSON-able."""
-        return status_snapshot(self.policy_set, self.states)
+    def snapshot(self, routes: Collection[tuple[str, str]] | None = None) -> dict[str, Any]:
+        """Policies and per-scope state for /status, JSON-able (only the scopes of ``routes`` if given)."""
+        if routes is None:
+            return status_snapshot(self.policy_set, self.states)
+        wanted = set(routes)
+        return status_snapshot(self.policy_set, {k: st for k, st in list(self.states.items())
+                                                 if (k[1], k[2]) in wanted})
 
     def export_state(self) -> dict[str, Any]:
         return {"version": STATE_VERSION,

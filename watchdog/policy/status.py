@@ -19,7 +19,7 @@ from watchdog.policy.horizon import judgeability
 from watchdog.policy.loader import PolicySet
 from watchdog.policy.state import ScopeState
 
-__all__ = ["judgeability_rows", "rule_verdicts", "status_snapshot"]
+__all__ = ["judgeability_rows", "rule_verdicts", "state_judgeability_rows", "status_snapshot"]
 
 
 def rule_verdicts(policy_set: PolicySet, states: Mapping[tuple[str, str, str], ScopeState]) -> list[dict[str, Any]]:
@@ -82,6 +82,29 @@ def judgeability_rows(snapshot: Mapping[str, Any]) -> list[dict[str, Any]]:
             if not jb:
                 continue
             rows.append({"policy": sc["policy"], "model": sc["model"], "route": sc["route"], "rule": name,
+                         "judged": 1 if jb["judged"] in ("window", "horizon") else 0, "how": jb["judged"],
+                         "mde": jb.get("mde"), "horizon_mde": jb.get("horizon_mde"), "kind": jb.get("kind"),
+                         "why": jb.get("why")})
+    return rows
+
+
+def state_judgeability_rows(policy_set: PolicySet,
+                            states: Mapping[tuple[str, str, str], ScopeState]) -> list[dict[str, Any]]:
+    """``judgeability_rows(status_snapshot(policy_set, states))`` without building the snapshot (no
+    state is serialised): what the daemon exports every few seconds over every route it holds."""
+    rows = []
+    for (pname, model, route), st in sorted(list(states.items()), key=lambda kv: kv[0]):
+        policy = policy_set.get(pname)
+        if policy is None:
+            continue
+        for name, rs in st.rules.items():
+            rule = policy.rule(name)
+            if rule is None:
+                continue
+            jb = judgeability(rule, rs.last, dict(rs.horizon))
+            if not jb:
+                continue
+            rows.append({"policy": pname, "model": model, "route": route, "rule": name,
                          "judged": 1 if jb["judged"] in ("window", "horizon") else 0, "how": jb["judged"],
                          "mde": jb.get("mde"), "horizon_mde": jb.get("horizon_mde"), "kind": jb.get("kind"),
                          "why": jb.get("why")})

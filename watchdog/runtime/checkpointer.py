@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -43,6 +44,8 @@ log = logging.getLogger(__name__)
 
 #: golden/GPU signal records held for the windows stream while Redis is down, at most
 MAX_UNOWNED_RECORDS = 10_000
+#: one loop iteration starts no further partition save once its saves have taken this long
+STEP_BUDGET_S = 0.25
 
 
 class Checkpointer:
@@ -63,18 +66,25 @@ class Checkpointer:
         self.ingest: Ingest | None = None
         #: records of golden/GPU signals no owned partition's checkpoint carries, for the windows stream
         self.unowned_records: list[str] = []
+        #: routes whose closed windows wait to be judged (``Decisions.deferred_routes``, bound by the daemon)
+        self.deferred_routes: Callable[[], set[P.Route]] = set
 
     def attach(self, ingest: Ingest) -> None:
         self.ingest = ingest
 
     def checkpoint(self, now: float, force: bool = False) -> None:
-        """Save every partition that changed and whose spacing has passed (all of them with ``force``)."""
+        """Save every partition that changed and whose spacing has passed (all of them with ``force``);
+        without ``force``, the least recently saved first and no more once this call has taken
+        ``STEP_BUDGET_S`` (the others are saved in the next loop iterations)."""
         every = self.cfg.redis.checkpoint_every_s if self.redis_health.ok else 1.0
-        for part in list(self.ownership.parts.values()):
+        t0 = time.perf_counter()
+        for part in sorted(self.ownership.parts.values(), key=lambda p: p.last_save):
             if part.inflight is None and not part.dirty:
                 continue
             if not force and now - part.last_save < max(every, 10 * part.last_cost_s):
                 continue
+            if not force and time.perf_counter() - t0 > STEP_BUDGET_S:
+                break
             self.save(part, now, force=force)
 
     def save(self, part: P.Partition, now: float, force: bool = False, mirror: bool = True) -> bool:
@@ -82,6 +92,9 @@ class Checkpointer:
         assert self.ingest is not None
         if part.routes & self.actuator.pending_routes():
             return False  # the flip goes first: it carries the engine state the checkpoint would
+        deferred = self.deferred_routes()
+        if deferred and not part.routes.isdisjoint(deferred):
+            return False  # windows closed but not judged yet: never record them as done before they are
         if not self.ingest.dead_letters.settled(part.pk, timeout_s=1.0 if force else 0.2):
             return False  # never checkpoint past a dead letter the broker has not acknowledged
         if part.inflight is None:
@@ -140,9 +153,12 @@ class Checkpointer:
                                  topic_id=self.ownership.topic_id)
         full = part.full
         routes = part.routes if full else part.dirty_routes & part.routes
-        by_route = P.engine_states_by_route(self.engine) if routes else {}
+        by_route = P.engine_states_by_route(self.engine, routes) if routes else {}
         engines = {self.keys.engine(self.cfg.kafka.group_id, m, r): P.engine_json(by_route[(m, r)])
                    for m, r in sorted(routes) if (m, r) in by_route}
+        for m, r in sorted(part.evicted - part.routes):  # forgotten as idle: '' deletes the key
+            engines[self.keys.engine(self.cfg.kafka.group_id, m, r)] = ""
+        part.evicted = set()
         changed, closed = part.agg.export_changes(everything=full)
         part.start_offset = offset
         part.dirty = False

@@ -24,7 +24,7 @@ import gc
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import redis
@@ -49,6 +49,7 @@ from watchdog.runtime.decisions import FLAG_RELOAD_S, Decisions
 from watchdog.runtime.health import LoopHealth, Readiness, RedisHealth
 from watchdog.runtime.ownership import Ownership
 from watchdog.runtime.policies import PolicyReloader
+from watchdog.runtime.routes import RouteKeeper
 from watchdog.runtime.stats import DaemonStats
 from watchdog.runtime.status import StatusDocument
 from watchdog.sources.golden import GoldenLeader, GoldenScheduler
@@ -112,14 +113,18 @@ class Daemon:
         self.actuator = self.decisions.actuator
         self.checkpointer = Checkpointer(cfg, self.keys, self.redis, self.checkpoints, self.engine, self.wm,
                                          self.ownership, self.actuator, self.redis_health, self.metrics, self.stats)
+        self.checkpointer.deferred_routes = lambda: self.decisions.deferred_routes
         self.ownership.bind(save=functools.partial(self.checkpointer.save, force=True),
                             restored=functools.partial(self.decisions.reconcile, force=True))
+        self.routes = RouteKeeper(cfg, self.ownership, self.engine, self.readiness, self.metrics,
+                                  self.decisions.flags.snapshot, self.actuator.pending_routes,
+                                  self.alerter.open_incidents)
         self.closer = WindowCloser(cfg, self.wm, self.ownership, self.metrics, self.stats, clock)
         self.health = LoopHealth(cfg, self.readiness, self.wm, self.ownership.fenced_partitions, self.actuator,
                                  self.stats)
         self._status = StatusDocument(cfg.instance, self.stats, self.problems, self.ownership, self.policies,
                                       self.decisions.flags, self.engine, self.actuator, self.alerter, self.golden,
-                                      self.golden_leader, self.gpu)
+                                      self.golden_leader, self.gpu, self.routes, cfg.default_precision)
         self._stop = threading.Event()
         self.readiness.set("starting", "connecting to Kafka", self.clock())
 
@@ -219,7 +224,7 @@ class Daemon:
         self.closer.confirm_idle(now)
         signals = self.closer.close_windows(now)
         signals.extend(self._poll_sources(now))
-        if signals:
+        if signals or self.decisions.deferred:
             self.decisions.decide(signals, now)
         self.decisions.act(now)
         self.checkpointer.checkpoint(now)
@@ -232,6 +237,7 @@ class Daemon:
         self.decisions.export_judgeability(now)
         self.policies.check(now)
         self._check_clock(now)
+        self.routes.update(now)
         self.health.update(now)
         self.stats.last_loop = time.monotonic()
         self.metrics.loop_last.set(self.clock())
@@ -305,6 +311,8 @@ class Daemon:
             until = time.monotonic() + 4.0
             while not ingest.assigned() and time.monotonic() < until:
                 ingest.poll(100)
+        while self.decisions.deferred and time.monotonic() < deadline - 4:
+            self.decisions.decide([], self.clock())  # windows closed but not judged yet
         while self.actuator.pending() and time.monotonic() < deadline - 3:
             self.decisions.act(self.clock())
             if self.actuator.pending():
@@ -332,5 +340,6 @@ class Daemon:
     def alive(self) -> bool:
         return self.health.alive()
 
-    def status(self) -> dict[str, Any]:
-        return self._status.build()
+    def status(self, query: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """The /status document (``query``: ``route``/``model`` for one route, ``top`` for how many)."""
+        return self._status.build(query)

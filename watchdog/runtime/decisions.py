@@ -36,7 +36,7 @@ from watchdog.core.keys import Keys
 from watchdog.core.metrics import Metrics
 from watchdog.core.signals import Action, Signal
 from watchdog.policy import PolicyEngine, changes
-from watchdog.policy.status import judgeability_rows
+from watchdog.policy.status import state_judgeability_rows
 from watchdog.runtime.health import RedisHealth
 from watchdog.runtime.ownership import Ownership
 from watchdog.runtime.stats import DaemonStats
@@ -58,6 +58,27 @@ EXPORT_EVERY_S = 1.0
 JUDGEABILITY_EVERY_S = 10.0
 #: the longest a flip we wrote overlays the cache that has not shown it yet
 WRITE_VISIBLE_S = 2.0
+#: routes judged in one loop iteration at most: when more windows close at once (thousands of
+#: routes), the rest wait for the next iterations, so the loop keeps polling and reporting
+MAX_DECIDE_ROUTES = 1000
+
+
+def split_by_route(signals: list[Signal], max_routes: int) -> tuple[list[Signal], list[Signal]]:
+    """(the signals of the first ``max_routes`` routes, in order, with every ``*`` signal; the rest).
+    A route's signals all go the same way, so its windows stay in order."""
+    chosen: set[P.Route] = set()
+    now: list[Signal] = []
+    later: list[Signal] = []
+    for s in signals:
+        route = (s.model, s.route)
+        if "*" in route or route in chosen:
+            now.append(s)
+        elif len(chosen) < max_routes:
+            chosen.add(route)
+            now.append(s)
+        else:
+            later.append(s)
+    return now, later
 
 
 class FlagView:
@@ -122,9 +143,21 @@ class Decisions:
         self._last_export = 0.0
         self._last_judgeability = 0.0
         self._exported: set[P.Route] = set()
+        #: signals of closed windows not judged yet (``MAX_DECIDE_ROUTES``), and their routes: the
+        #: partitions carrying them are not checkpointed until they are
+        self.deferred: list[Signal] = []
+        self.deferred_routes: set[P.Route] = set()
 
     # -- deciding ------------------------------------------------------------------------------
     def decide(self, signals: list[Signal], now: float) -> None:
+        """Judge ``signals`` (after those deferred before): at most ``MAX_DECIDE_ROUTES`` routes now."""
+        if self.deferred and self.ownership.revoked_routes:  # a lost partition's windows: the new owner's
+            gone = self.ownership.revoked_routes
+            self.deferred = [s for s in self.deferred if (s.model, s.route) not in gone]
+        signals, self.deferred = split_by_route(self.deferred + signals, MAX_DECIDE_ROUTES)
+        self.deferred_routes = {(s.model, s.route) for s in self.deferred}
+        if not signals:
+            return
         flags = self.flags.snapshot()
         for route, precision in self.lost_flags(flags).items():
             # our flip is gone from Redis: the engine must not read that as an operator's change
@@ -287,4 +320,4 @@ class Decisions:
         if now - self._last_judgeability < JUDGEABILITY_EVERY_S:
             return
         self._last_judgeability = now
-        self.metrics.set_judgeability(judgeability_rows(self.engine.snapshot()))
+        self.metrics.set_judgeability(state_judgeability_rows(self.engine.policy_set, self.engine.states))

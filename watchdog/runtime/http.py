@@ -3,18 +3,21 @@ compatibility), /readyz (connected and current: 503 with the named reasons other
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qsl
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 log = logging.getLogger(__name__)
 
-StatusFn = Callable[[], dict[str, Any]]
+#: the /status document; it may take the query (``?route=...&top=...``) as a mapping
+StatusFn = Callable[..., dict[str, Any]]
 ReadyFn = Callable[[], list[str]]
 
 
@@ -31,7 +34,7 @@ class StatusServer:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - stdlib name
-                path = self.path.split("?", 1)[0]
+                path, _, qs = self.path.partition("?")
                 try:
                     if path == "/metrics":
                         self._send(200, generate_latest(outer.registry), CONTENT_TYPE_LATEST)
@@ -43,7 +46,8 @@ class StatusServer:
                         self._json(503 if problems else 200,
                                    {"ready": not problems, "problems": problems})
                     elif path == "/status":
-                        self._json(200, outer.status())
+                        query = dict(parse_qsl(qs[:2000]))
+                        self._json(200, outer.status(query) if outer.takes_query else outer.status())
                     else:
                         self._json(404, {"error": f"no such path {path}"})
                 except Exception as exc:  # noqa: BLE001 - a broken status must not kill the server
@@ -65,6 +69,8 @@ class StatusServer:
 
         self.registry = registry
         self.status = status
+        #: True when ``status`` takes the query mapping
+        self.takes_query = bool(inspect.signature(status).parameters)
         self.ready = ready
         self.alive = alive
         self.httpd = ThreadingHTTPServer((host, port), Handler)

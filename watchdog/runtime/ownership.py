@@ -66,6 +66,11 @@ class Ownership:
         #: events further in the future than that)
         self.poll_now = 0.0
         self._last_restore_try = 0.0
+        #: the caps on routes with state (``windows.max_routes_per_partition``, ``windows.max_routes``)
+        self.max_part_routes = cfg.windows.max_routes_per_partition
+        self.max_routes = cfg.windows.max_routes
+        #: events of new routes refused (``route_limit``), by the cap that refused them
+        self.route_limited = {"partition": 0, "replica": 0}
         self._save: Callable[[P.Partition, float], Any] = lambda part, now: None
         self._restored: Callable[[float], Any] = lambda now: None
 
@@ -80,19 +85,32 @@ class Ownership:
 
     # -- the hot path: the ingest sink ---------------------------------------------------------
     def fold(self, event: Any, pk: P.PartitionKey, offset: int) -> str | None:
-        """Fold one event into its partition's windows; the dead-letter reason when refused."""
+        """Fold one event into its partition's windows; the dead-letter reason when refused
+        (``future``, ``late``, ``route_limit``: a new route beyond the partition's or the replica's cap)."""
         ts = event.ts
-        if ts > self.poll_now + self.wm.max_future_s:
+        now = self.poll_now
+        if ts > now + self.wm.max_future_s:
             return "future"
         part = self.parts[pk]
-        if not part.agg.add(event, pk, offset):
-            return "late"
-        self.wm.observe(pk, ts, self.poll_now)
         route = (event.model, event.route)
-        if route not in part.routes:
+        if route in part.routes:
+            if not part.agg.add(event, pk, offset):
+                return "late"
+        else:
+            if len(part.routes) >= self.max_part_routes:
+                self.route_limited["partition"] += 1
+                return "route_limit"
+            if len(self.route_part) >= self.max_routes:
+                self.route_limited["replica"] += 1
+                return "route_limit"
+            if not part.agg.add(event, pk, offset):
+                return "late"
             part.routes.add(route)
+            part.evicted.discard(route)
             self.route_part[route] = pk
             self.revoked_routes.discard(route)
+        part.last_seen[route] = now
+        self.wm.observe(pk, ts, now)
         part.dirty = True
         return None
 
@@ -142,7 +160,7 @@ class Ownership:
         agg.import_open(data.get("windows") or [])
         agg.set_closed_end(self._closed_end_bound(pk, data.get("closed_end"), data.get("max_ts"), now))
         part = P.Partition(pk, claim.token, claim.seq, agg, routes=routes, start_offset=data.get("offset"),
-                           full=claim.data is None)
+                           full=claim.data is None, last_seen=dict.fromkeys(routes, self.poll_now or now))
         P.load_engine_states(self.engine, saved)
         for route in routes:
             self.route_part[route] = pk
@@ -262,6 +280,8 @@ class Ownership:
         if part is None:
             return None
         part.routes.add((model, route))
+        part.last_seen[(model, route)] = self.poll_now or self.clock()
+        part.evicted.discard((model, route))
         self.route_part[(model, route)] = guess
         return guess
 

@@ -4,13 +4,19 @@
 flags (from the daemon's one flag view, ``watchdog.runtime.decisions.FlagView``), engine verdicts,
 recent actions, incidents, golden jobs and GPU health. Building it reads; it changes nothing. It runs
 on the HTTP thread.
+
+Bounded whatever the number of routes: ``flags`` and the ``verdicts`` scopes list the ``top`` (default
+``TOP_ROUTES``, at most ``MAX_TOP``) most notable routes (a flag off the default, a flip pending, an
+incident open, a failing or erring rule, then the most recent flip, then by name) with the totals
+beside them (``routes``); ``?route=NAME`` (and ``&model=NAME``) gives those routes alone, whatever
+their rank.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from watchdog.actuation.actuator import Actuator
@@ -19,18 +25,26 @@ from watchdog.policy import PolicyEngine
 from watchdog.runtime.decisions import FlagView
 from watchdog.runtime.ownership import Ownership
 from watchdog.runtime.policies import PolicyReloader
+from watchdog.runtime.routes import RouteKeeper
 from watchdog.runtime.stats import DaemonStats
 from watchdog.sources.golden import GoldenLeader, GoldenScheduler
 
 #: modules whose presence /status reports (the daemon must not import them unless configured to)
 HEAVY_MODULES = ("torch", "transformers", "evaluate", "pynvml")
+#: routes /status lists by default, and at most (``?top=N``)
+TOP_ROUTES = 20
+MAX_TOP = 1000
+#: incidents listed at most
+MAX_INCIDENTS = 100
+
+Route = tuple[str, str]
 
 
 class StatusDocument:
     def __init__(self, instance: str, stats: DaemonStats, problems: Callable[[], list[str]], ownership: Ownership,
                  policies: PolicyReloader, flags: FlagView, engine: PolicyEngine, actuator: Actuator,
                  alerter: Alerter, golden: GoldenScheduler | None, golden_leader: GoldenLeader | None,
-                 gpu: Any) -> None:
+                 gpu: Any, routes: RouteKeeper | None = None, default_precision: str = "fp8") -> None:
         self.instance = instance
         self.stats = stats
         self.problems = problems
@@ -44,10 +58,27 @@ class StatusDocument:
         self.golden_leader = golden_leader
         #: a ``probes.gpu_monitor.GpuMonitor`` or None
         self.gpu = gpu
+        self.routes = routes
+        self.default_precision = default_precision
 
-    def build(self) -> dict[str, Any]:
+    def build(self, query: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """The document; ``query``: ``route`` (and ``model``) for one route, ``top`` for how many."""
+        query = query or {}
         problems = self.problems()
         stats = self.stats
+        flags = self.flags.snapshot()
+        incidents = self.alerter.open_incidents()
+        if "route" in query or "model" in query:
+            shown = self._matching(flags, query.get("model"), query.get("route"))
+        else:
+            try:
+                top = max(0, min(MAX_TOP, int(query.get("top", TOP_ROUTES))))
+            except ValueError:
+                top = TOP_ROUTES
+            shown = self._notable(flags, top)
+        wanted = set(shown)
+        routes: dict[str, Any] = dict(self.routes.status()) if self.routes is not None else {}
+        routes.update(flags=len(flags), with_state=len({(m, r) for _p, m, r in list(self.engine.states)}), shown=len(shown))
         return {
             "instance": self.instance,
             "uptime_s": round(time.monotonic() - stats.started_at, 1),
@@ -55,17 +86,45 @@ class StatusDocument:
             "problems": problems,
             "partitions": self.ownership.status(),
             "policies": [p.name for p in self.policies.loader.policy_set.policies],
-            "flags": {f"{m}/{r}": p for (m, r), p in self.flags.snapshot().items()},
-            "verdicts": self.engine.snapshot(),
+            "routes": routes,
+            "flags": {f"{m}/{r}": p for (m, r), p in flags.items() if (m, r) in wanted},
+            "verdicts": self.engine.snapshot(wanted),
             "pending_decisions": self.actuator.pending(),
             "windows_closed": stats.windows_closed,
             "checkpoints": stats.checkpoints,
             "open_windows": sum(p.agg.open_windows() for p in self.ownership.parts.values()),
             "recent_actions": stats.last_actions[-20:],
-            "incidents": self.alerter.open_incidents(),
+            "incidents": incidents[:MAX_INCIDENTS],
+            "incidents_total": len(incidents),
             "alerts": self.alerter.stats(),
             "golden": self.golden.status() if self.golden is not None else [],
             "golden_lease": self.golden_leader is not None and self.golden_leader.running,
             "gpu": [h.to_dict() for h in self.gpu.latest()] if self.gpu is not None else [],
             "heavy_modules_loaded": sorted(m for m in HEAVY_MODULES if m in sys.modules),
         }
+
+    def _matching(self, flags: Mapping[Route, str], model: str | None, route: str | None) -> list[Route]:
+        """Every known route named ``route`` (of ``model`` when given)."""
+        known = set(flags) | {(m, r) for _p, m, r in list(self.engine.states)}
+        for part in list(self.ownership.parts.values()):
+            known |= part.routes
+        return sorted(r for r in known if (route is None or r[1] == route) and (model is None or r[0] == model))
+
+    def _notable(self, flags: Mapping[Route, str], top: int) -> list[Route]:
+        """The ``top`` routes on-call most needs to see (see the module docstring)."""
+        if top <= 0:
+            return []
+        default = self.default_precision
+        rank: dict[Route, tuple[int, float]] = {r: (0 if p != default else 3, 0.0) for r, p in flags.items()}
+        pending = self.actuator.pending_routes()
+        for (_p, m, r), st in list(self.engine.states.items()):
+            route = (m, r)
+            if route in pending or st.pending is not None or st.open_alerts:
+                level = 0
+            elif any(rs.fails or rs.errors for rs in st.rules.values()):
+                level = 1
+            else:
+                level = 2
+            old = rank.get(route, (4, 0.0))
+            rank[route] = (min(old[0], level), max(old[1], st.last_flip or 0.0))
+        return sorted(rank, key=lambda r: (rank[r][0], -rank[r][1], r))[:top]

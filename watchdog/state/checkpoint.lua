@@ -6,6 +6,7 @@
 -- ARGV[5] W window records  ARGV[6] B outbox records  ARGV[7] F changed open-window fields
 -- ARGV[8] D closed-window fields  ARGV[9] '1' = incremental (needs the stored hash to build on)
 -- then: W window records, B outbox records, F (field, value) pairs, D fields, one engine JSON per KEYS[5..]
+-- ('' deletes that engine-state key: the route was forgotten as idle)
 --
 -- The hash holds 'seq', 'json' (meta) and one field per open window. Returns {status, detail}:
 -- saved | duplicate (this sequence number, or a later one, is stored already: a retried save whose
@@ -48,7 +49,11 @@ for _ = 1, nd do
   i = i + 1
 end
 for k = 5, #KEYS do
-  redis.call('SET', KEYS[k], ARGV[i])
+  if ARGV[i] == '' then
+    redis.call('DEL', KEYS[k])
+  else
+    redis.call('SET', KEYS[k], ARGV[i])
+  end
   i = i + 1
 end
 return {'saved', ARGV[2]}

@@ -42,6 +42,10 @@ class Partition:
     full: bool = True
     #: seconds the last save took (checkpoints are spaced to keep their cost <= 10 % of the loop)
     last_cost_s: float = 0.0
+    #: route -> the daemon's clock at its last event (idle routes are forgotten: runtime/routes.py)
+    last_seen: dict[Route, float] = field(default_factory=dict)
+    #: routes forgotten since the last save: the next save deletes their engine-state keys
+    evicted: set[Route] = field(default_factory=set)
 
 
 def route_of_key(key: bytes | None) -> Route | None:
@@ -51,10 +55,12 @@ def route_of_key(key: bytes | None) -> Route | None:
     return (model, route) if sep else None
 
 
-def engine_states_by_route(engine: PolicyEngine) -> dict[Route, dict[str, Any]]:
+def engine_states_by_route(engine: PolicyEngine, routes: set[Route] | None = None) -> dict[Route, dict[str, Any]]:
+    """The engine state of each route (of ``routes`` only, when given: a save serialises just those)."""
     out: dict[Route, dict[str, Any]] = defaultdict(dict)
     for (policy, model, route), st in engine.states.items():
-        out[(model, route)][policy] = st.to_json()
+        if routes is None or (model, route) in routes:
+            out[(model, route)][policy] = st.to_json()
     return out
 
 

@@ -276,6 +276,10 @@ class WindowAggregator:
     def open_windows(self) -> int:
         return len(self._open)
 
+    def open_routes(self) -> set[tuple[str, str]]:
+        """The (model, route) pairs with a window still open."""
+        return {(k[1], k[2]) for k in self._open}
+
     def min_open_offsets(self) -> dict[PartitionKey, int]:
         """Per (topic, partition), the smallest offset of an event held in a still-open window."""
         out: dict[PartitionKey, int] = {}
