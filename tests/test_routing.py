@@ -111,3 +111,36 @@ def test_reader_started_without_redis_serves_default(own_redis: Any) -> None:
 def test_needs_a_url_or_factory() -> None:
     with pytest.raises(ValueError):
         RoutingFlags()
+
+
+def test_an_unexpected_error_in_the_reader_is_reported_and_survived(redis_service: Any, redis_client: Any) -> None:
+    """Anything but a Redis error used to end the reader's thread while ``healthy`` stayed True, so the
+    gateway served stale flags for ever; now it is unhealthy with the error and reconnects."""
+    store = FlagStore(redis_client, Keys())
+    store.flip("llama", "chat", "fp8", expected_epoch=None, reason="init", changed_by="t")
+    reader = RoutingFlags(url_of(redis_service), ttl_s=0.05, reconnect_s=0.2, start=False)
+    real_refresh, real_unhealthy = reader.refresh, reader._mark_unhealthy
+    calls: list[int] = []
+    errors: list[str] = []
+
+    def refresh_once_broken(client: Any) -> None:
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("a bug in the flag decoder")
+        real_refresh(client)
+
+    def unhealthy(exc: BaseException) -> None:
+        errors.append(str(exc))
+        real_unhealthy(exc)
+
+    reader.refresh = refresh_once_broken  # type: ignore[method-assign]
+    reader._mark_unhealthy = unhealthy  # type: ignore[method-assign]
+    reader.start()
+    with reader:
+        assert reader.wait_ready(3)
+        wait_for(lambda: len(calls) >= 3)
+        assert errors == ["a bug in the flag decoder"]
+        wait_for(lambda: reader.healthy)
+        assert reader._thread is not None and reader._thread.is_alive()
+        store.flip("llama", "chat", "fp16", expected_epoch=1, reason="r", changed_by="t")
+        wait_for(lambda: reader.precision_for("llama", "chat") == "fp16")

@@ -175,6 +175,10 @@ class RoutingFlags:
             except (redis.RedisError, OSError) as exc:
                 self._mark_unhealthy(exc)
                 self._stop.wait(self.reconnect_s)
+            except Exception as exc:  # noqa: BLE001 - anything else must not end the reader silently
+                log.exception("routing flags: unexpected error; reconnecting")
+                self._mark_unhealthy(exc)
+                self._stop.wait(self.reconnect_s)
             finally:
                 self._close_quietly(pubsub, client)
 

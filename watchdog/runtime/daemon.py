@@ -126,6 +126,7 @@ class Daemon:
                                       self.decisions.flags, self.engine, self.actuator, self.alerter, self.golden,
                                       self.golden_leader, self.gpu, self.routes, cfg.default_precision)
         self._stop = threading.Event()
+        self._failed_sources: set[str] = set()
         self.readiness.set("starting", "connecting to Kafka", self.clock())
 
     def connect_kafka(self) -> bool:
@@ -259,12 +260,18 @@ class Daemon:
         """Signals of the golden, GPU and other sources; each is recorded for the windows stream."""
         out: list[Signal] = []
         for source in self.sources:
+            # one incident per source, resolved by its next good call (a later failure pages again)
+            key = f"source-failed/{getattr(source, '__qualname__', type(source).__name__)}"
             try:
                 extra = source(now)
             except Exception as exc:  # noqa: BLE001 - a broken probe must not stop the daemon
                 log.exception("signal source failed")
-                self.alerter.ops_alert("source-failed", f"a signal source failed: {exc}", "warning", {})
+                self._failed_sources.add(key)
+                self.alerter.ops_alert(key, f"a signal source failed: {exc}", "warning", {})
                 continue
+            if key in self._failed_sources:
+                self._failed_sources.discard(key)
+                self.alerter.ops_resolve(key, "the source answers again")
             self.checkpointer.record_signals(extra)
             out.extend(extra)
         return out

@@ -139,6 +139,9 @@ class Decisions:
         self.actuator = Actuator(store, changed_by=f"watchdog@{cfg.instance}", extras=self.flip_extras)
         #: (model, route) -> end of the window that caused the pending flip (reaction metric)
         self._decided_at: dict[P.Route, float] = {}
+        #: open per-route ops incidents (refused or re-asserted flips): resolved when a later flip
+        #: of the route goes through
+        self._open_incidents: set[str] = set()
         self._last_reconcile = 0.0
         self._last_export = 0.0
         self._last_judgeability = 0.0
@@ -248,13 +251,18 @@ class Decisions:
                 self.flags.wrote((result.model, result.route), result.precision, result.epoch)
                 if decided is not None:
                     self.metrics.reaction_seconds.observe(max(0.0, now - decided))
+            if result.applied or result.unchanged:
+                self._resolve(f"refused/{result.model}/{result.route}", "a later switch went through")
+                if result.applied:
+                    self._resolve(f"reassert/{result.model}/{result.route}", f"flag re-asserted: {result.precision}")
             if result.refused == "fenced":
                 pk = self.ownership.owner_of(result.model, result.route)
                 if pk is not None:
                     self.ownership.fence(pk)
             elif result.refused:
-                self.alerter.ops_alert(f"refused/{result.model}/{result.route}",
-                                       f"switch of {result.model}/{result.route} to {result.precision} refused: "
+                key = f"refused/{result.model}/{result.route}"
+                self._open_incidents.add(key)
+                self.alerter.ops_alert(key, f"switch of {result.model}/{result.route} to {result.precision} refused: "
                                        f"{result.refused}", "warning", {"policy": result.policy})
         self.metrics.pending.set(self.actuator.pending())
         self.redis_health.writer(self.actuator.healthy, self.actuator.last_error)
@@ -291,8 +299,15 @@ class Decisions:
         self.actuator.submit(Action(kind="rollback", policy=policy.name if policy else "", model=model,
                                     route=name, reason=f"re-asserted {precision}: the flag was lost from Redis",
                                     severity="critical", precision=precision, at=now, detail={"reassert": True}))
-        self.alerter.ops_alert(f"reassert/{model}/{name}", f"flag of {model}/{name} was lost from Redis; "
-                               f"re-asserted {precision}", "warning", {})
+        key = f"reassert/{model}/{name}"
+        self._open_incidents.add(key)
+        self.alerter.ops_alert(key, f"flag of {model}/{name} was lost from Redis; re-asserting {precision}",
+                               "warning", {})
+
+    def _resolve(self, key: str, summary: str) -> None:
+        if key in self._open_incidents:
+            self._open_incidents.discard(key)
+            self.alerter.ops_resolve(key, summary)
 
     # -- the precision gauge -------------------------------------------------------------------
     def export_flags(self, now: float) -> None:
