@@ -75,7 +75,8 @@ class CheckpointStore:
     def claim(self, partition: int) -> Claim:
         """Become the owner of ``partition`` (older tokens are fenced from now on) and read its checkpoint."""
         reply = [text(v) for v in self._claim(
-            keys=[self.owner_key(partition), self.keys.checkpoint(self.group, self.topic, partition)],
+            keys=[self.owner_key(partition), self.keys.checkpoint(self.group, self.topic, partition),
+                  self.owner_key(partition) + ":gen"],
             args=[self.instance], client=self.client)]
         token, fields = reply[0], dict(zip(reply[1::2], reply[2::2], strict=True))
         raw = fields.get("json")

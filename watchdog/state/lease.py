@@ -20,6 +20,14 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+#: delete the lease only if we still hold it, in one step (a GET then DEL could delete the lease
+#: another replica took between the two)
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
 
 
 class Lease:
@@ -29,6 +37,7 @@ class Lease:
         self.holder = holder
         self.ttl_ms = max(1000, int(ttl_s * 1000))
         self._renew = client.register_script(_RENEW)
+        self._release = client.register_script(_RELEASE)
         self._held = False
         self._valid_until = 0.0
         self._last = -1e18
@@ -64,8 +73,7 @@ class Lease:
         if not self._held:
             return
         try:
-            if self.client.get(self.key) == self.holder:
-                self.client.delete(self.key)
+            self._release(keys=[self.key], args=[self.holder], client=self.client)
         except (redis.RedisError, OSError):
             pass
         self._held = False
