@@ -232,3 +232,19 @@ def test_custom_metric_through_evaluate(tmp_path, monkeypatch) -> None:
     script.write_text((Path(__file__).parent / "data" / "char_len_ratio.py").read_text())
     metric = CustomMetric(script)
     assert metric.compute(["abcd"], ["ab"]) == {"char_len_ratio": 0.5}
+
+
+def test_a_revoked_partitions_series_are_removed() -> None:
+    from prometheus_client import generate_latest
+
+    from watchdog.core.metrics import Metrics
+
+    m = Metrics()
+    for p in (0, 1):
+        m.lag.labels(str(p)).set(5)
+        m.watermark.labels(str(p)).set(1.0)
+        m.checkpoint_bytes.labels(str(p)).set(10)
+    m.forget_partition(1)
+    m.forget_partition(7)  # never exported: nothing to remove, no error
+    text = generate_latest(m.registry).decode()
+    assert 'partition="0"' in text and 'partition="1"' not in text

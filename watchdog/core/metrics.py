@@ -122,6 +122,12 @@ class Metrics:
         with contextlib.suppress(KeyError):
             gauge.remove(*labels)
 
+    def forget_partition(self, partition: int) -> None:
+        """A revoked partition's series go: the replica that owns it now exports them (two replicas
+        must not both show one partition's lag and watermark)."""
+        for gauge in (self.lag, self.checkpoint_bytes, self.watermark):
+            self._remove(gauge, (str(partition),))
+
     def count_page(self, result: str, n: int = 1) -> None:
         """The alerter's ``on_page`` hook: ``n`` messages to one channel ``delivered``, ``failed`` or ``dropped``."""
         self.pages.labels(result).inc(n)

@@ -183,6 +183,7 @@ class Ingest:
         self.dead_letters.forget(pkey)
         self._final_offsets.pop(pkey, None)
         self.next_offset.pop(pkey, None)  # (``_resets`` stay: readiness reports them for a while)
+        self.metrics.forget_partition(pkey[1])
 
     # -- position ------------------------------------------------------------------------------
     def seek(self, pkey: PartitionKey, offset: int) -> None:

@@ -16,6 +16,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 log = logging.getLogger(__name__)
 
+#: seconds an HTTP connection may stay idle or slow before it is closed
+REQUEST_TIMEOUT_S = 10.0
+#: reads of the /status document before a concurrent change is reported as an error
+STATUS_ATTEMPTS = 5
+
 #: the /status document; it may take the query (``?route=...&top=...``) as a mapping
 StatusFn = Callable[..., dict[str, Any]]
 ReadyFn = Callable[[], list[str]]
@@ -33,6 +38,9 @@ class StatusServer:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
+            #: seconds a connection may sit idle or send slowly (idle connections pile up threads)
+            timeout = REQUEST_TIMEOUT_S
+
             def do_GET(self) -> None:  # noqa: N802 - stdlib name
                 path, _, qs = self.path.partition("?")
                 try:
@@ -47,7 +55,7 @@ class StatusServer:
                                    {"ready": not problems, "problems": problems})
                     elif path == "/status":
                         query = dict(parse_qsl(qs[:2000]))
-                        self._json(200, outer.status(query) if outer.takes_query else outer.status())
+                        self._json(200, outer.status_document(query))
                     else:
                         self._json(404, {"error": f"no such path {path}"})
                 except Exception as exc:  # noqa: BLE001 - a broken status must not kill the server
@@ -76,6 +84,17 @@ class StatusServer:
         self.httpd = ThreadingHTTPServer((host, port), Handler)
         self.httpd.daemon_threads = True
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="llmwd-http", daemon=True)
+
+    def status_document(self, query: dict[str, str]) -> dict[str, Any]:
+        """The /status document. It is read from this thread while the loop changes its dicts: a
+        read that met a change ("dictionary changed size during iteration") is read again."""
+        for attempt in range(STATUS_ATTEMPTS):
+            try:
+                return self.status(query) if self.takes_query else self.status()
+            except RuntimeError as exc:
+                if "during iteration" not in str(exc) or attempt == STATUS_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
 
     @property
     def url(self) -> str:

@@ -7,6 +7,7 @@ frozen) loses it after ``ttl_s``; a frozen holder that wakes finds ``held()`` Fa
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -72,8 +73,6 @@ class Lease:
     def release(self) -> None:
         if not self._held:
             return
-        try:
+        with contextlib.suppress(redis.RedisError, OSError):
             self._release(keys=[self.key], args=[self.holder], client=self.client)
-        except (redis.RedisError, OSError):
-            pass
         self._held = False
