@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import functools
 import math
@@ -10,7 +11,15 @@ import re
 from collections.abc import Callable
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    model_validator,
+)
 
 from watchdog.core.signals import Severity
 from watchdog.policy.conditions import Condition, parse_condition
@@ -447,6 +456,18 @@ class Combine(_Strict):
     k: Annotated[int, Field(ge=1)] = 1
 
 
+def _gpu_metric(name: str) -> str:
+    """A GPU signal value's name (``probes.gpu.SIGNAL_REDUCE``): an unknown or confusable name
+    would silently match nothing."""
+    from probes.gpu import SIGNAL_REDUCE
+
+    if name not in SIGNAL_REDUCE:
+        close = difflib.get_close_matches(name, list(SIGNAL_REDUCE), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"unknown GPU metric {name!r}{hint}; known: {', '.join(sorted(SIGNAL_REDUCE))}")
+    return name
+
+
 class Inhibit(_Strict):
     """Cause-aware inhibition: alert with the cause instead of rolling back."""
 
@@ -456,7 +477,8 @@ class Inhibit(_Strict):
     shared_fraction: Annotated[float, Field(gt=0)] = 0.5
     #: a GPU signal of the route shows a problem: gpu_health
     gpu: bool = True
-    gpu_metrics: list[str] = Field(default_factory=lambda: list(DEFAULT_GPU_CAUSES))
+    gpu_metrics: list[Annotated[str, AfterValidator(_gpu_metric)]] = Field(
+        default_factory=lambda: list(DEFAULT_GPU_CAUSES))
     #: a GPU reading older than this no longer explains anything
     gpu_max_age: Duration = 600.0
 
