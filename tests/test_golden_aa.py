@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pytest
+
 from bench.decisions import GOLDEN_MODELS, T0, GoldenSim
 from probes.golden import load_golden_set
 from probes.golden_replay import replay
@@ -93,3 +95,21 @@ def test_damage_present_from_the_first_replay_is_caught_on_a_large_set() -> None
     assert caught == len(names)
     healthy, _, _ = _run(2, 6, routes=15)
     assert healthy == 0
+
+
+def test_sampled_serving_runs_the_mean_test_at_the_sampled_alpha() -> None:
+    """Where the A/A pass shows the baseline's answers moving (sampled serving), every replay is a
+    fresh draw: the mean test runs at ``judge.sampled_alpha`` (harmful tail 1e-4 per replay)."""
+    from watchdog.policy.pooling import judge_pool
+
+    rule = next(r for p in load_policy_files([str(POLICY)]).policies for r in p.rules if r.name == "golden-rougeL")
+    assert rule.judge is not None
+    looks = {}
+    for index in (1, 4):  # deterministic 200 items, sampled 200 items
+        sig = GoldenSim(GOLDEN_MODELS[index], 1, 5, "chat").signals(0)[0]
+        out = judge_pool(rule, sig, None, [], sig.paired["rougeL"], None)
+        assert not isinstance(out, str)
+        looks[index] = (out.detail["aa_moving"], sum(x["alpha"] for x in out.detail["looks"].values())
+                        if "looks" in out.detail else out.detail["alpha"])
+    assert looks[1][0] < 0.1 and looks[1][1] == pytest.approx(rule.judge.mean_alpha)
+    assert looks[4][0] > 0.15 and looks[4][1] == pytest.approx(rule.judge.sampled_alpha)

@@ -22,7 +22,15 @@ from watchdog.policy.horizon import apply_horizon, level_cap
 from watchdog.policy.judge.paired import judge_broken, judge_paired
 from watchdog.policy.judge.unpaired import judge_rate, judge_unpaired
 from watchdog.policy.judge.verdict import Judgement, combine
-from watchdog.policy.pooling import Pool, item_levels, judge_pool, learned, rate_counts
+from watchdog.policy.pooling import (
+    SAMPLED_SHARE,
+    Pool,
+    aa_moving,
+    item_levels,
+    judge_pool,
+    learned,
+    rate_counts,
+)
 from watchdog.policy.schema import SAMPLE_COUNTS, Policy, Rule
 
 
@@ -425,7 +433,8 @@ def _run_judge(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool 
         items = _paired_items(rule, cand, base)
         if not items:
             return f"no paired values for {rule.metric}"
-        alpha = j.mean_alpha
+        alpha = j.mean_alpha if cand is None or aa_moving(cand, rule.metric) < SAMPLED_SHARE \
+            else min(j.mean_alpha, j.sampled_alpha)
         out = judge_paired(items, direction=j.harm_direction, effect_threshold=j.effect,
                            marginal_threshold=j.marginal, alpha=alpha, min_items=j.min_n, method=j.method,
                            max_ci_width=j.max_ci_width, metric=rule.metric, prior_jump=j.prior_jump)

@@ -177,6 +177,25 @@ def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
     return out
 
 
+#: share of items whose baseline answer moved (by more than ``MOVED``) in the A/A pass from which a
+#: service counts as sampling (each replay a fresh draw): the mean test then runs at
+#: ``judge.sampled_alpha``. Batch-dependent kernels move a few percent of greedy answers; sampling
+#: at temperature > 0 moves far more
+SAMPLED_SHARE = 0.10
+MOVED = 0.05
+
+
+def aa_moving(cand: Signal, metric: str) -> float:
+    """Share of the replay's items whose two baseline answers scored more than ``MOVED`` apart (0
+    without an A/A pass)."""
+    aa = cand.detail.get("aa")
+    values = aa.get(metric) if isinstance(aa, Mapping) else None
+    if not isinstance(values, list) or not values:
+        return 0.0
+    vals = [float(x) for x in values if isinstance(x, (int, float)) and not math.isnan(x)]
+    return sum(abs(x) > MOVED for x in vals) / max(len(vals), 1)
+
+
 #: most item ids a paired rule's learned per-item level keeps
 MAX_LEARNED_ITEMS = 5000
 
@@ -260,6 +279,9 @@ def judge_pool(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool,
         _push_replay(pool, entry, k)
         rotated = len(pool) >= 2 and "ids" in pool[-1] and "ids" in pool[-2] and pool[-1]["ids"] != pool[-2]["ids"]
         alpha = j.mean_alpha  # the broken-items test takes the rest
+        moving = aa_moving(cand, rule.metric)
+        if moving >= SAMPLED_SHARE:
+            alpha = min(alpha, j.sampled_alpha)
         replays = [_diffs(e) for e in pool]
         level = None
         if j.learn is not None:
@@ -269,6 +291,7 @@ def judge_pool(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool,
                                    max_ci_width=j.max_ci_width, metric=rule.metric, method=j.method,
                                    prior_jump=j.prior_jump, rotated=rotated)
         out.detail["pool_size"] = len(pool)
+        out.detail["aa_moving"] = moving
         if level is not None:
             out.detail["item_level"] = level
         return out

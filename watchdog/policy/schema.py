@@ -252,6 +252,10 @@ class Judge(_Strict):
     prior_jump: Annotated[float, Field(ge=0)] = 0.5
     #: paired: also judge how many items broke (concentrated damage)
     broken: Broken | None = None
+    #: paired: the mean test's alpha when the replay's A/A pass shows the baseline's answers moving
+    #: by themselves (sampled serving: every replay is a fresh draw, so a rule checked every replay
+    #: false-alarms at its nominal rate; 0.0002 keeps the harmful tail at 1e-4 per replay)
+    sampled_alpha: Annotated[float, Field(gt=0, lt=0.5)] = 0.0002
     #: what an interval that straddles ``effect`` is: ``marginal`` (default: not shown to be
     #: within it - breaks the healthy count) or ``pass`` (a rollback guard at a small alpha:
     #: not shown to be beyond it is healthy)
