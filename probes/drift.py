@@ -10,6 +10,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -208,13 +209,15 @@ class DriftReport:
 
     # --- signals -------------------------------------------------------------------------------
 
-    def aa_diffs(self, measured: list[ItemResult]) -> dict[str, list[float]]:
-        """metric -> the A/A differences of the items with a usable repeat (empty without one)."""
+    def per_item(self, measured: list[ItemResult], diff: Callable[[ItemResult, str], float | None]
+                 ) -> dict[str, list[float]]:
+        """metric -> ``diff(item, metric)`` of the measured items where it is defined (metrics with
+        none are left out; the pairwise agreement is not a per-item difference)."""
         out: dict[str, list[float]] = {}
         for m in self.metrics:
             if m.metric == "agreement_rougeL":
                 continue
-            diffs = [d for d in (i.aa_diff(m.metric) for i in measured) if d is not None]
+            diffs = [d for d in (diff(i, m.metric) for i in measured) if d is not None]
             if diffs:
                 out[m.metric] = diffs
         return out
@@ -234,22 +237,14 @@ class DriftReport:
             rate = self.error_rate(side)
             if rate is not None:
                 values["error_rate"] = rate
-            paired = None
-            if side == "candidate":
-                paired = {}
-                for m in self.metrics:
-                    if m.metric == "agreement_rougeL":
-                        continue
-                    diffs = [d for d in (i.diff(m.metric) for i in measured) if d is not None]
-                    if diffs:
-                        paired[m.metric] = diffs
+            paired = self.per_item(measured, ItemResult.diff) if side == "candidate" else None
             # item ids aligned with the paired lists: the judge ranks broken items by id and
             # tells a rotated set (different items) from a repeated one
             item_ids = [i.id for i in measured] if paired and all(
                 len(v) == len(measured) for v in paired.values()) else None
             # the A/A differences (baseline again - baseline) of the measured items: the judge's
             # null for how much answers move by themselves
-            aa = self.aa_diffs(measured) if side == "candidate" else {}
+            aa = self.per_item(measured, ItemResult.aa_diff) if side == "candidate" else {}
             error = None
             if not measured:
                 first = next((i.candidate.error or i.baseline.error for i in self.items if i.failed), None)

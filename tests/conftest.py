@@ -46,6 +46,17 @@ def kafka_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]
 
 
 @pytest.fixture
+def sink() -> Iterator[tuple[object, str]]:
+    """A local alert receiver (``watchdog.dev.alertsink.AlertSink``) and its URL."""
+    from watchdog.dev.alertsink import AlertSink
+
+    s = AlertSink()
+    url = s.start()
+    yield s, url
+    s.stop()
+
+
+@pytest.fixture
 def topic() -> str:
     """A topic name no other test uses (Tansu creates topics on first use)."""
     return f"llm.inference.logs.{uuid.uuid4().hex[:10]}"

@@ -20,14 +20,6 @@ from watchdog.dev.alertsink import AlertSink
 pytestmark = pytest.mark.services
 
 
-@pytest.fixture
-def sink():
-    s = AlertSink()
-    url = s.start()
-    yield s, url
-    s.stop()
-
-
 def _alerts_for(sink: AlertSink, route: str) -> list[dict]:
     return [r.body for r in sink.received if r.path.endswith("webhook") and route in json.dumps(r.body)]
 

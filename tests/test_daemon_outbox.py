@@ -43,14 +43,6 @@ policies:
 """
 
 
-@pytest.fixture
-def sink():
-    s = AlertSink()
-    url = s.start()
-    yield s, url
-    s.stop()
-
-
 def _pages(s: AlertSink, status: str, accepted: bool = True) -> list[dict]:
     return [r.body for r in s.received if isinstance(r.body, dict) and r.body.get("status") == status
             and r.body.get("event") != "ops" and r.accepted == accepted]

@@ -5,21 +5,9 @@ resolve, so later failures were never paged)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-
-import pytest
 
 from tests.daemon_harness import make_config, running_daemon, traffic, write_policy
 from tests.helpers import wait_until
-from watchdog.dev.alertsink import AlertSink
-
-
-@pytest.fixture
-def sink() -> Iterator[tuple[AlertSink, str]]:
-    s = AlertSink()
-    url = s.start()
-    yield s, url
-    s.stop()
 
 
 class FlakySource:

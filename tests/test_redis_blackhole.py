@@ -6,24 +6,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 
 import httpx
-import pytest
 
 from tests.daemon_harness import make_config, running_daemon, traffic, write_policy
 from tests.helpers import wait_until
 from tests.netfault import DelayProxy
-from watchdog.dev.alertsink import AlertSink
 from watchdog.dev.embedded import free_port
-
-
-@pytest.fixture
-def sink() -> Iterator[tuple[AlertSink, str]]:
-    s = AlertSink()
-    url = s.start()
-    yield s, url
-    s.stop()
 
 
 def test_redis_blackhole_is_paged_within_five_seconds(kafka_service, own_redis, topic, tmp_path, sink) -> None:
