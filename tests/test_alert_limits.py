@@ -271,3 +271,16 @@ def test_the_daemon_refuses_a_policy_naming_a_channel_it_lacks(tmp_path: Any) ->
     assert len(str(exc.value).splitlines()) == 1 and "unknown alert channel 'slak' (did you mean 'slack'?)" in str(exc.value)
     path.write_text(make_policy())
     assert PolicyReloader(cfg, Metrics(), alerter).engine is not None
+
+
+def test_config_check_reports_a_policy_naming_a_missing_channel(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from watchdog.cli.main import main
+
+    (tmp_path / "p.yaml").write_text(make_policy())
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"policies: [{tmp_path / 'p.yaml'}]\n"
+                   "alerts: {channels: [{kind: slack, url: 'http://127.0.0.1:9/s'}]}\n")
+    assert main(["config", "check", "--config", str(cfg)]) == 2
+    assert "actions.page: unknown alert channel 'pagerduty'; the daemon's alert channels: slack" in capsys.readouterr().err
+    cfg.write_text(f"policies: [{tmp_path / 'p.yaml'}]\nalerts: {{channels: []}}\n")  # no channel: nothing to check
+    assert main(["config", "check", "--config", str(cfg)]) == 0
