@@ -160,6 +160,22 @@ def test_a_lone_surrogate_or_nan_does_not_stop_an_alert(sink: AlertSink) -> None
     assert hook["summary"] == "summary \ufffd with a lone surrogate" and hook["detail"] == {"delta": "nan"}
 
 
+def test_text_that_json_escapes_stays_within_the_bounds(sink: AlertSink) -> None:
+    """Quotes and backslashes take 2 bytes in JSON, control characters 6: the bodies stay bounded."""
+    alerter = Alerter(channels(sink.url), **FAST).start()
+    try:
+        alerter.ops_alert("esc", '"\\\x01\x1b' * 50_000, "critical", {"k": "\x00" * 300})
+        got = sink.wait_for(4)
+    finally:
+        assert alerter.stop(2)
+    assert alerter.failed == 0
+    bound = {"/webhook": limits.WEBHOOK_BODY_MAX_BYTES, "/slack": limits.WEBHOOK_BODY_MAX_BYTES,
+             "/pd": limits.PAGERDUTY_EVENT_MAX_BYTES, "/am/api/v2/alerts": limits.ALERTMANAGER_BODY_MAX_BYTES}
+    assert all(raw_size(r) <= bound[r.path] for r in got), [(r.path, raw_size(r)) for r in got]
+    pd = next(r.body for r in got if r.path == "/pd")
+    assert cut(pd["payload"]["summary"]) and "\x01" not in pd["payload"]["summary"]
+
+
 # -- (c) notify / page route to exactly the named channels -----------------------------------------
 
 

@@ -12,8 +12,9 @@ characters, a PagerDuty event over 512 KB, or a text cut in the middle of an emo
   webhook ``id``) within its limit *and* the same on every send: a key too long becomes its head
   plus a hash of the whole key, so two long keys that share a head stay two keys;
 * :func:`fit_mapping` drops the last keys of a detail mapping until its JSON fits a byte budget;
-* :func:`encode` is the one JSON encoding of a body: UTF-8, lone surrogates replaced by U+FFFD and
-  non-finite floats by strings, so no alert fails to encode (httpx's own encoder raises on both).
+* :func:`encode` is the one JSON encoding of a body: UTF-8, lone surrogates and control characters
+  replaced by U+FFFD and non-finite floats by strings, so no alert fails to encode (httpx's own
+  encoder raises on both) and escaping cannot blow a body past its bound.
 
 Limits (checked against the receivers' documentation; see docs/ALERTS.md, "Receiver limits").
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -40,8 +42,9 @@ SLACK_FALLBACK_MAX = 3_000
 PAGERDUTY_SUMMARY_MAX = 1_024
 #: PagerDuty Events API v2: ``dedup_key`` at most 255 characters
 PAGERDUTY_DEDUP_KEY_MAX = 255
-#: PagerDuty Events API v2: a whole event at most 512 KB
-PAGERDUTY_EVENT_MAX_BYTES = 512 * 1024
+#: PagerDuty Events API v2: a whole event at most 512 KB (read as 512,000 bytes, as Alertmanager's
+#: own PagerDuty notifier does; PagerDuty answers 400 past it)
+PAGERDUTY_EVENT_MAX_BYTES = 512_000
 #: PagerDuty ``source``, ``component``, ``group``, ``class``: no documented limit, kept to 255
 PAGERDUTY_FIELD_MAX = 255
 #: Alertmanager: no hard limit on a label value; labels identify the alert, keep them small
@@ -58,18 +61,21 @@ WEBHOOK_KEY_MAX = 255
 #: a URL in a body (status page, Alertmanager generatorURL); a longer one is left out
 URL_MAX = 2_048
 
+#: C0 controls but tab, newline and carriage return, and DEL
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 #: characters a cut must not end on: a zero-width joiner or a variation selector needs what follows
 _DANGLING = frozenset({"\u200d", "\ufe0e", "\ufe0f"})
 
 
 def clean(text: str) -> str:
-    """``text`` with lone surrogates (not encodable as UTF-8) replaced by U+FFFD; two surrogates
-    that make a pair become the one character they encode."""
+    """``text`` with lone surrogates (not encodable as UTF-8) replaced by U+FFFD (two surrogates
+    that make a pair become the one character they encode), and control characters other than tab
+    and newline too: JSON writes each as 6 bytes, which would make a cut text 6 times its limit."""
     try:
         text.encode("utf-8")
-        return text
     except UnicodeEncodeError:
-        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+        text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return _CONTROL.sub("\ufffd", text)
 
 
 def size(text: str, unit: Unit = "utf16") -> int:
