@@ -241,7 +241,6 @@ class SlackChannel(Channel):
             {"type": "section", "text": {"type": "mrkdwn", "text": body}},
             {"type": "context", "elements": [{"type": "mrkdwn", "text": clip(facts, block)}]},
         ]
-        assert len(blocks) <= limits.SLACK_MAX_BLOCKS
         return {
             "text": clip(title, limits.SLACK_TEXT_MAX),
             "attachments": [{"color": color, "fallback": clip(title, limits.SLACK_FALLBACK_MAX), "blocks": blocks}],
