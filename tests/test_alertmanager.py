@@ -184,3 +184,23 @@ def test_ops_alerts_of_two_replicas_stay_apart(alertmanager: str) -> None:
     finally:
         a.stop(2.0)
         b.stop(2.0)
+
+
+def test_a_truncated_alert_is_accepted_and_resolved_by_its_labels(alertmanager: str) -> None:
+    """200k characters of CJK and emoji, a 2,000-character ops key: Alertmanager takes the cut alert
+    (label values at most 1,024, annotations 16 KiB, the marker at the end) and the resolve ends it."""
+    huge = ("漢字かな" * 20_000 + "😀🚀" * 60_000)[:200_000]
+    key = "cache-" + "鍵" * 2_000
+    alerter = Alerter([{"kind": "alertmanager", "url": alertmanager}], **FAST).start()
+    try:
+        alerter.ops_alert(key, huge, "critical", {"detail": "👨‍👩‍👧" * 100})
+        (got,) = wait_until(lambda: am_alerts(alertmanager), 10, ignore=NOT_YET)
+        assert len(got["labels"]["key"]) <= 1024 and got["labels"]["key"].startswith("ops/cache-鍵")
+        summary = got["annotations"]["summary"]
+        assert summary.endswith("… (truncated, 200000 chars)") and len(summary.encode()) <= 16 * 1024
+        assert got["generatorURL"].startswith("urn:llm-watchdog:incident:")
+        alerter.ops_resolve(key)
+        wait_until(lambda: am_alerts(alertmanager) == [], 10, ignore=NOT_YET)
+        assert alerter.failed == 0
+    finally:
+        alerter.stop(2.0)

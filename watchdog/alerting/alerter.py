@@ -3,8 +3,8 @@
 :class:`Alerter` is what the daemon, the outbox and the ``flags`` CLI call. It feeds each action
 or operational alert to its :class:`~watchdog.alerting.incidents.IncidentBook` (which decides
 whether the event is news) under one lock, and hands every resulting message to the
-:class:`~watchdog.alerting.delivery.ChannelWorker` of each channel whose ``min_severity`` accepts
-it. ``handle()`` only enqueues; it never waits on the network. The daemon's pager uses ``render()``
+:class:`~watchdog.alerting.delivery.ChannelWorker` of each channel that accepts it (its
+``min_severity``, and the policy's ``notify``/``page`` names when the policy names channels). ``handle()`` only enqueues; it never waits on the network. The daemon's pager uses ``render()``
 instead (the book decides, nothing is queued: the pager writes the messages to each channel's
 durable page stream) and ``attach()`` gives every worker that stream to deliver. Stats, open
 incidents and the start/stop of the workers are here too.
@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from watchdog.alerting.channels import Channel, build_channel
+from watchdog.alerting.channels import Channel, build_channel, unique_names
 from watchdog.alerting.delivery import ChannelWorker
 from watchdog.alerting.incidents import OPS_PREFIX, IncidentBook
 from watchdog.alerting.message import Alert
@@ -70,12 +70,8 @@ class Alerter:
 
     @staticmethod
     def _dedupe_names(channels: list[Channel]) -> None:
-        seen: dict[str, int] = {}
-        for ch in channels:
-            n = seen.get(ch.name, 0)
-            seen[ch.name] = n + 1
-            if n:
-                ch.name = f"{ch.name}-{n + 1}"
+        for ch, name in zip(channels, unique_names([ch.name for ch in channels]), strict=True):
+            ch.name = name
 
     # -- inputs (never block on I/O) ----------------------------------------------------------
 
@@ -101,7 +97,8 @@ class Alerter:
             return []
 
     def channels_for(self, alert: Alert) -> list[str]:
-        """Names of the channels whose ``min_severity`` accepts ``alert``."""
+        """Names of the channels that take ``alert``: its policy names them (or names none) and
+        their ``min_severity`` accepts it (``Channel.accepts``)."""
         return [w.channel.name for w in self.workers if w.channel.accepts(alert)]
 
     def channel_names(self) -> list[str]:

@@ -3,6 +3,11 @@
 One registry maps a channel kind (``webhook``, ``slack``, ``pagerduty``, ``alertmanager``) to its
 class. A channel is pure: it turns an :class:`~watchdog.alerting.message.Alert` into (url, headers,
 JSON body); the HTTP POST, retries and queueing live in :mod:`watchdog.alerting.delivery`.
+
+Each channel keeps its body within what its receiver accepts, in its own ``payload`` (the limits
+and the cutting are :mod:`watchdog.alerting.limits`); ``body`` encodes it and refuses to send more
+than ``max_body_bytes``. ``accepts`` decides which alerts a channel gets: its ``min_severity``, and
+the policy's ``notify``/``page`` channel names when the alert carries them (``Alert.notify``).
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from urllib.parse import quote
 
 from pydantic import ValidationError
 
+from watchdog.alerting import limits
+from watchdog.alerting.limits import clip, fit_mapping, stable_key
 from watchdog.alerting.message import Alert, rfc3339
 from watchdog.config.settings import AlertChannelConfig
 from watchdog.core.signals import SEVERITY_RANK
@@ -74,6 +81,8 @@ class Channel(ABC):
     requires_routing_key: ClassVar[bool] = False
     #: None: this receiver keeps state, a message is sent once
     default_resend_interval_s: ClassVar[float | None] = None
+    #: the largest request body this channel sends (a bigger one is a bug: refused, not sent)
+    max_body_bytes: ClassVar[int] = limits.WEBHOOK_BODY_MAX_BYTES
 
     def __init__(self, config: AlertChannelConfig | Mapping[str, Any] | Any) -> None:
         self.config = channel_config(config)
@@ -81,7 +90,11 @@ class Channel(ABC):
         self.resend_interval_s = self.config.resend_interval_s or self.default_resend_interval_s
 
     def accepts(self, alert: Alert) -> bool:
-        return SEVERITY_RANK[alert.severity] >= SEVERITY_RANK[self.config.min_severity]
+        """``alert`` is at least this channel's ``min_severity`` and, when its policy names channels,
+        this channel is one of them (``notify``, or ``page`` for a critical alert)."""
+        if SEVERITY_RANK[alert.severity] < SEVERITY_RANK[self.config.min_severity]:
+            return False
+        return alert.routed_to(self.name)
 
     def endpoint(self) -> str:
         url = self.config.url or self.default_url
@@ -93,7 +106,14 @@ class Channel(ABC):
 
     @abstractmethod
     def payload(self, alert: Alert) -> Any:
-        """The request body this channel's receiver expects for ``alert``."""
+        """The request body this channel's receiver expects for ``alert``, within its limits."""
+
+    def body(self, alert: Alert) -> bytes:
+        """``payload(alert)`` as UTF-8 JSON; ``ValueError`` if over ``max_body_bytes``."""
+        data = limits.encode(self.payload(alert))
+        if len(data) > self.max_body_bytes:
+            raise ValueError(f"{self.kind} body of {len(data)} bytes is over {self.max_body_bytes}")
+        return data
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, url={self.endpoint()!r})"
@@ -127,6 +147,22 @@ def channel_class(kind: str) -> type[Channel]:
         ) from None
 
 
+def unique_names(names: list[str]) -> list[str]:
+    """Channel names as the alerter uses them: a second channel named ``slack`` is ``slack-2``."""
+    seen: dict[str, int] = {}
+    out = []
+    for name in names:
+        n = seen.get(name, 0)
+        seen[name] = n + 1
+        out.append(f"{name}-{n + 1}" if n else name)
+    return out
+
+
+def channel_names(configs: list[AlertChannelConfig]) -> list[str]:
+    """The names of the channels built from ``configs`` (what a policy's ``actions`` may name)."""
+    return unique_names([c.name or c.kind for c in configs])
+
+
 def build_channel(raw: AlertChannelConfig | Mapping[str, Any] | Any) -> Channel:
     config = channel_config(raw)
     return channel_class(config.kind)(config)
@@ -138,7 +174,7 @@ def _title(alert: Alert) -> str:
 
 
 def _facts(alert: Alert) -> dict[str, str]:
-    facts = {"incident": alert.key}
+    facts = {"incident": stable_key(alert.key, limits.PAGERDUTY_DEDUP_KEY_MAX)}
     if alert.route is not None:
         facts.update(model=str(alert.model), route=alert.route, policy=str(alert.policy))
     facts["event"] = alert.event + (" (dry run)" if alert.dry_run else "")
@@ -155,25 +191,26 @@ class WebhookChannel(Channel):
     kind = "webhook"
 
     def payload(self, alert: Alert) -> dict[str, Any]:
+        text = limits.WEBHOOK_TEXT_MAX_BYTES
         return {
             "schema": WEBHOOK_SCHEMA,
             "source": "llm-watchdog",
-            "key": alert.key,
+            "key": stable_key(alert.key, limits.WEBHOOK_KEY_MAX),
             "status": alert.status,
             "severity": alert.severity,
             "previous_severity": alert.previous_severity,
             "event": alert.event,
             "dry_run": alert.dry_run,
-            "summary": alert.summary,
-            "description": alert.description,
+            "summary": clip(alert.summary, text, "bytes"),
+            "description": clip(alert.description, text, "bytes"),
             "model": alert.model,
             "route": alert.route,
             "policy": alert.policy,
             "started_at": rfc3339(alert.started_at),
             "ended_at": rfc3339(alert.ended_at) if alert.ended_at is not None else None,
-            "url": alert.url,
-            "detail": alert.detail,
-            "id": alert.page_id,
+            "url": _url(alert.url),
+            "detail": fit_mapping(alert.detail, limits.WEBHOOK_BODY_MAX_BYTES // 2),
+            "id": stable_key(alert.page_id, limits.WEBHOOK_KEY_MAX) if alert.page_id else None,
         }
 
 
@@ -194,23 +231,19 @@ class SlackChannel(Channel):
     def payload(self, alert: Alert) -> dict[str, Any]:
         title = _title(alert)
         color = SLACK_COLORS["resolved" if alert.status == "resolved" else alert.severity]
-        facts = " · ".join(f"*{k}* `{v}`" for k, v in _facts(alert).items())
-        body = alert.description or alert.summary
-        if alert.url:
-            body += f"\n<{alert.url}|watchdog status>"
+        block = limits.SLACK_BLOCK_TEXT_MAX
+        facts = " · ".join(f"*{k}* `{clip(v, 200)}`" for k, v in _facts(alert).items())
+        link = f"\n<{url}|watchdog status>" if (url := _url(alert.url)) else ""
+        # the link is kept whole: the text is cut before it
+        body = clip(alert.description or alert.summary, block - limits.size(link)) + link
+        blocks = [
+            {"type": "section", "text": {"type": "mrkdwn", "text": f"*{clip(title, block - 2)}*"}},
+            {"type": "section", "text": {"type": "mrkdwn", "text": body}},
+            {"type": "context", "elements": [{"type": "mrkdwn", "text": clip(facts, block)}]},
+        ]
         return {
-            "text": title,
-            "attachments": [
-                {
-                    "color": color,
-                    "fallback": title,
-                    "blocks": [
-                        {"type": "section", "text": {"type": "mrkdwn", "text": f"*{title}*"}},
-                        {"type": "section", "text": {"type": "mrkdwn", "text": body[:2900]}},
-                        {"type": "context", "elements": [{"type": "mrkdwn", "text": facts[:2900]}]},
-                    ],
-                }
-            ],
+            "text": clip(title, limits.SLACK_TEXT_MAX),
+            "attachments": [{"color": color, "fallback": clip(title, limits.SLACK_FALLBACK_MAX), "blocks": blocks}],
         }
 
 
@@ -221,29 +254,33 @@ class PagerDutyChannel(Channel):
     kind = "pagerduty"
     default_url = "https://events.pagerduty.com/v2/enqueue"
     requires_routing_key = True
+    max_body_bytes = limits.PAGERDUTY_EVENT_MAX_BYTES
 
     def payload(self, alert: Alert) -> dict[str, Any]:
+        short = limits.PAGERDUTY_FIELD_MAX
         body: dict[str, Any] = {
             "routing_key": self.config.routing_key,
-            "dedup_key": alert.key[:255],
+            "dedup_key": stable_key(alert.key, limits.PAGERDUTY_DEDUP_KEY_MAX),
         }
         if alert.status == "resolved":
             body["event_action"] = "resolve"
             return body
         body["event_action"] = "trigger"
+        # what is not custom_details is at most ~3 KB: the details get the rest of the 512 KB
+        details = {**_facts(alert), "description": clip(alert.description, 64 * 1024, "bytes"), **alert.detail}
         body["payload"] = {
-            "summary": alert.summary[:1024],
-            "source": self.config.source or _hostname(),
+            "summary": clip(alert.summary, limits.PAGERDUTY_SUMMARY_MAX),
+            "source": clip(self.config.source or _hostname(), short),
             "severity": alert.severity,
             "timestamp": rfc3339(alert.started_at),
-            "component": alert.model or "llm-watchdog",
-            "group": alert.route or "ops",
-            "class": alert.event,
-            "custom_details": {**_facts(alert), "description": alert.description, **alert.detail},
+            "component": clip(alert.model or "llm-watchdog", short),
+            "group": clip(alert.route or "ops", short),
+            "class": clip(alert.event, short),
+            "custom_details": fit_mapping(details, self.max_body_bytes - 16 * 1024),
         }
         body["client"] = "llm-watchdog"
-        if alert.url:
-            body["client_url"] = alert.url
+        if url := _url(alert.url):
+            body["client_url"] = url
         return body
 
 
@@ -253,6 +290,7 @@ class AlertmanagerChannel(Channel):
 
     kind = "alertmanager"
     default_resend_interval_s = 60.0
+    max_body_bytes = limits.ALERTMANAGER_BODY_MAX_BYTES
 
     def endpoint(self) -> str:
         base = super().endpoint().rstrip("/")
@@ -278,12 +316,22 @@ class AlertmanagerChannel(Channel):
             labels.update(key=alert.key, source=self.config.source or _hostname())
         else:
             labels.update(model=str(alert.model), route=str(alert.route), policy=str(alert.policy))
+        # labels identify the alert: a long value is cut the same way every time (head + hash)
+        labels = {k: stable_key(v, limits.ALERTMANAGER_LABEL_MAX) for k, v in labels.items()}
+        note = limits.ALERTMANAGER_ANNOTATION_MAX_BYTES
+        urn = f"urn:llm-watchdog:incident:{quote(stable_key(alert.key, limits.PAGERDUTY_DEDUP_KEY_MAX), safe='')}"
         return {
             "labels": labels,
-            "annotations": {"summary": alert.summary, "description": alert.description or alert.summary},
+            "annotations": {"summary": clip(alert.summary, note, "bytes"),
+                            "description": clip(alert.description or alert.summary, note, "bytes")},
             "startsAt": rfc3339(alert.started_at),
-            "generatorURL": alert.url or f"urn:llm-watchdog:incident:{quote(alert.key, safe='')}",
+            "generatorURL": _url(alert.url) or urn,
         }
+
+
+def _url(url: str | None) -> str | None:
+    """A link the receiver can follow, or None: a URL is never cut (half a URL is a wrong one)."""
+    return url if url and len(url) <= limits.URL_MAX else None
 
 
 def _hostname(_cache: dict[str, str] = {}) -> str:  # noqa: B006 - memo of one value

@@ -274,9 +274,9 @@ class ChannelWorker:
                 item.alert = replace(item.alert, page_id=f"{_PROCESS_ID}-{next(_SEQ)}")
         ch = self.channel
         try:
-            body = ch.payload(item.alert)
+            body = ch.body(item.alert)  # within the receiver's limits, valid UTF-8 JSON
             headers = {"Idempotency-Key": item.alert.page_id} if item.alert.page_id else None
-            resp = client.post(ch.endpoint(), json=body, headers=headers)
+            resp = client.post(ch.endpoint(), content=body, headers=headers)
         except httpx.HTTPError as exc:
             self.last_error = f"{type(exc).__name__}: {exc}"
             log.warning("alert to %s failed (attempt %d): %s", ch.name, item.attempt, self.last_error)

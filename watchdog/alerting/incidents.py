@@ -6,6 +6,10 @@ suppressing repeats until the incident escalates (a higher severity, or a rollba
 announced) or resolves. It holds no lock, thread or socket; :class:`~watchdog.alerting.alerter.Alerter`
 serialises the calls and hands the messages to the channel workers. Open incidents export to and
 restore from JSON, so the pager can keep them in Redis across restarts and replicas.
+
+An incident remembers its policy's channel routing (``Action.detail['routing']``: ``notify`` and
+``page`` names) and every message it produces carries it, so a resolve reaches the channels its
+trigger reached, also after a restart. A later action of the incident adds its routing to it.
 """
 
 from __future__ import annotations
@@ -16,10 +20,32 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from watchdog.alerting.message import Alert, rfc3339, scrub
-from watchdog.core.signals import SEVERITIES, SEVERITY_RANK, Action, Severity
+from watchdog.core.signals import ROUTING_KEY, SEVERITIES, SEVERITY_RANK, Action, Severity
 
 #: key prefix of operational incidents (about this process, not a route)
 OPS_PREFIX = "ops/"
+
+#: (notify, page) channel names; notify None: every channel
+Routing = tuple[tuple[str, ...] | None, tuple[str, ...]]
+EVERY_CHANNEL: Routing = (None, ())
+
+
+def routing_of(detail: Mapping[str, Any]) -> Routing:
+    """The routing an action's detail carries (none: every channel)."""
+    raw = detail.get(ROUTING_KEY)
+    if not isinstance(raw, Mapping):
+        return EVERY_CHANNEL
+    notify, page = raw.get("notify") or [], raw.get("page") or []
+    if not notify and not page:
+        return EVERY_CHANNEL
+    return tuple(str(c) for c in notify), tuple(str(c) for c in page)
+
+
+def merge_routing(a: Routing, b: Routing) -> Routing:
+    """Both routings' channels: a message that either would send somewhere goes there."""
+    if a[0] is None or b[0] is None:
+        return EVERY_CHANNEL
+    return tuple(dict.fromkeys(a[0] + b[0])), tuple(dict.fromkeys(a[1] + b[1]))
 
 
 @dataclass(slots=True)
@@ -43,6 +69,7 @@ class Incident:
     repeats: int = 0
     last_reason: str = ""
     detail: dict[str, Any] = field(default_factory=dict)
+    routing: Routing = EVERY_CHANNEL
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -65,14 +92,16 @@ class Incident:
                 "description": self.description, "opened_at": self.opened_at, "updated_at": self.updated_at,
                 "event": self.event, "model": self.model, "route": self.route, "policy": self.policy,
                 "dry_run": self.dry_run, "announced": sorted(self.announced), "repeats": self.repeats,
-                "last_reason": self.last_reason, "detail": self.detail}
+                "last_reason": self.last_reason, "detail": self.detail,
+                "notify": None if self.routing[0] is None else list(self.routing[0]), "page": list(self.routing[1])}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Incident:
         return cls(d["key"], d["severity"], d["summary"], d["description"], float(d["opened_at"]),
                    float(d["updated_at"]), d["event"], d.get("model"), d.get("route"), d.get("policy"),
                    bool(d.get("dry_run")), set(d.get("announced") or []), int(d.get("repeats", 0)),
-                   d.get("last_reason", ""), dict(d.get("detail") or {}))
+                   d.get("last_reason", ""), dict(d.get("detail") or {}),
+                   routing_of({ROUTING_KEY: {"notify": d.get("notify"), "page": d.get("page")}}))
 
 
 def _precision(p: str | None, default: str) -> str:
@@ -115,7 +144,8 @@ class IncidentBook:
             raise ValueError(f"unknown severity {action.severity!r} (one of {', '.join(SEVERITIES)})")
         now = action.at or self._clock()
         summary, severity = describe(action)
-        detail = scrub(action.detail)
+        routing = routing_of(action.detail)
+        detail = scrub({k: v for k, v in action.detail.items() if k != ROUTING_KEY})
         if action.kind in ("alert", "rollback"):
             tag = None
             if action.kind == "rollback":
@@ -123,17 +153,17 @@ class IncidentBook:
             return self._fire(
                 action.incident_key, severity, summary, action.reason, action.kind, now,
                 model=action.model, route=action.route, policy=action.policy,
-                dry_run=action.dry_run, tag=tag, detail=detail,
+                dry_run=action.dry_run, tag=tag, detail=detail, routing=routing,
             )
         if action.kind == "promote":
             # A promote is a real state change: announce it even if the incident was forgotten.
             return self._close(action.incident_key, summary, action.reason, "promote", now, always=True,
                                model=action.model, route=action.route, policy=action.policy,
-                               dry_run=action.dry_run, detail=detail)
+                               dry_run=action.dry_run, detail=detail, routing=routing)
         if action.kind == "resolve":
             return self._close(action.incident_key, summary, action.reason, "resolve", now, always=False,
                                model=action.model, route=action.route, policy=action.policy,
-                               dry_run=action.dry_run, detail=detail)
+                               dry_run=action.dry_run, detail=detail, routing=routing)
         raise ValueError(f"unknown action kind {action.kind!r}")
 
     def on_ops_alert(self, key: str, summary: str, severity: Severity = "warning",
@@ -184,17 +214,19 @@ class IncidentBook:
 
     def _fire(self, key: str, severity: Severity, summary: str, description: str, event: str,
               now: float, *, model: str | None = None, route: str | None = None, policy: str | None = None,
-              dry_run: bool = False, tag: str | None = None, detail: dict[str, Any] | None = None) -> list[Alert]:
+              dry_run: bool = False, tag: str | None = None, detail: dict[str, Any] | None = None,
+              routing: Routing = EVERY_CHANNEL) -> list[Alert]:
         incident = self._open.get(key)
         if incident is None:
             incident = Incident(key, severity, summary, description, now, now, event, model, route, policy,
-                                dry_run, detail=detail or {}, last_reason=description)
+                                dry_run, detail=detail or {}, last_reason=description, routing=routing)
             if tag:
                 incident.announced.add(tag)
             self._open[key] = incident
             return [self._alert(incident, "firing", summary, description, event)]
         incident.updated_at = now
         incident.last_reason = description
+        incident.routing = merge_routing(incident.routing, routing)
         escalates = SEVERITY_RANK[severity] > SEVERITY_RANK[incident.severity]
         new_announcement = tag is not None and tag not in incident.announced
         if not escalates and not new_announcement:
@@ -214,16 +246,18 @@ class IncidentBook:
 
     def _close(self, key: str, summary: str, description: str, event: str, now: float, *, always: bool,
                model: str | None = None, route: str | None = None, policy: str | None = None,
-               dry_run: bool = False, detail: dict[str, Any] | None = None) -> list[Alert]:
+               dry_run: bool = False, detail: dict[str, Any] | None = None,
+               routing: Routing = EVERY_CHANNEL) -> list[Alert]:
         incident = self._open.pop(key, None)
         if incident is None:
             if not always:
                 self.suppressed += 1
                 return []
-            # Unknown here (e.g. opened before a restart): reach every channel, so a receiver that still
-            # holds the incident (PagerDuty, Alertmanager) closes it.
+            # Unknown here (e.g. opened before a restart): reach every channel the policy names, paging
+            # ones included, so a receiver that still holds the incident (PagerDuty, Alertmanager) closes it.
             incident = Incident(key, "critical", summary, description, now, now, event, model, route, policy,
-                                dry_run)
+                                dry_run, routing=routing)
+        incident.routing = merge_routing(incident.routing, routing)
         if incident.route is None and route is not None:
             incident.route, incident.model, incident.policy = route, model, policy
         if detail:
@@ -241,4 +275,5 @@ class IncidentBook:
             model=incident.model, route=incident.route, policy=incident.policy,
             dry_run=incident.dry_run if dry_run is None else dry_run, previous_severity=previous,
             detail=dict(incident.detail), url=self._status_url,
+            notify=incident.routing[0], page=incident.routing[1],
         )

@@ -41,6 +41,8 @@ PRIVATE_KEYS = frozenset(
 )
 _MAX_DETAIL_STR = 300
 _MAX_DETAIL_ITEMS = 50
+#: characters of detail in one message, all levels together
+_MAX_DETAIL_CHARS = 32_768
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,10 +70,20 @@ class Alert:
     #: stable id of this message: the same on every retry and after a restart (webhook ``id``,
     #: Slack context line, ``Idempotency-Key`` header); receivers that keep no state dedupe by it
     page_id: str | None = None
+    #: the channels the policy names (None: every channel): ``notify`` gets every message of the
+    #: incident, ``page`` also gets its critical ones; a channel's ``min_severity`` applies to both
+    notify: tuple[str, ...] | None = None
+    page: tuple[str, ...] = ()
 
     @property
     def is_ops(self) -> bool:
         return self.route is None
+
+    def routed_to(self, channel: str) -> bool:
+        """The policy sends this message to ``channel`` (every channel when it names none)."""
+        if self.notify is None:
+            return True
+        return channel in self.notify or (self.severity == "critical" and channel in self.page)
 
     def to_json(self) -> str:
         """The message as JSON, for a durable per-channel page stream."""
@@ -79,38 +91,59 @@ class Alert:
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> Alert:
-        d = json.loads(raw)
-        return cls(**{k: v for k, v in d.items() if k in _ALERT_FIELDS})
+        d = {k: v for k, v in json.loads(raw).items() if k in _ALERT_FIELDS}
+        if d.get("notify") is not None:
+            d["notify"] = tuple(d["notify"])
+        d["page"] = tuple(d.get("page") or ())
+        return cls(**d)
 
 
 _ALERT_FIELDS = frozenset(f.name for f in fields(Alert))
 
 
-def scrub(detail: Mapping[str, Any], depth: int = 0) -> dict[str, Any]:
-    """Copy ``detail`` without keys that may hold prompts/completions, with long values cut."""
+def scrub(detail: Mapping[str, Any], depth: int = 0, budget: list[int] | None = None) -> dict[str, Any]:
+    """Copy ``detail`` without keys that may hold prompts/completions, with long values cut: strings
+    to 300 characters, collections to 50 items, 3 levels, and ``_MAX_DETAIL_CHARS`` in all (what is
+    past it is left out and ``_truncated`` set), so a message's detail stays small however big the
+    action's was."""
+    left = [_MAX_DETAIL_CHARS] if budget is None else budget
     out: dict[str, Any] = {}
     for i, (k, v) in enumerate(detail.items()):
-        if i >= _MAX_DETAIL_ITEMS:
+        if i >= _MAX_DETAIL_ITEMS or left[0] <= 0:
             out["_truncated"] = True
             break
         if str(k).lower() in PRIVATE_KEYS:
             continue
-        out[str(k)] = _scrub_value(v, depth)
+        left[0] -= len(str(k)) + 4
+        out[str(k)] = _scrub_value(v, depth, left)
     return out
 
 
-def _scrub_value(v: Any, depth: int) -> Any:
+def _scrub_value(v: Any, depth: int, left: list[int]) -> Any:
     if v is None or isinstance(v, bool | int | float):
+        left[0] -= 8
         return v
     if isinstance(v, str):
-        return v if len(v) <= _MAX_DETAIL_STR else v[:_MAX_DETAIL_STR] + "…"
+        v = v if len(v) <= _MAX_DETAIL_STR else v[:_MAX_DETAIL_STR] + "…"
+        left[0] -= len(v) + 2
+        return v
     if depth >= 3:
-        return str(v)[:_MAX_DETAIL_STR]
+        v = str(v)[:_MAX_DETAIL_STR]
+        left[0] -= len(v) + 2
+        return v
     if isinstance(v, Mapping):
-        return scrub(v, depth + 1)
+        return scrub(v, depth + 1, left)
     if isinstance(v, list | tuple | set | frozenset):
-        return [_scrub_value(x, depth + 1) for x in list(v)[:_MAX_DETAIL_ITEMS]]
-    return str(v)[:_MAX_DETAIL_STR]
+        out = []
+        for x in list(v)[:_MAX_DETAIL_ITEMS]:
+            if left[0] <= 0:
+                out.append("…")
+                break
+            out.append(_scrub_value(x, depth + 1, left))
+        return out
+    v = str(v)[:_MAX_DETAIL_STR]
+    left[0] -= len(v) + 2
+    return v
 
 
 def rfc3339(ts: float) -> str:

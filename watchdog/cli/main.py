@@ -139,6 +139,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_config_check(args: argparse.Namespace) -> int:
     import yaml
 
+    from watchdog.alerting.channels import channel_names
     from watchdog.config.redact import redacted
     from watchdog.config.settings import env_overrides
     from watchdog.policy import PolicyError, load_policy_files
@@ -147,8 +148,8 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     if cfg is None:
         return 2
     problems: list[str] = []
-    try:
-        load_policy_files(cfg.policies)
+    try:  # with the channels the daemon would have: a policy's actions may name those only
+        load_policy_files(cfg.policies, channel_names(list(cfg.alerts.channels)) or None)
     except PolicyError as exc:
         problems.extend(exc.messages)
     if cfg.gateway and args.config:  # the gateway section is validated by its own model

@@ -48,6 +48,11 @@ class Signal:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
+#: ``Action.detail`` key of the policy's alert routing, ``{"notify": [...], "page": [...]}``: the
+#: alerter sends the incident's messages to those channels only (absent: to every channel)
+ROUTING_KEY = "routing"
+
+
 @dataclass(slots=True)
 class Action:
     """Something the policy engine wants done for one (model, route)."""

@@ -181,8 +181,10 @@ def _demo_config(kafka_address: str, redis_address: str, sink_url: str, topic: s
                "session_timeout_ms": 6000, "heartbeat_interval_ms": 1000},
         redis={"url": f"redis://{redis_address}/0"},
         windows={"length_s": 2.0, "grace_s": 0.5},
+        # the shipped policy routes to slack and pages pagerduty; the webhook hears ops alerts
         alerts={"channels": [{"kind": "webhook", "url": f"{sink_url}/webhook"},
-                             {"kind": "slack", "url": f"{sink_url}/slack"}]},
+                             {"kind": "slack", "url": f"{sink_url}/slack"},
+                             {"kind": "pagerduty", "url": f"{sink_url}/pagerduty", "routing_key": "demo"}]},
         server={"port": free_port()},
         golden=golden_cfg,
     )
@@ -261,9 +263,9 @@ def _show_evidence(console: Console, daemon: Daemon, sink: AlertSink, route: str
             break
     _wait(lambda: any(route in json.dumps(r.body) for r in sink.received), 10)
     for r in sink.received:
-        if r.path.endswith("webhook") and route in json.dumps(r.body):
+        if r.path.endswith("slack") and route in json.dumps(r.body):
             body: Any = r.body
-            console.print(f"   on-call alert received at {r.path}: [{body.get('severity')}] {body.get('summary')}")
+            console.print(f"   on-call alert received at {r.path}: {body.get('text')}")
             break
 
 

@@ -16,7 +16,7 @@ import math
 import time
 from typing import Any
 
-from watchdog.core.signals import SEVERITY_RANK, Action
+from watchdog.core.signals import ROUTING_KEY, SEVERITY_RANK, Action
 from watchdog.policy.causes import attribute_rule, gpu_problems
 from watchdog.policy.judge.verdict import Attribution
 from watchdog.policy.schema import Policy, Rule
@@ -62,7 +62,12 @@ class _Decision:
         self.out: list[Action] = []
 
     def act(self, kind: str, reason: str, severity: str, **kw: Any) -> Action:
-        detail = {"channels": self.policy.actions.channels(severity), **kw.pop("detail", {})}
+        routing = self.policy.actions
+        # a real rollback is announced as critical (watchdog.alerting.incidents.describe): it pages
+        announced = "critical" if kind == "rollback" and not kw.get("dry_run") else severity
+        detail = {"channels": routing.channels(announced), **kw.pop("detail", {})}
+        if routing.routed:  # the alerter sends this incident's messages to these channels only
+            detail[ROUTING_KEY] = {"notify": list(routing.notify), "page": list(routing.page)}
         a = Action(kind=kind, policy=self.policy.name, model=self.model, route=self.route,  # type: ignore[arg-type]
                    reason=reason, severity=severity, at=self.at, detail=detail, **kw)  # type: ignore[arg-type]
         self.out.append(a)

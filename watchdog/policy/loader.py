@@ -16,7 +16,7 @@ import hashlib
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from pydantic import BaseModel, ValidationError
 from watchdog.config.yamlpos import Pos, PosDoc, YamlSyntaxError, load_with_positions
 from watchdog.core import safe_yaml
 from watchdog.policy.conditions import ConditionError, parse_condition
+from watchdog.policy.routing import unknown_channels
 from watchdog.policy.schema import LATENCY_METRICS, LIVE_METRICS, RATE_COUNTS, Policy, PolicyFile
 
 log = logging.getLogger(__name__)
@@ -131,9 +132,10 @@ def _condition_pos(base: Pos, offset: int) -> Pos:
     return Pos(base.line, base.col + shift + offset)
 
 
-def _semantic_checks(data: dict[str, Any], doc: PosDoc) -> list[tuple[Pos, str]]:
+def _semantic_checks(data: dict[str, Any], doc: PosDoc, channels: Collection[str] | None = None
+                     ) -> list[tuple[Pos, str]]:
     """Checks pydantic cannot place well; runs on the raw data so they report even when the
-    structure has other errors."""
+    structure has other errors. ``channels``: the alert channel names ``actions`` may use."""
     out: list[tuple[Pos, str]] = []
     policies = data.get("policies")
     if not isinstance(policies, list):
@@ -148,6 +150,8 @@ def _semantic_checks(data: dict[str, Any], doc: PosDoc) -> list[tuple[Pos, str]]
             if pname in names:
                 out.append((doc.pos((*ppath, "name")), f"duplicate policy name '{pname}'"))
             names.add(pname)
+        if channels is not None:
+            out += unknown_channels(pol, ppath, channels, doc)
         cand, base = pol.get("candidate", "fp8"), pol.get("baseline", "fp16")
         if cand == base:
             out.append((doc.pos((*ppath, "baseline")), "baseline must differ from candidate"))
@@ -248,15 +252,18 @@ def _judge_checks(rule: dict[str, Any], rpath: tuple[str | int, ...], source: ob
     return out
 
 
-def parse_policy_text(text: str, fname: str) -> tuple[list[Policy], list[str]]:
-    """Validate one file's text. Returns (policies, error messages); policies only when no errors."""
-    found, errors, _ = _parse_text(text, fname)
+def parse_policy_text(text: str, fname: str, channels: Collection[str] | None = None
+                      ) -> tuple[list[Policy], list[str]]:
+    """Validate one file's text. Returns (policies, error messages); policies only when no errors.
+    ``channels``: the alert channel names ``actions.notify``/``page`` may use (None: not checked)."""
+    found, errors, _ = _parse_text(text, fname, channels)
     return found, errors
 
 
-def _parse_text(text: str, fname: str) -> tuple[list[Policy], list[str], PosDoc | None]:
+def _parse_text(text: str, fname: str, channels: Collection[str] | None = None
+                ) -> tuple[list[Policy], list[str], PosDoc | None]:
     try:
-        return _parse_text_unguarded(text, fname)
+        return _parse_text_unguarded(text, fname, channels)
     except RecursionError:
         return [], [f"{fname}:1:1: the file is nested too deeply to validate"], None
     except Exception as exc:  # a bug here must not take a running daemon down with it
@@ -264,7 +271,8 @@ def _parse_text(text: str, fname: str) -> tuple[list[Policy], list[str], PosDoc 
         return [], [f"{fname}:1:1: cannot validate the file ({type(exc).__name__}: {exc})"], None
 
 
-def _parse_text_unguarded(text: str, fname: str) -> tuple[list[Policy], list[str], PosDoc | None]:
+def _parse_text_unguarded(text: str, fname: str, channels: Collection[str] | None
+                          ) -> tuple[list[Policy], list[str], PosDoc | None]:
     try:
         doc = load_with_positions(text)
     except YamlSyntaxError as exc:
@@ -280,7 +288,7 @@ def _parse_text_unguarded(text: str, fname: str) -> tuple[list[Policy], list[str
         # a value the YAML layer refused (reported above) is None here: one message per cause
         refused = {(p.line, p.col) for p, _ in doc.errors}
         problems += [(p, m) for p, m in _pydantic_messages(fname, doc, exc) if (p.line, p.col) not in refused]
-    problems += _semantic_checks(doc.data, doc)
+    problems += _semantic_checks(doc.data, doc, channels)
     if problems:
         ordered = sorted(problems, key=lambda x: (x[0].line, x[0].col))
         return [], [_fmt(fname, p, m) for p, m in ordered], doc
@@ -299,8 +307,9 @@ def _expand(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
     return out
 
 
-def load_policy_files(paths: Iterable[str | os.PathLike[str]]) -> PolicySet:
-    """Load and validate policy files (directories: their *.yaml / *.yml). Raises ``PolicyError``."""
+def load_policy_files(paths: Iterable[str | os.PathLike[str]], channels: Collection[str] | None = None) -> PolicySet:
+    """Load and validate policy files (directories: their *.yaml / *.yml). Raises ``PolicyError``.
+    ``channels``: the alert channel names ``actions.notify``/``page`` may use (None: not checked)."""
     errors: list[str] = []
     policies: list[Policy] = []
     origin: dict[str, str] = {}
@@ -317,7 +326,7 @@ def load_policy_files(paths: Iterable[str | os.PathLike[str]]) -> PolicySet:
             errors.append(f"{fname}:1:1: cannot read file: {exc}")
             continue
         sha.update(fname.encode() + b"\0" + text.encode() + b"\0")
-        found, errs, doc = _parse_text(text, fname)
+        found, errs, doc = _parse_text(text, fname, channels)
         errors += errs
         if errs or doc is None:
             continue
@@ -365,8 +374,11 @@ class PolicyLoader:
         on_change: Callable[[PolicySet], None] | None = None,
         *,
         background: bool = False,
+        channels: Collection[str] | None = None,
     ) -> None:
         self.paths = list(paths)
+        #: the alert channel names policies may route to (None: not checked)
+        self.channels = None if channels is None else frozenset(channels)
         self.on_error = on_error
         self.on_change = on_change
         self.background = background
@@ -419,7 +431,7 @@ class PolicyLoader:
 
     def _sync_reload(self) -> bool:
         self._seen = _safe_fingerprint(self.paths)
-        return self._apply(_load_guarded(self.paths))
+        return self._apply(_load_guarded(self.paths, self.channels))
 
     def _start(self) -> None:
         with self._lock:
@@ -432,7 +444,7 @@ class PolicyLoader:
 
     def _work(self) -> None:
         while True:
-            result = _load_guarded(self.paths)
+            result = _load_guarded(self.paths, self.channels)
             with self._lock:
                 if not self._again:
                     self._result = result
@@ -472,9 +484,10 @@ def _safe_fingerprint(paths: Sequence[str | os.PathLike[str]]) -> tuple[tuple[st
         return None
 
 
-def _load_guarded(paths: Sequence[str | os.PathLike[str]]) -> PolicySet | PolicyError:
+def _load_guarded(paths: Sequence[str | os.PathLike[str]], channels: Collection[str] | None = None
+                  ) -> PolicySet | PolicyError:
     try:
-        return load_policy_files(paths)
+        return load_policy_files(paths, channels)
     except PolicyError as exc:
         return exc
     except Exception as exc:  # never let a reload raise into the daemon loop

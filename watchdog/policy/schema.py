@@ -488,11 +488,20 @@ class Inhibit(_Strict):
 
 
 class Actions(_Strict):
-    """Alert routing passed to the alerter in ``Action.detail['channels']``."""
+    """Alert routing: the names of the daemon's alert channels (``alerts: channels:``) that get this
+    policy's messages, passed to the alerter in ``Action.detail['routing']``. Both empty: every
+    channel. A name no channel has is rejected when the daemon loads the policy."""
 
+    #: channels for every message of the policy's incidents
     notify: list[str] = Field(default_factory=list)
-    #: extra channels for critical actions (rollbacks caused by critical rules, critical alerts)
+    #: extra channels for its critical messages (every real rollback, critical alerts, and the
+    #: resolve of an incident that was critical)
     page: list[str] = Field(default_factory=list)
+
+    @property
+    def routed(self) -> bool:
+        """The policy names channels (else its messages go to every channel)."""
+        return bool(self.notify or self.page)
 
     def channels(self, severity: str) -> list[str]:
         out = list(self.notify)

@@ -3,7 +3,8 @@
 The loader watches the policy files off the main loop; the loop polls it every ``policy_poll_s`` and
 swaps a valid edit into the engine (``PolicyEngine.set_policy_set`` keeps the state of unchanged
 rules). SIGHUP asks for a reload now (``request``, safe from a signal handler). A rejected edit leaves
-the last good policies in force and raises one ops alert naming file:line:col.
+the last good policies in force and raises one ops alert naming file:line:col. A policy whose
+``actions.notify``/``page`` names a channel the daemon does not have is invalid like any other.
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ class PolicyReloader:
         self.poll_s = cfg.policy_poll_s
         self.metrics = metrics
         self.alerter = alerter
-        self.loader = PolicyLoader(cfg.policies, background=True)  # reloads off the main loop
+        # a policy may route its alerts to the daemon's channels only (none configured: nothing is sent,
+        # no name is checked); reloads run off the main loop
+        channels = alerter.channel_names() or None
+        self.loader = PolicyLoader(cfg.policies, background=True, channels=channels)
         if self.loader.last_errors:
             raise PolicyError(self.loader.last_errors)
         self.loader.on_error = self._rejected
