@@ -52,8 +52,9 @@ class Metrics:
                                   ["reason"], registry=r)
         self.checkpoints = Counter("llmwd_checkpoints_total", "Partition checkpoint saves, by result",
                                    ["result"], registry=r)
-        self.checkpoint_seconds = Histogram("llmwd_checkpoint_seconds", "Time of one partition checkpoint save",
-                                            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
+        self.checkpoint_seconds = Histogram("llmwd_checkpoint_seconds",
+                                            "Loop time of one partition checkpoint save: building it and writing it",
+                                            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
                                             registry=r)
         self.checkpoint_bytes = Gauge("llmwd_checkpoint_bytes", "Size of the last checkpoint save, per partition",
                                       ["partition"], registry=r)
