@@ -529,6 +529,48 @@ def clock_minus_30s(root: Path, workdir: Path, full: bool) -> Result:
     return _clock_step("clock-minus-30s", -30.0, root, workdir, full)
 
 
+@drill("redis-blackhole")
+def redis_blackhole(root: Path, workdir: Path, full: bool) -> Result:
+    """Redis stops answering for 15 s (CI: 10 s) - packets held by a proxy, connections not refused -
+    just as a route regresses: named and paged once, the rollback lands when Redis answers."""
+    with Drill("redis-blackhole", root, workdir, full, redis_proxy=True) as d:
+        proxy = d.stack.redis_fault
+        assert proxy is not None
+        d.start()
+        d.traffic.regress("r0")
+        d.expect.flips = {"r0": ["rollback"]}
+        d.expect.ops_pages = {"redis": 1}
+        d.sleep(1.0)
+        with d.fault("redis not answering"):
+            proxy.blackhole()
+            d.sleep(15.0 if full else 10.0)
+            proxy.restore()
+        d.wait_flip("r0", "rollback", 20)
+        d.sleep(10.0 if full else 5.0)
+        return d.finish()
+
+
+@drill("broker-delay-1s")
+def broker_delay_1s(root: Path, workdir: Path, full: bool) -> Result:
+    """Every broker answer 1 s late for 40 s (CI: 20 s) while a route regresses: decisions keep
+    flowing (the rollback lands during the delay), nothing lost or counted twice."""
+    with Drill("broker-delay-1s", root, workdir, full, broker_proxy=True) as d:
+        proxy = d.stack.broker_fault
+        assert proxy is not None
+        d.expect.tolerance_s = 12.0
+        d.start()
+        d.sleep(4.0)
+        d.expect.flips = {"r0": ["rollback"]}
+        proxy.delay_s = 1.0
+        d.traffic.regress("r0")
+        at = d.wait_flip("r0", "rollback", 40.0 if full else 20.0)
+        d.note(f"rollback applied {'during' if at is not None else 'after'} the delay")
+        d.sleep(max(0.0, (40.0 if full else 20.0) - 4.0))
+        proxy.delay_s = 0.0
+        d.sleep(10.0)
+        return d.finish()
+
+
 #: the CI subset (tests/test_drills.py), most valuable first; about 6 minutes on a passing tree (the
 #: ±30 s clock drills run from bench/drills.py only)
 CI_DRILLS = ["sigkill-loop", "sigterm-rolling", "broker-freeze", "future-240s-restart", "redis-down-regression",

@@ -30,6 +30,7 @@ import httpx
 import orjson
 import yaml
 
+from tests.netfault import DelayProxy
 from watchdog.dev.alertsink import AlertSink
 from watchdog.dev.embedded import Service, find_redis_server, free_port, start_tansu, wait_for_port
 from watchdog.dev.traffic import Route, TrafficGenerator
@@ -438,6 +439,11 @@ class Stack:
     storage: str = "memory"
     moto: Service | None = None
     overrides: dict[str, Any] = field(default_factory=dict)
+    #: put a user-space fault proxy (tests/netfault.py) between the daemons and Redis / the broker
+    redis_proxy: bool = False
+    broker_proxy: bool = False
+    redis_fault: DelayProxy | None = None
+    broker_fault: DelayProxy | None = None
     tansu: Service | None = None
     redis: Service | None = None
     sink: AlertSink | None = None
@@ -456,14 +462,29 @@ class Stack:
         auth = f":{self.redis_password}@" if self.redis_password else ""
         return f"redis://{auth}127.0.0.1:{self.redis.port}/0"
 
+    @property
+    def daemon_redis_url(self) -> str:
+        """Where the daemons reach Redis: through the fault proxy when there is one."""
+        if self.redis_fault is None:
+            return self.redis_url
+        auth = f":{self.redis_password}@" if self.redis_password else ""
+        return f"redis://{auth}127.0.0.1:{self.redis_fault.port}/0"
+
     def start_services(self) -> Stack:
         self.workdir.mkdir(parents=True, exist_ok=True)
         if self.storage == "s3":
             self.moto, self.tansu = start_s3_tansu(self.workdir / "tansu")
+        elif self.broker_proxy:
+            # clients learn the proxy's port from the broker's metadata, so every round trip crosses it
+            port = free_port()
+            self.tansu = start_tansu(workdir=self.workdir / "tansu", advertised_port=port)
+            self.broker_fault = DelayProxy(self.tansu.port, port)
         else:
             self.tansu = start_tansu(workdir=self.workdir / "tansu")
         self.create_topic()
         self.redis = redis_service(self.workdir / "redis", password=self.redis_password).start()
+        if self.redis_proxy:
+            self.redis_fault = DelayProxy(self.redis.port, free_port())
         self.sink = AlertSink()
         self.sink.start()
         self.policy_dir = self.workdir / "policies"
@@ -480,7 +501,7 @@ class Stack:
             "policies": [str(self.policy_dir)],
             "kafka": {"bootstrap_servers": self.tansu.address if self.tansu else "", "topic": self.topic,
                       "group_id": self.group, "session_timeout_ms": 6000, "heartbeat_interval_ms": 1000},
-            "redis": {"url": self.redis_url, "socket_timeout_s": 0.5},
+            "redis": {"url": self.daemon_redis_url, "socket_timeout_s": 0.5},
             "windows": {"length_s": self.window_s, "grace_s": self.grace_s},
             "alerts": {"channels": [{"kind": "webhook", "url": f"{self.sink.url}/webhook", "timeout_s": 2.0}]},
             "server": {"port": free_port()},
@@ -568,6 +589,9 @@ class Stack:
                     svc.kill()  # SIGKILL also ends a process a drill left stopped
         if self.sink is not None:
             self.sink.stop()
+        for proxy in (self.redis_fault, self.broker_fault):
+            if proxy is not None:
+                proxy.close()
 
 
 @contextlib.contextmanager
