@@ -119,12 +119,16 @@ class GoldenRelay:
     def _mine(self, entries: list[GoldenEntry]) -> list[Signal]:
         out = []
         for entry in entries:
+            # a replay's signals of one route (candidate and baseline) go together or not at all
+            routes: dict[tuple[str, str], list[Signal]] = {}
             for sig in entry.signals:
-                key = (entry.id, sig.model, sig.route)
-                if key in self._delivered or not self._owns(sig) or self._seen(sig):
+                routes.setdefault((sig.model, sig.route), []).append(sig)
+            for (model, route), sigs in routes.items():
+                key = (entry.id, model, route)
+                if key in self._delivered or not self._owns(sigs[0]) or all(self._seen(s) for s in sigs):
                     continue
                 self._delivered[key] = None
-                out.append(sig)
+                out.extend(sigs)
         while len(self._delivered) > MAX_DELIVERED:
             self._delivered.popitem(last=False)
         if out:
