@@ -108,7 +108,7 @@ def test_the_stream_keeps_a_replay_whole_and_requests_are_taken_once(redis_clien
     assert stream.read(cursor) == []
     assert [e.signals for e in stream.read("0-0")] == [sigs, []]
     stream.push_request("m", "r1", "suspected", 10.0, "b")
-    redis_client.rpush(stream.requests_key, "garbage")
+    redis_client.rpush(stream.requests_key, "garbage", '{"model": "m", "route": "r1", "at": "soon"}')
     assert [r["route"] for r in stream.pop_requests()] == ["r1"]
     assert stream.pop_requests() == []
 
@@ -303,3 +303,16 @@ def test_a_golden_stream_redis_cannot_serve_is_a_redis_failure_and_nothing_is_lo
     assert relay.metrics.golden_stream.labels("error")._value.get() == 1
     relay.forward("m", "r", "suspected", 0.0)
     assert health.failures[-1] == "golden replay request"
+
+
+@pytest.mark.services
+def test_the_holder_takes_requests_once_and_drops_stale_ones(redis_client) -> None:
+    relay, _ = _relay(redis_client, [])
+    relay.leader.running = True
+    stream = relay.stream
+    stream.push_request("m", "old", "suspected", 100.0, "b")
+    stream.push_request("m", "r", "suspected", 900.0, "b")
+    assert relay(1000.0) == []
+    assert relay.scheduler.requested == [("m", "r")]  # 900 s old: dropped
+    relay(1001.0)
+    assert relay.scheduler.requested == [("m", "r")]

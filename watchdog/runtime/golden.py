@@ -50,6 +50,9 @@ REREAD_MAX = 1000
 READ_BATCH = 100
 #: finished replays kept in memory while Redis cannot take them (the newest)
 MAX_UNPUBLISHED = 50
+#: a forwarded request older than this when the holder takes it is dropped (no replica held the
+#: lease meanwhile; the rule that asked asks again while it stays suspect)
+REQUEST_MAX_AGE_S = 600.0
 #: (entry id, model, route) already handed to the engine, remembered (the newest)
 MAX_DELIVERED = 20_000
 
@@ -90,6 +93,10 @@ class GoldenRelay:
                 self.unpublished = []
             if self.leader.running:
                 for req in self.stream.pop_requests():
+                    if now - req["at"] > REQUEST_MAX_AGE_S:
+                        log.info("golden replay request for %s/%s from %s dropped: %.0f s old", req["model"],
+                                 req["route"], req.get("by"), now - req["at"])
+                        continue
                     started = self.scheduler.request(req["model"], req["route"],
                                                      f"{req.get('reason', '')} (asked by {req.get('by', '?')})", now)
                     log.info("golden replay request for %s/%s from %s: %s", req["model"], req["route"],

@@ -117,7 +117,8 @@ class GoldenStream:
         for item in raw:
             try:
                 req = json.loads(text(item))
-                if isinstance(req, dict) and isinstance(req.get("model"), str) and isinstance(req.get("route"), str):
+                if (isinstance(req, dict) and isinstance(req.get("model"), str) and isinstance(req.get("route"), str)
+                        and isinstance(req.get("at"), int | float) and not isinstance(req.get("at"), bool)):
                     out.append(req)
                     continue
             except ValueError:
