@@ -22,8 +22,8 @@ from watchdog.core.signals import Signal, signal_from_dict, signal_to_dict
 log = logging.getLogger(__name__)
 
 #: entries the golden signal stream keeps (MAXLEN ~): one per replay; at one replay of each of ten
-#: jobs every ten minutes, about 16 hours
-STREAM_MAXLEN = 1000
+#: jobs every ten minutes, about 8 hours (an entry is ~7 kB per guarded route of a 54-item set)
+STREAM_MAXLEN = 500
 #: requests the request list keeps; older ones are dropped when it is longer
 REQUESTS_MAXLEN = 200
 SCHEMA = 1
