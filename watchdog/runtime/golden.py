@@ -38,14 +38,14 @@ from watchdog.policy import PolicyEngine
 from watchdog.runtime.health import RedisHealth
 from watchdog.runtime.ownership import Ownership
 from watchdog.sources.golden import GoldenLeader, GoldenScheduler
-from watchdog.state.golden_stream import GoldenEntry, GoldenStream
+from watchdog.state.golden_stream import STREAM_MAXLEN, GoldenEntry, GoldenStream
 
 log = logging.getLogger(__name__)
 
 #: how far back a replica reads the stream at start and after it is assigned a partition
 REREAD_S = 3600.0
-#: at most this many entries are read back then (the newest)
-REREAD_MAX = 1000
+#: at most this many entries are read back then (the newest): all the stream keeps
+REREAD_MAX = STREAM_MAXLEN
 #: entries read in one loop iteration at most (the rest in the next ones)
 READ_BATCH = 100
 #: finished replays kept in memory while Redis cannot take them (the newest)
