@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from kafka.partitioner.default import murmur2
@@ -283,10 +284,11 @@ def test_a_route_nobody_owns_waits_in_the_stream_until_its_partition_is_assigned
     assert holder(0.0) == []  # published; no partition assigned here yet: judged by no one
     own.mine.add(("m", "r"))
     assert holder(1.0) == []  # ours by the key's partition, but that partition is not assigned
-    own.parts[("t", 0)] = object()  # assigned: the recent span is read again
+    own.parts[("t", 0)] = part = SimpleNamespace(last_seen={})  # assigned: the recent span is read again
     assert holder(2.0) == sigs  # candidate and baseline together
+    assert part.last_seen == {("m", "r"): 2.0}  # a judged replay keeps a golden-only route from idle eviction
     assert holder(3.0) == []
-    own.parts[("t", 1)] = object()  # another assignment: read again, nothing handed back twice
+    own.parts[("t", 1)] = SimpleNamespace(last_seen={})  # another assignment: read again, nothing handed back twice
     assert holder(4.0) == []
 
 

@@ -107,7 +107,7 @@ class GoldenRelay:
             self.redis_health.failed(exc, "golden signal stream")
             return []
         self.redis_health.recovered()
-        return self._mine(entries)
+        return self._mine(entries, now)
 
     def _read(self) -> list[GoldenEntry]:
         parts = set(self.ownership.parts)
@@ -123,7 +123,7 @@ class GoldenRelay:
         self._known_parts = parts
         return entries
 
-    def _mine(self, entries: list[GoldenEntry]) -> list[Signal]:
+    def _mine(self, entries: list[GoldenEntry], now: float) -> list[Signal]:
         out = []
         for entry in entries:
             # a replay's signals of one route (candidate and baseline) go together or not at all
@@ -136,6 +136,10 @@ class GoldenRelay:
                     continue
                 self._delivered[key] = None
                 out.extend(sigs)
+                pk = self.ownership.owner_of(model, route)
+                part = self.ownership.parts.get(pk) if pk is not None else None
+                if part is not None:  # a judged replay is activity: a route only golden jobs see is kept
+                    part.last_seen[(model, route)] = now
         while len(self._delivered) > MAX_DELIVERED:
             self._delivered.popitem(last=False)
         if out:
