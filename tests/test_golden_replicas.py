@@ -180,6 +180,9 @@ def test_a_replay_asked_for_on_another_replica_runs_on_the_holder(kafka_service,
             wait_until(lambda: flag(redis_client, b_route) == "fp16", 15, what="b rolls its route back")
             time.sleep(1.5)
             assert calls == {"a": ["mini"], "b": []}
+            doc = b.status()
+            assert doc["golden_lease"] is False and doc["golden_stream"]["unpublished"] == 0
+            assert doc["golden_stream"]["cursor"] is not None
             assert b.metrics.golden_stream.labels("requested")._value.get() == 1
     audit = [f for _id, f in redis_client.xrange("llmwd:audit") if f["route"] == b_route]
     assert [f["changed_by"] for f in audit] == ["watchdog@b"]

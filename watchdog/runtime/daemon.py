@@ -131,7 +131,8 @@ class Daemon:
                                  self.stats)
         self._status = StatusDocument(cfg.instance, self.stats, self.problems, self.ownership, self.policies,
                                       self.decisions.flags, self.engine, self.actuator, self.alerter, self.golden,
-                                      self.golden_leader, self.gpu, self.routes, cfg.default_precision)
+                                      self.golden_leader, self.gpu, self.routes, cfg.default_precision,
+                                      self.golden_relay)
         self._stop = threading.Event()
         self._failed_sources: set[str] = set()
         self.readiness.set("starting", "connecting to Kafka", self.clock())

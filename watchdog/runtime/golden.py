@@ -157,6 +157,10 @@ class GoldenRelay:
                 if sig.source in st.last_end]
         return bool(ends) and min(ends, default=-math.inf) >= sig.end
 
+    def status(self) -> dict[str, object]:
+        """The /status view: where this replica reads, what waits to be written."""
+        return {"cursor": self.cursor, "unpublished": len(self.unpublished), "key": self.stream.key}
+
     # -- on-suspicion requests -----------------------------------------------------------------
     def forward(self, model: str, route: str, reason: str, now: float) -> None:
         """A replay asked for on a replica that does not replay: to the holder, through Redis."""
