@@ -110,6 +110,18 @@ class Keys:
         """String ``{prefix}:lease:{name}`` with a TTL: the holder of singleton work (golden scheduler)."""
         return f"{self.prefix}:lease:{name}"
 
+    def golden_signals(self, group: str) -> str:
+        """Stream ``{prefix}:golden:{group}:signals``: one entry per finished golden replay (field
+        ``json``: ``{"schema": 1, "job": name, "signals": [signal_to_dict(...)]}``), written by the
+        replica holding the golden lease, capped with MAXLEN ~; every replica of the group reads it
+        and judges the signals of the routes it owns."""
+        return f"{self.prefix}:golden:{group}:signals"
+
+    def golden_requests(self, group: str) -> str:
+        """List ``{prefix}:golden:{group}:requests``: on-suspicion replay requests (JSON ``{"model",
+        "route", "reason", "at", "by"}``) pushed by any replica, popped by the golden lease holder."""
+        return f"{self.prefix}:golden:{group}:requests"
+
     def maintenance(self, model: str, route: str) -> str:
         """String ``{prefix}:maintenance:{model}:{route}``: an operator's maintenance annotation,
         JSON ``{"start": unix s, "until": unix s, "reason": str, "by": str}`` with a TTL that ends

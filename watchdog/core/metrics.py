@@ -85,6 +85,13 @@ class Metrics:
             "partition's or the replica's route cap was reached, by cap", ["cap"], registry=r)
         for cap in ("partition", "replica"):
             self.route_limit_events.labels(cap)
+        # golden signals between replicas (watchdog/runtime/golden.py)
+        self.golden_stream = Counter(
+            "llmwd_golden_stream_total", "Golden signal stream: replays published (by the lease holder), signals "
+            "judged here (routes this replica owns), replay requests forwarded to the holder, Redis errors",
+            ["result"], registry=r)
+        for result in ("published", "judged", "requested", "error"):
+            self.golden_stream.labels(result)
         # label values known in advance start at 0, so increase() and rate() see their first event
         for result in ("delivered", "failed", "dropped"):
             self.pages.labels(result)

@@ -8,7 +8,7 @@ alerter carry actions out. Nothing here does I/O, so the policy core stays a pur
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 Source = Literal["live", "golden", "gpu"]
 ActionKind = Literal["rollback", "promote", "alert", "resolve"]
@@ -51,6 +51,36 @@ class Signal:
 #: ``Action.detail`` key of the policy's alert routing, ``{"notify": [...], "page": [...]}``: the
 #: alerter sends the incident's messages to those channels only (absent: to every channel)
 ROUTING_KEY = "routing"
+
+#: version of ``signal_to_dict``'s records (the golden signal stream)
+SIGNAL_SCHEMA = 1
+
+
+def signal_to_dict(sig: Signal) -> dict[str, Any]:
+    """``sig`` as plain JSON-able data (schema ``SIGNAL_SCHEMA``); ``signal_from_dict`` reads it back."""
+    return {"schema": SIGNAL_SCHEMA, "source": sig.source, "model": sig.model, "route": sig.route,
+            "precision": sig.precision, "start": sig.start, "end": sig.end, "samples": sig.samples,
+            "values": dict(sig.values), "paired": sig.paired, "error": sig.error, "detail": sig.detail}
+
+
+def signal_from_dict(d: dict[str, Any]) -> Signal:
+    """The ``Signal`` of a ``signal_to_dict`` record; ValueError on another schema or a bad field."""
+    if d.get("schema") != SIGNAL_SCHEMA:
+        raise ValueError(f"signal record schema {d.get('schema')!r}, expected {SIGNAL_SCHEMA}")
+    raw_source = d.get("source")
+    if raw_source not in get_args(Source):
+        raise ValueError(f"unknown signal source {raw_source!r}")
+    source = cast(Source, raw_source)
+    paired = d.get("paired")
+    try:
+        return Signal(source=source, model=str(d["model"]), route=str(d["route"]),
+                      precision=None if d.get("precision") is None else str(d["precision"]),
+                      start=float(d["start"]), end=float(d["end"]), samples=int(d["samples"]),
+                      values={str(k): float(v) for k, v in (d.get("values") or {}).items()},
+                      paired={str(k): [float(x) for x in v] for k, v in paired.items()} if paired else None,
+                      error=None if d.get("error") is None else str(d["error"]), detail=dict(d.get("detail") or {}))
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"bad signal record: {exc!r}") from exc
 
 
 @dataclass(slots=True)

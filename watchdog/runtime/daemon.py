@@ -46,6 +46,7 @@ from watchdog.runtime.checkpointer import Checkpointer
 from watchdog.runtime.clock import ClockCheck, SteadyClock
 from watchdog.runtime.closer import WindowCloser
 from watchdog.runtime.decisions import FLAG_RELOAD_S, Decisions
+from watchdog.runtime.golden import GoldenRelay
 from watchdog.runtime.health import LoopHealth, Readiness, RedisHealth
 from watchdog.runtime.ownership import Ownership
 from watchdog.runtime.policies import PolicyReloader
@@ -55,6 +56,7 @@ from watchdog.runtime.status import StatusDocument
 from watchdog.sources.golden import GoldenLeader, GoldenScheduler
 from watchdog.sources.gpu import GpuSource
 from watchdog.state.checkpoint import CheckpointStore
+from watchdog.state.golden_stream import GoldenStream
 from watchdog.state.lease import Lease
 from watchdog.state.redis_conn import client_from_url
 
@@ -93,10 +95,6 @@ class Daemon:
         self.sources = list(sources or [])
         self.golden = GoldenScheduler.from_config(cfg.golden)
         self.golden_leader: GoldenLeader | None = None
-        if self.golden is not None:
-            lease = Lease(self.redis, self.keys.lease(f"golden:{cfg.kafka.group_id}"), cfg.instance)
-            self.golden_leader = GoldenLeader(self.golden, lease)
-            self.sources.append(self.golden.drain)
         gpu = GpuSource.from_config(cfg.gpu, self.metrics.registry, gpu_nvml)
         self.gpu = gpu.monitor if gpu is not None else None
         if gpu is not None:
@@ -107,6 +105,15 @@ class Daemon:
         self.ownership = Ownership(cfg, self.engine, self.checkpoints, self.wm, self.readiness, self.redis_health,
                                    clock)
         self.parts = self.ownership.parts
+        self.golden_relay: GoldenRelay | None = None
+        if self.golden is not None:
+            lease = Lease(self.redis, self.keys.lease(f"golden:{cfg.kafka.group_id}"), cfg.instance)
+            self.golden_leader = GoldenLeader(self.golden, lease)
+            # golden signals go to each route's owner through Redis (runtime/golden.py)
+            self.golden_relay = GoldenRelay(GoldenStream(self.redis, self.keys, cfg.kafka.group_id), self.golden,
+                                            self.golden_leader, self.ownership, self.engine, self.redis_health,
+                                            self.metrics, cfg.instance, clock)
+            self.sources.append(self.golden_relay)
         self.decisions = Decisions(cfg, self.keys, self.engine, self.store, self.flags, self.alerter,
                                    self.ownership, self.checkpoints, self.redis_health, self.metrics, self.stats,
                                    self.golden_leader, clock)
@@ -124,7 +131,8 @@ class Daemon:
                                  self.stats)
         self._status = StatusDocument(cfg.instance, self.stats, self.problems, self.ownership, self.policies,
                                       self.decisions.flags, self.engine, self.actuator, self.alerter, self.golden,
-                                      self.golden_leader, self.gpu, self.routes, cfg.default_precision)
+                                      self.golden_leader, self.gpu, self.routes, cfg.default_precision,
+                                      self.golden_relay)
         self._stop = threading.Event()
         self._failed_sources: set[str] = set()
         self.readiness.set("starting", "connecting to Kafka", self.clock())

@@ -213,7 +213,7 @@ class Decisions:
                 self.metrics.flips.labels("not_owner").inc()
                 return
             # the page goes with the flip (flip.lua writes the outbox record); a route no assigned
-            # partition carries (a GPU or golden signal of this host) flips unfenced, audited by instance
+            # partition carries (a GPU signal of this host; golden signals reach only owners) flips unfenced
             self.actuator.submit(action)
             self._decided_at[(action.model, action.route)] = action.at or self.clock()
             return

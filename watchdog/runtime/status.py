@@ -23,6 +23,7 @@ from watchdog.actuation.actuator import Actuator
 from watchdog.alerting.alerter import Alerter
 from watchdog.policy import PolicyEngine
 from watchdog.runtime.decisions import FlagView
+from watchdog.runtime.golden import GoldenRelay
 from watchdog.runtime.ownership import Ownership
 from watchdog.runtime.policies import PolicyReloader
 from watchdog.runtime.routes import RouteKeeper
@@ -44,7 +45,8 @@ class StatusDocument:
     def __init__(self, instance: str, stats: DaemonStats, problems: Callable[[], list[str]], ownership: Ownership,
                  policies: PolicyReloader, flags: FlagView, engine: PolicyEngine, actuator: Actuator,
                  alerter: Alerter, golden: GoldenScheduler | None, golden_leader: GoldenLeader | None,
-                 gpu: Any, routes: RouteKeeper | None = None, default_precision: str = "fp8") -> None:
+                 gpu: Any, routes: RouteKeeper | None = None, default_precision: str = "fp8",
+                 golden_relay: GoldenRelay | None = None) -> None:
         self.instance = instance
         self.stats = stats
         self.problems = problems
@@ -56,6 +58,7 @@ class StatusDocument:
         self.alerter = alerter
         self.golden = golden
         self.golden_leader = golden_leader
+        self.golden_relay = golden_relay
         #: a ``probes.gpu_monitor.GpuMonitor`` or None
         self.gpu = gpu
         self.routes = routes
@@ -99,6 +102,7 @@ class StatusDocument:
             "alerts": self.alerter.stats(),
             "golden": self.golden.status() if self.golden is not None else [],
             "golden_lease": self.golden_leader is not None and self.golden_leader.running,
+            "golden_stream": self.golden_relay.status() if self.golden_relay is not None else None,
             "gpu": [h.to_dict() for h in self.gpu.latest()] if self.gpu is not None else [],
             "heavy_modules_loaded": sorted(m for m in HEAVY_MODULES if m in sys.modules),
         }

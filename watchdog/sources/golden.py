@@ -8,7 +8,8 @@ imports torch.
 
 One schema: the config models (``watchdog.config.settings.GoldenConfig`` / ``GoldenJobConfig``) are
 turned into a scheduler here (``GoldenScheduler.from_config``), nowhere else. ``GoldenLeader`` runs
-the scheduler only on the replica that holds the group's golden lease.
+the scheduler only on the replica that holds the group's golden lease; ``watchdog.runtime.golden.GoldenRelay`` takes the signals
+of its replays to the replica owning each route, and requests raised elsewhere to it.
 """
 
 from __future__ import annotations
@@ -80,7 +81,9 @@ class GoldenScheduler:
         self.replay_fn = replay_fn
         self.reports_dir = Path(reports_dir) if reports_dir else None
         self.debounce_s = debounce_s
-        self._done: queue.SimpleQueue[Signal] = queue.SimpleQueue()
+        #: the signals of each finished run, one list per run (a run's candidate and baseline signals
+        #: must reach the policy engine together)
+        self._done: queue.SimpleQueue[tuple[str, list[Signal]]] = queue.SimpleQueue()
         self._scheduler: Any = None
         self._requested: dict[str, float] = {}
 
@@ -141,33 +144,41 @@ class GoldenScheduler:
             job.last_extra = dict(extra)
             if self.reports_dir is not None:
                 report.save(self.reports_dir / name)
+            signals = []
             for route in job.spec.routes:
                 for sig in report.to_signals(job.spec.model, route):
                     if sig.precision == job.spec.candidate.get("precision"):
                         sig.values.update(extra)
-                    self._done.put(sig)
+                    signals.append(sig)
+            self._done.put((name, signals))
             job.last_error = None
             return True
         except Exception as exc:  # noqa: BLE001 - a failed replay is an error signal, not a crash
             log.exception("golden replay %s failed", name)
             job.last_error = str(exc)
-            for route in job.spec.routes:
-                self._done.put(Signal(source="golden", model=job.spec.model, route=route,
-                                      precision=str(job.spec.candidate.get("precision", "fp8")), start=started,
-                                      end=time.time(), samples=0, error=f"replay failed: {exc}"))
+            ended = time.time()
+            self._done.put((name, [Signal(source="golden", model=job.spec.model, route=route,
+                                   precision=str(job.spec.candidate.get("precision", "fp8")), start=started,
+                                   end=ended, samples=0, error=f"replay failed: {exc}")
+                            for route in job.spec.routes]))
             return False
         finally:
             job.runs += 1
             job.last_run = time.time()
             job.lock.release()
 
-    def drain(self, now: float | None = None) -> list[Signal]:
+    def drain_runs(self) -> list[tuple[str, list[Signal]]]:
+        """(job name, its signals) of each run finished since the last call."""
         out = []
         while True:
             try:
                 out.append(self._done.get_nowait())
             except queue.Empty:
                 return out
+
+    def drain(self, now: float | None = None) -> list[Signal]:
+        """The signals of the runs finished since the last call, in one list."""
+        return [sig for _job, run in self.drain_runs() for sig in run]
 
     def status(self) -> list[dict[str, Any]]:
         return [{"job": j.name, "set": j.spec.set, "routes": j.spec.routes, "runs": j.runs, "last_run": j.last_run,
@@ -184,10 +195,14 @@ class GoldenLeader:
     """Runs ``scheduler`` only while this replica holds ``lease`` (``watchdog.state.lease.Lease``): one
     replica of a consumer group replays, and only it answers on-suspicion requests."""
 
-    def __init__(self, scheduler: GoldenScheduler, lease: _Lease) -> None:
+    def __init__(self, scheduler: GoldenScheduler, lease: _Lease,
+                 forward: Callable[[str, str, str, float], None] | None = None) -> None:
         self.scheduler = scheduler
         self.lease = lease
         self.running = False
+        #: where a request goes while this replica does not replay (the holder, through Redis:
+        #: ``watchdog.runtime.golden.GoldenRelay.forward``); None: dropped
+        self.forward = forward
 
     def tick(self, now: float) -> None:
         """Renew or take the lease (called by the main loop); start or stop the scheduler with it."""
@@ -200,9 +215,11 @@ class GoldenLeader:
             self.running = False
 
     def request(self, model: str, route: str, reason: str, now: float) -> None:
-        """An on-suspicion replay of (model, route), if this replica is the one replaying."""
+        """An on-suspicion replay of (model, route): here if this replica replays, else forwarded."""
         if self.running:
             self.scheduler.request(model, route, reason, now)
+        elif self.forward is not None:
+            self.forward(model, route, reason, now)
 
     def stop(self) -> None:
         """Stop replaying and hand the lease back (daemon shutdown)."""
