@@ -122,6 +122,7 @@ def test_a_2mb_completion_is_cut_to_fit_with_its_size_and_hash(gateway: GatewayS
     assert answer.choices[0].message.content == upstream.big  # the client gets all of it
     (value,) = raw_events(kafka_service.address, topic, 1)
     assert len(value) <= MAX_VALUE_BYTES
+    print(f"2 MB completion: event of {len(value)} bytes")
     ev = decode_event(value)
     original = upstream.big.encode()
     assert ev.status == "ok" and ev.completion_tokens == 500_000
