@@ -545,3 +545,22 @@ def test_events_without_replica_or_build_add_only_the_mix() -> None:
     w2.import_open([d])
     (s2,) = w2.close_all()
     assert "latency_mix" not in s2.detail and s2.detail["events"] == 1
+
+
+def test_cancelled_client_error_and_rate_limited_are_not_fp8_errors() -> None:
+    """Issue 20 §3: a client that hangs up, sends a bad request or is throttled says nothing about
+    the precision: counted apart (``not_judged``), never in ``error_rate`` nor in ``samples``."""
+    from watchdog.core.events import decode_event, encode_event
+    from watchdog.windows.window import Window
+
+    agg = WindowAggregator(length_s=10, grace_s=0)
+    base = {"schema": 1, "ts": 5.0, "model": "m", "route": "r", "precision": "fp8", "latency_ms": 10.0}
+    statuses = ["ok", "ok", "error", "cancelled", "client_error", "rate_limited", "CANCELLED"]
+    for i, status in enumerate(statuses):
+        assert agg.add(decode_event(encode_event({**base, "request_id": f"r{i}", "status": status})), ("t", 0), i)
+    (key,) = agg._open
+    restored = Window.from_export(agg._open[key].export(key))
+    assert restored.not_judged == {"cancelled": 2, "client_error": 1, "rate_limited": 1}
+    (sig,) = agg.close_all()
+    assert sig.samples == 3 and sig.values["error_rate"] == pytest.approx(1 / 3)
+    assert sig.detail["not_judged"] == {"cancelled": 2, "client_error": 1, "rate_limited": 1}

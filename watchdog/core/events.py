@@ -48,7 +48,11 @@ log = logging.getLogger(__name__)
 SCHEMA_VERSION = 1
 #: Default cap on the size of one raw event (bytes).
 MAX_EVENT_BYTES = 1_048_576
-STATUSES = frozenset({"ok", "error", "timeout"})
+STATUSES = frozenset({"ok", "error", "timeout", "cancelled", "client_error", "rate_limited"})
+#: statuses that say nothing about the precision that served the request: the client went away
+#: (``cancelled``), sent a bad request (``client_error``) or was throttled (``rate_limited``). The
+#: windows count them apart (``not_judged``), never as errors and never in ``samples``
+NOT_JUDGED = frozenset({"cancelled", "client_error", "rate_limited"})
 #: Engines report logprobs through float32; tiny positive values are rounding noise, clamped to 0.
 _LOGPROB_TOLERANCE = 1e-4
 _NEG_INF = -math.inf
@@ -336,7 +340,7 @@ def decode_event(raw: bytes, max_bytes: int = MAX_EVENT_BYTES) -> InferenceEvent
         if status not in STATUSES:
             status = status.lower()
             if status not in STATUSES:
-                raise _bad_value("status", f"status must be one of ok/error/timeout, got {d['status'][:40]!r}")
+                raise _bad_value("status", f"status must be one of {'/'.join(sorted(STATUSES))}, got {d['status'][:40]!r}")
     elif status is None:
         raise _missing("status")
     else:

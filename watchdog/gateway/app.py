@@ -15,7 +15,6 @@ import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -26,7 +25,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from watchdog.core.events import name_problem
 from watchdog.gateway.access import Access, Refusal
 from watchdog.gateway.config import GatewayConfig, PoolConfig, UpstreamConfig
-from watchdog.gateway.openai_io import Result, StreamParser, error_body, parse_response, prompt_of
+from watchdog.gateway.openai_io import Result, error_body, estimate_prompt_tokens, parse_response, prompt_of
+from watchdog.gateway.relay import JSON, Exchange, forward, forward_headers, reply, run_cancellable
 from watchdog.ingest.emitter import EventEmitter
 
 log = logging.getLogger(__name__)
@@ -36,10 +36,9 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 _ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
-_JSON = (b"content-type", b"application/json")
-_SSE = (b"content-type", b"text/event-stream")
-#: client headers forwarded upstream unchanged
-_PASS = frozenset({b"traceparent", b"tracestate", b"baggage", b"user-agent", b"accept"})
+#: OpenAI endpoints answered 404 with a clear error code (``<name>_not_proxied``)
+_REFUSED_ENDPOINTS = {"/v1/embeddings": "embeddings", "/embeddings": "embeddings"}
+_JSON = JSON
 MAX_BODY = 8 * 1024 * 1024
 #: the client's X-Request-ID is kept in events (``client_request_id``) up to this many characters
 MAX_CLIENT_ID = 128
@@ -69,16 +68,6 @@ class _Collector:
         g = GaugeMetricFamily("llmwd_gateway_redis_up", "1 while the flag reader is connected to Redis")
         g.add_metric([], 1 if flags is not None and flags.healthy else 0)
         yield g
-
-
-@dataclass(slots=True)
-class _Exchange:
-    """What one proxied request produced, filled in while its answer is relayed."""
-
-    status: str = ""
-    http_status: int = 0
-    ttft: float | None = None
-    result: Result = field(default_factory=Result)
 
 
 class Gateway:
@@ -120,6 +109,11 @@ class Gateway:
         kind = _ENDPOINTS.get(path)
         if kind is not None and method == "POST":
             await self._proxy(kind, scope, receive, send)
+        elif path in _REFUSED_ENDPOINTS:
+            # refused, not proxied: no precision flag or event applies to them (docs/INTEGRATIONS.md)
+            await self._refuse(send, Refusal(404, f"{_REFUSED_ENDPOINTS[path]}_not_proxied",
+                                             f"llm-watchdog-gateway does not proxy {_REFUSED_ENDPOINTS[path]}: "
+                                             "send them to the serving engine directly"), b"")
         elif method == "GET" and path in ("/v1/models", "/models"):
             who = self.access.authenticate(dict(scope["headers"]).get(b"authorization"))
             if isinstance(who, Refusal):
@@ -168,10 +162,7 @@ class Gateway:
         await self._reply(send, refusal.status, error_body(refusal.status, refusal.message, refusal.kind,
                                                            refusal.code), *headers)
 
-    @staticmethod
-    async def _reply(send: Send, status: int, body: bytes, *headers: tuple[bytes, bytes]) -> None:
-        await send({"type": "http.response.start", "status": status, "headers": list(headers or (_JSON,))})
-        await send({"type": "http.response.body", "body": body})
+    _reply = staticmethod(reply)
 
     # -- routing ------------------------------------------------------------------------------
 
@@ -207,16 +198,19 @@ class Gateway:
         precision = pool.candidate_precision if on_candidate else pool.baseline_precision
         out_headers = [(b"x-request-id", request_id.encode()), (self._precision_header, precision.encode()),
                        (b"x-llmwd-route", route.encode())]
-        x = _Exchange()
-        await self._forward(x, kind, send, body, upstream, headers, request_id, route, precision, out_headers,
-                            started)
+        x = Exchange()
+        assert self.client is not None, "startup() was not run"
+        await run_cancellable(x, receive, forward(self.client, x, kind, send, body, upstream, headers, request_id,
+                                                  route, precision, out_headers, started))
         status = x.status
         latency_ms = (time.perf_counter() - started) * 1000
         self.requests.labels(self.access.label(route), precision, status).inc()
-        if status == "client_error" or self.emitter is None:
+        if self.emitter is None:
             return
         event = self._event(kind, body, pool, upstream, event_id, model, route, precision, status,
                             latency_ms, x.ttft, x.result, headers, x.http_status)
+        if x.cancel_ms is not None:
+            event["cancel_ms"] = round(x.cancel_ms, 3)
         if client_id:
             event["client_request_id"] = client_id[:MAX_CLIENT_ID]
         if status == "ok" and pool.shadow_sample and self.rng.random() < pool.shadow_sample:
@@ -265,53 +259,6 @@ class Gateway:
             return None
         return body, model, route, pool
 
-    async def _forward(self, x: _Exchange, kind: str, send: Send, body: dict[str, Any], upstream: UpstreamConfig,
-                       headers: dict[bytes, bytes], request_id: str, route: str, precision: str,
-                       out_headers: list[tuple[bytes, bytes]], started: float) -> None:
-        """Send the request to ``upstream`` and relay its answer (or a 502/504) to the client,
-        filling in ``x`` as it goes."""
-        fwd = _forward_headers(headers, request_id, upstream)
-        up_body = body if upstream.model is None else {**body, "model": upstream.model}
-        url = f"{upstream.url}/{'chat/completions' if kind == 'chat' else 'completions'}"
-        stream = bool(body.get("stream"))
-        # a stream may run long: its limit is the gap between two reads, not the whole answer
-        timeout = aiohttp.ClientTimeout(total=None if stream else upstream.timeout_s,
-                                        sock_connect=upstream.connect_timeout_s,
-                                        sock_read=upstream.timeout_s if stream else None)
-        assert self.client is not None, "startup() was not run"
-        try:
-            async with self.client.post(url, data=orjson.dumps(up_body), headers=fwd, timeout=timeout) as resp:
-                x.http_status = resp.status
-                if x.http_status != 200:
-                    x.status = await self._relay_error(send, x.http_status, await resp.read(), out_headers, precision)
-                elif not stream:
-                    content = await resp.read()
-                    await self._reply(send, 200, content, _JSON, *out_headers)
-                    x.status = "ok"
-                    x.result = parse_response(kind, content)
-                else:
-                    await _relay_stream(x, kind, send, resp, precision, out_headers, started)
-        except TimeoutError:
-            x.status = "timeout"
-            await self._reply(send, 504, error_body(504, f"the {precision} upstream timed out", "timeout"),
-                              _JSON, *out_headers)
-        except aiohttp.ClientError as exc:
-            x.status = "error"
-            log.warning("upstream %s (%s) failed: %s", precision, route, type(exc).__name__)
-            await self._reply(send, 502, error_body(502, f"the {precision} upstream is unreachable", "upstream_error"),
-                              _JSON, *out_headers)
-
-    async def _relay_error(self, send: Send, http_status: int, content: bytes,
-                           out_headers: list[tuple[bytes, bytes]], precision: str) -> str:
-        """Upstream 5xx → a clean 502; 408/429 relayed and logged as errors; other 4xx relayed as
-        the client's own mistake (no event: a bad request says nothing about the precision)."""
-        if http_status >= 500:
-            await self._reply(send, 502, error_body(502, f"the {precision} upstream returned HTTP {http_status}",
-                                                    "upstream_error"), _JSON, *out_headers)
-            return "error"
-        await self._reply(send, http_status, content, _JSON, *out_headers)
-        return "error" if http_status in (408, 429) else "client_error"
-
     def _event(self, kind: str, body: dict[str, Any], pool: PoolConfig, upstream: UpstreamConfig,
                request_id: str, model: str, route: str, precision: str, status: str, latency_ms: float,
                ttft: float | None, result: Result, headers: dict[bytes, bytes], http_status: int) -> dict[str, Any]:
@@ -319,8 +266,17 @@ class Gateway:
             "schema": 1, "request_id": request_id, "ts": time.time(), "model": model, "route": route,
             "precision": precision, "engine": self.cfg.engine or upstream.model or model, "status": status,
             "latency_ms": round(latency_ms, 3), "prompt_tokens": result.prompt_tokens,
-            "completion_tokens": result.completion_tokens if status == "ok" else 0,
+            # a cancelled stream: the tokens produced before the client went
+            "completion_tokens": result.completion_tokens if status in ("ok", "cancelled") else 0,
         }
+        if not result.usage_seen:
+            ev["prompt_tokens"] = estimate_prompt_tokens(kind, body)
+            ev["prompt_tokens_estimated"] = True
+        if len(result.choices) > 1 and status == "ok":
+            # n > 1: one event for the request, choice 0 as `completion`, the others alongside
+            ev["choices"] = len(result.choices)
+            if pool.log_completions:
+                ev["other_completions"] = result.choices[1:]
         if ttft is not None:
             ev["ttft_ms"] = round(ttft, 3)
         if pool.log_prompts:
@@ -358,7 +314,7 @@ class Gateway:
             assert self.client is not None
             timeout = aiohttp.ClientTimeout(total=pool.shadow_timeout_s, sock_connect=upstream.connect_timeout_s)
             async with self.client.post(url, data=orjson.dumps(sbody), timeout=timeout,
-                                        headers=_forward_headers({}, f"{request_id}-shadow", upstream)) as resp:
+                                        headers=forward_headers({}, f"{request_id}-shadow", upstream)) as resp:
                 content = await resp.read()
                 ok = resp.status == 200
             if ok:
@@ -381,40 +337,6 @@ class Gateway:
         finally:
             if self.emitter is not None:
                 self.emitter.emit(event)
-
-
-async def _relay_stream(x: _Exchange, kind: str, send: Send, resp: aiohttp.ClientResponse, precision: str,
-                        out_headers: list[tuple[bytes, bytes]], started: float) -> None:
-    """Relay an SSE answer chunk by chunk; a failure mid-stream ends it with an error event."""
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [_SSE, (b"cache-control", b"no-cache"), *out_headers]})
-    parser = StreamParser(kind)
-    x.status = "ok"
-    try:
-        async for chunk in resp.content.iter_any():
-            if x.ttft is None:
-                x.ttft = (time.perf_counter() - started) * 1000
-            parser.feed(chunk)
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-    except (TimeoutError, aiohttp.ClientError) as exc:
-        x.status = "timeout" if isinstance(exc, TimeoutError) else "error"
-        await send({"type": "http.response.body", "more_body": True, "body": b"data: "
-                    + error_body(504 if x.status == "timeout" else 502,
-                                 f"the {precision} upstream failed mid-stream", x.status) + b"\n\n"})
-    await send({"type": "http.response.body", "body": b""})
-    x.result = parser.finish()
-    if parser.error:
-        x.status = "error"
-
-
-def _forward_headers(headers: dict[bytes, bytes], request_id: str, upstream: UpstreamConfig) -> dict[str, str]:
-    out = {k.decode("latin-1"): v.decode("latin-1") for k, v in headers.items() if k in _PASS}
-    out["content-type"] = "application/json"
-    out["x-request-id"] = request_id
-    key = upstream.api_key()
-    if key:
-        out["authorization"] = f"Bearer {key}"
-    return out
 
 
 async def _read_body(receive: Receive) -> bytes | None:

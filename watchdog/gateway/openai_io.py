@@ -32,6 +32,44 @@ def prompt_of(kind: str, body: dict[str, Any]) -> str | None:
     return prompt if isinstance(prompt, str) else None
 
 
+#: bytes of UTF-8 text per token in the estimate used when the upstream sends no ``usage``: about
+#: 4 for English with BPE tokenizers (GPT/Llama), fewer for code and non-Latin scripts (CJK: ~1.5
+#: tokens per 3-byte character, so this under-counts them ~2x). Documented in docs/INTEGRATIONS.md
+BYTES_PER_TOKEN = 4
+
+
+def _all_text(value: Any) -> tuple[str, int]:
+    """(text, token ids) of a prompt or message content: strings, text parts, lists of token ids."""
+    if isinstance(value, str):
+        return value, 0
+    if isinstance(value, list):
+        if value and all(isinstance(v, int) for v in value):
+            return "", len(value)  # a prompt given as token ids
+        texts, ids = [], 0
+        for v in value:
+            if isinstance(v, dict):
+                v = v.get("text", "")
+            t, n = _all_text(v)
+            texts.append(t)
+            ids += n
+        return "\n".join(texts), ids
+    return "", 0
+
+
+def estimate_prompt_tokens(kind: str, body: dict[str, Any]) -> int:
+    """Prompt tokens without a tokenizer, for upstreams that send no ``usage``: the UTF-8 bytes of
+    every message's (or the prompt's) text over ``BYTES_PER_TOKEN``, rounded up, plus token ids as
+    given; 4 tokens of chat framing per message."""
+    if kind == "chat":
+        msgs = [m for m in body.get("messages") or [] if isinstance(m, dict)]
+        text, ids = _all_text([m.get("content") or "" for m in msgs])
+        frame = 4 * len(msgs)
+    else:
+        text, ids = _all_text(body.get("prompt") or "")
+        frame = 0
+    return -(-len(text.encode("utf-8", "replace")) // BYTES_PER_TOKEN) + ids + frame
+
+
 def _logprobs(choice: dict[str, Any], kind: str) -> list[float] | None:
     lp = choice.get("logprobs")
     if not isinstance(lp, dict):
@@ -59,10 +97,12 @@ def _text(choice: dict[str, Any], kind: str, delta: bool) -> str:
 class Result:
     """What one upstream answer contributes to an event."""
 
-    __slots__ = ("completion", "completion_tokens", "logprobs", "prompt_tokens", "usage_seen")
+    __slots__ = ("choices", "completion", "completion_tokens", "logprobs", "prompt_tokens", "usage_seen")
 
     def __init__(self) -> None:
         self.completion = ""
+        #: the text of every choice, by index (``n`` > 1); ``completion`` is choice 0's
+        self.choices: list[str] = []
         self.logprobs: list[float] | None = None
         self.prompt_tokens = 0
         self.completion_tokens = 0
@@ -89,9 +129,17 @@ def parse_response(kind: str, raw: bytes) -> Result:
         return res
     res.add_usage(doc.get("usage"))
     choices = doc.get("choices")
-    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-        res.completion = _text(choices[0], kind, delta=False)
-        res.logprobs = _logprobs(choices[0], kind)
+    if isinstance(choices, list) and choices:
+        by_index: dict[int, str] = {}
+        for i, choice in enumerate(choices):
+            if isinstance(choice, dict):
+                idx = choice.get("index")
+                by_index[idx if isinstance(idx, int) and 0 <= idx < 1024 else i] = _text(choice, kind, delta=False)
+        res.choices = [by_index.get(i, "") for i in range(max(by_index) + 1)] if by_index else []
+        res.completion = res.choices[0] if res.choices else ""
+        first = choices[0]
+        if isinstance(first, dict):
+            res.logprobs = _logprobs(first, kind)
     return res
 
 
@@ -99,14 +147,16 @@ class StreamParser:
     """Follows a server-sent-events stream chunk by chunk; ``result`` holds what it gathered.
 
     Without a ``usage`` chunk (clients ask for one with ``stream_options.include_usage``) the
-    completion token count is the number of content chunks, which is what vLLM sends per token.
+    completion token count is the number of content chunks of all choices, which is what vLLM
+    sends per token. ``finish`` may be called again (a stream cut short, then finished).
     """
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self.result = Result()
         self._pending = b""
-        self._parts: list[str] = []
+        #: content pieces per choice index (with ``n`` > 1 the chunks of the choices interleave)
+        self._parts: dict[int, list[str]] = {}
         self._chunks = 0
         self.error: str | None = None
 
@@ -132,19 +182,28 @@ class StreamParser:
         if doc.get("usage"):
             self.result.add_usage(doc["usage"])
         choices = doc.get("choices")
-        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-            text = _text(choices[0], self.kind, delta=True)
+        if not isinstance(choices, list):
+            return
+        for choice in choices:
+            if not isinstance(choice, dict):
+                continue
+            idx = choice.get("index")
+            idx = idx if isinstance(idx, int) and 0 <= idx < 1024 else 0
+            text = _text(choice, self.kind, delta=True)
             if text:
-                self._parts.append(text)
+                self._parts.setdefault(idx, []).append(text)
                 self._chunks += 1
-            lps = _logprobs(choices[0], self.kind)
-            if lps:
-                self.result.logprobs = (self.result.logprobs or []) + lps
+            if idx == 0:
+                lps = _logprobs(choice, self.kind)
+                if lps:
+                    self.result.logprobs = (self.result.logprobs or []) + lps
 
     def finish(self) -> Result:
         if self._pending:
             self.feed(b"\n\n")
-        self.result.completion = "".join(self._parts)
+        parts = self._parts
+        self.result.choices = [("".join(parts.get(i, ()))) for i in range(max(parts) + 1)] if parts else []
+        self.result.completion = self.result.choices[0] if self.result.choices else ""
         if not self.result.usage_seen:
             self.result.completion_tokens = self._chunks
         return self.result

@@ -8,7 +8,6 @@ re-sends failed ones and pauses the partition (readiness ``dlq``) until they are
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -19,16 +18,17 @@ from kafka.errors import KafkaError
 from kafka.structs import TopicPartition
 
 from watchdog.core.metrics import Metrics
+from watchdog.core.truncation import KEEP_BYTES, MAX_VALUE_BYTES, sha256_hex, truncate_bytes
 
 log = logging.getLogger(__name__)
 
 PartitionKey = tuple[str, int]
 
 #: dead letters larger than this are stored as a truncated copy (first DLQ_KEEP_BYTES bytes, with the
-#: original size and sha256 in headers): the DLQ producer's max_request_size is 1 MiB and a broker's
-#: message.max.bytes may be lower, so a full copy of an oversized event could never be written
-DLQ_MAX_VALUE_BYTES = 900_000
-DLQ_KEEP_BYTES = 65_536
+#: original size and sha256 in headers): the rule of ``watchdog.core.truncation``, which the event
+#: emitter applies to oversized prompts and completions too
+DLQ_MAX_VALUE_BYTES = MAX_VALUE_BYTES
+DLQ_KEEP_BYTES = KEEP_BYTES
 
 
 @dataclass
@@ -110,8 +110,8 @@ class DeadLetters:
         ]
         if len(value) > DLQ_MAX_VALUE_BYTES:
             headers += [("llmwd.truncated", b"1"), ("llmwd.original.size", str(len(value)).encode()),
-                        ("llmwd.original.sha256", hashlib.sha256(value).hexdigest().encode())]
-            value = value[:DLQ_KEEP_BYTES]
+                        ("llmwd.original.sha256", sha256_hex(value).encode())]
+            value = truncate_bytes(value, DLQ_KEEP_BYTES)
         dl.attempts += 1
         assert self.producer is not None
         try:

@@ -18,7 +18,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from watchdog.core.events import encode_event, partition_key
+from watchdog.core.events import partition_key
+from watchdog.core.truncation import MAX_VALUE_BYTES, fit_event
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,10 @@ class EventsConfig(BaseModel):
     #: the producer thread sends what has gathered at most this often
     flush_interval_s: float = Field(0.05, gt=0)
     linger_ms: int = Field(20, ge=0)
+    #: an event larger than this has its texts cut (``watchdog.core.truncation.fit_event``: the
+    #: dead-letter rule, first 64 KiB kept, original size and sha256 recorded); keep it under the
+    #: producer's max request size and the broker's message.max.bytes
+    max_event_bytes: int = Field(MAX_VALUE_BYTES, ge=1024)
     #: producer library: ``auto`` takes confluent-kafka (librdkafka, ~10x less CPU per event) when
     #: it is installed, else kafka-python
     client: Literal["auto", "confluent", "kafka-python"] = "auto"
@@ -138,6 +143,9 @@ class EventEmitter:
         self.dropped = 0
         self.sent = 0
         self.errors = 0
+        #: events sent with texts cut to fit ``max_event_bytes``; events that did not fit even then
+        self.truncated = 0
+        self.too_large = 0
         self.connected = False
         self.last_error: str | None = None
 
@@ -209,7 +217,13 @@ class EventEmitter:
             event = buf.popleft()
             try:
                 key = partition_key(str(event.get("model", "")), str(event.get("route", "")))
-                producer.send(topic, encode_event(event), key)
+                value = fit_event(event, self.cfg.max_event_bytes)
+                if value is None:
+                    self.too_large += 1
+                    continue
+                if "truncated" in event:
+                    self.truncated += 1
+                producer.send(topic, value, key)
             except Exception as exc:  # noqa: BLE001 - client queue full, broker gone, bad value
                 self._count_error(exc)
         try:

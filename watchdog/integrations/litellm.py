@@ -24,6 +24,7 @@ No hook ever raises: an internal error is logged and counted, and the request go
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -31,7 +32,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -82,9 +83,27 @@ class LiteLLMSettings(BaseModel):
 
 
 def failure_status(exc: BaseException | None) -> str:
-    """``timeout`` for a timed-out call (litellm.Timeout, httpx/asyncio timeouts), else ``error``."""
+    """The event status of a failed call: ``cancelled`` (the call was cancelled: the client went),
+    ``rate_limited`` (HTTP 429), ``timeout`` (408, litellm.Timeout, httpx/asyncio timeouts),
+    ``client_error`` (any other 4xx: a bad request, a bad key, a context window exceeded; not the
+    precision's fault), else ``error``."""
+    if isinstance(exc, asyncio.CancelledError):
+        return "cancelled"
+    code = getattr(exc, "status_code", None)
+    if isinstance(code, int) and not isinstance(code, bool) and 400 <= code < 500:
+        return {429: "rate_limited", 408: "timeout"}.get(code, "client_error")
     name = f"{type(exc).__name__} {exc}".lower() if exc is not None else ""
     return "timeout" if "timeout" in name or "timed out" in name else "error"
+
+
+def _content_chunks(chunk: Any) -> int:
+    """Content pieces in one streamed chunk (one per token with vLLM), over all choices."""
+    n = 0
+    with contextlib.suppress(AttributeError, TypeError):
+        for choice in chunk.choices:
+            if getattr(choice.delta, "content", None):
+                n += 1
+    return n
 
 
 def _seconds(t: Any) -> float | None:
@@ -115,6 +134,8 @@ class WatchdogLogger(CustomLogger):
         #: litellm_call_id -> context, for calls whose metadata does not reach the logging hooks
         self._pending: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._lock = threading.Lock()
+        #: call ids already logged as cancelled (a later hook for them is not a second event)
+        self._cancelled: OrderedDict[str, None] = OrderedDict()
         self.hook_errors = 0
         #: route headers ignored: a route the request's key may not pick, or not a valid name
         self.ignored_route_headers = 0
@@ -189,7 +210,10 @@ class WatchdogLogger(CustomLogger):
             if isinstance(md, Mapping) and isinstance(md.get("llmwd"), Mapping):
                 return dict(md["llmwd"])
         # a call that did not pass the pre-call hook (the Router in-process): know the variant by name
-        name = params.get("model_group") or kwargs.get("model_group") or kwargs.get("model")
+        md = params.get("metadata")
+        md = md if isinstance(md, Mapping) else {}
+        name = (params.get("model_group") or kwargs.get("model_group") or md.get("model_group")
+                or kwargs.get("model"))
         found = self._variant_of.get(str(name)) if name else None
         if found is None:
             return None
@@ -226,6 +250,9 @@ class WatchdogLogger(CustomLogger):
 
     def _emit(self, kwargs: Any, start: Any, end: Any, status: str, response: Any = None) -> None:
         try:
+            call_id = kwargs.get("litellm_call_id") if isinstance(kwargs, Mapping) else None
+            if call_id and str(call_id) in self._cancelled:
+                return  # logged already, as cancelled, when its stream was dropped
             ev = self.event(kwargs, start, end, status, response)
             if ev is not None:
                 self.events.emit(ev)
@@ -239,6 +266,46 @@ class WatchdogLogger(CustomLogger):
     async def async_log_failure_event(self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any) -> None:
         status = failure_status(kwargs.get("exception") if isinstance(kwargs, Mapping) else None)
         self._emit(kwargs, start_time, end_time, status)
+
+    async def async_post_call_streaming_iterator_hook(self, user_api_key_dict: Any, response: Any,
+                                                      request_data: dict[str, Any]) -> AsyncGenerator[Any, None]:
+        """(Proxy) relay a streamed answer; a stream the client drops before its end (the proxy
+        closes this generator) is logged at once as ``cancelled`` with the content chunks relayed so
+        far, since LiteLLM calls neither logging hook for it. A stream that fails is left to the
+        failure hook."""
+        started, chunks, ended = time.time(), 0, False
+        try:
+            async for chunk in response:
+                chunks += _content_chunks(chunk)
+                yield chunk
+            ended = True
+        except Exception:
+            ended = True  # a failure, not a hang-up: async_log_failure_event logs it
+            raise
+        finally:
+            if not ended:
+                self._log_cancelled(request_data, started, chunks)
+                close = getattr(response, "aclose", None)
+                if close is not None:  # let the upstream connection go: the engine stops generating
+                    with contextlib.suppress(Exception):
+                        await close()
+
+    def _log_cancelled(self, data: Mapping[str, Any], started: float, chunks: int) -> None:
+        try:
+            call_id = data.get("litellm_call_id")
+            ev = self.event(data, started, time.time(), "cancelled")
+            if ev is None:
+                return
+            ev["completion_tokens"] = chunks
+            if call_id:
+                with self._lock:
+                    self._cancelled[str(call_id)] = None
+                    while len(self._cancelled) > 10_000:
+                        self._cancelled.popitem(last=False)
+            self.events.emit(ev)
+        except Exception:  # noqa: BLE001 - logging must never fail the request
+            self.hook_errors += 1
+            log.exception("llm-watchdog stream hook failed; event lost")
 
     def close(self) -> None:
         self.events.close()

@@ -30,7 +30,7 @@ import math
 import zlib
 from typing import Any
 
-from watchdog.core.events import InferenceEvent
+from watchdog.core.events import NOT_JUDGED, InferenceEvent
 from watchdog.core.signals import Signal
 from watchdog.windows.shadow import pair_scores
 from watchdog.windows.window import BUFFERED, PartitionKey, Window
@@ -121,12 +121,21 @@ class WindowAggregator:
         w = self._open.get(key)
         if w is None:
             w = self._open[key] = Window(index)
-        w.count += 1
         w.dirty = True
+        status = event.status
+        if status in NOT_JUDGED:
+            # the client went away, erred or was throttled: nothing about the precision
+            w.not_judged[status] = w.not_judged.get(status, 0) + 1
+            if partition_key is not None and offset is not None:
+                prev = w.offsets.get(partition_key)
+                if prev is None or offset < prev:
+                    w.offsets[partition_key] = offset
+            self.folded += 1
+            return True
+        w.count += 1
         w.prompt_tokens += event.prompt_tokens
         if event.build is not None:
             w.fleet.count_build(event.build)
-        status = event.status
         if status == "ok":
             # content and speed metrics are over successful requests only
             w.ok += 1

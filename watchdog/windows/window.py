@@ -44,7 +44,7 @@ class Window:
         "index", "count", "ok", "errors", "timeouts", "latency", "ttft", "ok_latency_s",
         "ok_completion_tokens", "prompt_tokens", "with_completion", "empty", "lp_sum", "lp_tokens",
         "lp_events", "shadow_seen", "shadow_sampled", "shadow_precisions", "pairs", "offsets",
-        "latency_buf", "ttft_buf", "shadow_error", "bleu", "dirty", "fleet",
+        "latency_buf", "ttft_buf", "shadow_error", "bleu", "dirty", "fleet", "not_judged",
     )
 
     def __init__(self, index: int) -> None:
@@ -53,6 +53,8 @@ class Window:
         self.ok = 0
         self.errors = 0
         self.timeouts = 0
+        #: cancelled / client_error / rate_limited events: kept apart, not in ``count``
+        self.not_judged: dict[str, int] = {}
         self.latency = QuantileSketch()
         self.ttft: QuantileSketch | None = None
         self.ok_latency_s = 0.0
@@ -137,6 +139,8 @@ class Window:
             values["empty_rate"] = self.empty / self.with_completion
         if self.lp_tokens:
             values["perplexity"] = math.exp(min(-self.lp_sum / self.lp_tokens, _MAX_NLL))
+        if self.not_judged:
+            detail["not_judged"] = dict(self.not_judged)
         if self.shadow_precisions:
             detail["shadow_precisions"] = dict(self.shadow_precisions)
         if self.shadow_error:
@@ -175,6 +179,7 @@ class Window:
             "err": self.shadow_error,
             "off": [[t, p, o] for (t, p), o in self.offsets.items()],
             "fleet": self.fleet.export(),
+            "nj": self.not_judged,
         }
 
     @classmethod
@@ -194,6 +199,7 @@ class Window:
         w.shadow_error = d.get("err")
         w.offsets = {(str(t), int(p)): int(o) for t, p, o in d.get("off") or []}
         w.fleet = FleetStats.from_export(d.get("fleet"))  # absent in checkpoints written before it
+        w.not_judged = {str(k): int(v) for k, v in (d.get("nj") or {}).items()}
         w.dirty = False
         return w
 
