@@ -15,7 +15,7 @@ from kafka.partitioner.default import murmur2
 from probes.golden_replay import replay
 from tests.daemon_harness import make_config, running_daemon
 from tests.helpers import wait_until
-from tests.test_golden_source import ANSWERS, mini_set
+from tests.test_golden_source import ANSWERS, GOLDEN_POLICY, mini_set
 from tests.test_replay import TableEngine
 from watchdog.core.events import partition_key
 from watchdog.core.keys import Keys
@@ -23,20 +23,8 @@ from watchdog.core.signals import Signal, signal_from_dict, signal_to_dict
 from watchdog.state.golden_stream import GoldenStream
 
 MODEL = "m"
-GROUP_POLICY = """\
-policies:
-  - name: golden-guard
-    cooldown: 0s
-    rules:
-      - name: exact-match-drop
-        source: golden
-        metric: exact_match
-        fail_if: "paired_mean < -0.25"
-        min_samples: 5
-        for: {for_}
-        severity: critical
-        action: rollback
-"""
+#: the single-replica tests' golden rule, with a ``for`` streak to fill in
+GROUP_POLICY = GOLDEN_POLICY.replace("        severity: critical", "        for: {for_}\n        severity: critical")
 #: half the answers wrong: exact_match paired mean -0.5, past the rule's -0.25
 BROKEN = {q: "nonsense" for q in list(ANSWERS)[:3]}
 
