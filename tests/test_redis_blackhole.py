@@ -34,6 +34,6 @@ def test_redis_blackhole_is_paged_within_five_seconds(kafka_service, own_redis, 
             assert paged_after <= 5.0, f"paged {paged_after:.1f} s after Redis stopped answering"
             proxy.restore()
             wait_until(lambda: httpx.get(f"{server.url}/readyz").status_code == 200, 40,
-                       what="ready again after Redis answers")
+                       what="ready again after Redis answers", detail=lambda: httpx.get(f"{server.url}/readyz").text)
     finally:
         proxy.close()

@@ -43,7 +43,7 @@ def test_log_end_wait_adapts_to_a_slow_broker(slow_broker: tuple[Service, DelayP
                     metrics=Metrics(), sink=lambda *a: None, accept=lambda pk: False, broker_timeout_ms=8000)
     pk = ("slow.topic", 0)
     try:
-        wait_until(lambda: ingest.poll(200) >= 0 and bool(ingest.assigned()), timeout=30)
+        wait_until(lambda: ingest.poll(200) >= 0 and bool(ingest.assigned()), timeout=60, what="the group join")
         end = ingest.end_offsets([pk])  # a fast network: answered within the first wait
         assert end is not None and end[pk] >= 1
         assert ingest.broker_wait.timeout_ms == 1000

@@ -66,6 +66,11 @@ log = logging.getLogger(__name__)
 SignalSource = Callable[[float], list[Signal]]
 
 
+#: name prefixes of the daemon's long-lived threads (readiness ticker, alert senders, GPU monitor,
+#: flag reader)
+OWN_THREADS = ("readiness", "alerts-", "gpu-monitor", "llmwd-routing-flags")
+
+
 class Daemon:
     def __init__(self, cfg: Config, *, redis_client: redis.Redis | None = None, alerter: Alerter | None = None,
                  metrics: Metrics | None = None, clock: SteadyClock | None = None,
@@ -179,8 +184,10 @@ class Daemon:
         threading.Thread(target=self._tick_readiness, name="readiness", daemon=True).start()
         if self.gpu is not None:
             self.gpu.start()
-        #: the long-lived threads this daemon started: the death of one is a readiness reason
-        self.health.threads = [t for t in threading.enumerate() if t not in before]
+        #: the long-lived threads this daemon started: the death of one is a readiness reason (by
+        #: name as well: other threads of the process - a test's, an embedding app's - are not ours)
+        self.health.threads = [t for t in threading.enumerate()
+                               if t not in before and t.name.startswith(OWN_THREADS)]
         log.info("llm-watchdog starting: topic %s, %d policies, instance %s", self.cfg.kafka.topic,
                  len(self.policies.loader.policy_set.policies), self.cfg.instance)
         backoff = Backoff(1.0, 30.0, jitter=False)
