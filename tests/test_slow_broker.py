@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 from kafka import KafkaProducer
 
-from tests.helpers import wait_until
 from tests.netfault import DelayProxy
 from watchdog.config.settings import KafkaConfig
 from watchdog.core.metrics import Metrics
@@ -43,7 +42,7 @@ def test_log_end_wait_adapts_to_a_slow_broker(slow_broker: tuple[Service, DelayP
                     metrics=Metrics(), sink=lambda *a: None, accept=lambda pk: False, broker_timeout_ms=8000)
     pk = ("slow.topic", 0)
     try:
-        wait_until(lambda: ingest.poll(200) >= 0 and bool(ingest.assigned()), timeout=60, what="the group join")
+        # log-end requests need no group membership: no poll, so no group join (slow on a loaded box)
         end = ingest.end_offsets([pk])  # a fast network: answered within the first wait
         assert end is not None and end[pk] >= 1
         assert ingest.broker_wait.timeout_ms == 1000
