@@ -52,7 +52,7 @@ def pager(client: Any, channels: list[dict[str, Any]], instance: str = "i1", lea
 
     def loop() -> None:
         while not stop.is_set():
-            p.pump(time.time())
+            p.pump()
             stop.wait(0.02)
 
     t = threading.Thread(target=loop, daemon=True)
@@ -257,7 +257,7 @@ alerter = Alerter([{"kind": "webhook", "url": sys.argv[2], "timeout_s": 3}], max
                   backoff_initial=0.05, backoff_max=0.5).start()
 pager = Pager(client, Keys(), "g", "i1", alerter)
 while True:
-    pager.pump(time.time())
+    pager.pump()
     time.sleep(0.02)
 """
 

@@ -109,7 +109,7 @@ class Pager:
         self.client.xgroup_destroy(self.keys.outbox, GROUP)
         log.info("outbox: %d records the old consumer group had acknowledged trimmed; group removed", trimmed)
 
-    def pump(self, now: float) -> None:
+    def pump(self) -> None:
         """Move the outbox along: never waits on a channel; Redis errors propagate (the caller reports them)."""
         if not self._ready:
             self.start()
@@ -178,7 +178,7 @@ class Pager:
     def wait(self, timeout_s: float) -> None:
         """At shutdown: copy what the outbox holds to the page streams (delivery goes on at the next start)."""
         try:
-            self.pump(time.time())
+            self.pump()
         except (redis.RedisError, OSError):
             return
 

@@ -245,7 +245,7 @@ class Daemon:
         self.decisions.act(now)
         self.checkpointer.checkpoint(now)
         self.checkpointer.flush_unowned()
-        self._pump_pager(now)
+        self._pump_pager()
         if self.golden_leader is not None:
             self.golden_leader.tick(now)
         self.decisions.reconcile(now)
@@ -291,9 +291,9 @@ class Daemon:
             out.extend(extra)
         return out
 
-    def _pump_pager(self, now: float) -> None:
+    def _pump_pager(self) -> None:
         try:
-            self.pager.pump(now)
+            self.pager.pump()
         except (redis.RedisError, OSError) as exc:
             self.redis_health.failed(exc, "outbox")
         else:
