@@ -224,6 +224,35 @@ def test_staggered_deploy_is_not_judged_until_both_sides_settled():
     assert all(int(e["since"]) > 0 for e in pool)  # the change windows are not pooled
 
 
+def test_horizon_skips_a_deploys_settling_windows():
+    """The sequential test sees the windows the per-window judge sees: a staggered deploy whose
+    FP8 side runs a 20 % slower new build for 2 windows before FP16 follows (and a settling time
+    after) feeds it nothing; without build names on the events the same windows are fed (and the
+    per-window judge fails them: nothing says a deploy is under way)."""
+    from watchdog.policy.schema import Horizon
+
+    def run(named: bool) -> tuple[int, list[str]]:
+        rule = Rule(name="lat", metric="latency_p50_ms", min_samples=100,
+                    judge=Judge(test="quantile", tail=0.0, effect=0.0, alpha=0.001, min_items=100, pool=2, learn=96,
+                                settle=3, horizon=Horizon(tolerance=0.05, alpha=0.0005, restart=6)))
+        pool: list[dict] = []
+        horizon: dict = {}
+        reasons = []
+        for t in range(8):
+            b8 = {"b": 3000} if t >= 1 else {"a": 3000}
+            b16 = {"b": 3000} if t >= 3 else {"a": 3000}
+            v = evaluate_rule(rule, _sig("fp8", t, b8 if named else None, mu=0.18 if t >= 1 else 0.0),
+                              _sig("fp16", t, b16 if named else None, mu=0.18 if t >= 3 else 0.0), pool, [], horizon)
+            reasons.append(v.reason)
+        return int(horizon["seq"]["count"]), reasons
+
+    fed, reasons = run(named=True)
+    assert fed == 8 - 5  # windows 1-5 (the change, FP16's change 2 windows later, 3 settling) are not fed
+    assert not any(": fail" in r for r in reasons)
+    fed, reasons = run(named=False)
+    assert fed == 8 and any(": fail" in r for r in reasons)  # unnamed: FP8 alone 20 % slower for 2 windows
+
+
 def test_settle_is_validated():
     with pytest.raises(ValueError):
         Judge(test="paired", effect=0.0, settle=3)

@@ -191,24 +191,10 @@ def _run(engine: PolicyEngine, route: str, windows: int, fp8_ms: float, n8: int,
     return None
 
 
-#: the latency-typical horizon and anchor as measured (docs/BENCHMARKS_decisions.md); the shipped rule
-#: does not carry them yet (its per-window difference is not mix-adjusted for the horizon)
-HORIZON = ("horizon: {tolerance: 0.05, alpha: 0.0005, restart: 6}, anchor: {tolerance: 0.10, halflife: 2016}, "
-           "min_items: 300, ")
-
-
 @pytest.fixture(scope="module")
-def shipped(tmp_path_factory: pytest.TempPathFactory) -> PolicySet:
-    """The shipped policies, with the horizon and anchor on ``latency-typical``."""
-    d = tmp_path_factory.mktemp("policies")
-    text = SHIPPED[0].read_text()
-    marker = "level_cap: 0.10, between_sd: 0.015, level_sd: 0.04, "
-    assert text.count(marker) == 1
-    text = text.replace(marker, marker + HORIZON).replace("min_items: 500, pool: 3", "pool: 3")
-    (d / "default.yaml").write_text(text.replace("min_samples: 500\n        for: 1\n        critical: true\n"
-                                                 "        severity: warning", "min_samples: 300\n        for: 1\n"
-                                                 "        critical: true\n        severity: warning"))
-    return load_policy_files([str(d / "default.yaml"), str(SHIPPED[1])])
+def shipped() -> PolicySet:
+    """The shipped policies (``latency-typical`` carries the horizon and the anchor)."""
+    return load_policy_files([str(p) for p in SHIPPED])
 
 
 def test_cold_start_regression_is_caught_by_the_tolerance(shipped: PolicySet) -> None:

@@ -132,7 +132,7 @@ def evaluate_rule(rule: Rule, candidate: Signal | None, baseline: Signal | None,
     if rule.judge is not None:
         v = _evaluate_judged(rule, candidate, baseline, v, pool, null, level_cap(rule, horizon))
         if v.status != "error":
-            apply_horizon(rule, candidate, baseline, v, horizon, null)
+            apply_horizon(rule, candidate, baseline, v, horizon, null, pool)
         return v
     return _evaluate_condition(rule, candidate, baseline, v)
 

@@ -26,7 +26,7 @@ from watchdog.policy.judge.anchor import anchor_cap, update_anchor
 from watchdog.policy.judge.stats import z_quantile
 from watchdog.policy.schema import Rule
 
-__all__ = ["MDE_POWER", "apply_horizon", "judgeability", "learn_anchor", "level_cap", "null_learned", "window_mde"]
+__all__ = ["MDE_POWER", "apply_horizon", "judgeability", "learn_anchor", "level_cap", "null_learned", "settling", "window_mde"]
 
 #: the power at which minimum detectable effects are stated
 MDE_POWER = 0.8
@@ -97,12 +97,27 @@ def null_learned(rule: Rule, null: list[dict[str, Any]] | None, seq: Mapping[str
     return sum(1 for x in null or [] if "e" in x) >= j.learn_min
 
 
+def settling(rule: Rule, cand: Signal | None, pool: list[dict[str, Any]] | None) -> bool:
+    """Whether this window falls in a deploy's or a maintenance's settling time (``judge.settle``;
+    watchdog/policy/changes.py): the pool's entry for this window counts fewer than ``settle``
+    windows since the last change. Such a window is not judged, and its difference - FP8 and
+    FP16 on different builds, or a new build's cold first window - is not FP8's either."""
+    j = rule.judge
+    if j is None or j.settle is None or not pool or cand is None:
+        return False
+    last = pool[-1]
+    return float(last.get("end", math.nan)) == float(cand.end) and int(last.get("since", j.settle)) < j.settle
+
+
 def apply_horizon(rule: Rule, cand: Signal | None, base: Signal | None, v: Any,
-                  horizon: dict[str, Any] | None, null: list[dict[str, Any]] | None = None) -> None:
+                  horizon: dict[str, Any] | None, null: list[dict[str, Any]] | None = None,
+                  pool: list[dict[str, Any]] | None = None) -> None:
     """Feed this window to the rule's sequential tests and fold their result into the verdict
     ``v`` (an ``evaluate.Verdict``): a rejection is a fail (reason ``horizon_regression``); the
     per-window and horizon MDEs go to ``v.extra``. The tolerance is ``horizon.tolerance`` until
-    the rule's learned null (``null``) knows the route's level, ``learned_tolerance`` after."""
+    the rule's learned null (``null``) knows the route's level, ``learned_tolerance`` after.
+    A window in a deploy's settling time (``settling``; ``pool`` is the rule's pool with this
+    window's entry) is not fed: the tests see the same windows the per-window judge does."""
     j = rule.judge
     if j is None:
         return
@@ -115,7 +130,7 @@ def apply_horizon(rule: Rule, cand: Signal | None, base: Signal | None, v: Any,
     seq = horizon.setdefault("seq", sequential.new_state())
     learned = null_learned(rule, null, seq)
     tol, gamma = j.horizon_tolerance_at(learned), j.horizon_mixture_sd
-    diff = _difference(rule, cand, base, v.judgement)
+    diff = None if settling(rule, cand, pool) else _difference(rule, cand, base, v.judgement)
     if diff is not None:
         sequential.update(seq, diff[0], diff[1], end=v.end, between_sd=j.horizon_between_sd,
                           restart=h.restart, windows=h.windows)
