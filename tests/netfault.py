@@ -1,10 +1,15 @@
 """A user-space TCP proxy that delays what the server sends back (a slow network in front of a
 real broker or Redis; the kernel here has no netem). ``delay_s`` may be changed while it runs;
 ``blackhole()`` holds everything either way (a peer that stops answering without refusing) until
-``restore()``."""
+``restore()``.
+
+The delay is a delay line, as on a long link: each chunk the server sends is forwarded ``delay_s``
+after it arrived, and chunks in flight overlap (a reply in three segments arrives ``delay_s`` late,
+not three times that), so a round trip takes ``delay_s`` more, however the reply is segmented."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import socket
 import threading
@@ -33,23 +38,71 @@ class DelayProxy:
             threading.Thread(target=self._pipe, args=(upstream, client, True), daemon=True).start()
 
     def _pipe(self, src: socket.socket, dst: socket.socket, delayed: bool) -> None:
+        line: collections.deque[tuple[float, bytes]] = collections.deque()
+        ready = threading.Condition()
+        done = threading.Event()
+        if delayed:
+            threading.Thread(target=self._send_due, args=(line, ready, done, dst), daemon=True).start()
         try:
             while True:
                 data = src.recv(65536)
                 if not data:
                     break
-                if delayed and self.delay_s > 0:
-                    time.sleep(self.delay_s)
-                while not self._open.wait(0.1):
-                    if self._stop.is_set():
-                        return
+                if delayed:
+                    with ready:
+                        line.append((time.monotonic() + self.delay_s, data))
+                        ready.notify()
+                    continue
+                if not self._hold():
+                    return
                 dst.sendall(data)
         except OSError:
             pass
         finally:
-            for s in (src, dst):
-                with contextlib.suppress(OSError):
-                    s.close()
+            done.set()
+            with ready:
+                ready.notify()
+            self._close(src) if delayed else self._close(src, dst)
+
+    def _send_due(self, line: collections.deque[tuple[float, bytes]], ready: threading.Condition,
+                  done: threading.Event, dst: socket.socket) -> None:
+        """Forward each chunk of ``line`` when it is due, in order; close both ends once the source
+        closed and everything was sent."""
+        try:
+            while True:
+                with ready:
+                    while not line and not done.is_set():
+                        ready.wait(0.1)
+                    if not line:
+                        return
+                    due, data = line[0]
+                wait = due - time.monotonic()
+                if wait > 0:
+                    time.sleep(min(wait, 0.05))
+                    continue
+                if not self._hold():
+                    return
+                with ready:
+                    line.popleft()
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                dst.close()
+
+    def _hold(self) -> bool:
+        """Wait while blackholed; False once the proxy is closed."""
+        while not self._open.wait(0.1):
+            if self._stop.is_set():
+                return False
+        return True
+
+    @staticmethod
+    def _close(*socks: socket.socket) -> None:
+        for s in socks:
+            with contextlib.suppress(OSError):
+                s.close()
 
     def blackhole(self) -> None:
         self._open.clear()

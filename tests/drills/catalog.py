@@ -571,6 +571,31 @@ def broker_delay_1s(root: Path, workdir: Path, full: bool) -> Result:
         return d.finish()
 
 
+@drill("redis-delay-1s")
+def redis_delay_1s(root: Path, workdir: Path, full: bool) -> Result:
+    """Every Redis answer 1 s late for 40 s (CI: 20 s) while a route regresses: decisions keep
+    flowing (the rollback lands during the delay), checkpoints and pages go through, nothing lost
+    or counted twice, readiness stays true (slow is not down). The daemon runs with the default
+    Redis socket timeout (2 s; the other drills use 0.5 s to see outages sooner): a link this slow
+    needs a timeout above its round trip (``redis.socket_timeout_s``, docs/RELIABILITY.md)."""
+    with Drill("redis-delay-1s", root, workdir, full, redis_proxy=True,
+               overrides={"redis": {"socket_timeout_s": 2.0}}) as d:
+        proxy = d.stack.redis_fault
+        assert proxy is not None
+        d.expect.tolerance_s = 12.0
+        d.start()
+        d.sleep(4.0)
+        d.expect.flips = {"r0": ["rollback"]}
+        proxy.delay_s = 1.0
+        d.traffic.regress("r0")
+        at = d.wait_flip("r0", "rollback", 40.0 if full else 20.0)
+        d.note(f"rollback applied {'during' if at is not None else 'after'} the delay")
+        d.sleep(max(0.0, (40.0 if full else 20.0) - 4.0))
+        proxy.delay_s = 0.0
+        d.sleep(10.0)
+        return d.finish()
+
+
 #: the CI subset (tests/test_drills.py), most valuable first; about 6 minutes on a passing tree (the
 #: ±30 s clock drills run from bench/drills.py only)
 CI_DRILLS = ["sigkill-loop", "sigterm-rolling", "broker-freeze", "future-240s-restart", "redis-down-regression",

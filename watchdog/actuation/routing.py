@@ -32,17 +32,19 @@ MASTER_CHECK_S = 0.5
 
 
 class RoutingFlags:
-    """A cached, self-refreshing view of every route's precision flag."""
+    """A cached, self-refreshing view of every route's precision flag. ``timeout_s``: the socket
+    timeout of the clients it builds from ``redis_url`` (above the link's round trip: a reader
+    that times out on a slow link serves stale flags)."""
 
     def __init__(self, redis_url: str | None = None, keys: Keys | None = None, *,
                  client_factory: Callable[[], Any] | None = None, default_precision: str = "fp8",
                  ttl_s: float = 10.0, reconnect_s: float = 0.5, poll_s: float = 0.05,
-                 start: bool = True) -> None:
+                 timeout_s: float = 2.0, start: bool = True) -> None:
         if client_factory is None:
             if redis_url is None:
                 raise ValueError("give redis_url or client_factory")
             url = redis_url
-            client_factory = lambda: client_from_url(url)  # noqa: E731
+            client_factory = lambda: client_from_url(url, timeout_s=timeout_s)  # noqa: E731
         self._factory = client_factory
         self.keys = keys or Keys()
         self.default_precision = default_precision

@@ -87,7 +87,7 @@ class Daemon:
         self.checkpoints = CheckpointStore(self.redis, self.keys, cfg.kafka.group_id, cfg.kafka.topic,
                                            cfg.instance, cfg.redis.windows_maxlen)
         self.flags = RoutingFlags(cfg.redis.url, self.keys, default_precision=cfg.default_precision,
-                                  ttl_s=FLAG_RELOAD_S)
+                                  ttl_s=FLAG_RELOAD_S, timeout_s=cfg.redis.socket_timeout_s)
         self.alerter = alerter or Alerter.from_config(
             [c.model_dump() for c in cfg.alerts.channels], on_page=self.metrics.count_page,
             on_channel_page=self.metrics.count_channel_page,
