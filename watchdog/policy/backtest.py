@@ -26,8 +26,8 @@ from typing import Any
 
 from watchdog.core.events import InvalidEvent, decode_event
 from watchdog.core.signals import Action, Signal
-from watchdog.policy.engine import PolicyEngine
 from watchdog.policy.backtest_stats import verdict_row
+from watchdog.policy.engine import PolicyEngine
 from watchdog.policy.loader import PolicySet
 from watchdog.policy.status import judgeability_rows
 from watchdog.windows.aggregator import WindowAggregator
