@@ -23,7 +23,7 @@ from __future__ import annotations
 import fnmatch
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -251,7 +251,7 @@ class FalseRollbacks:
                 "ci95": [self.low, self.high], "not_judged": self.not_judged, "rolled_back": self.rolled_back}
 
 
-def false_rollbacks(verdicts: list[Mapping[str, Any]], rollbacks: Iterable[tuple[str, str, float]],
+def false_rollbacks(verdicts: Sequence[Mapping[str, Any]], rollbacks: Iterable[tuple[str, str, float]],
                     specs: list[HealthySpec]) -> FalseRollbacks:
     """Rollbacks ((model, route, time)) in healthy live windows over the healthy live windows that
     could have rolled back: serving the candidate, with at least one rollback rule judged."""
@@ -283,7 +283,7 @@ def _quantile(xs: list[float], q: float) -> float:
     return s[i] + (s[j] - s[i]) * (pos - i)
 
 
-def margin_table(verdicts: list[Mapping[str, Any]], specs: list[HealthySpec] | None = None) -> list[dict[str, Any]]:
+def margin_table(verdicts: Sequence[Mapping[str, Any]], specs: list[HealthySpec] | None = None) -> list[dict[str, Any]]:
     """Per (model, route, policy, rule), over healthy windows when ``specs`` is given (else all):
     windows seen, judged, not judged for too few samples, fired (failed), and the min, 5th
     percentile and median margin of the judged windows (None without any)."""
