@@ -253,19 +253,30 @@ def _spans(changes: list[tuple[float, str]], end: float) -> list[tuple[float, fl
 
 def _fired(result: BacktestResult) -> dict[tuple[str, str, str, str], list[tuple[str, float]]]:
     """(policy, model, route, rule) -> [(decision kind, time)] of the rules that tripped a flip:
-    the action's own rule and every rule of a policy on that route failing in that window."""
+    the action's own rule and every rule of that route whose failing streak reached its ``for``
+    in the window of the decision (a rule failing once of ``for: 2`` did not fire)."""
+    streaks: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
+    for row in result.verdicts:
+        streaks.setdefault((row["policy"], row["model"], row["route"], row["rule"]), []).append(row)
     out: dict[tuple[str, str, str, str], list[tuple[str, float]]] = {}
     for a in result.actions:
         if not a.flip:
             continue
         if a.rule:
             out.setdefault((a.policy, a.model, a.route, a.rule), []).append((a.kind, a.at))
-        for row in result.verdicts:
-            if (row["model"], row["route"]) == (a.model, a.route) and row["status"] == "fail" \
-                    and abs(row["t"] - a.at) < 1e-6 and row["action"] == a.kind:
-                lst = out.setdefault((row["policy"], a.model, a.route, row["rule"]), [])
-                if (a.kind, a.at) not in lst:
-                    lst.append((a.kind, a.at))
+        for key, rows in streaks.items():
+            if key[1:3] != (a.model, a.route):
+                continue
+            upto = [r for r in sorted(rows, key=lambda r: r["t"]) if r["t"] <= a.at + 1e-6]
+            if not upto or abs(upto[-1]["t"] - a.at) > 1e-6 or upto[-1]["action"] != a.kind:
+                continue
+            run = 0
+            for r in reversed(upto):
+                if r["status"] != "fail":
+                    break
+                run += 1
+            if run >= int(upto[-1].get("for") or 1) and (a.kind, a.at) not in out.get(key, []):
+                out.setdefault(key, []).append((a.kind, a.at))
     return out
 
 

@@ -123,7 +123,7 @@ def verdict_row(policy: Policy, rule: Rule, v: Verdict, model: str, route: str, 
     need = max(rule.min_samples, rule.judge.min_n) if rule.judge is not None else rule.min_samples
     return {
         "t": v.end, "start": v.start, "policy": policy.name, "model": model, "route": route, "rule": rule.name,
-        "metric": rule.metric, "source": rule.source, "kind": kind, "action": rule.action,
+        "metric": rule.metric, "source": rule.source, "kind": kind, "action": rule.action, "for": rule.for_,
         "status": v.status, "judged": why is None, "not_judged": why, "reason": v.reason,
         "candidate": v.candidate, "baseline": v.baseline, "samples": v.samples,
         "baseline_samples": v.baseline_samples, "min_samples": need,
