@@ -180,18 +180,19 @@ def timeline_figure(chart: Chart) -> Any:
     axes[-1, 0].xaxis.set_major_formatter(mdates.DateFormatter("%H:%M", tz=UTC))
     axes[-1, 0].set_xlabel("time (UTC)" + (f"; {chart.footer}" if chart.footer else ""), fontsize=8)
     fig.suptitle(chart.title, fontsize=11, x=0.01, ha="left", fontweight="bold")
-    fig.tight_layout(rect=(0.0, 0.0, 1.0, 1.0 - 0.35 / fig.get_figheight()))
+    lines = chart.title.count("\n") + 1
+    fig.tight_layout(rect=(0.0, 0.0, 1.0, 1.0 - 0.3 * lines / fig.get_figheight()))
     return fig
 
 
-def timeline_png(chart: Chart, dpi: int = 90) -> bytes:
+def timeline_png(chart: Chart, dpi: int = 80) -> bytes:
     """``timeline_figure(chart)`` as PNG bytes."""
     import matplotlib.pyplot as plt
 
     fig = timeline_figure(chart)
     try:
         buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=dpi)
+        fig.savefig(buf, format="png", dpi=dpi, pil_kwargs={"optimize": True})
         return buf.getvalue()
     finally:
         plt.close(fig)

@@ -419,18 +419,33 @@ def backtest_chart(result: BacktestResult, policy_set: PolicySet, metric: str | 
                     key=lambda mr: (mr not in flipped, mr))[:_MAX_ROUTES]
     panels = []
     for model, route in routes:
+        here = []
         for policy in policy_set.policies:
             if not policy.scope.covers(model, route):
                 continue
             for rule in policy.rules:
                 if rule.metric == metric and rule.source != "gpu":
-                    panels.append(_panel(result, policy, rule, model, route,
-                                         fired.get((policy.name, model, route, rule.name), [])))
+                    here.append(_panel(result, policy, rule, model, route,
+                                       fired.get((policy.name, model, route, rule.name), [])))
+        panels += sorted(here, key=lambda p: not p.highlight)  # the rule that fired first
     panels = panels[:_MAX_PANELS]
     alerts = sum(a.kind == "alert" for a in result.actions)
     title = (f"policy backtest: {', '.join(result.policies)}   window {fmt_duration(result.window_s)}   "
              f"{result.flips} flip{'s' if result.flips != 1 else ''}, {alerts} alert{'s' if alerts != 1 else ''}"
              f"   metric {metric}")
+    what = []
+    for a in result.actions:
+        if a.flip:
+            who = sorted({k[3] for k, ks in fired.items() if k[1:3] == (a.model, a.route) and (a.kind, a.at) in ks})
+            what.append(f"{a.kind.upper()} of {a.model}/{a.route} to {a.precision} at {_hhmmss(a.at)[6:-3]}"
+                        + (f" by {', '.join(who)}" if who else ""))
+    rows = [r for r in result.verdicts if r["metric"] == metric and r["source"] == "live"]
+    low = sum(r["not_judged"] == "n < min" for r in rows)
+    if low:
+        what.append(f"{low} of {len(rows)} rule-windows of {metric} NOT JUDGED (n < min_samples)")
+    if not any(a.flip for a in result.actions):
+        what.insert(0, "no flip")
+    title += "\n" + "; ".join(what)
     return Chart(title, panels, t0=result.start, t1=result.end,
                  footer="points at window middles; bands span the windows")
 
