@@ -96,7 +96,7 @@ def render_table(result: BacktestResult, console: Any | None = None,
         detail.append(a.reason)
         if a.numbers:
             detail.append("\n" + _fmt_numbers(a.numbers), style="dim")
-        console.print(Padding(detail, (0, 0, 0, 4)))
+        console.print(Padding(detail, (0, 0, 0, 4), expand=False))
     flips = result.flips
     console.print(f"[bold]{flips} flip{'s' if flips != 1 else ''}[/bold], "
                   f"{sum(a.kind == 'alert' for a in result.actions)} alerts; final flags: "
@@ -134,8 +134,8 @@ def render_not_judged(result: BacktestResult, console: Any) -> None:
     for scope, line in lines:
         if scope != head:
             head = scope
-            console.print(Padding(Text(scope, style="bold"), (0, 0, 0, 2)))
-        console.print(Padding(Text(line), (0, 0, 0, 4)))
+            console.print(Padding(Text(scope, style="bold"), (0, 0, 0, 2), expand=False))
+        console.print(Padding(Text(line), (0, 0, 0, 4), expand=False))
 
 
 def render_false_rollbacks(result: BacktestResult, console: Any, healthy: list[HealthySpec] | None) -> FalseRollbacks | None:
