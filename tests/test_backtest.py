@@ -275,6 +275,10 @@ def test_window_is_picked_from_the_recording_or_refused_in_one_line(capsys: pyte
                      "--events", str(HEALTHY)])
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "pass --window" in err
+    rc = policy_cli(["policy", "backtest", "--policy", str(ROOT / "policies"), "--events", str(HEALTHY),
+                     "--healthy-until", "chat/general=soon"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--healthy-until" in err and "bad time 'soon'" in err
 
 
 def test_windows_below_min_samples_are_reported_not_judged(capsys: pytest.CaptureFixture[str]) -> None:

@@ -205,7 +205,8 @@ class _Replay:
                 r.serving.setdefault((s.model, s.route), [(s.start, r.flags.get((s.model, s.route), self.default))])
         serving = dict(r.flags)
         actions = self.engine.observe(signals, now, r.flags, self.default)
-        self._record_verdicts(serving)
+        pairs = None if any("*" in (s.model, s.route) for s in signals) else {(s.model, s.route) for s in signals}
+        self._record_verdicts(serving, pairs)
         for a in actions:
             flip = a.kind in ("rollback", "promote") and not a.dry_run and not a.detail.get("retry")
             if a.kind in ("rollback", "promote") and not a.dry_run and a.precision:
@@ -218,8 +219,11 @@ class _Replay:
                 source=d.get("source"), cause=d.get("cause"), flip=flip, numbers=_numbers(a)))
 
 
-    def _record_verdicts(self, serving: dict[tuple[str, str], str]) -> None:
+    def _record_verdicts(self, serving: dict[tuple[str, str], str], pairs: set[tuple[str, str]] | None) -> None:
+        """Append the verdicts the last ``observe`` made (of the scopes of ``pairs``; None: all)."""
         for (pname, model, route), st in self.engine.states.items():
+            if pairs is not None and (model, route) not in pairs:
+                continue
             policy = self.policy_set.get(pname)
             if policy is None:
                 continue
