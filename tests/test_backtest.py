@@ -10,8 +10,13 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import random
+import re
+import shlex
+import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -20,8 +25,11 @@ from watchdog.cli.policy import main as policy_cli
 from watchdog.dev.traffic import Route, TrafficGenerator
 from watchdog.policy import PolicySet, load_policy_files, parse_policy_text
 from watchdog.policy.backtest import load_golden_reports, read_lines, run_backtest
-from watchdog.policy.backtest_report import threshold_at
+from watchdog.policy.backtest_report import backtest_chart, threshold_at
+from watchdog.policy.backtest_stats import clopper_pearson, false_rollbacks, margin_table, parse_healthy
+from watchdog.policy.backtest_window import WindowChoiceError, choose_window
 
+ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data"
 REGRESSION = DATA / "backtest_regression.jsonl.gz"
 HEALTHY = DATA / "backtest_healthy.jsonl.gz"
@@ -215,6 +223,160 @@ def test_threshold_line(cond: str, baseline: float | None, expected: float) -> N
     rule = policy_set(text).policies[0].rules[0]
     got = threshold_at(rule, baseline, 0.0, 200.0 if baseline == 100.0 else 1.0)
     assert got == pytest.approx(expected, abs=0.5 if baseline == 100.0 else 0.003)
+
+
+# --- the README example, the window choice, not-judged windows, the picture, the risk numbers --------
+
+
+def _readme_backtest_command() -> str:
+    lines = [ln for ln in (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+             if ln.startswith("fp8-watchdog policy backtest") and "backtest_regression" in ln]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_readme_example_run_literally_finds_the_rollback_piped_at_80_columns(tmp_path: Path) -> None:
+    # the README's command in a directory that looks like the checkout (its relative paths), piped
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "data").symlink_to(DATA)
+    (tmp_path / "policies").symlink_to(ROOT / "policies")
+    argv = shlex.split(_readme_backtest_command())
+    assert "--window" not in argv
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    env.update(COLUMNS="80", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "watchdog.cli.main", *argv[1:]], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "window 5m picked from the recording" in out
+    assert re.search(r"08:15:00\s+llama-3-8b/chat/general\s+ROLLBACK -> fp16", out), out
+    assert "1 flip," in out and "final flags: llama-3-8b/chat/general=fp16" in out
+    # the reason is there in full, wrapped, not squeezed to nothing
+    assert all(len(line) <= 80 for line in out.splitlines()), [ln for ln in out.splitlines() if len(ln) > 80]
+    flat = " ".join(out.split())
+    assert "error-rate-absolute failed 2 window(s) in a row: error_rate: candidate > 0.05 (candidate=0.1276)" in flat
+    assert "not judged (n < min)" in out and "latency-p99: 3 of 3 windows (need 500" in flat
+    assert "false rollbacks on healthy stretches" in out and "95 % interval [0.0%," in flat
+    assert "margin to threshold on healthy stretches" in out
+    png = tmp_path / "timeline.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_window_is_picked_from_the_recording_or_refused_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    shipped = load_policy_files([ROOT / "policies"])
+    choice = choose_window(shipped, read_lines(REGRESSION))
+    assert choice.window_s == 300
+    assert "fp8-default:error-rate" in choice.reachable
+    assert "500 per precision" in choice.unreachable["fp8-default:latency-typical"]
+    strict = load_policy_files([ROOT / "policies" / "strict-legal-medical.yaml"])
+    with pytest.raises(WindowChoiceError, match="covers none of the recording's routes"):
+        choose_window(strict, read_lines(HEALTHY))  # legal/* only; the healthy file is chat/general
+    rc = policy_cli(["policy", "backtest", "--policy", str(ROOT / "policies" / "strict-legal-medical.yaml"),
+                     "--events", str(HEALTHY)])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "pass --window" in err
+    rc = policy_cli(["policy", "backtest", "--policy", str(ROOT / "policies"), "--events", str(HEALTHY),
+                     "--healthy-until", "chat/general=soon"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--healthy-until" in err and "bad time 'soon'" in err
+
+
+def test_windows_below_min_samples_are_reported_not_judged(capsys: pytest.CaptureFixture[str]) -> None:
+    ps = load_policy_files([ROOT / "policies" / "default.yaml"])
+    r = run_backtest(ps, read_lines(REGRESSION), window_s=10)
+    rows = [v for v in r.verdicts if v["rule"] == "error-rate-absolute"]
+    assert rows and all(v["not_judged"] == "n < min" and not v["judged"] for v in rows)
+    assert r.flips == 0
+    chart = backtest_chart(r, ps)
+    panel = next(p for p in chart.panels if p.title.endswith("fp8-default:error-rate-absolute"))
+    assert panel.note and "NOT JUDGED" in panel.note and "n < 200" in panel.note
+    assert {b.label for b in panel.bands} == {"not judged: n < min (200 per precision)"}
+    from watchdog.policy.backtest_report import render_table
+
+    render_table(r)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "not judged (n < min)" in out and "error-rate-absolute:" in out and "(need 200, had" in out
+
+
+def test_png_draws_the_rule_that_fired_and_the_rollback_in_the_legend() -> None:
+    import matplotlib.dates as mdates
+    import matplotlib.pyplot as plt
+
+    from watchdog.core.timeline_chart import timeline_figure
+
+    ps = load_policy_files([ROOT / "policies"])
+    r = run_backtest(ps, read_lines(REGRESSION), window_s=300)
+    (flip,) = [a for a in r.actions if a.flip]
+    fig = timeline_figure(backtest_chart(r, ps))
+    try:
+        fired = [ax for ax in fig.axes if "THIS RULE FIRED THE ROLLBACK" in ax.get_title(loc="left")]
+        assert fired, [ax.get_title(loc="left") for ax in fig.axes]
+        titles = [ax.get_title(loc="left") for ax in fired]
+        assert any(f"fp8-default:{flip.rule}" in t for t in titles)
+        for ax in fired:
+            rule = ax.get_title(loc="left").split("fp8-default:")[1].split()[0]
+            legend = [t.get_text().replace("\n", " ").replace("   ", " ").replace("  ", " ")
+                      for t in ax.get_legend().get_texts()]
+            assert any(t.startswith(f"{rule} threshold") for t in legend), legend
+            assert any(t.startswith("rollback -> fp16 at 08:15") for t in legend), legend
+            # the decision line is inside the plot, not on its border
+            lo, hi = ax.get_xlim()
+            assert lo < mdates.date2num(datetime.fromtimestamp(flip.at, tz=UTC)) < hi
+        # the rule that did not fire on that route has its own panel and threshold, not the fired one's
+        # (error-rate failed only the last window of its for: 2; it is drawn, not marked as the one that fired)
+        others = [ax for ax in fig.axes if "chat/general" in ax.get_title(loc="left") and ax not in fired]
+        assert [ax.get_title(loc="left").split("\n")[0].split()[-1] for ax in others] == ["fp8-default:error-rate"]
+        for ax in others:
+            assert "rollback -> fp16 at 08:15" in " ".join(t.get_text() for t in ax.get_legend().get_texts())
+    finally:
+        plt.close(fig)
+
+
+def test_clopper_pearson_matches_scipy() -> None:
+    stats = pytest.importorskip("scipy.stats")
+    for k, n in [(0, 10), (3, 10), (10, 10), (1, 400), (17, 250)]:
+        lo, hi = clopper_pearson(k, n)
+        want_lo = 0.0 if k == 0 else stats.beta.ppf(0.025, k, n - k + 1)
+        want_hi = 1.0 if k == n else stats.beta.ppf(0.975, k + 1, n - k)
+        assert lo == pytest.approx(want_lo, abs=1e-9) and hi == pytest.approx(want_hi, abs=1e-9)
+
+
+TRIGGER_HAPPY = """\
+policies:
+  - name: jumpy
+    cooldown: 0s
+    min_time_in_state: 0s
+    promote: {mode: auto, healthy_windows: 1, after: 0s}
+    rules:
+      - {name: any-error, metric: error_rate, fail_if: candidate > 0.004, min_samples: 30, action: rollback}
+"""
+
+
+def test_false_rollback_rate_on_healthy_stretches_and_margins() -> None:
+    start = T0
+    specs = [parse_healthy("chat/general=08:08", start), parse_healthy("end", start)]
+    assert specs[0].until == INJECT_AT and specs[0].matches(M, "chat/general") and not specs[0].matches(M, "legal/x")
+    assert parse_healthy("+8m", start).until == INJECT_AT
+    assert parse_healthy("2027-01-15T08:08:00Z", start).until == INJECT_AT
+    with pytest.raises(ValueError):
+        parse_healthy("chat/general=soon", start)
+    # the test policy: no rollback in the healthy stretches
+    r = run_backtest(policy_set(), read_lines(REGRESSION), window_s=60)
+    rollbacks = [(a.model, a.route, a.at) for a in r.actions if a.flip and a.kind == "rollback"]
+    fr = false_rollbacks(r.verdicts, rollbacks, specs)
+    assert fr.rollbacks == 0 and fr.windows >= 15 and fr.low == 0.0 and 0 < fr.high < 0.25
+    # a policy that rolls back on one error in 30 requests does it on healthy traffic too
+    j = run_backtest(policy_set(TRIGGER_HAPPY), read_lines(HEALTHY), window_s=60)
+    jr = [(a.model, a.route, a.at) for a in j.actions if a.flip and a.kind == "rollback"]
+    fj = false_rollbacks(j.verdicts, jr, [parse_healthy("end", start)])
+    assert fj.rollbacks >= 1 and fj.rate is not None and fj.low <= fj.rate <= fj.high
+    assert fj.rolled_back >= 1 or fj.rollbacks == len(jr)
+    (row,) = margin_table(j.verdicts, [parse_healthy("end", start)])
+    assert row["rule"] == "any-error" and row["fired"] >= fj.rollbacks and row["min"] < 0 < row["judged"]
+    # margins of a condition rule: threshold - value, negative when failing
+    fails = [v for v in j.verdicts if v["status"] == "fail"]
+    assert fails and all(v["margin"] == pytest.approx(v["threshold"] - v["stat"]) for v in fails)
+    assert all(v["threshold"] == pytest.approx(0.004, abs=1e-9) for v in j.verdicts if v["judged"])
 
 
 if __name__ == "__main__":

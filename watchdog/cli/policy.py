@@ -34,9 +34,15 @@ def add_policy_commands(subparsers: Any) -> argparse.ArgumentParser:
     bt.add_argument("--golden-reports", metavar="DIR", type=existing_path, help="golden drift report JSON files (a file or a tree)")
     bt.add_argument("--golden-scope", metavar="MODEL/ROUTE",
                     help="(model, route) of reports that do not name theirs (default: every route)")
-    bt.add_argument("--window", default="10s", help="window length (default 10s)")
+    bt.add_argument("--window", default=None,
+                    help="window length, e.g. 5m (default: picked from the recording: the smallest length at "
+                         "which the most live rules reach their min_samples)")
     bt.add_argument("--grace", default=None, help="lateness allowed past a window's end (default min(2s, window/2))")
-    bt.add_argument("--metric", help="metric to plot (default: the first rule's)")
+    bt.add_argument("--healthy-until", action="append", default=[], metavar="[ROUTE=]TIME",
+                    help="windows ending by TIME are known healthy (for the false-rollback rate); TIME: HH:MM "
+                         "(UTC, the recording's first day), +8m (after its start), an ISO time or 'end'; "
+                         "ROUTE= limits it to routes matching a pattern (repeatable)")
+    bt.add_argument("--metric", help="metric to plot (default: the metric of the rule that flipped first)")
     bt.add_argument("--png", metavar="OUT.png", type=output_file, help="write a timeline plot")
     bt.add_argument("--json", action="store_true", help="print JSON instead of a table")
     bt.set_defaults(func=cmd_backtest)
@@ -70,7 +76,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_backtest(args: argparse.Namespace) -> int:
     from watchdog.policy.backtest import load_golden_reports, read_lines, run_backtest
-    from watchdog.policy.backtest_report import render_png, render_table
+    from watchdog.policy.backtest_report import false_rollbacks_of, render_png, render_table
+    from watchdog.policy.backtest_stats import margin_table, parse_healthy
+    from watchdog.policy.backtest_window import WindowChoiceError, choose_window
     from watchdog.policy.schema import LIVE_METRICS, parse_duration
 
     try:
@@ -80,11 +88,11 @@ def cmd_backtest(args: argparse.Namespace) -> int:
             print(msg, file=sys.stderr)
         return 2
     try:
-        window = parse_duration(args.window)
+        window = None if args.window is None else parse_duration(args.window)
         grace = None if args.grace is None else parse_duration(args.grace)
     except ValueError as exc:
         return usage_error(_PROG, f"--window/--grace: {exc}")
-    if window <= 0:
+    if window is not None and window <= 0:
         return usage_error(_PROG, "--window must be > 0")
     if args.png and importlib.util.find_spec("matplotlib") is None:
         return usage_error(_PROG, "--png needs matplotlib: pip install 'fp8-watchdog[plot]'")
@@ -106,22 +114,45 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     bad: list[str] = []
     if args.golden_reports:
         golden, bad = load_golden_reports(args.golden_reports, scope)
+    for spec in args.healthy_until:  # the syntax, before a long replay
+        try:
+            parse_healthy(spec, 0.0)
+        except ValueError as exc:
+            return usage_error(_PROG, f"--healthy-until {exc}")
+    note = None
+    if window is None:
+        try:
+            choice = choose_window(ps, read_lines(args.events))
+        except WindowChoiceError as exc:
+            print(f"{_PROG}: {exc}", file=sys.stderr)
+            return 2
+        except OSError as exc:
+            print(f"{_PROG}: cannot read events: {exc}", file=sys.stderr)
+            return 2
+        window, note = choice.window_s, choice.summary()
     try:
         result = run_backtest(ps, read_lines(args.events), golden, window_s=window, grace_s=grace)
     except OSError as exc:
         print(f"{_PROG}: cannot read events: {exc}", file=sys.stderr)
         return 2
     result.golden_bad = bad
+    result.window_note = note
+    try:
+        healthy = [parse_healthy(spec, result.start or 0.0) for spec in args.healthy_until]
+    except ValueError as exc:
+        return usage_error(_PROG, f"--healthy-until {exc}")
     metric = None
     if args.png:
         metric = render_png(result, ps, args.png, args.metric)
     if args.json:
         out = result.to_dict()
+        out["margins"] = margin_table(result.verdicts, healthy or None)
+        out["false_rollbacks"] = false_rollbacks_of(result, healthy).to_dict() if healthy else None
         if args.png:
             out["png"] = {"path": args.png, "metric": metric}
         print(json.dumps(out, indent=2))
     else:
-        render_table(result)
+        render_table(result, healthy=healthy)
         if args.png:
             print(f"timeline of {metric} written to {args.png}")
     return 0

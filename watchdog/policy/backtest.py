@@ -26,6 +26,7 @@ from typing import Any
 
 from watchdog.core.events import InvalidEvent, decode_event
 from watchdog.core.signals import Action, Signal
+from watchdog.policy.backtest_stats import verdict_row
 from watchdog.policy.engine import PolicyEngine
 from watchdog.policy.loader import PolicySet
 from watchdog.policy.status import judgeability_rows
@@ -92,6 +93,11 @@ class BacktestResult:
     #: that traffic (per window, over its horizon, or not) and its minimum detectable effect
     #: (``watchdog.policy.status.judgeability_rows``)
     judged: list[dict[str, Any]] = field(default_factory=list)
+    #: one row per rule per judged window or report (``backtest_stats.verdict_row``): status, whether
+    #: it was judged or why not ("n < min"), the statistic, its interval, threshold and margin
+    verdicts: list[dict[str, Any]] = field(default_factory=list)
+    #: how the window length was chosen (``backtest_window.WindowChoice.summary``), if it was
+    window_note: str | None = None
 
     @property
     def flips(self) -> int:
@@ -108,7 +114,8 @@ class BacktestResult:
             "alerts": sum(a.kind == "alert" for a in self.actions),
             "actions": [a.to_dict() for a in self.actions],
             "final_flags": {f"{m}/{r}": p for (m, r), p in sorted(self.flags.items())},
-            "judged": self.judged,
+            "judged": self.judged, "window_note": self.window_note,
+            "verdicts": self.verdicts,
         }
 
 
@@ -180,7 +187,10 @@ class _Replay:
     def __init__(self, policy_set: PolicySet, window_s: float) -> None:
         self.engine = PolicyEngine(policy_set)
         self.default = policy_set.policies[0].candidate if policy_set.policies else "fp8"
+        self.policy_set = policy_set
         self.result = BacktestResult(policies=list(policy_set.names), window_s=window_s)
+        #: (policy, model, route, rule) -> end of the last verdict recorded
+        self._seen: dict[tuple[str, str, str, str], float] = {}
 
     def feed(self, signals: list[Signal], now: float) -> None:
         if not signals:
@@ -193,7 +203,11 @@ class _Replay:
                 r.timeline.append({"t": s.end, "source": s.source, "model": s.model, "route": s.route,
                                    "precision": s.precision, "samples": s.samples, "values": dict(s.values)})
                 r.serving.setdefault((s.model, s.route), [(s.start, r.flags.get((s.model, s.route), self.default))])
-        for a in self.engine.observe(signals, now, r.flags, self.default):
+        serving = dict(r.flags)
+        actions = self.engine.observe(signals, now, r.flags, self.default)
+        pairs = None if any("*" in (s.model, s.route) for s in signals) else {(s.model, s.route) for s in signals}
+        self._record_verdicts(serving, pairs)
+        for a in actions:
             flip = a.kind in ("rollback", "promote") and not a.dry_run and not a.detail.get("retry")
             if a.kind in ("rollback", "promote") and not a.dry_run and a.precision:
                 r.flags[(a.model, a.route)] = a.precision
@@ -203,6 +217,24 @@ class _Replay:
                 at=a.at or now, kind=a.kind, policy=a.policy, model=a.model, route=a.route, severity=a.severity,
                 reason=a.reason, precision=a.precision, dry_run=a.dry_run, rule=d.get("rule"),
                 source=d.get("source"), cause=d.get("cause"), flip=flip, numbers=_numbers(a)))
+
+
+    def _record_verdicts(self, serving: dict[tuple[str, str], str], pairs: set[tuple[str, str]] | None) -> None:
+        """Append the verdicts the last ``observe`` made (of the scopes of ``pairs``; None: all)."""
+        for (pname, model, route), st in self.engine.states.items():
+            if pairs is not None and (model, route) not in pairs:
+                continue
+            policy = self.policy_set.get(pname)
+            if policy is None:
+                continue
+            for name, rs in st.rules.items():
+                v, rule = rs.last, policy.rule(name)
+                key = (pname, model, route, name)
+                if v is None or rule is None or v.end <= self._seen.get(key, -math.inf):
+                    continue
+                self._seen[key] = v.end
+                self.result.verdicts.append(verdict_row(
+                    policy, rule, v, model, route, serving.get((model, route), self.default)))
 
 
 def run_backtest(policy_set: PolicySet, lines: Iterable[bytes], golden: GoldenFeed | None = None, *,
