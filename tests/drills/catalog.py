@@ -577,7 +577,7 @@ def redis_delay_1s(root: Path, workdir: Path, full: bool) -> Result:
     flowing (the rollback lands during the delay), checkpoints and pages go through, nothing lost
     or counted twice, readiness stays true (slow is not down). The daemon runs with the default
     Redis socket timeout (2 s; the other drills use 0.5 s to see outages sooner): a link this slow
-    needs a timeout above its round trip (``redis.socket_timeout_s``, docs/RELIABILITY.md)."""
+    needs a timeout above its round trip (``redis.socket_timeout_s``, docs/OPERATIONS.md)."""
     with Drill("redis-delay-1s", root, workdir, full, redis_proxy=True,
                overrides={"redis": {"socket_timeout_s": 2.0}}) as d:
         proxy = d.stack.redis_fault
