@@ -40,8 +40,8 @@ from typing import Any
 from litellm.integrations.custom_logger import CustomLogger
 from pydantic import BaseModel, ConfigDict, Field
 
-from watchdog.gateway.config import check_route
 from watchdog.ingest.emitter import EventEmitter, EventsConfig
+from watchdog.policy.names import check_route
 
 log = logging.getLogger(__name__)
 
