@@ -29,7 +29,6 @@ if shutil.which("node") is None or shutil.which("npm") is None:
 
 from tests import helpers  # noqa: E402
 from tests.scripted_upstream import Upstream  # noqa: E402
-from watchdog.core.events import decode_event  # noqa: E402
 from watchdog.gateway.config import load_gateway_config  # noqa: E402
 from watchdog.gateway.openai_io import estimate_prompt_tokens  # noqa: E402
 from watchdog.gateway.server import GatewayServer, build_gateway  # noqa: E402
