@@ -246,7 +246,9 @@ general_settings:
                 assert time.monotonic() < deadline, f"litellm proxy not up in 120 s:\n{log.read_text()[-3000:]}"
                 time.sleep(0.3)
             upstream.mode = "ok"
-            r = httpx.post(f"{url}/v1/chat/completions", headers={"Authorization": f"Bearer {MASTER_KEY}"},
+            # a client-chosen call id (LiteLLM honours x-litellm-call-id) must not become the event id
+            r = httpx.post(f"{url}/v1/chat/completions", headers={"Authorization": f"Bearer {MASTER_KEY}",
+                                                                 "x-litellm-call-id": "chosen-by-client"},
                            json={"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4},
                            timeout=30)
             assert r.status_code == 200, r.text
@@ -265,3 +267,5 @@ general_settings:
     # no flag for (m, default): the default precision, fp8, served by the m-fp8 deployment
     assert (ev.model, ev.route, ev.precision, ev.status, ev.engine) == ("m", "default", "fp8", "ok", "litellm:m-fp8")
     assert ev.latency_ms > 0 and ev.prompt_tokens >= 0
+    assert ev.request_id != "chosen-by-client" and len(ev.request_id) == 32
+    assert ev.extra.get("litellm_call_id") == "chosen-by-client"
