@@ -12,7 +12,7 @@ test: setup
 	$(PY) -m pytest -q
 
 lint:
-	.venv/bin/ruff check watchdog probes tests bench
+	.venv/bin/ruff check watchdog probes tests bench integrations
 	.venv/bin/mypy --follow-imports=silent watchdog
 
 bench: setup

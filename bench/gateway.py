@@ -8,12 +8,18 @@ asyncio sockets, so the client's own cost stays small) calls
                       events on to a local Tansu broker, flags from a local Redis
 * ``gateway-noevents`` the same gateway with ``events.enabled: false``
 
-at 1 and 64 concurrent clients, non-streamed and streamed (16 SSE chunks). Added latency is the
-gateway's p50/p99 minus direct's; the event path's cost is 1 − throughput(gateway) /
-throughput(gateway-noevents) at 64 clients. ``--real`` adds the project's OpenAI server over the
-tiny model (torch) as the upstream, for context.
+* ``litellm``         a real ``litellm --config`` proxy (1 worker, as LiteLLM starts by default) in front
+                      of the same upstream with this project's hook (``watchdog.integrations.litellm``:
+                      the flag picks the FP8 or FP16 deployment, events to the same Tansu): the other
+                      way to put the watchdog in front of an engine (docs/INTEGRATIONS_otlp_litellm.md)
 
-    .venv/bin/python bench/gateway.py [--requests 400] [--repeats 3] [--real]
+at 1 and 64 concurrent clients, non-streamed and streamed (16 SSE chunks). Added latency is a
+front's p50/p99 minus direct's; the event path's cost is 1 − throughput(gateway) /
+throughput(gateway-noevents) at 64 clients. The LiteLLM cells send ``--litellm-requests`` per cell
+(it is ~50x slower; 0 or no ``litellm`` executable: left out). ``--real`` adds the project's OpenAI
+server over the tiny model (torch) as the upstream, for context.
+
+    .venv/bin/python bench/gateway.py [--requests 400] [--repeats 3] [--litellm-requests 100] [--real]
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ from watchdog.dev.embedded import free_port, wait_for_port  # noqa: E402
 
 MODEL = "bench-model"
 CHUNKS = 16
+#: requests per client before each measured cell (connections warm, not counted)
+WARM_UP = 3
 
 # --- the fast upstream (run in its own process: python bench/gateway.py --serve-upstream PORT) ----
 
@@ -97,9 +105,10 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bool]:
     return status, headers.get(b"connection") == b"close"
 
 
-async def _worker(port: int, body: bytes, n: int, out: list[float], errors: list[int]) -> None:
+async def _worker(port: int, body: bytes, n: int, out: list[float], errors: list[int], auth: bytes = b"") -> None:
     req = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-           b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+           + (b"authorization: Bearer " + auth + b"\r\n" if auth else b"")
+           + b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         for _ in range(n):
@@ -116,30 +125,71 @@ async def _worker(port: int, body: bytes, n: int, out: list[float], errors: list
         writer.close()
 
 
-async def _load(port: int, stream: bool, clients: int, requests: int) -> tuple[list[float], float, int]:
+async def _load(port: int, stream: bool, clients: int, requests: int, auth: bytes) -> tuple[list[float], float, int]:
     body = orjson.dumps({"model": MODEL, "stream": stream, "max_tokens": 16,
                          "messages": [{"role": "user", "content": "What is the answer?"}]})
     lat: list[float] = []
     errors: list[int] = []
     per = max(1, requests // clients)
-    await asyncio.gather(*(_worker(port, body, 3, [], []) for _ in range(clients)))  # warm connections
+    await asyncio.gather(*(_worker(port, body, WARM_UP, [], [], auth) for _ in range(clients)))  # warm connections
     t0 = time.perf_counter()
-    await asyncio.gather(*(_worker(port, body, per, lat, errors) for _ in range(clients)))
+    await asyncio.gather(*(_worker(port, body, per, lat, errors, auth) for _ in range(clients)))
     return lat, len(lat) / (time.perf_counter() - t0), len(errors)
 
 
-def load(port: int, stream: bool, clients: int, requests: int) -> tuple[list[float], float, int]:
-    return asyncio.run(_load(port, stream, clients, requests))
+def load(port: int, stream: bool, clients: int, requests: int, auth: str = "") -> tuple[list[float], float, int]:
+    return asyncio.run(_load(port, stream, clients, requests, auth.encode()))
 
 
 # --- processes -----------------------------------------------------------------------------------
 
 
-def start(argv: list[str], port: int, log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def start(argv: list[str], port: int, log: Path, env: dict[str, str] | None = None,
+          wait_s: float = 30) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     proc = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    wait_for_port(port, 30, proc)
+    wait_for_port(port, wait_s, proc)
     return proc
+
+
+LITELLM_KEY = "sk-llmwd-bench-" + "0" * 32
+
+
+def start_litellm(svc: Any, upstream: str) -> tuple[subprocess.Popen[bytes], int] | None:
+    """A ``litellm --config`` proxy (1 worker) with this project's hook in front of ``upstream``;
+    None when the ``litellm`` command is not installed."""
+    import httpx
+    import yaml
+
+    exe = Path(sys.executable).parent / "litellm"
+    if not exe.exists():
+        return None
+    work = svc.workdir / "litellm"
+    work.mkdir(exist_ok=True)
+    (work / "llmwd.yaml").write_text(yaml.safe_dump({
+        "redis_url": svc.redis_url, "bootstrap_servers": svc.kafka_address, "topic": "bench.litellm.events",
+        "variants": {MODEL: {"fp8": f"{MODEL}-fp8", "fp16": f"{MODEL}-fp16"}}, "default_route": "default"}))
+    deployment = {"model": f"openai/{MODEL}", "api_base": upstream, "api_key": "none", "timeout": 30}
+    (work / "proxy.yaml").write_text(yaml.safe_dump({
+        "model_list": [{"model_name": name, "litellm_params": deployment}
+                       for name in (f"{MODEL}-fp8", f"{MODEL}-fp16", MODEL)],
+        "litellm_settings": {"callbacks": "watchdog.integrations.litellm.handler", "num_retries": 0},
+        "general_settings": {"master_key": LITELLM_KEY}}))
+    port = free_port()
+    proc = start([str(exe), "--config", str(work / "proxy.yaml"), "--host", "127.0.0.1", "--port", str(port),
+                  "--num_workers", "1"], port, work / "proxy.log", wait_s=180,
+                 env={"LLMWD_LITELLM_CONFIG": str(work / "llmwd.yaml"), "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+                      "NO_DOCS": "True", "DISABLE_ADMIN_UI": "True", "LITELLM_LOG": "ERROR"})
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # the port opens before the app is ready
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health/liveliness", timeout=2).status_code == 200:
+                return proc, port
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.terminate()
+    raise RuntimeError(f"litellm proxy not ready: {(work / 'proxy.log').read_text()[-2000:]}")
 
 
 def gateway_config(path: Path, port: int, upstream: str, redis_url: str, kafka: str, events: bool,
@@ -160,6 +210,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=400, help="requests per (mode, stream, clients) cell")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--litellm-requests", type=int, default=100,
+                    help="requests per LiteLLM cell at 1 client (x4 at 64); 0 leaves LiteLLM out")
     ap.add_argument("--real", action="store_true", help="also: the tiny-model OpenAI server as upstream")
     ap.add_argument("--serve-upstream", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -181,17 +233,28 @@ def main() -> int:
                 procs.append(start([sys.executable, "-m", "watchdog.cli.main", "--log-level", "WARNING", "gateway",
                                     "--config", str(cfg)], ports[name], svc.workdir / f"{name}.log"))
             pids = {"gateway": procs[1].pid, "gateway-noevents": procs[2].pid}
+            modes = ["direct", "gateway", "gateway-noevents"]
+            lite = start_litellm(svc, f"http://127.0.0.1:{up_port}/v1") if args.litellm_requests > 0 else None
+            if lite is not None:
+                procs.append(lite[0])
+                ports["litellm"], pids["litellm"] = lite[1], lite[0].pid
+                modes.append("litellm")
             results: dict[tuple[str, bool, int], list[tuple[float, float, float, float]]] = {}
-            errors = 0
+            lite_latencies: list[tuple[list[float], float, int]] = []
+            errors: dict[str, int] = {}
             for _ in range(args.repeats):
                 for stream in (False, True):
                     for clients in (1, 64):
-                        n = args.requests if clients == 1 else args.requests * 4
-                        for mode in ("direct", "gateway", "gateway-noevents"):
+                        for mode in modes:
+                            n = args.litellm_requests if mode == "litellm" else args.requests
+                            n = n if clients == 1 else n * 4
                             c0 = _cpu(pids.get(mode))
-                            lat, rps, errs = load(ports[mode], stream, clients, n)
+                            lat, rps, errs = load(ports[mode], stream, clients, n,
+                                                  LITELLM_KEY if mode == "litellm" else "")
+                            if mode == "litellm":
+                                lite_latencies.append((lat, rps, errs))
                             cpu_us = (_cpu(pids.get(mode)) - c0) / max(1, len(lat)) * 1e6
-                            errors += errs
+                            errors[mode] = errors.get(mode, 0) + errs
                             results.setdefault((mode, stream, clients), []).append(
                                 (percentile(lat, 50), percentile(lat, 99), rps, cpu_us))
             rows = []
@@ -213,8 +276,16 @@ def main() -> int:
                          "added p50 ms", "added p99 ms", "direct req/s", "gw req/s", "gw no-events req/s",
                          "throughput cost of events", "gw CPU us/req", "no-events CPU us/req",
                          "CPU cost of events"], rows))
-            print(f"(medians over {args.repeats} interleaved repetitions; non-200 answers: {errors}; "
+            print(f"(medians over {args.repeats} interleaved repetitions; non-200 answers per mode: {errors or 0}; "
                   f"gateway events to Tansu; target added p50 <= 2 ms, p99 <= 10 ms, event cost < 10 %)")
+            if "litellm" in modes:
+                print(litellm_table(results))
+                sent = sum(len(v[0]) for v in lite_latencies)
+                warm = args.repeats * 2 * (1 + 64) * WARM_UP
+                print(f"(LiteLLM 1 worker with this project's hook, events to Tansu; {args.litellm_requests} "
+                      f"requests per cell at 1 client, {args.litellm_requests * 4} at 64; hook events on the "
+                      f"topic: {_count(svc.kafka_address, 'bench.litellm.events')} for {sent + warm} requests "
+                      f"({sent} measured + {warm} warm-up))")
             gw_metrics = _scrape(ports["gateway"])
             print("gateway event counters:", {k: v for k, v in gw_metrics.items() if "events" in k})
             emitter_cost(svc.kafka_address)
@@ -225,6 +296,35 @@ def main() -> int:
                 p.terminate()
                 p.wait(timeout=10)
     return 0
+
+
+Cell = list[tuple[float, float, float, float]]  # per repetition: p50 ms, p99 ms, req/s, CPU us/req
+
+
+def _added(x: Cell, d: Cell, i: int) -> float:
+    return median([xi[i] - di[i] for xi, di in zip(x, d, strict=True)])
+
+
+def _ratio(x: Cell, y: Cell, i: int) -> float:
+    return median([xi[i] / yi[i] for xi, yi in zip(x, y, strict=True)])
+
+
+def litellm_table(results: dict[tuple[str, bool, int], list[tuple[float, float, float, float]]]) -> str:
+    """The gateway and the LiteLLM proxy against direct and against each other, same run."""
+    rows = []
+    for stream in (False, True):
+        for clients in (1, 64):
+            d, g, lt = (results[(m, stream, clients)] for m in ("direct", "gateway", "litellm"))
+
+            rows.append(["stream" if stream else "json", clients,
+                         f"{_added(g, d, 0):.2f} / {_added(g, d, 1):.2f}", f"{_added(lt, d, 0):.2f} / {_added(lt, d, 1):.2f}",
+                         f"{_ratio(g, d, 0):.2f}", f"{_ratio(lt, d, 0):.2f}",
+                         median([x[2] for x in d]), median([x[2] for x in g]), median([x[2] for x in lt]),
+                         f"{_ratio(g, d, 2):.3f}", f"{_ratio(lt, d, 2):.4f}", f"{_ratio(g, lt, 2):.1f}",
+                         median([x[3] for x in g]), median([x[3] for x in lt])])
+    return table(["mode", "clients", "gw added p50 / p99 ms", "litellm added p50 / p99 ms", "gw p50 / direct",
+                  "litellm p50 / direct", "direct req/s", "gw req/s", "litellm req/s", "gw / direct req/s",
+                  "litellm / direct req/s", "gw / litellm req/s", "gw CPU us/req", "litellm CPU us/req"], rows)
 
 
 def emitter_cost(kafka: str, n: int = 30_000) -> None:
@@ -254,6 +354,18 @@ def emitter_cost(kafka: str, n: int = 30_000) -> None:
         em.close()
     print("event emitter alone (emit + encode + produce + delivery report):")
     print(table(["producer", "CPU us/event", "acknowledged", "errors"], rows))
+
+
+def _count(kafka: str, topic: str) -> int:
+    """Messages on ``topic``, read from the start until 2 s pass without one."""
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(topic, bootstrap_servers=kafka, auto_offset_reset="earliest",
+                             consumer_timeout_ms=2000, group_id=None)
+    try:
+        return sum(1 for _ in consumer)
+    finally:
+        consumer.close()
 
 
 def _cpu(pid: int | None) -> float:

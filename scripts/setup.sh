@@ -42,6 +42,16 @@ if [ -n "$pkgs" ]; then
   fi
 fi
 
+# Node + npm: tests/test_gateway_npm_openai.py runs the npm `openai` client (it installs the pinned
+# package itself, under .cache/). Debian's nodejs (18 on bookworm) is enough; a newer one is kept.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  echo "setup: installing nodejs + npm (Debian packages)"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get -o DPkg::Lock::Timeout=300 update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends \
+    nodejs npm >/dev/null
+fi
+
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv

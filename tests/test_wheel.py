@@ -24,7 +24,7 @@ from watchdog.dev.embedded import Service, free_port
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
-_SKIP = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache",
+_SKIP = shutil.ignore_patterns(".git", ".venv", ".cache", "build", "dist", "*.egg-info", "__pycache__", ".*_cache",
                                "var", ".demo", ".whl", ".gpu", "tests")
 
 

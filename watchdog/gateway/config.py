@@ -34,24 +34,11 @@ from pydantic import (
 
 from watchdog.config.settings import ConfigError, env_overrides, read_config_file
 from watchdog.config.yamlpos import PosDoc
-from watchdog.core.events import name_problem
 from watchdog.ingest.emitter import EventsConfig
-from watchdog.policy.names import normalise, problems
+from watchdog.policy.names import check_route
 
 __all__ = ["AuthConfig", "ClientConfig", "EventsConfig", "GatewayConfig", "GatewayConfigError", "MetricsConfig",
            "PoolConfig", "UpstreamConfig", "check_route", "load_gateway_config"]
-
-
-def check_route(value: str) -> str:
-    """``value`` NFKC-normalised if it is a valid route name (the daemon's rule,
-    ``watchdog.core.events.name_problem``, and no confusable letter); ValueError otherwise."""
-    name = normalise(value)
-    assert isinstance(name, str)
-    why = name_problem(name) or problems(name)
-    if why:
-        raise ValueError(f"route {name[:80]!r} {why}" if why.startswith(("is ", "holds "))
-                         else f"route {name[:80]!r}: {why}")
-    return name
 
 
 #: a route name, checked and NFKC-normalised by ``check_route``

@@ -40,12 +40,14 @@ from typing import Any
 from litellm.integrations.custom_logger import CustomLogger
 from pydantic import BaseModel, ConfigDict, Field
 
-from watchdog.gateway.config import check_route
 from watchdog.ingest.emitter import EventEmitter, EventsConfig
+from watchdog.policy.names import check_route
 
 log = logging.getLogger(__name__)
 
 CONFIG_ENV = "LLMWD_LITELLM_CONFIG"
+#: LiteLLM's call id (the client's ``x-litellm-call-id`` when sent) is kept in events up to this many characters
+MAX_CALL_ID = 128
 
 
 class LiteLLMSettings(BaseModel):
@@ -185,7 +187,7 @@ class WatchdogLogger(CustomLogger):
                 return
         data["model"] = variants[precision]
         ctx = {"model": model, "route": route, "precision": precision, "deployment": variants[precision],
-               "request_id": str(data.get("litellm_call_id") or uuid.uuid4().hex)}
+               "call_id": str(data.get("litellm_call_id") or "")}
         metadata = data.get("metadata")
         if isinstance(metadata, dict):
             metadata["llmwd"] = ctx
@@ -218,7 +220,7 @@ class WatchdogLogger(CustomLogger):
         if found is None:
             return None
         return {"model": found[0], "route": self.settings.default_route, "precision": found[1],
-                "deployment": str(name), "request_id": str(call_id or uuid.uuid4().hex)}
+                "deployment": str(name), "call_id": str(call_id or "")}
 
     def event(self, kwargs: Mapping[str, Any], start: Any, end: Any, status: str,
               response: Any = None) -> dict[str, Any] | None:
@@ -230,12 +232,17 @@ class WatchdogLogger(CustomLogger):
         latency = (t1 - t0) * 1000.0 if t0 is not None and t1 is not None else 0.0
         slo = kwargs.get("standard_logging_object") or {}
         ev: dict[str, Any] = {
-            "schema": 1, "request_id": ctx["request_id"], "ts": t1 if t1 is not None else time.time(),
+            # the event id is the hook's own: LiteLLM takes its call id from the client's
+            # x-litellm-call-id header when sent, and the daemon samples shadow pairs by a hash of
+            # the event id (bottom-k): a client must not choose its way into or out of a sample
+            "schema": 1, "request_id": uuid.uuid4().hex, "ts": t1 if t1 is not None else time.time(),
             "model": ctx["model"], "route": ctx["route"], "precision": ctx["precision"],
             "engine": f"litellm:{ctx['deployment']}", "status": status, "latency_ms": max(0.0, latency),
             "prompt_tokens": int(slo.get("prompt_tokens") or 0),
             "completion_tokens": int(slo.get("completion_tokens") or 0) if status == "ok" else 0,
         }
+        if ctx.get("call_id"):
+            ev["litellm_call_id"] = str(ctx["call_id"])[:MAX_CALL_ID]
         usage = getattr(response, "usage", None)
         if usage is not None and status == "ok":
             ev["prompt_tokens"] = int(getattr(usage, "prompt_tokens", 0) or 0)

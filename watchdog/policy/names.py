@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import unicodedata
 
+from watchdog.core.events import name_problem
+
 #: letters from other scripts that render like a Latin letter (the common cases of Unicode's
 #: confusables list for Cyrillic and Greek), after NFKC normalisation
 CONFUSABLES = {
@@ -66,3 +68,15 @@ def clean_name(value: object) -> object:
             why = f"{_describe(bad)} is not allowed"
         raise ValueError(f"name '{value}': {why}; names use A-Z a-z 0-9 _ . : / -")
     return value
+
+
+def check_route(value: str) -> str:
+    """``value`` NFKC-normalised if it is a valid route name (the daemon's rule,
+    ``watchdog.core.events.name_problem``, and no confusable letter); ValueError otherwise."""
+    name = normalise(value)
+    assert isinstance(name, str)
+    why = name_problem(name) or problems(name)
+    if why:
+        raise ValueError(f"route {name[:80]!r} {why}" if why.startswith(("is ", "holds "))
+                         else f"route {name[:80]!r}: {why}")
+    return name
