@@ -118,3 +118,22 @@ def test_decisions_judge_at_most_max_routes_per_iteration_and_keep_each_routes_o
     assert [(s.route, s.end) for s in later] == [("c", 10), ("c", 20)]
     now, later = split_by_route(later + [sig("d", 30)], 2)
     assert [(s.route, s.end) for s in now] == [("c", 10), ("c", 20), ("d", 30)] and later == []
+
+
+def test_routes_already_judged_go_before_new_ones() -> None:
+    """A flood of new route names waits behind the routes the engine knows (their windows keep their
+    order), so a real route's regression is judged in the iteration its window closes."""
+    from watchdog.core.signals import Signal
+    from watchdog.runtime.decisions import known_first, split_by_route
+
+    def sig(route: str, end: float, model: str = "m") -> Signal:
+        return Signal(source="live", model=model, route=route, precision="fp8", start=end - 10, end=end,
+                      samples=1)
+
+    flood = [sig(f"new{i}", 10) for i in range(300)]
+    signals = flood[:150] + [sig("real", 10), sig("*", 10, "*")] + flood[150:] + [sig("real", 20)]
+    ordered = known_first(signals, lambda m, r: r == "real")
+    assert [(s.route, s.end) for s in ordered[:3]] == [("*", 10), ("real", 10), ("real", 20)]
+    assert [s.route for s in ordered[3:]] == [s.route for s in flood]  # stable
+    now, _later = split_by_route(ordered, 100)
+    assert {("real", 10), ("real", 20)} <= {(s.route, s.end) for s in now}

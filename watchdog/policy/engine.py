@@ -101,6 +101,11 @@ class PolicyEngine:
                 if rule is None or rule_fingerprint(rule) != st.rules[name].fingerprint:
                     del st.rules[name]
 
+    def knows(self, model: str, route: str) -> bool:
+        """Whether any policy holds state for this route (it has been judged before)."""
+        states = self.states
+        return any((p.name, model, route) in states for p in self.policy_set.policies)
+
     def _state(self, policy: Policy, model: str, route: str) -> ScopeState:
         st = self.states.get((policy.name, model, route))
         if st is None:

@@ -61,6 +61,21 @@ WRITE_VISIBLE_S = 2.0
 #: routes judged in one loop iteration at most: when more windows close at once (thousands of
 #: routes), the rest wait for the next iterations, so the loop keeps polling and reporting
 MAX_DECIDE_ROUTES = 1000
+#: ... and for at most this long (checked after every ``DECIDE_CHUNK_ROUTES`` routes): on a slow or
+#: loaded machine 1,000 routes take seconds
+DECIDE_BUDGET_S = 0.3
+DECIDE_CHUNK_ROUTES = 100
+
+
+def known_first(signals: list[Signal], known: Callable[[str, str], bool]) -> list[Signal]:
+    """``signals`` with the ``*`` signals first, then those of routes the engine has state for, then
+    new routes (stable: a route's windows keep their order). A flood of new route names waits
+    behind the routes being judged, which keep their reaction time."""
+    def rank(s: Signal) -> int:
+        if "*" in (s.model, s.route):
+            return 0
+        return 1 if known(s.model, s.route) else 2
+    return sorted(signals, key=rank)
 
 
 def split_by_route(signals: list[Signal], max_routes: int) -> tuple[list[Signal], list[Signal]]:
@@ -145,7 +160,8 @@ class Decisions:
         self._last_reconcile = 0.0
         self._last_export = 0.0
         self._last_judgeability = 0.0
-        self._exported: set[P.Route] = set()
+        #: route -> value last exported to ``llmwd_route_precision_is_candidate``
+        self._exported: dict[P.Route, int] = {}
         #: signals of closed windows not judged yet (``MAX_DECIDE_ROUTES``), and their routes: the
         #: partitions carrying them are not checkpointed until they are
         self.deferred: list[Signal] = []
@@ -153,20 +169,37 @@ class Decisions:
 
     # -- deciding ------------------------------------------------------------------------------
     def decide(self, signals: list[Signal], now: float) -> None:
-        """Judge ``signals`` (after those deferred before): at most ``MAX_DECIDE_ROUTES`` routes now."""
+        """Judge ``signals`` (after those deferred before): the routes the engine knows first, at most
+        ``MAX_DECIDE_ROUTES`` routes and about ``DECIDE_BUDGET_S`` now; the rest wait (and their
+        partitions are not checkpointed) until the next iterations."""
         if self.deferred and self.ownership.revoked_routes:  # a lost partition's windows: the new owner's
             gone = self.ownership.revoked_routes
             self.deferred = [s for s in self.deferred if (s.model, s.route) not in gone]
-        signals, self.deferred = split_by_route(self.deferred + signals, MAX_DECIDE_ROUTES)
-        self.deferred_routes = {(s.model, s.route) for s in self.deferred}
-        if not signals:
+        pending = self.deferred + signals
+        if not pending:
             return
+        if len(pending) > DECIDE_CHUNK_ROUTES:
+            pending = known_first(pending, self.engine.knows)
         flags = self.flags.snapshot()
         for route, precision in self.lost_flags(flags).items():
             # our flip is gone from Redis: the engine must not read that as an operator's change
             flags[route] = precision
             self.reassert(route, precision, now)
-        touched = {(s.model, s.route) for s in signals}
+        until = time.monotonic() + DECIDE_BUDGET_S
+        judged = 0
+        while pending and judged < MAX_DECIDE_ROUTES:
+            chunk, pending = split_by_route(pending, min(DECIDE_CHUNK_ROUTES, MAX_DECIDE_ROUTES - judged))
+            touched = {(s.model, s.route) for s in chunk}
+            judged += len(touched)
+            self._decide_now(chunk, touched, flags, now)
+            if time.monotonic() >= until:
+                break
+        self.deferred = pending
+        self.deferred_routes = {(s.model, s.route) for s in pending}
+
+    def _decide_now(self, signals: list[Signal], touched: set[P.Route], flags: dict[P.Route, str],
+                    now: float) -> None:
+        """Judge these routes' closed windows and dispatch what the engine decides."""
         self.mark_maintenance(signals, touched)
         actions = self.engine.observe(signals, now, flags, self.cfg.default_precision)
         everywhere = any("*" in r for r in touched)
@@ -322,13 +355,18 @@ class Decisions:
         policies = self.engine.route_policies()
         known = set(flags) | set(policies)
         gauge = self.metrics.route_precision
+        exported = self._exported
         for route in known:
             policy = policies.get(route)
             candidate = policy.candidate if policy is not None else default
-            gauge.labels(*route).set(1 if flags.get(route, default) == candidate else 0)
-        for route in self._exported - known:
+            value = 1 if flags.get(route, default) == candidate else 0
+            # only what changed: a label lookup per known route every second cost seconds at 8,000 routes
+            if exported.get(route) != value:
+                gauge.labels(*route).set(value)
+                exported[route] = value
+        for route in [r for r in exported if r not in known]:
             gauge.remove(*route)
-        self._exported = known
+            del exported[route]
 
     def export_judgeability(self, now: float) -> None:
         """``llmwd_rule_judged`` / ``llmwd_rule_mde`` from the engine's snapshot (bounded in Metrics)."""
