@@ -104,7 +104,7 @@ def split_row(label: str, run: dict[str, Any]) -> str:
     def f(x: Any) -> str:
         return "-" if x is None else f"{x:.1f}"
 
-    return (f"| {label} | {f(run['wall_s'])} | {f(c.get('load_s'))} / {f(b.get('load_s'))} | "
+    return (f"| {label} | {f(run['wall_s'])} | {f(c.get('import_s'))} | {f(c.get('load_s'))} / {f(b.get('load_s'))} | "
             f"{f(c.get('quantize_s'))} | {f(c.get('compile_capture_s'))} / {f(b.get('compile_capture_s'))} | "
             f"{f(t.get('generate_candidate_s'))} / {f(t.get('generate_baseline_s'))} | "
             f"{f(t.get('score_candidate_s'))} / {f(t.get('score_baseline_s'))} | {f(t.get('metrics_s'))} |")
@@ -167,9 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     say(f"set {args.set}, batch {args.batch}; items measured: {[r['measured'] for _l, r in runs]}; "
         f"compile cache {sum(f.stat().st_size for f in cache.rglob('*') if f.is_file()) / 1e6:.0f} MB")
     say("")
-    say("| run | wall s | load s FP8 / FP16 | FP8 quantise s | compile + graph capture s FP8 / FP16 | "
+    say("| run | wall s | import s | load s FP8 / FP16 | FP8 quantise s | compile + graph capture s FP8 / FP16 | "
         "generate s FP8 / FP16 | score s FP8 / FP16 | metrics s |")
-    say("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    say("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for label, run in runs:
         say(split_row(label, run))
     warm = [r["wall_s"] for _l, r in runs[1:]]
