@@ -189,19 +189,6 @@ def main(argv: list[str] | None = None) -> int:
             f"FP8 {eng8:.2f} s (generate {med['fp8'][0]:.2f} / score {med['fp8'][1]:.2f}): FP8/FP16 {eng8 / eng16:.3f} "
             f"({eng16 / eng8:.2f}x); fast-vs-eager greedy agreement (FP8, 16 tokens): same-history decisions "
             f"{agree[2]:.4f}, positions {agree[0]:.4f}")
-        if b == batches[-1]:
-            # compiled vs eager reference scoring (probes.engines.torch_engine.picked_logprobs)
-            import probes.engines.torch_engine as te
-
-            fast_scores = fp16.score(prompts[:16], refs[:16])
-            saved = te._PICKED_COMPILED
-            te._PICKED_COMPILED = te.picked_logprobs if device == "cuda" else saved
-            eager_scores = fp16.score(prompts[:16], refs[:16])
-            te._PICKED_COMPILED = saved
-            diffs = [abs(a.logprob_sum - e.logprob_sum) / max(1, a.n_tokens)
-                     for a, e in zip(fast_scores or [], eager_scores or [], strict=True)]
-            say(f"reference scoring, compiled vs eager log-softmax (FP16, 16 items): max |diff| per token "
-                f"{max(diffs):.2e} nats")
         profile_these = [int(x) for x in args.profile_batches.split(",")] if args.profile_batches else batches
         if not args.no_profile and b in profile_these:
             head = fp16.model.lm_head.weight

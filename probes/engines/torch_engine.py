@@ -381,9 +381,8 @@ class TorchEngine:
                 logits = logits[:, -keep:]
             targets = ids[:, width - keep + 1:]
             picked_t = torch.empty(targets.shape, dtype=torch.float32, device=ids.device)
-            pick = _picked_logprobs_fn(ids.device.type)
             for s in range(0, ids.shape[0], 16):  # float log-softmax in row chunks: bounded memory
-                picked_t[s:s + 16] = pick(logits[s:s + 16, :-1, :], targets[s:s + 16])
+                picked_t[s:s + 16] = picked_logprobs(logits[s:s + 16, :-1, :], targets[s:s + 16])
             picked = picked_t.tolist()
         if self.precision == "fp8":
             from probes.fp8 import QUANT_MEMO
@@ -428,38 +427,13 @@ class TorchEngine:
 
 
 def picked_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log_softmax(logits)[..., target] in float32: [B, L, V] logits (any float dtype), [B, L] targets."""
+    """log_softmax(logits)[..., target] in float32: [B, L, V] logits (any float dtype), [B, L] targets.
+
+    Eager on purpose: compiling it (the float32 up-cast fused into the reductions) was measured on
+    the H200 at the 8B/128k-vocabulary shape and saved 1-2 % of scoring time, less than the compile
+    it adds to a cold replay (docs/BENCHMARKS.md, "replay through the CLI")."""
     lg = logits.float()
     return lg.gather(2, targets[:, :, None])[:, :, 0] - lg.logsumexp(-1)
-
-
-_PICKED_COMPILED: Any = None
-
-
-def _picked_logprobs_fn(device_type: str) -> Any:
-    """``picked_logprobs``, compiled on CUDA: the float32 up-cast is fused into the gather and the
-    log-sum-exp reductions instead of materialising a float32 copy of [rows, positions, vocab]
-    logits (2 GB per 16 rows at a 128k vocabulary; it was most of reference scoring's non-GEMM
-    time). Same float32 arithmetic; reduction order may differ at float32 rounding. Eager on CPU."""
-    global _PICKED_COMPILED
-    if device_type != "cuda":
-        return picked_logprobs
-    if _PICKED_COMPILED is None:
-        import torch
-
-        compiled = torch.compile(picked_logprobs, dynamic=True, fullgraph=True)
-
-        def pick(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-            global _PICKED_COMPILED
-            try:
-                return compiled(logits, targets)
-            except Exception as exc:  # noqa: BLE001 - no compiler here (no Triton, say): the eager form
-                log.warning("compiled reference scoring failed (%s); scoring eagerly", exc)
-                _PICKED_COMPILED = picked_logprobs
-                return picked_logprobs(logits, targets)
-
-        _PICKED_COMPILED = pick
-    return _PICKED_COMPILED
 
 
 # -- calibration ------------------------------------------------------------------------------------
