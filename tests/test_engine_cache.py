@@ -228,6 +228,9 @@ def test_scheduled_replays_keep_the_torch_engines_resident(tmp_path: Path, tiny_
     assert sched.run_job("tiny") and sched.run_job("tiny")
     assert counts == {"fp8": 1, "fp16": 1}  # the second scheduled replay loaded nothing
     assert (cache.loads, cache.hits) == (2, 2)
+    status = sched.engines_status()
+    assert status is not None and len(status["resident"]) == 2 and status["resident"][0]["bytes"] > 0
+    assert all(r["jobs"] == ["tiny"] and r["hits"] == 1 for r in status["resident"])
     runs = sched.drain_runs()
     assert len(runs) == 2 and all(not s.error for _n, sigs in runs for s in sigs)
     # the second run's saturation is its own, not accumulated over both runs

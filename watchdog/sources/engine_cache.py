@@ -238,8 +238,10 @@ class EngineCache:
         return len(self._engines)
 
     def status(self) -> dict[str, Any]:
+        """For /status (read from the HTTP thread: a snapshot, no lock; a replay may be loading)."""
         now = self.clock()
+        resident = list(self._engines.values())  # one C-level copy: safe against a concurrent change
         return {"resident": [{"engine": getattr(r.engine, "name", "?"), "bytes": r.bytes, "hits": r.hits,
                               "idle_s": round(now - r.last_used, 1), "jobs": sorted(r.owners)}
-                             for r in self._engines.values()],
+                             for r in resident],
                 "loads": self.loads, "hits": self.hits, "releases": dict(self.releases)}
