@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import json
 import logging
 import math
 import sys
@@ -116,14 +117,18 @@ def replay(
     scorer: Scorer | None = None,
     baseline_first: bool = False,
     repeat_baseline: bool = False,
+    timings: dict[str, float] | None = None,
 ) -> DriftReport:
     """Replay ``golden_set`` through both engines and build the drift report.
 
     ``baseline_first`` runs the baseline's batches before the candidate's (benchmarks alternate it).
     ``repeat_baseline`` generates the baseline's answers a second time (an A/A replay: FP16 against
     FP16) and scores them into each item's ``repeat``: the judge's null for how much answers move
-    by themselves (sampling, batch-dependent kernels), measured instead of assumed."""
+    by themselves (sampling, batch-dependent kernels), measured instead of assumed.
+    ``timings`` (a dict) receives the seconds spent: ``generate_<side>_s``, ``score_<side>_s``
+    (engine time, a first call's compile included) and ``metrics_s`` (scoring the answers)."""
     started = time.time()
+    spent = timings if timings is not None else {}
     manifest = golden_set.manifest
     items = list(golden_set.items)
     metrics = [m for m in manifest.metrics if not m.startswith(CUSTOM_PREFIX)]
@@ -145,12 +150,17 @@ def replay(
             engine = engines[side]
             for batch in batches:
                 bp = [prompts[i] for i in batch]
+                t0 = time.perf_counter()
                 gens[side].extend(_generate(engine, bp, manifest.generation.max_new_tokens, stop))
+                t1 = time.perf_counter()
+                spent[f"generate_{side}_s"] = spent.get(f"generate_{side}_s", 0.0) + t1 - t0
                 if want_ppl and side != "repeat":
                     scores = _score(engine, bp, [refs[i] for i in batch])
                     ref_scores[side].extend(scores if scores is not None else [None] * len(batch))
+                    spent[f"score_{side}_s"] = spent.get(f"score_{side}_s", 0.0) + time.perf_counter() - t1
                 advance(len(batch))
 
+    metrics_started = time.perf_counter()
     scorer = scorer or Scorer()
     custom = [CustomMetric(p) for p in golden_set.custom_metric_paths()]
     results: list[ItemResult] = []
@@ -216,6 +226,7 @@ def replay(
         "baseline": sum(r.baseline.error is not None for r in results),
         "excluded": sum(r.failed for r in results),
     }
+    spent["metrics_s"] = time.perf_counter() - metrics_started
     report = DriftReport(
         golden_set=golden_set.name,
         candidate=EngineInfo(candidate.name, candidate.precision),
@@ -301,6 +312,11 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         golden = golden.head(args.max_items)
     from probes.engines import get_engine
 
+    if args.compile_cache:
+        from probes.engines.torch_engine import use_compile_cache
+
+        use_compile_cache(args.compile_cache)
+    built = time.perf_counter()
     try:
         shared = _parse_options(args.option)
         cand_opts = {**shared, "precision": args.candidate, **_parse_options(args.candidate_option)}
@@ -315,11 +331,15 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         candidate.close()
         print(f"cannot build baseline engine: {exc}{_extra_hint(exc)}", file=sys.stderr)
         return 1
+    build_s = time.perf_counter() - built
+    spent: dict[str, float] = {}
     try:
         report = replay(
             golden, candidate, baseline, batch_size=args.batch_size, progress=not args.no_progress,
-            repeat_baseline=args.repeat_baseline,
+            repeat_baseline=args.repeat_baseline, timings=spent,
         )
+        if args.timings:
+            print("timings " + json.dumps(engine_timings(candidate, baseline, build_s, spent)), file=sys.stderr)
     finally:
         candidate.close()
         baseline.close()
@@ -335,6 +355,20 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         for table in report.tables():
             console.print(table)
     return 1 if report.measured == 0 else 0
+
+
+def engine_timings(candidate: Engine, baseline: Engine, build_s: float, spent: dict[str, float]) -> dict[str, Any]:
+    """Where a replay's time went: building the engines (load, FP8 quantisation), the fast
+    decoder's compile + CUDA-graph capture, generation, reference scoring and metric scoring."""
+    out: dict[str, Any] = {"build_s": round(build_s, 3), **{k: round(v, 3) for k, v in spent.items()}}
+    for side, engine in (("candidate", candidate), ("baseline", baseline)):
+        parts = dict(getattr(engine, "timings", {}) or {})
+        fast = getattr(engine, "fast_decoder", None)
+        if fast is not None:
+            parts["compile_capture_s"] = fast.warmup_seconds
+            parts.update({k: v for k, v in fast.stats.items() if k.endswith("_s")})
+        out[side] = {k: round(float(v), 3) for k, v in parts.items()}
+    return out
 
 
 def add_replay_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -375,6 +409,11 @@ def add_replay_command(subparsers: argparse._SubParsersAction) -> argparse.Argum
     p.add_argument("--out", default=None, help="directory to save report-*.json, latest.json, summary.txt")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of tables")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--compile-cache", default=None, metavar="DIR",
+                   help="keep torch.compile's caches here (TORCHINDUCTOR_CACHE_DIR): a later replay loads "
+                        "the compiled kernels instead of compiling (torch engine)")
+    p.add_argument("--timings", action="store_true",
+                   help="print where the time went (load, quantise, compile, generate, score) to stderr")
     p.set_defaults(func=_cmd_replay)
     return p
 

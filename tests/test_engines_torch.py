@@ -243,3 +243,16 @@ def test_shipped_trained_drift_model_loads_and_runs_fp8_through_the_registry() -
     nats_per_byte = -sum(s.logprob_sum for s in s16) / sum(s.n_bytes for s in s16)
     assert nats_per_byte < 3.0  # an untrained model is about ln(384) = 5.95
     assert abs(sum(s.logprob_sum for s in s8) - sum(s.logprob_sum for s in s16)) < 0.5
+
+
+def test_picked_logprobs_is_the_float_log_softmax_of_the_targets() -> None:
+    import torch
+
+    from probes.engines.torch_engine import picked_logprobs
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 5, 50, generator=g).to(torch.float16)
+    targets = torch.randint(0, 50, (3, 5), generator=g)
+    want = torch.log_softmax(logits.float(), dim=-1).gather(2, targets[:, :, None])[:, :, 0]
+    got = picked_logprobs(logits, targets)
+    assert got.dtype == torch.float32 and torch.allclose(got, want, atol=1e-6)

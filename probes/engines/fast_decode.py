@@ -240,6 +240,14 @@ class FastDecoder:
         self.cache_arg = "past_key_values"
         self._lock = threading.Lock()  # the static caches and graphs serve one batch at a time
 
+    def cache_bytes(self) -> int:
+        """Bytes of the static K/V caches and step tensors the kept buckets hold."""
+        total = 0
+        for bk in self._buckets.values():
+            for t in (*bk.kc, *bk.vc, bk.hist_tok, bk.hist_lp):
+                total += t.numel() * t.element_size()
+        return total
+
     # -- shapes ---------------------------------------------------------------------------------
     def _rope_table(self, t: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if t not in self._rope:

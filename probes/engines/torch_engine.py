@@ -35,6 +35,18 @@ log = logging.getLogger(__name__)
 PRECISIONS = ("fp16", "bf16", "fp32", "fp8")
 
 
+def use_compile_cache(directory: str | Path) -> Path:
+    """Persist torch.compile's caches (inductor's FX graph and kernel caches, Triton's binaries) in
+    ``directory``: a later process compiling the same graphs loads them instead of compiling.
+    Sets ``TORCHINDUCTOR_CACHE_DIR`` (read by inductor at compile time; importing nothing)."""
+    import os
+
+    path = Path(directory).expanduser().resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
+    return path
+
+
 def _resolve_device(device: str) -> str:
     import torch
 
@@ -90,8 +102,15 @@ class TorchEngine:
                  fp8_weight_scale: str = "tensor", fp8_activation: str = "static",
                  scale_multiplier: float = 1.0, max_batch_tokens: int | None = None, name: str | None = None,
                  model: Any = None, tokenizer: Any = None, track_saturation: bool = True,
-                 fast: str | bool = "auto", compile: bool | None = None, cuda_graphs: bool | None = None) -> None:
+                 fast: str | bool = "auto", compile: bool | None = None, cuda_graphs: bool | None = None,
+                 compile_cache_dir: str | Path | None = None) -> None:
+        if compile_cache_dir:
+            use_compile_cache(compile_cache_dir)
+        started = time.perf_counter()
         import torch
+        import transformers  # noqa: F401 - imported here so its import time is reported apart
+
+        imported = time.perf_counter() - started
 
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
@@ -113,6 +132,11 @@ class TorchEngine:
 
             model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype)
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
+        self._sync()
+        #: where building this engine spent its time (s): import (torch, transformers: 0 when already
+        #: imported), load (tokenizer, weights to the device), quantize (FP8 layers), fast_setup (decoder set-up; compile happens on first use)
+        self.timings: dict[str, float] = {"import_s": imported, "load_s": time.perf_counter() - started - imported}
+        started = time.perf_counter()
         self.fp8_layers: list[str] = []
         if precision == "fp8":
             from probes.fp8 import calibration_path, load_calibration, quantize_model
@@ -136,8 +160,28 @@ class TorchEngine:
         params = inspect.signature(self.model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self._keep_kw = "logits_to_keep" in params
+        self._sync()
+        self.timings["quantize_s"] = time.perf_counter() - started
+        started = time.perf_counter()
         self.fast_decoder: Any = None
         self.fast_reason = self._setup_fast(fast, compile, cuda_graphs)
+        self.timings["fast_setup_s"] = time.perf_counter() - started
+
+    def _sync(self) -> None:
+        if self.device.startswith("cuda"):
+            import torch
+
+            torch.cuda.synchronize()
+
+    def memory_bytes(self) -> int:
+        """Bytes of the model's parameters and buffers plus the fast decoder's static caches (what
+        keeping this engine resident holds on its device)."""
+        if self.model is None:
+            return 0
+        total = sum(t.numel() * t.element_size() for t in (*self.model.parameters(), *self.model.buffers()))
+        if self.fast_decoder is not None:
+            total += self.fast_decoder.cache_bytes()
+        return int(total)
 
     def _setup_fast(self, fast: str | bool, compile: bool | None, cuda_graphs: bool | None) -> str:
         """Build the static-cache decoder (probes.engines.fast_decode); returns why it is (not) used.
@@ -338,8 +382,7 @@ class TorchEngine:
             targets = ids[:, width - keep + 1:]
             picked_t = torch.empty(targets.shape, dtype=torch.float32, device=ids.device)
             for s in range(0, ids.shape[0], 16):  # float log-softmax in row chunks: bounded memory
-                lg = logits[s:s + 16, :-1, :].float()
-                picked_t[s:s + 16] = lg.gather(2, targets[s:s + 16, :, None])[:, :, 0] - lg.logsumexp(-1)
+                picked_t[s:s + 16] = picked_logprobs(logits[s:s + 16, :-1, :], targets[s:s + 16])
             picked = picked_t.tolist()
         if self.precision == "fp8":
             from probes.fp8 import QUANT_MEMO
@@ -381,6 +424,16 @@ class TorchEngine:
         self.model = None
         if self.device.startswith("cuda"):
             self._torch.cuda.empty_cache()
+
+
+def picked_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log_softmax(logits)[..., target] in float32: [B, L, V] logits (any float dtype), [B, L] targets.
+
+    Eager on purpose: compiling it (the float32 up-cast fused into the reductions) was measured on
+    the H200 at the 8B/128k-vocabulary shape and saved 1-2 % of scoring time, less than the compile
+    it adds to a cold replay (docs/BENCHMARKS.md, "replay through the CLI")."""
+    lg = logits.float()
+    return lg.gather(2, targets[:, :, None])[:, :, 0] - lg.logsumexp(-1)
 
 
 # -- calibration ------------------------------------------------------------------------------------

@@ -180,8 +180,25 @@ class GoldenJobConfig(_Section):
     repeat_baseline: bool = True
 
 
+class GoldenEnginesConfig(_Section):
+    """Engines kept loaded and compiled between scheduled replays (watchdog/sources/engine_cache.py)."""
+
+    #: keep engines between replays; false: build and close them on every replay (the old behaviour)
+    resident: bool = True
+    #: at most this many engines resident (a job uses two: candidate and baseline)
+    max_engines: int = Field(4, ge=1)
+    #: at most this much memory (GB, as the engines report it) resident; None: only max_engines bounds
+    max_gb: float | None = Field(None, gt=0)
+    #: release an engine unused this long (seconds); keep it above the jobs' every_s to stay resident
+    idle_s: float | None = Field(5400.0, gt=0)
+    #: persistent torch.compile cache (TORCHINDUCTOR_CACHE_DIR) for in-process engines: a restarted
+    #: daemon or a cold ``replay`` reuses compiled kernels; None: torch's default (/tmp/torchinductor_USER)
+    compile_cache_dir: str | None = None
+
+
 class GoldenConfig(_Section):
     jobs: list[GoldenJobConfig] = Field(default_factory=list)
+    engines: GoldenEnginesConfig = Field(default_factory=GoldenEnginesConfig)
     reports_dir: str | None = None
     #: minimum seconds between two suspicion-triggered replays of one job
     debounce_s: float = Field(60.0, ge=0)

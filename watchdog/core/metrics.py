@@ -92,6 +92,23 @@ class Metrics:
             ["result"], registry=r)
         for result in ("published", "judged", "requested", "error"):
             self.golden_stream.labels(result)
+        # resident golden-replay engines (watchdog/sources/engine_cache.py)
+        self.golden_engines_resident = Gauge("llmwd_golden_engines_resident",
+                                             "Golden-replay engines kept loaded between scheduled replays", registry=r)
+        self.golden_engine_bytes = Gauge("llmwd_golden_engine_bytes",
+                                         "Memory the resident golden-replay engines report (weights and buffers)",
+                                         registry=r)
+        self.golden_engine_loads = Counter("llmwd_golden_engine_loads_total",
+                                           "Golden-replay engines built (a model load, and its compile on first use)",
+                                           registry=r)
+        self.golden_engine_hits = Counter("llmwd_golden_engine_hits_total",
+                                          "Golden replays that found their engine resident (no load)", registry=r)
+        self.golden_engine_releases = Counter(
+            "llmwd_golden_engine_releases_total", "Resident golden-replay engines released, by reason: config "
+            "(the job's engine config changed), idle, bound (count or memory), stop (replaying stopped here)",
+            ["reason"], registry=r)
+        for reason in ("config", "idle", "bound", "stop"):
+            self.golden_engine_releases.labels(reason)
         # label values known in advance start at 0, so increase() and rate() see their first event
         for result in ("delivered", "failed", "dropped"):
             self.pages.labels(result)

@@ -98,7 +98,7 @@ class Daemon:
         self.policies = PolicyReloader(cfg, self.metrics, self.alerter)  # PolicyError on invalid policies
         self.engine = self.policies.engine
         self.sources = list(sources or [])
-        self.golden = GoldenScheduler.from_config(cfg.golden)
+        self.golden = GoldenScheduler.from_config(cfg.golden, metrics=self.metrics)
         self.golden_leader: GoldenLeader | None = None
         gpu = GpuSource.from_config(cfg.gpu, self.metrics.registry, gpu_nvml)
         self.gpu = gpu.monitor if gpu is not None else None
@@ -310,6 +310,8 @@ class Daemon:
         finally:
             if self.golden_leader is not None:
                 self.golden_leader.stop()
+            if self.golden is not None:
+                self.golden.stop()  # resident replay engines go (now, or when a running replay ends)
             if self.gpu is not None:
                 self.gpu.stop()
             if self.ingest is not None:

@@ -103,6 +103,7 @@ class StatusDocument:
             "golden": self.golden.status() if self.golden is not None else [],
             "golden_lease": self.golden_leader is not None and self.golden_leader.running,
             "golden_stream": self.golden_relay.status() if self.golden_relay is not None else None,
+            "golden_engines": self.golden.engines_status() if self.golden is not None else None,
             "gpu": [h.to_dict() for h in self.gpu.latest()] if self.gpu is not None else [],
             "heavy_modules_loaded": sorted(m for m in HEAVY_MODULES if m in sys.modules),
         }

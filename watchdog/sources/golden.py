@@ -4,7 +4,8 @@ Each job replays one golden set through a candidate and a baseline engine and tu
 report into ``source: golden`` signals for every route the job guards. Jobs run in the scheduler's
 worker threads, never two runs of one job at once; the daemon's main loop drains finished reports
 through ``drain``. Engines are built lazily inside the job, so a daemon without golden jobs never
-imports torch.
+imports torch; they stay resident between replays (``watchdog.sources.engine_cache``: bounded,
+released on config change, idle timeout or when the scheduler stops).
 
 One schema: the config models (``watchdog.config.settings.GoldenConfig`` / ``GoldenJobConfig``) are
 turned into a scheduler here (``GoldenScheduler.from_config``), nowhere else. ``GoldenLeader`` runs
@@ -14,7 +15,9 @@ of its replays to the replica owning each route, and requests raised elsewhere t
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import queue
 import threading
 import time
@@ -24,7 +27,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from watchdog.config.settings import GoldenConfig, GoldenJobConfig
+from watchdog.core.metrics import Metrics
 from watchdog.core.signals import Signal
+from watchdog.sources.engine_cache import EngineCache
 
 log = logging.getLogger(__name__)
 
@@ -50,18 +55,31 @@ class GoldenJob:
         return self.spec.name
 
 
-def default_replay(job: GoldenJob) -> Any:
-    """Build both engines from the job's options, replay the set, close the engines."""
-    from probes.engines import get_engine
+def default_replay(job: GoldenJob, engines: EngineCache | None = None) -> Any:
+    """Replay the job's set through its candidate and baseline engines.
+
+    With ``engines`` (the scheduler's resident cache) the engines are taken from it and stay loaded
+    and compiled for the next replay; without, both are built here and closed after."""
     from probes.golden import find_golden_set, load_golden_set
     from probes.golden_replay import replay
 
     golden = load_golden_set(find_golden_set(job.spec.set))
     if job.spec.max_items is not None:
         golden = golden.head(job.spec.max_items)
-    candidate = get_engine(**job.spec.candidate)
-    baseline = get_engine(**job.spec.baseline)
-    try:
+    if engines is None:
+        engines = EngineCache(max_engines=2, idle_s=None)
+        try:
+            return _replay_with(job, engines, golden, replay)
+        finally:
+            engines.close()
+    return _replay_with(job, engines, golden, replay)
+
+
+def _replay_with(job: GoldenJob, engines: EngineCache, golden: Any, replay: Callable[..., Any]) -> Any:
+    with engines.lease(job.name, [job.spec.candidate, job.spec.baseline]) as (candidate, baseline):
+        reset = getattr(candidate, "reset_saturation", None)
+        if callable(reset):
+            reset()  # a resident engine: count this replay's saturation, not the runs before
         report = replay(golden, candidate, baseline, progress=False, repeat_baseline=job.spec.repeat_baseline)
         extra: dict[str, float] = {}
         saturation = getattr(candidate, "saturation", lambda: None)()
@@ -69,16 +87,16 @@ def default_replay(job: GoldenJob) -> Any:
             # share of FP8 activations clipped at +-448: rising means the calibration went stale
             extra["fp8_saturation"] = float(saturation.total)
         return report, extra
-    finally:
-        candidate.close()
-        baseline.close()
 
 
 class GoldenScheduler:
-    def __init__(self, jobs: list[GoldenJob], replay_fn: ReplayFn = default_replay,
-                 reports_dir: str | Path | None = None, debounce_s: float = 60.0) -> None:
+    def __init__(self, jobs: list[GoldenJob], replay_fn: ReplayFn | None = None,
+                 reports_dir: str | Path | None = None, debounce_s: float = 60.0,
+                 engines: EngineCache | None = None) -> None:
         self.jobs = {j.name: j for j in jobs}
-        self.replay_fn = replay_fn
+        #: engines kept loaded between replays (None: each replay builds and closes its own)
+        self.engines = engines
+        self.replay_fn: ReplayFn = replay_fn or functools.partial(default_replay, engines=engines)
         self.reports_dir = Path(reports_dir) if reports_dir else None
         self.debounce_s = debounce_s
         #: the signals of each finished run, one list per run (a run's candidate and baseline signals
@@ -88,12 +106,21 @@ class GoldenScheduler:
         self._requested: dict[str, float] = {}
 
     @classmethod
-    def from_config(cls, cfg: GoldenConfig, replay_fn: ReplayFn = default_replay) -> GoldenScheduler | None:
+    def from_config(cls, cfg: GoldenConfig, replay_fn: ReplayFn | None = None,
+                    metrics: Metrics | None = None) -> GoldenScheduler | None:
         """The scheduler of the daemon config's ``golden`` section; None when it has no jobs."""
         if not cfg.jobs:
             return None
+        e = cfg.engines
+        engines = None
+        if e.resident:
+            engines = EngineCache(max_engines=e.max_engines, idle_s=e.idle_s, metrics=metrics,
+                                  max_bytes=int(e.max_gb * 1e9) if e.max_gb is not None else None)
+        if e.compile_cache_dir:
+            # read by torch's inductor when an in-process engine compiles; setting it imports nothing
+            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", e.compile_cache_dir)
         return cls([GoldenJob(j) for j in cfg.jobs], replay_fn=replay_fn,
-                   reports_dir=cfg.reports_dir, debounce_s=cfg.debounce_s)
+                   reports_dir=cfg.reports_dir, debounce_s=cfg.debounce_s, engines=engines)
 
     def start(self) -> GoldenScheduler:
         from apscheduler.schedulers.background import BackgroundScheduler
@@ -113,8 +140,16 @@ class GoldenScheduler:
         return self
 
     def stop(self) -> None:
+        """Stop scheduling; resident engines are released (after a replay still running)."""
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=False)
+            self._scheduler = None
+        if self.engines is not None:
+            self.engines.close()
+
+    def sweep(self) -> int:
+        """Release resident engines idle past their timeout (the daemon's loop calls this)."""
+        return self.engines.sweep() if self.engines is not None else 0
 
     def request(self, model: str, route: str, reason: str, now: float | None = None) -> list[str]:
         """Replay now every on-suspicion job guarding (model, route); debounced per job."""
@@ -168,7 +203,8 @@ class GoldenScheduler:
             job.lock.release()
 
     def drain_runs(self) -> list[tuple[str, list[Signal]]]:
-        """(job name, its signals) of each run finished since the last call."""
+        """(job name, its signals) of each run finished since the last call; idle engines are swept."""
+        self.sweep()
         out = []
         while True:
             try:
@@ -179,6 +215,9 @@ class GoldenScheduler:
     def drain(self, now: float | None = None) -> list[Signal]:
         """The signals of the runs finished since the last call, in one list."""
         return [sig for _job, run in self.drain_runs() for sig in run]
+
+    def engines_status(self) -> dict[str, Any] | None:
+        return self.engines.status() if self.engines is not None else None
 
     def status(self) -> list[dict[str, Any]]:
         return [{"job": j.name, "set": j.spec.set, "routes": j.spec.routes, "runs": j.runs, "last_run": j.last_run,

@@ -1,0 +1,223 @@
+"""FP8 vs FP16 engine time per component at the Llama-3-8B shape with a 128,256-token vocabulary.
+
+One process, random weights (``bench.gpu_replay.random_llama``: lm_head rows past the byte
+tokenizer's 384 are zero, so the lm_head and the log-softmax do the full vocabulary's work while
+greedy picks stay byte ids), the torch engine exactly as ``replay`` builds it (fast decode:
+compiled step in a CUDA graph; FP8 with static calibrated per-tensor scales, lm_head in FP16).
+
+For each batch (16, 64, 128), on 2 x batch prompts of the repository's golden sets, 64 new
+tokens, no stop strings: a warm-up round (compile, graph capture), two timed rounds (generate +
+teacher-forced scoring, as a replay does; the engines alternate first), then one round of each
+engine under ``torch.profiler``: CUDA kernel time by component (kernel-name classes: GEMM,
+attention, FP8 quantisation, norm/rope/elementwise, log-softmax/argmax, copies) and host time
+(wall minus kernel time). The lm_head's share is timed apart (its GEMM alone, in a CUDA graph).
+
+    python bench/gpu_profile_fp8.py --out $OUT/profile.txt        # on the GPU
+    python bench/gpu_profile_fp8.py --smoke                         # tiny, CPU (paths only)
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.gpu_replay import Shape, golden_set_of, random_llama, token_agreement  # noqa: E402
+
+LINES: list[str] = []
+
+CLASSES = (  # first match wins; names lowercased
+    ("attention", ("flash", "fmha", "attention", "sdpa", "efficient_attention", "softmax_warp")),
+    ("FP8 quantisation", ("quant_count", "clamp")),
+    ("log-softmax / argmax", ("log_softmax", "logsumexp", "argmax", "_softmax", "max_", "gather")),
+    ("GEMM", ("gemm", "cutlass", "nvjet", "xmma", "cublas", "matmul", "splitk", "sm90", "wgmma", "_mm_")),
+    ("copy / cat / index", ("copy", "cat", "index", "fill", "memcpy", "memset", "embedding", "where")),
+    ("norm / rope / elementwise", ("triton", "elementwise", "vectorized", "reduce", "mean", "pow", "rsqrt")),
+)
+
+
+def say(line: str = "") -> None:
+    print(line, flush=True)
+    LINES.append(line)
+
+
+def classify(name: str) -> str:
+    low = name.lower()
+    for cls, keys in CLASSES:
+        if any(k in low for k in keys):
+            return cls
+    return "other"
+
+
+def run_round(engine: Any, prompts: list[str], refs: list[str], new_tokens: int, batch: int) -> tuple[float, float]:
+    """(generate s, score s) over ``prompts`` in chunks of ``batch`` (as replay chunks them)."""
+    gen = sco = 0.0
+    for s in range(0, len(prompts), batch):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        engine.generate(prompts[s:s + batch], new_tokens)
+        t1 = time.perf_counter()
+        engine.score(prompts[s:s + batch], refs[s:s + batch])
+        t2 = time.perf_counter()
+        gen += t1 - t0
+        sco += t2 - t1
+    return gen, sco
+
+
+def profile_round(engine: Any, prompts: list[str], refs: list[str], new_tokens: int, batch: int
+                  ) -> tuple[float, dict[str, float], list[tuple[str, float]]]:
+    """(wall s, kernel s by class, top kernels) of one round under torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        run_round(engine, prompts, refs, new_tokens, batch)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    by_cls: dict[str, float] = defaultdict(float)
+    by_name: dict[str, float] = defaultdict(float)
+    for ev in prof.events():
+        dev = getattr(ev, "device_type", None)
+        if dev is None or "CUDA" not in str(dev):
+            continue
+        us = float(ev.time_range.elapsed_us())
+        by_cls[classify(ev.name)] += us / 1e6
+        by_name[ev.name] += us / 1e6
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:8]
+    return wall, dict(by_cls), top
+
+
+def lm_head_ms(head: torch.Tensor, batch: int, reps: int = 20) -> float:
+    """ms of the FP16 lm_head GEMM for ``batch`` rows (CUDA graph of ``reps`` products)."""
+    if not torch.cuda.is_available():
+        return 0.0
+    x = torch.randn(batch, head.shape[1], device=head.device, dtype=head.dtype)
+    torch.nn.functional.linear(x, head)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            torch.nn.functional.linear(x, head)
+    g.replay()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(5):
+        g.replay()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) / (5 * reps)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batches", default="16,64,128")
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--profile-batches", default=None, help="profile only these batches (default: all)")
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    from probes.engines.torch_engine import TorchEngine, calibrate_engine
+    from probes.tiny_model import byte_tokenizer
+
+    device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
+    shape = Shape(64, 128, 2, 4, 2, 512) if args.smoke else Shape(4096, 14336, 32, 32, 8, 128256)
+    batches = [2, 4] if args.smoke else [int(b) for b in args.batches.split(",")]
+    dtype = torch.float16 if device == "cuda" else torch.float32
+    t0 = time.perf_counter()
+    model = random_llama(shape, device, dtype)
+    tok = byte_tokenizer()
+    dt = str(dtype).split(".")[1]
+    fp16 = TorchEngine(precision="fp16", model=model, tokenizer=tok, device=device, dtype=dt,
+                       batch_size=max(batches), name="fp16", fast="on")
+    gs, pool = golden_set_of(2 * max(batches), args.new_tokens, stop=())
+    prompts_all = [gs.render(it) for it in gs.items]
+    refs_all = [it.reference for it in gs.items]
+    amax = calibrate_engine(fp16, [p + r for p, r in zip(prompts_all[:pool], refs_all[:pool], strict=True)])
+    fp8 = TorchEngine(precision="fp8", model=copy.deepcopy(model), tokenizer=tok, device=device, dtype=dt,
+                      batch_size=max(batches), calibration=amax, name="fp8", fast="on")
+    say(f"# FP8 vs FP16 per component ({torch.cuda.get_device_name() if device == 'cuda' else 'CPU'}, torch "
+        f"{torch.__version__}); shape hidden {shape.hidden}, {shape.layers} layers, inter {shape.inter}, "
+        f"{shape.heads}/{shape.kv_heads} heads, vocab {shape.vocab}; built in {time.perf_counter() - t0:.1f} s; "
+        f"{args.new_tokens} new tokens, no stop strings; engine: {fp8.fast_reason}")
+    summary = []
+    for b in batches:
+        n = 2 * b
+        prompts, refs = prompts_all[:n], refs_all[:n]
+        for eng in (fp16, fp8):
+            eng.batch_size = b
+            if eng.fast_decoder is not None:
+                eng.fast_decoder.max_batch = b
+        w0 = (fp16.fast_decoder.warmup_seconds if fp16.fast_decoder else 0,
+              fp8.fast_decoder.warmup_seconds if fp8.fast_decoder else 0)
+        run_round(fp16, prompts, refs, args.new_tokens, b)  # warm-up: compile + capture
+        run_round(fp8, prompts, refs, args.new_tokens, b)
+        for eng in (fp16, fp8):
+            if eng.fast_decoder is not None:
+                eng.fast_decoder.stats = dict.fromkeys(eng.fast_decoder.stats, 0.0)
+        times: dict[str, list[tuple[float, float]]] = {"fp16": [], "fp8": []}
+        for r in range(args.rounds):
+            order = (("fp16", fp16), ("fp8", fp8)) if r % 2 == 0 else (("fp8", fp8), ("fp16", fp16))
+            for name, eng in order:
+                times[name].append(run_round(eng, prompts, refs, args.new_tokens, b))
+        med = {k: (statistics.median(g for g, _s in v), statistics.median(s for _g, s in v)) for k, v in times.items()}
+        st = {k: e.fast_decoder.stats if e.fast_decoder else {} for k, e in (("fp16", fp16), ("fp8", fp8))}
+        # decode_s / steps: the time of one step of the whole batch (each step serves every row)
+        ms_step = {k: (s["decode_s"] / s["steps"] * 1000 if s.get("steps") else 0.0) for k, s in st.items()}
+        # greedy agreement of the fast path with the eager transformers loop (the FP8 engine's own weights)
+        eager = copy.copy(fp8)
+        eager.fast_decoder = None
+        rows = [fp8.encode_prompt(p) for p in prompts[:min(b, 16)]]
+        agree = token_agreement([t for t, _ in fp8._generate_batch(rows, 16)],
+                                [t for t, _ in eager._generate_batch(rows, 16)])
+        eng16, eng8 = sum(med["fp16"]), sum(med["fp8"])
+        summary.append((b, n, med, eng16, eng8, agree, (w0, ms_step)))
+        say(f"\nbatch {b}, {n} prompts: FP16 {eng16:.2f} s (generate {med['fp16'][0]:.2f} / score {med['fp16'][1]:.2f}), "
+            f"FP8 {eng8:.2f} s (generate {med['fp8'][0]:.2f} / score {med['fp8'][1]:.2f}): FP8/FP16 {eng8 / eng16:.3f} "
+            f"({eng16 / eng8:.2f}x); fast-vs-eager greedy agreement (FP8, 16 tokens): same-history decisions "
+            f"{agree[2]:.4f}, positions {agree[0]:.4f}")
+        profile_these = [int(x) for x in args.profile_batches.split(",")] if args.profile_batches else batches
+        if not args.no_profile and b in profile_these:
+            head = fp16.model.lm_head.weight
+            say(f"lm_head GEMM alone (FP16, {shape.vocab} x {shape.hidden}): {lm_head_ms(head, b):.3f} ms per step "
+                f"at batch {b}")
+            rows_out = {}
+            for name, eng in (("fp16", fp16), ("fp8", fp8)):
+                rows_out[name] = profile_round(eng, prompts, refs, args.new_tokens, b)
+            classes = [c for c, _k in CLASSES] + ["other"]
+            say("| component (kernel s) | FP16 | FP8 | FP16/FP8 |")
+            say("| --- | --- | --- | --- |")
+            for c in classes:
+                a, f = rows_out["fp16"][1].get(c, 0.0), rows_out["fp8"][1].get(c, 0.0)
+                if a or f:
+                    say(f"| {c} | {a:.3f} | {f:.3f} | {a / f if f else float('inf'):.2f} |")
+            k16, k8 = sum(rows_out["fp16"][1].values()), sum(rows_out["fp8"][1].values())
+            say(f"| all kernels | {k16:.3f} | {k8:.3f} | {k16 / k8 if k8 else 0:.2f} |")
+            w16, w8 = rows_out["fp16"][0], rows_out["fp8"][0]
+            say(f"| host / idle (wall {w16:.2f} / {w8:.2f} minus kernels) | {w16 - k16:.3f} | {w8 - k8:.3f} | |")
+            for name in ("fp16", "fp8"):
+                say(f"top {name} kernels: " + "; ".join(f"{k[:70]} {v:.3f}" for k, v in rows_out[name][2]))
+    say("\n| batch | prompts | FP16 engine s | FP8 engine s | FP8 / FP16 | speed-up | decode ms/step FP16 / FP8 |")
+    say("| --- | --- | --- | --- | --- | --- | --- |")
+    for b, n, _med, e16, e8, _agree, (_w0, ms) in summary:
+        say(f"| {b} | {n} | {e16:.2f} | {e8:.2f} | {e8 / e16:.3f} | {e16 / e8:.2f}x | {ms['fp16']:.1f} / {ms['fp8']:.1f} |")
+    if args.out:
+        Path(args.out).write_text("\n".join(LINES) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
