@@ -77,6 +77,31 @@ def test_periodic_refresh_catches_writes_that_bypass_pubsub(redis_service: Any, 
         assert reader.messages == 0
 
 
+def test_reader_reloads_every_flag_only_when_something_moved(redis_service: Any, redis_client: Any) -> None:
+    """With 2,000 routes the periodic check is one round trip while nothing changes; a write that
+    bypassed pub/sub but left a trace (a new route in the index, an audit record), or Redis losing
+    its data, triggers the full reload at the next check; and one happens after ``full_reload_s``
+    regardless (an out-of-band HSET that left no trace)."""
+    keys = Keys()
+    pipe = redis_client.pipeline(transaction=False)
+    for i in range(2000):
+        pipe.hset(keys.route("m", f"r{i}"), mapping={"model": "m", "route": f"r{i}", "precision": "fp8", "epoch": "1"})
+        pipe.sadd(keys.routes_index, keys.route("m", f"r{i}"))
+    pipe.execute()
+    with RoutingFlags(url_of(redis_service), ttl_s=0.05, full_reload_s=1.5) as reader:
+        assert reader.wait_ready(3) and len(reader.snapshot()) == 2000
+        time.sleep(0.5)
+        assert reader.reloads == 1  # ten checks, no reload
+        FlagStore(redis_client, keys).flip("m", "r7", "fp16", expected_epoch=1, reason="r", changed_by="t")
+        wait_for(lambda: reader.precision_for("m", "r7") == "fp16")
+        wait_for(lambda: reader.reloads == 2)  # the audit record moved: one reload (pub/sub had it already)
+        redis_client.hset(keys.route("m", "r9"), "precision", "fp16")  # no trace: only the full reload
+        redis_client.hset(keys.route("m", "r9"), "epoch", "5")
+        wait_for(lambda: reader.precision_for("m", "r9") == "fp16", timeout=4)
+        redis_client.flushall()
+        wait_for(lambda: reader.snapshot() == {}, timeout=1)
+
+
 def test_redis_killed_serves_last_known_and_recovers(own_redis: Any) -> None:
     client = client_from_url(url_of(own_redis))
     try:
@@ -118,7 +143,7 @@ def test_an_unexpected_error_in_the_reader_is_reported_and_survived(redis_servic
     gateway served stale flags for ever; now it is unhealthy with the error and reconnects."""
     store = FlagStore(redis_client, Keys())
     store.flip("llama", "chat", "fp8", expected_epoch=None, reason="init", changed_by="t")
-    reader = RoutingFlags(url_of(redis_service), ttl_s=0.05, reconnect_s=0.2, start=False)
+    reader = RoutingFlags(url_of(redis_service), ttl_s=0.05, full_reload_s=0.05, reconnect_s=0.2, start=False)
     real_refresh, real_unhealthy = reader.refresh, reader._mark_unhealthy
     calls: list[int] = []
     errors: list[str] = []

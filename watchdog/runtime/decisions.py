@@ -49,8 +49,9 @@ log = logging.getLogger(__name__)
 #: seconds between two checks that the flags our engine state says we set are still there (no I/O:
 #: the check reads the cache)
 RECONCILE_EVERY_S = 1.0
-#: the daemon's cache reloads every flag this often (``RoutingFlags.ttl_s``): a flag lost without a
-#: reconnect (FLUSHALL, a key deleted) is seen within this plus ``RECONCILE_EVERY_S``, i.e. 5 s
+#: the daemon's cache checks for missed flag changes this often (``RoutingFlags.ttl_s``): a flag lost
+#: without a reconnect (FLUSHALL, a route deleted with its index entry) is seen within this plus
+#: ``RECONCILE_EVERY_S``, i.e. 5 s
 FLAG_RELOAD_S = 4.0
 #: seconds between two exports of ``llmwd_route_precision_is_candidate``
 EXPORT_EVERY_S = 1.0
