@@ -206,3 +206,15 @@ def test_embedded_prints_sourceable_exports_and_stops_on_sigterm(tmp_path: Path)
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_run_without_a_config_is_one_line_naming_config_and_init(monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("LLMWD_CONFIG", raising=False)
+    monkeypatch.setenv("LLMWD_REDIS__URL", _dead_redis())  # a daemon that started would try it
+    assert main(["run"]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and captured.out == "", err
+    assert err[0].startswith("fp8-watchdog run: no config file") and "--config" in err[0], err
+    assert "fp8-watchdog init DIR" in err[0] and "$LLMWD_CONFIG" in err[0], err
