@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from watchdog.config import yamlpos
 from watchdog.config.yamlpos import PosDoc
 from watchdog.core import safe_yaml
+from watchdog.core.model_keys import unknown_key_message
 from watchdog.core.signals import Severity
 
 ENV_PREFIX = "LLMWD_"
@@ -398,5 +399,8 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
             if not env_var and doc is not None:  # a missing key: point at its parent's key
                 pos = doc.pos(loc[:-1] if err["type"] == "missing" else loc, key=True)
                 where = f"{name}:{pos.line}:{pos.col}"
-            lines.append(f"{where}: {'.'.join(str(p) for p in loc) or 'config'}: {err['msg']}")
+            if err["type"] == "extra_forbidden":
+                lines.append(f"{where}: {unknown_key_message(Config, loc)}")
+            else:
+                lines.append(f"{where}: {'.'.join(str(p) for p in loc) or 'config'}: {err['msg']}")
         raise ConfigError("\n".join(lines)) from exc
