@@ -75,7 +75,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         daemon = Daemon(cfg)
     except PolicyError as exc:
-        print(f"{args.prog}: invalid policies: {exc}", file=sys.stderr)
+        print(_startup_policy_errors(f"{args.prog} run", exc.messages), file=sys.stderr)
         return 2
     try:
         server = StatusServer(cfg.server.host, cfg.server.port, daemon.metrics.registry, daemon.status,
@@ -100,6 +100,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         server.stop()
     return 0
+
+
+def _startup_policy_errors(prog: str, messages: list[str]) -> str:
+    """One start-up message per bad policy file: a header naming the file, its problems below."""
+    by_file: dict[str, list[str]] = {}
+    for msg in messages:  # each is file:line:col: message
+        path = msg.split(":", 1)[0] if msg.count(":") >= 3 else "<policies>"
+        by_file.setdefault(path, []).append(msg)
+    out = []
+    for path, problems in by_file.items():
+        count = f"{len(problems)} problem{'s' if len(problems) > 1 else ''}"
+        out.append(f"{prog}: not started: policy file {path} is invalid ({count}):")
+        out.extend(f"  {p}" for p in problems)
+    return "\n".join(out)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

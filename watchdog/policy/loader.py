@@ -332,6 +332,9 @@ class PolicyLoader:
     and ``reload()`` only start a load on a worker thread and return at once (False). The thread
     builds the new ``PolicySet`` aside; the next ``check()`` swaps it in with one assignment,
     calls ``on_change``/``on_error`` on the caller's thread and returns True if it was accepted.
+
+    ``raise_at_start=True``: an invalid first load raises ``PolicyError`` from the constructor and
+    logs nothing (the daemon reports it once, as a start-up failure, not as a rejected reload).
     """
 
     def __init__(
@@ -342,6 +345,7 @@ class PolicyLoader:
         *,
         background: bool = False,
         channels: Collection[str] | None = None,
+        raise_at_start: bool = False,
     ) -> None:
         self.paths = list(paths)
         #: the alert channel names policies may route to (None: not checked)
@@ -358,7 +362,15 @@ class PolicyLoader:
         self._worker: threading.Thread | None = None
         self._again = False
         self._result: PolicySet | PolicyError | None = None
-        self._sync_reload()
+        if raise_at_start:  # the caller reports a bad start (once, as a start-up failure); nothing is logged
+            self._seen = _safe_fingerprint(self.paths)
+            first = _load_guarded(self.paths, self.channels)
+            if isinstance(first, PolicyError):
+                self.last_errors = first.messages
+                raise first
+            self._apply(first)
+        else:
+            self._sync_reload()
 
     @property
     def loading(self) -> bool:
@@ -429,8 +441,11 @@ class PolicyLoader:
         if isinstance(result, PolicyError):
             self.rejects += 1
             self.last_errors = result.messages
-            log.warning("policy reload rejected, keeping %d policies in force: %s",
-                        len(self.policy_set.policies), "; ".join(result.messages[:20]))
+            if self.loads:
+                log.warning("policy reload rejected, keeping %d policies in force: %s",
+                            len(self.policy_set.policies), "; ".join(result.messages[:20]))
+            else:
+                log.warning("policies rejected at load, none in force: %s", "; ".join(result.messages[:20]))
             if self.on_error is not None:
                 self.on_error(result.messages)
             return False
