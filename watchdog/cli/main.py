@@ -58,7 +58,7 @@ def _load_config(args: argparse.Namespace) -> Config | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from watchdog.config.settings import env_overrides
+    from watchdog.config.settings import env_hint, env_overrides
     from watchdog.policy import PolicyError
     from watchdog.runtime.daemon import Daemon
     from watchdog.runtime.http import StatusServer
@@ -71,7 +71,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if cfg is None:
         return 2
     for var in env_overrides(os.environ)[1]:  # a typo such as LLMWD_KAFKA_BOOTSTRAP_SERVERS (one _)
-        _log().warning("$%s matches no config key and is ignored", var)
+        _log().warning("$%s matches no config key and is ignored%s", var, env_hint(var))
     try:
         daemon = Daemon(cfg)
     except PolicyError as exc:
@@ -159,7 +159,7 @@ def cmd_config_check(args: argparse.Namespace) -> int:
 
     from watchdog.alerting.channels import channel_names
     from watchdog.config.redact import redacted
-    from watchdog.config.settings import env_overrides
+    from watchdog.config.settings import env_hint, env_overrides
     from watchdog.policy import PolicyError, load_policy_files
 
     cfg = _load_config(args)
@@ -178,7 +178,7 @@ def cmd_config_check(args: argparse.Namespace) -> int:
         except GatewayConfigError as exc:
             problems.extend(str(exc).splitlines())
     for var in env_overrides(os.environ)[1]:
-        print(f"warning: ${var} matches no config key and is ignored", file=sys.stderr)
+        print(f"warning: ${var} matches no config key and is ignored{env_hint(var)}", file=sys.stderr)
     if cfg.alerts.channels and not cfg.server.external_url:
         print(f"warning: alerts will link to {cfg.server.status_url}; set server.external_url to the address "
               "on-call can open", file=sys.stderr)

@@ -253,7 +253,7 @@ class ConfigError(ValueError):
 _VAR_RE = re.compile(r"\$\$\{|\$\{([^}]*)\}")
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: LLMWD_* variables that are read elsewhere, not config keys
-_NOT_CONFIG = {"TANSU", "REDIS_SERVER", "REDIS_URL", "CONFIG"}
+_NOT_CONFIG = {"TANSU", "REDIS_SERVER", "CONFIG"}
 
 
 def expand(value: str, env: Mapping[str, str], where: str) -> str:
@@ -352,6 +352,16 @@ def env_overrides(env: Mapping[str, str]) -> tuple[list[tuple[tuple[str, ...], A
                 raise ConfigError(f"${var}: not valid JSON ({exc})") from exc
         out.append((path, value, var))
     return out, unknown
+
+
+def env_hint(var: str) -> str:
+    """For a variable that matches no config key: the ``__`` spelling it probably meant, if any
+    (``LLMWD_REDIS_URL`` -> ``; did you mean $LLMWD_REDIS__URL?``)."""
+    rest = var[len(ENV_PREFIX):] if var.startswith(ENV_PREFIX) else ""
+    head, sep, tail = rest.partition("_")
+    if sep and tail and "__" not in rest and head.lower() in Config.model_fields:
+        return f"; did you mean ${ENV_PREFIX}{head}__{tail}?"
+    return ""
 
 
 def _apply(data: dict[str, Any], path: tuple[str, ...], value: Any, var: str) -> None:
