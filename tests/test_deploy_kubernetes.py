@@ -262,6 +262,7 @@ def test_plain_manifests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     config = check_config(docs, tmp_path, monkeypatch, wd_env)
     assert config.redis.url == "rediss://:pw@redis:6380/0"  # the Secret's value wins over the file's
     assert [c.kind for c in config.alerts.channels] == ["pagerduty", "slack"]
+    assert config.server.status_url == "https://llm-watchdog.example.com/status"  # not the pod's 127.0.0.1
 
 
 def test_packaged_chart_carries_the_linked_files(tmp_path: Path) -> None:
