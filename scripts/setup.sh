@@ -3,18 +3,20 @@
 # the package, the embedded broker, the CPU build of torch and the test tools. Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+# apt_get: waits for another apt/dpkg's lock with a message instead of failing at once
+. scripts/dpkg_lock.sh
 
 if ! command -v redis-server >/dev/null 2>&1; then
   echo "setup: installing redis-server (Debian package)"
-  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq redis-server >/dev/null
+  apt_get update -qq && apt_get install -y -qq redis-server >/dev/null
 fi
 # redis-sentinel: tests/test_sentinel.py runs a master, a replica and a sentinel (failover drills)
 if ! command -v redis-sentinel >/dev/null 2>&1; then
   echo "setup: installing redis-sentinel (Debian package)"
-  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
-  $SUDO apt-get install -y -qq redis-sentinel >/dev/null 2>&1 || \
-    { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq redis-sentinel >/dev/null; }
+  wait_for_dpkg_lock  # here, not inside the silenced first try below, so that its message shows
+  apt_get install -y -qq redis-sentinel >/dev/null 2>&1 || \
+    { apt_get update -qq && apt_get install -y -qq redis-sentinel >/dev/null; }
 fi
 
 # promtool (alert-rule tests), Alertmanager (alert-channel tests) and systemd-analyze (unit tests).
@@ -27,15 +29,14 @@ command -v prometheus-alertmanager >/dev/null 2>&1 || pkgs="$pkgs prometheus-ale
 command -v systemd-analyze >/dev/null 2>&1 || pkgs="$pkgs systemd"
 if [ -n "$pkgs" ]; then
   echo "setup: installing$pkgs (Debian packages)"
-  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
   made_policy=""
   if [ ! -e /usr/sbin/policy-rc.d ]; then
     printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
     $SUDO chmod +x /usr/sbin/policy-rc.d; made_policy=1
   fi
-  $SUDO apt-get update -qq
+  apt_get update -qq
   # shellcheck disable=SC2086 # word splitting of the package list is meant
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $pkgs >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt_get install -y -qq --no-install-recommends $pkgs >/dev/null
   [ -z "$made_policy" ] || $SUDO rm -f /usr/sbin/policy-rc.d
   if [ -d /run/systemd/system ]; then
     $SUDO systemctl disable --now prometheus prometheus-alertmanager >/dev/null 2>&1 || true
@@ -46,10 +47,8 @@ fi
 # package itself, under .cache/). Debian's nodejs (18 on bookworm) is enough; a newer one is kept.
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
   echo "setup: installing nodejs + npm (Debian packages)"
-  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
-  $SUDO apt-get -o DPkg::Lock::Timeout=300 update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends \
-    nodejs npm >/dev/null
+  apt_get update -qq
+  DEBIAN_FRONTEND=noninteractive apt_get install -y -qq --no-install-recommends nodejs npm >/dev/null
 fi
 
 PY=${PYTHON:-python3}

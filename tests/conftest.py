@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import os
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,7 +47,66 @@ def own_redis(tmp_path: Path) -> Iterator[Service]:
 def kafka_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     svc = start_tansu(workdir=tmp_path_factory.mktemp("tansu"))
     yield svc
+    # clients a test left open are closed while the broker is still up, and named in the summary: a
+    # librdkafka handle outliving the broker logs "Connection refused" after pytest's summary
+    LEFT_OPEN.extend(close_leftover_kafka_clients())
     svc.stop()
+
+
+#: Kafka clients the session found open at its end (see close_leftover_kafka_clients)
+LEFT_OPEN: list[str] = []
+
+
+def close_leftover_kafka_clients() -> list[str]:
+    """Close the event emitters and Kafka clients still open; returns what each was."""
+    found: list[tuple[str, Any]] = []
+    for obj in gc.get_objects():
+        cls = type(obj)
+        name = f"{cls.__module__}.{cls.__qualname__}"
+        if name == "watchdog.ingest.emitter.EventEmitter":
+            if obj._producer is not None or (obj._thread is not None and obj._thread.is_alive()):
+                found.append((f"EventEmitter({obj.name})", lambda o=obj: o.close(timeout=0.5)))
+        elif name in ("kafka.producer.kafka.KafkaProducer", "kafka.consumer.group.KafkaConsumer"):
+            if not getattr(obj, "_closed", True):
+                found.append((cls.__name__, obj.close))
+        elif name.endswith("cimpl.Producer") and len(obj):  # confluent-kafka: a purge drops the callbacks
+            found.append(("confluent_kafka.Producer", lambda o=obj: (o.purge(), o.flush(0.5))))
+    for _what, close in found:
+        with contextlib.suppress(Exception):  # best effort at the end of the session
+            close()
+    gc.collect()
+    return [what for what, _close in found]
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if LEFT_OPEN:
+        terminalreporter.write_line(f"conftest: closed {len(LEFT_OPEN)} Kafka client(s) that tests left open: "
+                                    f"{', '.join(sorted(set(LEFT_OPEN)))} (close them in the test)", yellow=True)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    session.config.stash[_EXIT_STATUS] = int(exitstatus)
+
+
+_EXIT_STATUS = pytest.StashKey[int]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Exit as soon as pytest is done (results, summary and reports are written by then): the
+    interpreter's own teardown of a heap holding torch, transformers, LiteLLM and many clients
+    (pytest's last garbage collection, then module finalization; gdb shows the time in
+    Py_FinalizeEx's collections) took 4.7-6 s after the summary on a 10-test subset, more on the full
+    suite. Skipped with it: pytest's last sweep for unraisable exceptions and atexit handlers.
+    LLMWD_TEST_FULL_EXIT=1 keeps the normal exit; so does a run under coverage (it writes its data
+    at exit), an xdist worker, and an interrupted run (pytest reports the KeyboardInterrupt here)."""
+    status = config.stash.get(_EXIT_STATUS, None)
+    if (status is None or status == pytest.ExitCode.INTERRUPTED or os.environ.get("LLMWD_TEST_FULL_EXIT")
+            or "coverage" in sys.modules or hasattr(config, "workerinput")):
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 @pytest.fixture

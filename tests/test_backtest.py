@@ -267,7 +267,7 @@ def test_window_is_picked_from_the_recording_or_refused_in_one_line(capsys: pyte
     choice = choose_window(shipped, read_lines(REGRESSION))
     assert choice.window_s == 300
     assert "fp8-default:error-rate" in choice.reachable
-    assert "500 per precision" in choice.unreachable["fp8-default:latency-typical"]
+    assert "300 per precision" in choice.unreachable["fp8-default:latency-typical"]
     strict = load_policy_files([ROOT / "policies" / "strict-legal-medical.yaml"])
     with pytest.raises(WindowChoiceError, match="covers none of the recording's routes"):
         choose_window(strict, read_lines(HEALTHY))  # legal/* only; the healthy file is chat/general

@@ -100,7 +100,7 @@ def test_bad_invocations_exit_2_with_one_line(argv: list[str], says: str, tmp_pa
     events = tmp_path / "events.jsonl"
     events.write_text('{"ts": 1, "model": "m", "route": "r"}\n')
     monkeypatch.chdir(ROOT)
-    monkeypatch.setenv("LLMWD_REDIS_URL", _dead_redis())  # a check that reached Redis would say so
+    monkeypatch.setenv("LLMWD_REDIS__URL", _dead_redis())  # a check that reached Redis would say so
     monkeypatch.delenv("LLMWD_CONFIG", raising=False)
     try:
         code = main([a.replace("{events}", str(events)) for a in argv])
@@ -114,7 +114,7 @@ def test_bad_invocations_exit_2_with_one_line(argv: list[str], says: str, tmp_pa
 
 def test_a_usage_error_found_after_parsing_names_the_command(monkeypatch: pytest.MonkeyPatch,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setenv("LLMWD_REDIS_URL", _dead_redis())
+    monkeypatch.setenv("LLMWD_REDIS__URL", _dead_redis())
     monkeypatch.delenv("LLMWD_CONFIG", raising=False)
     assert main(["flags", "set", "llama", "chat", "FP9"]) == 2
     assert capsys.readouterr().err.startswith("fp8-watchdog flags set: error: argument precision:")
@@ -176,7 +176,7 @@ def test_run_on_a_taken_port_is_one_line_and_a_mistyped_variable_is_named(monkey
 
 
 def test_a_real_process_prints_one_line_and_no_traceback(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "LLMWD_REDIS_URL": _dead_redis()}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LLMWD_REDIS__URL": _dead_redis()}
     out = subprocess.run([sys.executable, "-m", "watchdog.cli.main", "flags", "set", "m", "r", "FP9"], cwd=tmp_path,
                          env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr
@@ -206,3 +206,15 @@ def test_embedded_prints_sourceable_exports_and_stops_on_sigterm(tmp_path: Path)
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_run_without_a_config_is_one_line_naming_config_and_init(monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("LLMWD_CONFIG", raising=False)
+    monkeypatch.setenv("LLMWD_REDIS__URL", _dead_redis())  # a daemon that started would try it
+    assert main(["run"]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and captured.out == "", err
+    assert err[0].startswith("fp8-watchdog run: no config file") and "--config" in err[0], err
+    assert "fp8-watchdog init DIR" in err[0] and "$LLMWD_CONFIG" in err[0], err

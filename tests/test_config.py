@@ -162,3 +162,34 @@ def test_yaml_problems_and_missing_keys_are_placed_by_the_shared_position_tracke
     path = write(tmp_path, "golden:\n  jobs:\n    - {set: s, model: m, routes: [r], candidate: {}, baseline: {}}\n")
     with pytest.raises(ConfigError, match=r"c.yaml:3:7: golden.jobs.0.name: Field required"):
         load_config(path, env={})
+
+
+def test_an_unknown_key_says_where_and_what_was_meant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("kafka:\n  topic: t\n  bootstrap_servrs: a:9092\nserverr: {port: 1}\n"
+                    "alerts:\n  zzz_nothing_like_it: 1\n")
+    monkeypatch.delenv("LLMWD_CONFIG", raising=False)
+    assert main(["config", "check", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:3:3: unknown key 'bootstrap_servrs' in kafka (did you mean 'bootstrap_servers'?)" in err
+    assert f"{path}:4:1: unknown key 'serverr' at the top level (did you mean 'server'?)" in err
+    assert f"{path}:6:3: unknown key 'zzz_nothing_like_it' in alerts; allowed here: " in err and "channels" in err
+    assert "Extra inputs" not in err
+
+
+def test_an_unknown_key_from_the_environment_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMWD_KAFKA__TOPICC", "t")
+    with pytest.raises(ConfigError) as err:
+        load_config(None)
+    assert str(err.value) == "$LLMWD_KAFKA__TOPICC: unknown key 'topicc' in kafka (did you mean 'topic'?)"
+
+
+def test_an_unknown_gateway_key_says_what_was_meant(tmp_path: Path) -> None:
+    from watchdog.gateway.config import GatewayConfigError, load_gateway_config
+
+    path = tmp_path / "config.yaml"
+    path.write_text("gateway:\n  host: 127.0.0.1\n  prot: 8080\n")
+    with pytest.raises(GatewayConfigError) as err:
+        load_gateway_config(path)
+    assert "unknown key 'prot' in gateway (did you mean 'port'?)" in str(err.value) and "Extra inputs" not in str(err.value)

@@ -262,6 +262,7 @@ def test_plain_manifests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     config = check_config(docs, tmp_path, monkeypatch, wd_env)
     assert config.redis.url == "rediss://:pw@redis:6380/0"  # the Secret's value wins over the file's
     assert [c.kind for c in config.alerts.channels] == ["pagerduty", "slack"]
+    assert config.server.status_url == "https://llm-watchdog.example.com/status"  # not the pod's 127.0.0.1
 
 
 def test_packaged_chart_carries_the_linked_files(tmp_path: Path) -> None:
@@ -275,3 +276,53 @@ def test_packaged_chart_carries_the_linked_files(tmp_path: Path) -> None:
         assert all(tar.getmember(n).isfile() for n in names if "/files/" in n), "a symlink was packaged"
     with helm.Chart.load_archive(Path(archive).read_bytes()) as packed, helm.Chart.load(str(CHART)) as source:
         assert packed.render(values, name="wd", namespace="ml") == source.render(values, name="wd", namespace="ml")
+
+
+def _notes(values: dict[str, Any]) -> str:
+    helm.disable_logging()
+    with helm.Chart.load(str(CHART)) as c:
+        out = c.render(values, name="wd", namespace="ml")
+    return next((text for path, text in out.items() if path.endswith("NOTES.txt")), "")
+
+
+@pytest.mark.parametrize("mode", ["standalone", "sidecar"])
+def test_config_server_port_moves_the_container_port_and_every_probe(mode: str, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    values: dict[str, Any] = {"mode": mode, "config": {"server": {"port": 8080}}}
+    if mode == "sidecar":
+        values["serving"] = {"containers": [{"name": "server", "image": "vllm/vllm-openai:v0.6.0"}]}
+    docs = render(values)
+    validate_all(docs)
+    dep = next(d for d in docs if d["kind"] == "Deployment")
+    wd = check_pod(docs, dep, standalone=mode == "standalone")
+    ports = {p["name"]: p["containerPort"] for p in wd["ports"]}
+    assert ports == {"wd-metrics": 8080}
+    probes = [wd[k] for k in ("startupProbe", "livenessProbe", "readinessProbe") if k in wd]
+    assert probes and all(ports.get(p["httpGet"]["port"], p["httpGet"]["port"]) == 8080 for p in probes)
+    svc = check_service(docs, dep)
+    assert [(p["port"], p["targetPort"]) for p in svc["spec"]["ports"]] == [(9464, "wd-metrics")]
+    assert check_config(docs, tmp_path, monkeypatch, []).server.port == 8080
+    assert "9464" not in json.dumps(wd)
+
+
+def test_service_port_alone_still_sets_the_daemon_port(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    docs = render({"service": {"port": 9100}})
+    wd = watchdog_container(one(docs, "Deployment")["spec"]["template"])
+    assert wd["ports"] == [{"name": "wd-metrics", "containerPort": 9100, "protocol": "TCP"}]
+    assert check_config(docs, tmp_path, monkeypatch, []).server.port == 9100
+
+
+def test_production_values_link_alerts_to_an_external_url_placeholder(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    values_file = CHART / "ci/standalone-production-values.yaml"
+    docs = render(values_file)
+    secret_env = [e["name"] for e in yaml.safe_load(values_file.read_text())["secretEnv"]]
+    config = check_config(docs, tmp_path, monkeypatch, secret_env)
+    assert config.alerts.channels and config.server.external_url
+    assert config.server.status_url == "https://llm-watchdog.example.com/status"
+    assert "127.0.0.1" not in config.server.status_url and "localhost" not in config.server.status_url
+    assert "PLACEHOLDER" in values_file.read_text().split("external_url:")[0].rsplit("server:", 1)[1]
+    assert "external_url" not in _notes(yaml.safe_load(values_file.read_text()))
+    # without it, the install notes say where the links would point
+    assert "config.server.external_url is not" in _notes(
+        {"config": {"alerts": {"channels": [{"kind": "slack", "url": "https://hooks.example.com/x"}]}}})

@@ -181,3 +181,61 @@ def test_shorten_cuts_at_a_word(text: str, width: int, expected: str) -> None:
     from watchdog.core.text import shorten
 
     assert shorten(text, width) == expected and len(shorten(text, width)) <= width
+
+
+# -- one spelling of the Redis URL variable: the daemon's LLMWD_REDIS__URL, as `embedded` exports it ---------
+def _run_env(*argv: str) -> int:
+    parser = argparse.ArgumentParser(prog="llm-watchdog")
+    add_flags_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["flags", *argv])
+    return int(args.func(args))
+
+
+def _dead() -> str:
+    from watchdog.dev.embedded import free_port
+
+    return f"redis://127.0.0.1:{free_port()}/0"
+
+
+def test_flags_read_the_daemons_variable_first_and_the_old_spelling_still_works(
+        url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("LLMWD_CONFIG", raising=False)
+    monkeypatch.setenv("LLMWD_REDIS__URL", url)
+    monkeypatch.setenv("LLMWD_REDIS_URL", _dead())  # the documented spelling wins over the old one
+    assert _run_env("set", "llama", "chat", "fp16", "--json") == 0
+    assert out_json(capsys)["applied"]
+    monkeypatch.delenv("LLMWD_REDIS__URL")
+    monkeypatch.setenv("LLMWD_REDIS_URL", url)  # what worked before still works
+    assert _run_env("get", "llama", "chat", "--json") == 0
+    assert out_json(capsys)["precision"] == "fp16"
+    monkeypatch.setenv("LLMWD_REDIS__URL", _dead())
+    assert _run_env("get", "llama", "chat", "--json") == 2  # and the new one is the one tried first
+
+
+def test_help_names_the_one_spelling_the_daemon_and_embedded_use(capsys: pytest.CaptureFixture[str]) -> None:
+    from pathlib import Path
+
+    from watchdog.cli.main import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["flags", "list", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "$LLMWD_REDIS__URL" in text and "$LLMWD_REDIS_URL" not in text
+    root = Path(__file__).resolve().parents[1]
+    assert "export LLMWD_REDIS__URL=" in (root / "watchdog" / "cli" / "main.py").read_text()  # cmd_embedded
+    docs = [p for p in [root / "README.md", *root.glob("docs/**/*.md"), *root.glob("deploy/**/*")] if p.is_file()]
+    assert [str(p) for p in docs if "LLMWD_REDIS_URL" in p.read_text(errors="replace")] == []
+
+
+def test_the_daemon_names_the_old_spelling_and_the_right_one(monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from pathlib import Path
+
+    from watchdog.cli.main import main
+
+    monkeypatch.setenv("LLMWD_REDIS_URL", "redis://db:6379/0")
+    monkeypatch.delenv("LLMWD_REDIS__URL", raising=False)
+    example = Path(__file__).resolve().parents[1] / "deploy" / "config.example.yaml"
+    assert main(["config", "check", "--config", str(example)]) == 0
+    assert ("warning: $LLMWD_REDIS_URL matches no config key and is ignored; did you mean $LLMWD_REDIS__URL?"
+            in capsys.readouterr().err)

@@ -94,3 +94,47 @@ def test_each_route_lands_on_the_partition_the_daemon_expects(client: str, kafka
     for key, parts in seen.items():
         assert parts == {(murmur2(key) & 0x7FFFFFFF) % 4}, (key, parts)
     assert len({p for ps in seen.values() for p in ps}) > 1  # the routes do spread over partitions
+
+
+# what a process does after closing an emitter whose broker is gone: nothing (no handle left dialling it)
+AFTER_CLOSE = """
+import sys, time
+from watchdog.gateway.config import EventsConfig
+from watchdog.ingest.emitter import EventEmitter
+em = EventEmitter(EventsConfig(bootstrap_servers=sys.argv[1], topic="t", client=sys.argv[2], buffer_size=50,
+                               flush_interval_s=0.01, librdkafka={"reconnect.backoff.ms": 10},
+                               producer={"request_timeout_ms": 500})).start()
+for i in range(200):
+    em.emit({"schema": 1, "request_id": f"r{i}", "ts": time.time(), "model": "m", "route": "r",
+             "precision": "fp8", "status": "ok", "latency_ms": 1.0, "prompt_tokens": 1, "completion_tokens": 1})
+time.sleep(1.5)
+t0 = time.monotonic()
+em.close(timeout=0.2)
+deadline = time.monotonic() + 15
+while em._producer is not None and time.monotonic() < deadline:
+    time.sleep(0.05)
+print(f"closed in {time.monotonic() - t0:.2f}s producer_left={em._producer is not None}", file=sys.stderr, flush=True)
+time.sleep(2.0)
+print("end", file=sys.stderr, flush=True)
+"""
+
+
+@pytest.mark.parametrize("client", CLIENTS[1:])  # kafka-python's constructor alone waits ~60 s for a dead broker
+def test_close_with_a_dead_broker_leaves_nothing_dialling_it(client: str) -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", AFTER_CLOSE, f"127.0.0.1:{free_port()}", client], cwd=root,
+                         env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - t0
+    assert out.returncode == 0, out.stderr
+    err = out.stderr.splitlines()
+    closed = next(i for i, line in enumerate(err) if line.startswith("closed in"))
+    assert "producer_left=False" in err[closed], err[closed]
+    after = err[closed + 1:]
+    assert after == ["end"], after  # no librdkafka "Connection refused" (or anything else) after close()
+    assert took < 30, took  # and the interpreter exits at once (no producer's destructor waiting on a dead broker)

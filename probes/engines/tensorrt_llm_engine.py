@@ -23,6 +23,7 @@ from typing import Any
 
 from probes.engines import register
 from probes.engines.base import Generation, ReferenceScore
+from probes.engines.model_path import check_model_path
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +147,7 @@ class TensorRTLLMEngine:
                  tensor_parallel_size: int = 1, max_batch_size: int | None = None, max_num_tokens: int | None = None,
                  kv_cache_free_gpu_memory_fraction: float | None = 0.5, fp8_kv_cache: bool = False,
                  enable_scoring: bool = True) -> None:
+        check_model_path(model_path)  # before tensorrt_llm is imported
         LLM, SamplingParams, KvCacheConfig, QuantAlgo, QuantConfig = _import_trtllm()
         self.precision = precision
         self.name = name or f"tensorrt_llm:{Path(model_path).name}:{precision}"

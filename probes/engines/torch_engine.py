@@ -17,6 +17,7 @@ import argparse
 import inspect
 import json
 import logging
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from probes.engines import register
 from probes.engines.base import Generation, ReferenceScore
+from probes.engines.model_path import check_model_path
 
 if TYPE_CHECKING:
     import torch
@@ -104,6 +106,12 @@ class TorchEngine:
                  model: Any = None, tokenizer: Any = None, track_saturation: bool = True,
                  fast: str | bool = "auto", compile: bool | None = None, cuda_graphs: bool | None = None,
                  compile_cache_dir: str | Path | None = None) -> None:
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
+        if model is None and model_path is None:
+            raise ValueError("torch engine needs model_path (an HF directory) or a model object")
+        if model_path is not None and (model is None or tokenizer is None):
+            check_model_path(model_path)  # before torch is imported: a typo is one line in our words
         if compile_cache_dir:
             use_compile_cache(compile_cache_dir)
         started = time.perf_counter()
@@ -112,10 +120,6 @@ class TorchEngine:
 
         imported = time.perf_counter() - started
 
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
-        if model is None and model_path is None:
-            raise ValueError("torch engine needs model_path (an HF directory) or a model object")
         self.precision = precision
         self.name = name or f"torch:{Path(model_path).name if model_path else 'model'}:{precision}"
         self.device = _resolve_device(device)
@@ -494,7 +498,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         path = calibrate_model(args.model, texts, args.out, device=args.device, dtype=args.dtype,
                                meta={"set": args.set})
     except (OSError, ValueError, KeyError, GoldenSetError) as exc:
-        print(f"calibrate: {exc}")
+        print(f"calibrate: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {path} ({len(texts)} texts)")
     return 0

@@ -69,8 +69,14 @@ def who() -> str:
     return f"cli:{user}@{socket.gethostname()}"
 
 
+#: the one spelling, the daemon's own (config key redis.url, ``__`` between levels), as ``embedded`` exports it
+REDIS_URL_VAR = "LLMWD_REDIS__URL"
+#: read by ``flags`` before the spelling was unified; still honoured after REDIS_URL_VAR, not documented
+LEGACY_REDIS_URL_VAR = "LLMWD_REDIS_URL"
+
+
 def default_redis_url() -> str:
-    return os.environ.get("LLMWD_REDIS_URL") or os.environ.get("LLMWD_REDIS__URL") or DEFAULT_REDIS_URL
+    return os.environ.get(REDIS_URL_VAR) or os.environ.get(LEGACY_REDIS_URL_VAR) or DEFAULT_REDIS_URL
 
 
 def _store(args: argparse.Namespace) -> FlagStore:
@@ -204,7 +210,9 @@ def _settings(args: argparse.Namespace) -> Config:
         cfg = load_config(args.config)
     except (ConfigError, OSError) as exc:
         raise _UsageError(f"--config {args.config or '(environment)'}: {exc}") from exc
-    args.redis_url = args.redis_url or os.environ.get("LLMWD_REDIS_URL") or cfg.redis.url
+    # --redis-url, then $LLMWD_REDIS__URL (already in cfg.redis.url), then the legacy spelling, then the file's
+    args.redis_url = (args.redis_url or os.environ.get(REDIS_URL_VAR) or os.environ.get(LEGACY_REDIS_URL_VAR)
+                      or cfg.redis.url)
     args.prefix = args.prefix or cfg.redis.prefix
     if getattr(args, "precision", None) is not None:
         precision = args.precision.strip().lower()
@@ -283,7 +291,7 @@ def add_flags_commands(subparsers: Any) -> argparse.ArgumentParser:
     common.add_argument("--config", default=os.environ.get("LLMWD_CONFIG") or None, metavar="FILE", type=existing_file,
                         help="daemon config: Redis, precisions, alert channels (default: $LLMWD_CONFIG)")
     common.add_argument("--redis-url", default=None,
-                        help=f"Redis URL (default: $LLMWD_REDIS_URL, the config's, or {DEFAULT_REDIS_URL})")
+                        help=f"Redis URL (default: ${REDIS_URL_VAR}, the config's redis.url, or {DEFAULT_REDIS_URL})")
     common.add_argument("--prefix", default=None, help="key prefix (default: the config's, llmwd)")
     common.add_argument("--json", action="store_true", help="print JSON instead of a table")
     common.add_argument("--timeout", type=positive_float, default=2.0, help="Redis socket timeout in seconds")

@@ -10,29 +10,19 @@ Examples:
 
 from __future__ import annotations
 
-import argparse
-import importlib
-import json
-import logging
+# Only what the interpreter has loaded already is imported at the top: everything else is imported
+# inside main(), where Ctrl-C becomes one line (a KeyboardInterrupt during a module-level import would
+# print a traceback before main() runs).
 import os
 import signal
 import sys
-import threading
 from typing import TYPE_CHECKING, Any
 
-from watchdog.core.argtypes import (
-    Parser,
-    add_log_level_everywhere,
-    existing_file,
-    log_level,
-    positive_float,
-    setup_logging,
-)
-
 if TYPE_CHECKING:
-    from watchdog.config.settings import Config
+    import argparse
+    import logging
 
-log = logging.getLogger("watchdog")
+    from watchdog.config.settings import Config
 
 #: commands that log at INFO by default; the others log only warnings unless --log-level says so
 _CHATTY = {"run", "demo", "embedded", "gateway"}
@@ -50,6 +40,12 @@ _PLUGINS = [
 ]
 
 
+def _log() -> logging.Logger:
+    import logging
+
+    return logging.getLogger("watchdog")
+
+
 def _load_config(args: argparse.Namespace) -> Config | None:
     """The ``Config`` named by ``--config``, or None after printing the one-line cause."""
     from watchdog.config.settings import ConfigError, load_config
@@ -62,20 +58,24 @@ def _load_config(args: argparse.Namespace) -> Config | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from watchdog.config.settings import env_overrides
+    from watchdog.config.settings import env_hint, env_overrides
     from watchdog.policy import PolicyError
     from watchdog.runtime.daemon import Daemon
     from watchdog.runtime.http import StatusServer
 
+    if args.config is None:  # the built-in defaults alone are never what an operator meant to run
+        print(f"{args.prog} run: no config file: pass --config FILE (or set $LLMWD_CONFIG); "
+              f"'{args.prog} init DIR' writes a starter DIR/config.yaml", file=sys.stderr)
+        return 2
     cfg = _load_config(args)
     if cfg is None:
         return 2
     for var in env_overrides(os.environ)[1]:  # a typo such as LLMWD_KAFKA_BOOTSTRAP_SERVERS (one _)
-        log.warning("$%s matches no config key and is ignored", var)
+        _log().warning("$%s matches no config key and is ignored%s", var, env_hint(var))
     try:
         daemon = Daemon(cfg)
     except PolicyError as exc:
-        print(f"{args.prog}: invalid policies: {exc}", file=sys.stderr)
+        print(_startup_policy_errors(f"{args.prog} run", exc.messages), file=sys.stderr)
         return 2
     try:
         server = StatusServer(cfg.server.host, cfg.server.port, daemon.metrics.registry, daemon.status,
@@ -84,10 +84,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"{args.prog}: cannot serve HTTP on {cfg.server.host}:{cfg.server.port}: {exc.strerror or exc} "
               f"(another daemon there? set server.port or $LLMWD_SERVER__PORT)", file=sys.stderr)
         return 2
-    log.info("serving /metrics /healthz /readyz /status on %s", server.url)
+    _log().info("serving /metrics /healthz /readyz /status on %s", server.url)
 
     def _stop(signum: int, _frame: Any) -> None:
-        log.info("signal %s: checkpointing and stopping", signal.Signals(signum).name)
+        _log().info("signal %s: checkpointing and stopping", signal.Signals(signum).name)
         daemon.stop()
 
     signal.signal(signal.SIGTERM, _stop)
@@ -102,7 +102,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _startup_policy_errors(prog: str, messages: list[str]) -> str:
+    """One start-up message per bad policy file: a header naming the file, its problems below."""
+    by_file: dict[str, list[str]] = {}
+    for msg in messages:  # each is file:line:col: message
+        path = msg.split(":", 1)[0] if msg.count(":") >= 3 else "<policies>"
+        by_file.setdefault(path, []).append(msg)
+    out = []
+    for path, problems in by_file.items():
+        count = f"{len(problems)} problem{'s' if len(problems) > 1 else ''}"
+        out.append(f"{prog}: not started: policy file {path} is invalid ({count}):")
+        out.extend(f"  {p}" for p in problems)
+    return "\n".join(out)
+
+
 def cmd_status(args: argparse.Namespace) -> int:
+    import json
+
     import httpx
 
     try:
@@ -137,11 +153,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
+    import json
+
     import yaml
 
     from watchdog.alerting.channels import channel_names
     from watchdog.config.redact import redacted
-    from watchdog.config.settings import env_overrides
+    from watchdog.config.settings import env_hint, env_overrides
     from watchdog.policy import PolicyError, load_policy_files
 
     cfg = _load_config(args)
@@ -160,7 +178,7 @@ def cmd_config_check(args: argparse.Namespace) -> int:
         except GatewayConfigError as exc:
             problems.extend(str(exc).splitlines())
     for var in env_overrides(os.environ)[1]:
-        print(f"warning: ${var} matches no config key and is ignored", file=sys.stderr)
+        print(f"warning: ${var} matches no config key and is ignored{env_hint(var)}", file=sys.stderr)
     if cfg.alerts.channels and not cfg.server.external_url:
         print(f"warning: alerts will link to {cfg.server.status_url}; set server.external_url to the address "
               "on-call can open", file=sys.stderr)
@@ -191,6 +209,8 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_embedded(args: argparse.Namespace) -> int:
+    import threading
+
     from watchdog.dev.embedded import ServiceError, start_redis, start_tansu
 
     busy = [f"{what} port {port}" for what, port in (("--redis-port", args.redis_port),
@@ -236,6 +256,8 @@ def _in_use(port: int) -> bool:
 
 
 def _port(value: str) -> int:
+    import argparse
+
     n = int(value) if value.isdigit() else -1
     if not 0 <= n <= 65535:
         raise argparse.ArgumentTypeError(f"not a port: {value!r} (0-65535, 0 = a free one)")
@@ -243,11 +265,18 @@ def _port(value: str) -> int:
 
 
 def _config_arg(p: argparse.ArgumentParser) -> None:
+    from watchdog.core.argtypes import existing_file
+
     p.add_argument("--config", default=os.environ.get("LLMWD_CONFIG") or None, metavar="FILE", type=existing_file,
                    help="YAML config file (default $LLMWD_CONFIG; LLMWD_* variables override it)")
 
 
 def build_parser(prog: str = "fp8-watchdog") -> argparse.ArgumentParser:
+    import argparse
+    import importlib
+
+    from watchdog.core.argtypes import Parser, add_log_level_everywhere, log_level, positive_float
+
     parser = Parser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--log-level", type=log_level, default=None,
                         help="DEBUG, INFO, WARNING, ERROR (default INFO for run/demo/embedded, else WARNING); "
@@ -290,7 +319,7 @@ def build_parser(prog: str = "fp8-watchdog") -> argparse.ArgumentParser:
         try:
             getattr(importlib.import_module(module), func)(sub)
         except (ImportError, AttributeError) as exc:
-            log.debug("subcommands of %s unavailable: %s", module, exc)
+            _log().debug("subcommands of %s unavailable: %s", module, exc)
     add_log_level_everywhere(parser)
     return parser
 
@@ -299,16 +328,25 @@ def main(argv: list[str] | None = None) -> int:
     prog = os.path.basename(sys.argv[0]) if argv is None else "fp8-watchdog"
     if prog not in ("fp8-watchdog", "llm-watchdog"):
         prog = "fp8-watchdog"
+    try:
+        return _main(argv, prog)
+    except KeyboardInterrupt:  # Ctrl-C anywhere (the first second is spent importing): one line, no traceback
+        if argv is None:  # a real process: a second Ctrl-C while it exits ends it at once, silently
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None, prog: str) -> int:
+    from watchdog.core.argtypes import setup_logging
+
     parser = build_parser(prog)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error (2), already printed
         return int(exc.code or 0)
     setup_logging(args.log_level or ("INFO" if args.command in _CHATTY else "WARNING"))
-    try:
-        return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        return 130
+    return int(args.func(args) or 0)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from watchdog.config import yamlpos
 from watchdog.config.yamlpos import PosDoc
 from watchdog.core import safe_yaml
+from watchdog.core.model_keys import unknown_key_message
 from watchdog.core.signals import Severity
 
 ENV_PREFIX = "LLMWD_"
@@ -269,7 +270,7 @@ class ConfigError(ValueError):
 _VAR_RE = re.compile(r"\$\$\{|\$\{([^}]*)\}")
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: LLMWD_* variables that are read elsewhere, not config keys
-_NOT_CONFIG = {"TANSU", "REDIS_SERVER", "REDIS_URL", "CONFIG"}
+_NOT_CONFIG = {"TANSU", "REDIS_SERVER", "CONFIG"}
 
 
 def expand(value: str, env: Mapping[str, str], where: str) -> str:
@@ -370,6 +371,16 @@ def env_overrides(env: Mapping[str, str]) -> tuple[list[tuple[tuple[str, ...], A
     return out, unknown
 
 
+def env_hint(var: str) -> str:
+    """For a variable that matches no config key: the ``__`` spelling it probably meant, if any
+    (``LLMWD_REDIS_URL`` -> ``; did you mean $LLMWD_REDIS__URL?``)."""
+    rest = var[len(ENV_PREFIX):] if var.startswith(ENV_PREFIX) else ""
+    head, sep, tail = rest.partition("_")
+    if sep and tail and "__" not in rest and head.lower() in Config.model_fields:
+        return f"; did you mean ${ENV_PREFIX}{head}__{tail}?"
+    return ""
+
+
 def _apply(data: dict[str, Any], path: tuple[str, ...], value: Any, var: str) -> None:
     node: Any = data
     for part in path[:-1]:
@@ -415,5 +426,8 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
             if not env_var and doc is not None:  # a missing key: point at its parent's key
                 pos = doc.pos(loc[:-1] if err["type"] == "missing" else loc, key=True)
                 where = f"{name}:{pos.line}:{pos.col}"
-            lines.append(f"{where}: {'.'.join(str(p) for p in loc) or 'config'}: {err['msg']}")
+            if err["type"] == "extra_forbidden":
+                lines.append(f"{where}: {unknown_key_message(Config, loc)}")
+            else:
+                lines.append(f"{where}: {'.'.join(str(p) for p in loc) or 'config'}: {err['msg']}")
         raise ConfigError("\n".join(lines)) from exc

@@ -34,6 +34,7 @@ from pydantic import (
 
 from watchdog.config.settings import ConfigError, env_overrides, read_config_file
 from watchdog.config.yamlpos import PosDoc
+from watchdog.core.model_keys import unknown_key_message
 from watchdog.ingest.emitter import EventsConfig
 from watchdog.policy.names import check_route
 
@@ -243,7 +244,10 @@ def load_gateway_config(path: str | Path | None = None, env: Mapping[str, str] |
             if not env_var and doc is not None:
                 pos = doc.pos((*prefix, *(loc[:-1] if e["type"] == "missing" else loc)), key=True)
                 where = f"{name}:{pos.line}:{pos.col}"
-            lines.append(f"{where}: gateway.{'.'.join(str(p) for p in loc)}: {e['msg']}")
+            if e["type"] == "extra_forbidden":
+                lines.append(f"{where}: {unknown_key_message(GatewayConfig, loc, ('gateway',))}")
+            else:
+                lines.append(f"{where}: gateway.{'.'.join(str(p) for p in loc)}: {e['msg']}")
         raise GatewayConfigError("\n".join(lines)) from exc
 
 

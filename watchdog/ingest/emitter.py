@@ -111,7 +111,22 @@ class _Confluent:
         self._p.flush(timeout)
 
     def close(self, timeout: float) -> None:
-        self._p.flush(timeout)
+        """Flush for up to ``timeout``, then drop what is still queued and let the librdkafka handle go.
+
+        Each undelivered message holds its delivery callback, a bound method of this object, which
+        holds the producer: a cycle through C that the garbage collector cannot see. Without the
+        purge the handle outlives ``close()`` (to interpreter exit) and keeps dialling a dead broker,
+        logging "Connection refused" long after its owner stopped. The purged messages' delivery
+        reports (served by the last flush) count as errors: they were not sent.
+        """
+        p = self._p
+        if p is None:
+            return
+        self._p = None  # type: ignore[assignment]
+        if p.flush(timeout) > 0:
+            p.purge(in_queue=True, in_flight=True, blocking=False)
+            p.flush(min(timeout, 1.0))
+        del p  # the last reference: rd_kafka_destroy now, not at exit
 
 
 def _backend(cfg: EventsConfig) -> type[_KafkaPython] | type[_Confluent]:
@@ -139,6 +154,8 @@ class EventEmitter:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._producer: Any = None
+        #: how long the thread's last flush may take (close()'s timeout)
+        self._close_timeout = 5.0
         self.accepted = 0
         self.dropped = 0
         self.sent = 0
@@ -172,17 +189,29 @@ class EventEmitter:
         return self
 
     def close(self, timeout: float = 5.0) -> None:
-        """Send what is buffered (up to ``timeout``), then stop."""
+        """Send what is buffered (up to ``timeout``), then stop; what is not sent by then is dropped.
+
+        The producer thread closes the producer itself on its way out, so that one it connects after
+        this call gave up waiting (kafka-python's constructor blocks while the broker is down) is closed
+        too, rather than left to dial a dead broker until the interpreter exits."""
+        self._close_timeout = timeout
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=timeout + 1)
-            self._thread = None
-        if self._producer is not None:
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout=timeout + 1)
+            if thread.is_alive():
+                log.warning("%s events: the producer thread is still connecting; it closes the producer "
+                            "when it gets one", self.name)
+            return
+        self._close_producer()  # never started: nobody else will
+
+    def _close_producer(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
             try:
-                self._producer.close(timeout=timeout)
+                producer.close(timeout=self._close_timeout)
             except Exception as exc:  # noqa: BLE001 - shutting down anyway
                 log.warning("event producer close failed: %s", exc)
-            self._producer = None
 
     def _run(self) -> None:
         while True:
@@ -193,11 +222,8 @@ class EventEmitter:
                 self._stop.wait(1.0)
                 continue
             self._drain()
-            if stopping:
-                try:
-                    self._producer.flush(timeout=5)
-                except Exception as exc:  # noqa: BLE001
-                    self._count_error(exc)
+            if stopping:  # the backend's close() flushes for up to close()'s timeout first
+                self._close_producer()
                 return
             self._stop.wait(self.cfg.flush_interval_s)
 

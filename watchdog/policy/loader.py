@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from watchdog.config.yamlpos import Pos, PosDoc, YamlSyntaxError, load_with_positions
 from watchdog.core import safe_yaml
+from watchdog.core.model_keys import allowed_keys as _allowed_keys
 from watchdog.policy.conditions import ConditionError, parse_condition
 from watchdog.policy.routing import unknown_channels
 from watchdog.policy.schema import LATENCY_METRICS, LIVE_METRICS, RATE_COUNTS, Policy, PolicyFile
@@ -65,40 +66,6 @@ def _dotted(loc: Sequence[str | int]) -> str:
     for part in loc:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
-
-
-def _allowed_keys(model: type[BaseModel], loc: Sequence[str | int]) -> list[str]:
-    """Walk the model classes along ``loc`` to find which keys are allowed where an extra one is."""
-    current: Any = model
-    for part in loc[:-1]:
-        if isinstance(part, int):
-            continue
-        fld = current.model_fields.get(part) if hasattr(current, "model_fields") else None
-        if fld is None:
-            for f in getattr(current, "model_fields", {}).values():
-                if f.alias == part:
-                    fld = f
-        if fld is None:
-            return []
-        ann = fld.annotation
-        current = _model_in(ann)
-        if current is None:
-            return []
-    fields = getattr(current, "model_fields", {})
-    return [f.alias or n for n, f in fields.items()]
-
-
-def _model_in(ann: Any) -> type[BaseModel] | None:
-    if isinstance(ann, type) and issubclass(ann, BaseModel):
-        return ann
-    for arg in getattr(ann, "__args__", ()) or ():
-        found = _model_in(arg)
-        if found is not None:
-            return found
-    origin = getattr(ann, "__origin__", None)
-    if origin is not None and origin is not ann:
-        return _model_in(origin)
-    return None
 
 
 def _pydantic_messages(fname: str, doc: PosDoc, exc: ValidationError) -> list[tuple[Pos, str]]:
@@ -365,6 +332,9 @@ class PolicyLoader:
     and ``reload()`` only start a load on a worker thread and return at once (False). The thread
     builds the new ``PolicySet`` aside; the next ``check()`` swaps it in with one assignment,
     calls ``on_change``/``on_error`` on the caller's thread and returns True if it was accepted.
+
+    ``raise_at_start=True``: an invalid first load raises ``PolicyError`` from the constructor and
+    logs nothing (the daemon reports it once, as a start-up failure, not as a rejected reload).
     """
 
     def __init__(
@@ -375,6 +345,7 @@ class PolicyLoader:
         *,
         background: bool = False,
         channels: Collection[str] | None = None,
+        raise_at_start: bool = False,
     ) -> None:
         self.paths = list(paths)
         #: the alert channel names policies may route to (None: not checked)
@@ -391,7 +362,15 @@ class PolicyLoader:
         self._worker: threading.Thread | None = None
         self._again = False
         self._result: PolicySet | PolicyError | None = None
-        self._sync_reload()
+        if raise_at_start:  # the caller reports a bad start (once, as a start-up failure); nothing is logged
+            self._seen = _safe_fingerprint(self.paths)
+            first = _load_guarded(self.paths, self.channels)
+            if isinstance(first, PolicyError):
+                self.last_errors = first.messages
+                raise first
+            self._apply(first)
+        else:
+            self._sync_reload()
 
     @property
     def loading(self) -> bool:
@@ -462,8 +441,11 @@ class PolicyLoader:
         if isinstance(result, PolicyError):
             self.rejects += 1
             self.last_errors = result.messages
-            log.warning("policy reload rejected, keeping %d policies in force: %s",
-                        len(self.policy_set.policies), "; ".join(result.messages[:20]))
+            if self.loads:
+                log.warning("policy reload rejected, keeping %d policies in force: %s",
+                            len(self.policy_set.policies), "; ".join(result.messages[:20]))
+            else:
+                log.warning("policies rejected at load, none in force: %s", "; ".join(result.messages[:20]))
             if self.on_error is not None:
                 self.on_error(result.messages)
             return False

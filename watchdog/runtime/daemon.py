@@ -86,8 +86,6 @@ class Daemon:
         self.store = FlagStore(self.redis, self.keys)
         self.checkpoints = CheckpointStore(self.redis, self.keys, cfg.kafka.group_id, cfg.kafka.topic,
                                            cfg.instance, cfg.redis.windows_maxlen)
-        self.flags = RoutingFlags(cfg.redis.url, self.keys, default_precision=cfg.default_precision,
-                                  ttl_s=FLAG_RELOAD_S, timeout_s=cfg.redis.socket_timeout_s)
         self.alerter = alerter or Alerter.from_config(
             [c.model_dump() for c in cfg.alerts.channels], on_page=self.metrics.count_page,
             on_channel_page=self.metrics.count_channel_page,
@@ -96,6 +94,9 @@ class Daemon:
         self.readiness = Readiness(self.metrics, self._raise_ops_alert, self.alerter.ops_resolve)
         self.redis_health = RedisHealth(self.readiness, self.metrics, clock)
         self.policies = PolicyReloader(cfg, self.metrics, self.alerter)  # PolicyError on invalid policies
+        # after the policies: a daemon that cannot start says only why (not first that Redis is down)
+        self.flags = RoutingFlags(cfg.redis.url, self.keys, default_precision=cfg.default_precision,
+                                  ttl_s=FLAG_RELOAD_S, timeout_s=cfg.redis.socket_timeout_s)
         self.engine = self.policies.engine
         self.sources = list(sources or [])
         self.golden = GoldenScheduler.from_config(cfg.golden, metrics=self.metrics)

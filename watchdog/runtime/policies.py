@@ -15,7 +15,7 @@ import threading
 from watchdog.alerting.alerter import Alerter
 from watchdog.config.settings import Config
 from watchdog.core.metrics import Metrics
-from watchdog.policy import PolicyEngine, PolicyError, PolicyLoader
+from watchdog.policy import PolicyEngine, PolicyLoader
 
 log = logging.getLogger(__name__)
 
@@ -28,9 +28,8 @@ class PolicyReloader:
         # a policy may route its alerts to the daemon's channels only (none configured: nothing is sent,
         # no name is checked); reloads run off the main loop
         channels = alerter.channel_names() or None
-        self.loader = PolicyLoader(cfg.policies, background=True, channels=channels)
-        if self.loader.last_errors:
-            raise PolicyError(self.loader.last_errors)
+        # PolicyError on invalid policies: the caller reports it once, as a start-up failure
+        self.loader = PolicyLoader(cfg.policies, background=True, channels=channels, raise_at_start=True)
         self.loader.on_error = self._rejected
         self.engine = PolicyEngine(self.loader.policy_set)
         self._requested = threading.Event()

@@ -53,13 +53,20 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- end }}
 
+{{/* The port the daemon listens on: config.server.port if set, else service.port. The container
+port, every probe (by the port's name) and the Service's targetPort follow it. */}}
+{{- define "llm-watchdog.serverPort" -}}
+{{- $server := get (.Values.config | default dict) "server" | default dict }}
+{{- if hasKey $server "port" }}{{ int $server.port }}{{ else }}{{ int .Values.service.port }}{{ end }}
+{{- end }}
+
 {{/* The daemon's config file: the values' config plus the paths and port this chart sets up. */}}
 {{- define "llm-watchdog.config" -}}
 {{- $cfg := deepCopy (.Values.config | default dict) }}
 {{- if not (hasKey $cfg "policies") }}
 {{- $_ := set $cfg "policies" (list "/etc/llm-watchdog/policies") }}
 {{- end }}
-{{- $server := merge (deepCopy (get $cfg "server" | default dict)) (dict "host" "0.0.0.0" "port" (int .Values.service.port)) }}
+{{- $server := merge (deepCopy (get $cfg "server" | default dict)) (dict "host" "0.0.0.0" "port" (include "llm-watchdog.serverPort" . | int)) }}
 {{- $_ := set $cfg "server" $server }}
 {{- toYaml $cfg }}
 {{- end }}
@@ -91,7 +98,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
   ports:
-    - {name: wd-metrics, containerPort: {{ .Values.service.port }}, protocol: TCP}
+    - {name: wd-metrics, containerPort: {{ include "llm-watchdog.serverPort" . }}, protocol: TCP}
   startupProbe:
     httpGet: {path: /livez, port: wd-metrics}
     {{- toYaml .Values.probes.startup | nindent 4 }}
