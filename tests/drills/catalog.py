@@ -15,6 +15,7 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from tests.drills.harness import MODEL
 from tests.drills.hostile import HOSTILE_FILES
@@ -550,12 +551,11 @@ def redis_blackhole(root: Path, workdir: Path, full: bool) -> Result:
         return d.finish()
 
 
-@drill("broker-delay-1s")
-def broker_delay_1s(root: Path, workdir: Path, full: bool) -> Result:
-    """Every broker answer 1 s late for 40 s (CI: 20 s) while a route regresses: decisions keep
-    flowing (the rollback lands during the delay), nothing lost or counted twice."""
-    with Drill("broker-delay-1s", root, workdir, full, broker_proxy=True) as d:
-        proxy = d.stack.broker_fault
+def _slow_link(name: str, which: str, root: Path, workdir: Path, full: bool, **stack_kw: Any) -> Result:
+    """Every answer of the broker or Redis (``which``) 1 s late for 40 s (CI: 20 s) while a route
+    regresses: the rollback lands during the delay, nothing is lost or counted twice."""
+    with Drill(name, root, workdir, full, **stack_kw) as d:
+        proxy = d.stack.broker_fault if which == "broker" else d.stack.redis_fault
         assert proxy is not None
         d.expect.tolerance_s = 12.0
         d.start()
@@ -571,6 +571,13 @@ def broker_delay_1s(root: Path, workdir: Path, full: bool) -> Result:
         return d.finish()
 
 
+@drill("broker-delay-1s")
+def broker_delay_1s(root: Path, workdir: Path, full: bool) -> Result:
+    """Every broker answer 1 s late for 40 s (CI: 20 s) while a route regresses: decisions keep
+    flowing (the rollback lands during the delay), nothing lost or counted twice."""
+    return _slow_link("broker-delay-1s", "broker", root, workdir, full, broker_proxy=True)
+
+
 @drill("redis-delay-1s")
 def redis_delay_1s(root: Path, workdir: Path, full: bool) -> Result:
     """Every Redis answer 1 s late for 40 s (CI: 20 s) while a route regresses: decisions keep
@@ -578,21 +585,76 @@ def redis_delay_1s(root: Path, workdir: Path, full: bool) -> Result:
     or counted twice, readiness stays true (slow is not down). The daemon runs with the default
     Redis socket timeout (2 s; the other drills use 0.5 s to see outages sooner): a link this slow
     needs a timeout above its round trip (``redis.socket_timeout_s``, docs/OPERATIONS.md)."""
-    with Drill("redis-delay-1s", root, workdir, full, redis_proxy=True,
-               overrides={"redis": {"socket_timeout_s": 2.0}}) as d:
-        proxy = d.stack.redis_fault
-        assert proxy is not None
-        d.expect.tolerance_s = 12.0
+    return _slow_link("redis-delay-1s", "redis", root, workdir, full, redis_proxy=True,
+                      overrides={"redis": {"socket_timeout_s": 2.0}})
+
+
+@drill("route-flood")
+def route_flood(root: Path, workdir: Path, full: bool) -> Result:
+    """One producer floods the topic with valid events of 50,000 (CI: 12,000) distinct routes - a
+    client choosing route names - while a real route regresses. The real routes were seen first and
+    keep being judged: the rollback lands in its normal time and no real event is lost; the flood
+    beyond the route caps (here 250 per partition, 600 per replica) is dead-lettered
+    ``route_limit``; readiness says ``route-limit`` from the first refusal until 60 s after the
+    last, with one warning page."""
+    from watchdog.runtime.routes import ROUTE_LIMIT_HOLD_S
+
+    routes = 50_000 if full else 12_000
+    with Drill("route-flood", root, workdir, full,
+               overrides={"windows": {"max_routes_per_partition": 250, "max_routes": 600}}) as d:
+        d.expect.flips = {"r0": ["rollback"]}
+        d.expect.ops_pages = {"route-limit": 1}
         d.start()
         d.sleep(4.0)
-        d.expect.flips = {"r0": ["rollback"]}
-        proxy.delay_s = 1.0
-        d.traffic.regress("r0")
-        at = d.wait_flip("r0", "rollback", 40.0 if full else 20.0)
-        d.note(f"rollback applied {'during' if at is not None else 'after'} the delay")
-        d.sleep(max(0.0, (40.0 if full else 20.0) - 4.0))
-        proxy.delay_s = 0.0
+        tr = d.traffic
+        started = time.time()
+        with d.fault("route flood: route-limit"):
+            futures = []
+            for i in range(routes):
+                ev = tr.event(1)
+                ev["model"], ev["route"] = "flood", f"flood-{i}"  # another model: the ledger counts the real one
+                futures.append(tr.send_event(ev, count=False, key=f"flood-{i}".encode()))
+                if i == routes // 4:
+                    tr.regress("r0")
+            tr.producer.flush(timeout=60)
+            sent = time.time()
+            d.uncounted += sum(1 for f in futures if f is not None and f.succeeded())
+            d.note(f"{routes} flood events sent in {sent - started:.1f} s")
+            at = d.wait_flip("r0", "rollback", 30.0)
+            d.note(f"r0 rolled back {at - started:.1f} s after the flood began" if at is not None
+                   else "r0 not rolled back within 30 s")
+            # route-limit holds until 60 s after the last refusal: the last flood event read
+            d.sleep(max(0.0, ROUTE_LIMIT_HOLD_S + 2.0 - (time.time() - sent)))
         d.sleep(10.0)
+        res = d.finish()
+        res.notes.append(f"DLQ holds {_dlq_count(d)} record(s)")
+        return res
+
+
+@drill("alerts-refused-then-slow")
+def alerts_refused_then_slow(root: Path, workdir: Path, full: bool) -> Result:
+    """The alert endpoint refuses connections for 30 s (CI: 15 s) while every route regresses and
+    rolls back, then answers each POST 1 s late (under the channel's 2 s timeout): every page
+    arrives, once each (deduplicated by its id), none before its flag changed, readiness unaffected
+    (a dead alert channel is not a reason to stop judging)."""
+    with Drill("alerts-refused-then-slow", root, workdir, full) as d:
+        sink = d.stack.sink
+        assert sink is not None
+        port = int(sink.url.rsplit(":", 1)[1])
+        d.expect.flips = {r: ["rollback"] for r in d.routes}
+        d.start()
+        d.sleep(3.0)
+        sink.stop()
+        for r in d.routes:
+            d.traffic.regress(r)
+        for r in d.routes:
+            d.wait_flip(r, "rollback", 30.0)
+        d.sleep(max(0.0, (30.0 if full else 15.0) - 10.0))
+        held = len(sink.received)
+        sink.port, sink.delay_s = port, 1.0
+        sink.start()
+        d.note(f"{held} pages received while refusing; the endpoint answers again, 1 s per POST")
+        d.sleep(20.0 if full else 12.0)
         return d.finish()
 
 
