@@ -121,7 +121,7 @@ def run_demo(duration_s: float | None = None, golden: bool = True, workdir: Path
     cfg = _demo_config(kafka.address, redis_svc.address, sink_url, topic, policies, golden_cfg)
     daemon = Daemon(cfg)
     server = StatusServer(cfg.server.host, cfg.server.port, daemon.metrics.registry, daemon.status,
-                          daemon.problems, daemon.alive).start()
+                          daemon.problems, daemon.alive, pages=daemon.evidence_pages).start()
     console.print(f"daemon: /metrics /healthz /readyz /status on {server.url}")
     thread = threading.Thread(target=daemon.run, name="llmwd-daemon", daemon=True)
     thread.start()
