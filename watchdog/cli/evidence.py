@@ -69,7 +69,7 @@ def cmd_export(args: argparse.Namespace, client: Any, keys: Keys) -> int:
     out.mkdir(parents=True, exist_ok=True)
     stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in args.id)
     (out / f"{stem}.json").write_text(json.dumps(record, indent=2, default=str), encoding="utf-8")
-    (out / f"{stem}.html").write_text(page_html(record), encoding="utf-8")
+    (out / f"{stem}.html").write_text(page_html(record, standalone=True), encoding="utf-8")
     print(f"wrote {out / (stem + '.json')} and {out / (stem + '.html')}")
     return 0
 

@@ -231,8 +231,8 @@ def _gpu(gpu: Mapping[str, Any] | None) -> str:
 
 
 def render_record(record: Mapping[str, Any], png: bytes | None = None, chart_note: str = "",
-                  base: str = "/evidence") -> str:
-    """One decision's page."""
+                  base: str = "/evidence", standalone: bool = False) -> str:
+    """One decision's page; ``standalone`` (an exported file): without links to the server."""
     kind = str(record.get("kind") or "")
     cand, basep = str(record.get("candidate") or "candidate"), str(record.get("baseline") or "baseline")
     rules = [r for r in record.get("rules") or [] if isinstance(r, Mapping)]
@@ -254,9 +254,15 @@ def render_record(record: Mapping[str, Any], png: bytes | None = None, chart_not
                     + (f"; healthy windows so far: {fmt(undo.get('healthy_now'))} of {fmt(undo.get('healthy_windows'))}"
                        if undo.get("healthy_windows") else "") + "</p>" if undo.get("earliest") else "")
                  + "</div>") if undo else ""
-    if png:
+    eid = quote(str(record.get("id") or ""), safe="")
+    if png and standalone:
         chart = (f"<img class=\"chart\" alt=\"timeline of the rules' windows with thresholds and the decision\" "
                  f"src=\"data:image/png;base64,{base64.b64encode(png).decode()}\">")
+    elif png:
+        chart = (f"<a href=\"{esc(base)}/{esc(eid)}.png\"><img class=\"chart\" "
+                 "alt=\"timeline of the rules' windows with thresholds and the decision\" "
+                 f"src=\"data:image/png;base64,{base64.b64encode(png).decode()}\"></a>"
+                 "<p class=\"muted\">Tap the chart for full size.</p>")
     else:
         chart = f"<p class=\"muted\">{esc(chart_note or 'No chart (matplotlib is not installed).')}</p>"
     parts = [head, undo_html, f"<div class=\"card\"><h2>Timeline</h2>{chart}</div>"]
@@ -266,10 +272,12 @@ def render_record(record: Mapping[str, Any], png: bytes | None = None, chart_not
                      f"({len(others)})</summary>{''.join(_rule_card(r, cand, basep) for r in others)}</details></div>")
     parts.append(f"<div class=\"card\"><h2>GPU health at the time</h2>{_gpu(record.get('gpu'))}</div>")
     parts.append(f"<div class=\"card\"><h2>Flag history (audit stream)</h2>{_audit(record.get('audit') or [])}</div>")
-    eid = quote(str(record.get("id") or ""), safe="")
     trunc = " This record was cut to fit its size limit." if record.get("truncated") else ""
-    parts.append(f"<p class=\"muted\"><a href=\"{esc(base)}\">all decisions</a> · "
-                 f"<a href=\"{esc(base)}/{esc(eid)}.json\">JSON</a>.{esc(trunc)}</p>")
+    if standalone:
+        parts.append(f"<p class=\"muted\">Exported evidence record {esc(record.get('id'))}.{esc(trunc)}</p>")
+    else:
+        parts.append(f"<p class=\"muted\"><a href=\"{esc(base)}\">all decisions</a> · "
+                     f"<a href=\"{esc(base)}/{esc(eid)}.json\">JSON</a>.{esc(trunc)}</p>")
     return _page(f"{kind} {record.get('model')}/{record.get('route')}", "".join(parts))
 
 

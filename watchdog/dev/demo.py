@@ -30,6 +30,7 @@ from watchdog.core.starter import starter_path
 from watchdog.core.text import shorten
 from watchdog.dev.alertsink import AlertSink
 from watchdog.dev.embedded import free_port, start_redis, start_tansu
+from watchdog.dev.evidence_link import print_evidence_link
 from watchdog.dev.traffic import Route, TrafficGenerator
 from watchdog.runtime.daemon import Daemon
 from watchdog.runtime.http import StatusServer
@@ -251,6 +252,7 @@ def _regression_phase(console: Console, daemon: Daemon, sink: AlertSink, traffic
 
 
 def _show_evidence(console: Console, daemon: Daemon, sink: AlertSink, route: str) -> None:
+    print_evidence_link(console, daemon, MODEL, route)
     flag = daemon.store.get(MODEL, route)
     if flag is not None:
         console.print(f"   Redis hash {daemon.keys.route(MODEL, route)}: precision={flag.precision} epoch={flag.epoch} "

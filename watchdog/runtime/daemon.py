@@ -373,4 +373,6 @@ class Daemon:
 
     def status(self, query: Mapping[str, str] | None = None) -> dict[str, Any]:
         """The /status document (``query``: ``route``/``model`` for one route, ``top`` for how many)."""
-        return self._status.build(query)
+        doc = self._status.build(query)
+        doc["evidence"] = self.evidence.status()
+        return doc

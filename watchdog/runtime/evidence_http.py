@@ -1,7 +1,8 @@
 """The evidence pages on the daemon's HTTP server (``runtime/http.py``): read-only, from Redis.
 
 ``GET /evidence`` is the incident list (``?limit=N``, default 100), ``GET /evidence/<id>`` one
-decision's page (HTML, its timeline as a PNG ``data:`` URI), ``GET /evidence/<id>.json`` its record.
+decision's page (HTML, its timeline as a PNG ``data:`` URI), ``GET /evidence/<id>.json`` its record,
+``GET /evidence/<id>.png`` the timeline alone (full size, for a phone's zoom).
 Served on the status server's bind, with the same (absence of) authentication: docs/EVIDENCE.md.
 Charts are drawn with matplotlib (the ``plot`` extra) one at a time and the last few are cached.
 """
@@ -53,10 +54,10 @@ def chart_png(record: Mapping[str, Any]) -> tuple[bytes | None, str]:
         return png, ""
 
 
-def page_html(record: Mapping[str, Any], base: str = "/evidence") -> str:
-    """One decision's self-contained page, chart included."""
+def page_html(record: Mapping[str, Any], base: str = "/evidence", standalone: bool = False) -> str:
+    """One decision's self-contained page, chart included (``standalone``: no links to the server)."""
     png, why = chart_png(record)
-    return render_record(record, png, why, base)
+    return render_record(record, png, why, base, standalone)
 
 
 class EvidencePages:
@@ -78,8 +79,8 @@ class EvidencePages:
                     limit = 100
                 return 200, render_list(list_records(self.client, self.keys, limit)).encode(), HTML
             eid = unquote(path[len("/evidence/"):]).strip("/")
-            as_json = eid.endswith(".json")
-            eid = eid.removesuffix(".json")
+            suffix = next((x for x in (".json", ".png") if eid.endswith(x)), "")
+            eid = eid.removesuffix(suffix) if suffix else eid
             if not eid or len(eid) > 200 or "/" in eid:
                 return 404, b"no such evidence record", "text/plain; charset=utf-8"
             record = read_record(self.client, self.keys, eid)
@@ -87,8 +88,11 @@ class EvidencePages:
                 return (404, render_list([]).replace("No decision recorded yet.",
                                                      "No such evidence record (expired or never written).").encode(),
                         HTML)
-            if as_json:
+            if suffix == ".json":
                 return 200, json.dumps(record, indent=1, default=str).encode(), "application/json"
+            if suffix == ".png":
+                png, why = chart_png(record)
+                return (200, png, "image/png") if png else (404, why.encode(), "text/plain; charset=utf-8")
             return 200, page_html(record).encode(), HTML
         except (redis.RedisError, OSError) as exc:
             return 503, f"evidence unavailable: Redis: {type(exc).__name__}".encode(), "text/plain; charset=utf-8"
