@@ -203,6 +203,8 @@ def test_golden_rollback_evidence_page_in_headless_chromium(kafka_service, redis
         png = httpx.get(f"{server.url}/evidence/{eid}.png")
         assert png.status_code == 200 and png.content[:8] == b"\x89PNG\r\n\x1a\n"
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        (ARTIFACTS / "evidence_rollback_chart.png").write_bytes(png.content)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
         listing = browse(f"{server.url}/evidence", "--dump-dom")
         assert eid in listing and "geo-llm/qa" in listing
         dom = browse(url, "--dump-dom")
@@ -235,3 +237,29 @@ def test_golden_rollback_evidence_page_in_headless_chromium(kafka_service, redis
     html_page = (out / f"{eid}.html").read_text()
     assert "Banana pudding" in html_page and 'src="data:image/png;base64,' in html_page
     assert "<script" not in html_page and "<link" not in html_page and "href=" not in html_page  # no server needed
+
+
+@pytest.mark.services
+def test_retention_keeps_the_newest_records_with_a_ttl(redis_client) -> None:
+    from watchdog.config.settings import EvidenceConfig
+    from watchdog.policy import PolicyEngine
+    from watchdog.runtime.evidence import EvidenceRecorder, list_records, read_record
+
+    keys = Keys("ret")
+    rec = EvidenceRecorder(EvidenceConfig(max_records=3, ttl_s=3600), keys, redis_client, PolicyEngine(), "i1")
+    ids = []
+    for i in range(5):
+        action = Action(kind="alert", policy="p", model="m", route="r", reason=f"alert {i}", at=1000.0 + i)
+        ids.append(rec.decided(action, None))
+        assert action.detail["evidence"] == ids[-1]
+    assert rec.decided(Action(kind="resolve", policy="p", model="m", route="r", reason="ok"), None) is None
+    assert rec.flush(2000.0) == 5 and rec.pending() == 0
+    assert [r["id"] for r in list_records(redis_client, keys)] == ids[:1:-1]  # newest first, 3 kept
+    assert redis_client.get(keys.evidence(ids[0])) is None and redis_client.hlen(keys.evidence_summaries) == 3
+    assert 0 < redis_client.ttl(keys.evidence(ids[-1])) <= 3600
+    assert read_record(redis_client, keys, ids[-1])["reason"] == "alert 4"
+    # records older than ttl_s leave the index on the next write
+    late = Action(kind="alert", policy="p", model="m", route="r", reason="late", at=10_000.0)
+    rec.decided(late, None)
+    rec.flush(10_000.0)
+    assert [r["id"] for r in list_records(redis_client, keys)] == [late.detail["evidence"]]

@@ -34,7 +34,6 @@ from probes.drift import DriftReport
 from probes.engines.torch_engine import calibrate_model
 from probes.golden import find_golden_set, load_golden_set
 from probes.tiny_model import ensure_tiny_model
-from watchdog.dev.evidence_link import print_evidence_link
 from watchdog.policy.judge.paired import broken_items_to_fail
 
 log = logging.getLogger(__name__)
@@ -221,7 +220,6 @@ class GoldenDemo:
             return False
         console.print(f"   [bold red]ROLLED BACK[/] {self.model}/{self.route} to FP16 "
                       f"{time.monotonic() - t0:.1f} s after the replay started")
-        print_evidence_link(console, daemon, self.model, self.route)
         return True
 
     def _verdict(self, daemon: Any, report: DriftReport, timeout: float = 15.0) -> tuple[str, Any] | None:
