@@ -182,6 +182,8 @@ def test_golden_rollback_evidence_page_in_headless_chromium(kafka_service, redis
         eid = ids[0]
         record = json.loads(redis_client.get(keys.evidence(eid)))
         assert 0 < redis_client.ttl(keys.evidence(eid)) <= cfg.evidence.ttl_s
+        assert daemon.metrics.evidence.labels("written")._value.get() >= 2  # the record, then its "after"
+        assert daemon.status()["evidence"]["written"] >= 2
         assert len(redis_client.get(keys.evidence(eid))) <= cfg.evidence.max_bytes
         rule = record["rules"][0]
         assert rule["name"] == "exact-match-drop" and rule["involved"] and rule["status"] == "fail"

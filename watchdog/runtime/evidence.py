@@ -81,7 +81,8 @@ def audit_of(client: Any, keys: Keys, model: str, route: str, count: int = AUDIT
 class EvidenceRecorder:
     def __init__(self, cfg: EvidenceConfig, keys: Keys, client: Any, engine: PolicyEngine, instance: str,
                  on_error: Callable[[Exception, str], None] | None = None,
-                 gpu_latest: Callable[[], list[dict[str, Any]]] | None = None) -> None:
+                 gpu_latest: Callable[[], list[dict[str, Any]]] | None = None,
+                 count: Callable[[str, int], None] | None = None) -> None:
         self.cfg = cfg
         self.keys = keys
         self.client = client
@@ -89,6 +90,8 @@ class EvidenceRecorder:
         self.instance = instance
         self.on_error = on_error
         self.gpu_latest = gpu_latest
+        #: ``count(result, n)``: written, failed, dropped (``llmwd_evidence_records_total``)
+        self.count = count or (lambda _result, _n: None)
         self._windows: dict[WindowKey, deque[dict[str, Any]]] = {}
         self._outputs: dict[tuple[str, str], list[dict[str, Any]]] = {}
         #: id -> record, of records still collecting ``after`` windows
@@ -193,6 +196,7 @@ class EvidenceRecorder:
         while len(self._queue) > MAX_QUEUED:
             self._queue.popitem(last=False)
             self.dropped += 1
+            self.count("dropped", 1)
         return eid
 
     # -- writing (once per loop iteration) -------------------------------------------------------
@@ -223,6 +227,7 @@ class EvidenceRecorder:
         except (redis.RedisError, OSError) as exc:
             self._retry_at = now + RETRY_S
             self.last_error = f"{type(exc).__name__}: {exc}"
+            self.count("failed", len(batch))
             if self.on_error is not None:
                 self.on_error(exc, "writing evidence records")
             return 0
@@ -230,6 +235,7 @@ class EvidenceRecorder:
             if self._queue.get(eid) is rec:
                 del self._queue[eid]
         self.written += len(batch)
+        self.count("written", len(batch))
         self.last_error = None
         return len(batch)
 
