@@ -127,7 +127,7 @@ class Daemon:
         self.actuator = self.decisions.actuator
         gpu_mon = self.gpu
         self.evidence = self.decisions.evidence = EvidenceRecorder(
-            cfg.evidence, self.keys, self.redis, self.engine, cfg.instance, on_error=self.redis_health.failed,
+            cfg.evidence, self.keys, self.redis, self.engine, cfg.instance,
             gpu_latest=(lambda: [h.to_dict() for h in gpu_mon.latest()]) if gpu_mon is not None else None,
             count=lambda result, n: self.metrics.evidence.labels(result).inc(n))
         #: the /evidence pages, for the HTTP server (``StatusServer(..., pages=daemon.evidence_pages)``)

@@ -3,8 +3,9 @@
 ``EvidenceRecorder`` sits beside ``runtime/decisions.py``:
 
 * ``observe`` (after every ``PolicyEngine.observe``) keeps, per (policy, model, route, rule), the
-  last ``evidence.windows_before`` judged windows (``policy/evidence.verdict_entry``: a few numbers
-  each, read from the rules' last verdicts: no extra judging) and the latest golden replay's
+  last ``evidence.windows_before`` judged windows (the rules' last ``Verdict`` objects, by reference:
+  no copy, no extra judging; ``policy/evidence.verdict_entry`` reads them when a decision needs
+  them) and the latest golden replay's
   regressed items with their texts; the windows of a route with an open record also go into that
   record's ``after`` lists (``evidence.windows_after`` of them);
 * ``decided`` (for each rollback, promote and alert) gives the action its evidence id
@@ -14,6 +15,8 @@
   last call in one pipeline: each record bounded to ``evidence.max_bytes``, with the route's entries
   of the audit stream, a TTL, and the index trimmed to ``max_records`` and ``ttl_s``. A failed write
   is retried (after ``RETRY_S``); past ``MAX_QUEUED`` the oldest waiting record is dropped and counted.
+A failed write is logged and counted, not a readiness reason: evidence never decides whether the
+daemon is ready (the checkpoints and the flips, which share the Redis, say when Redis is down).
 
 Nothing here blocks the decision path on Redis: ``observe`` and ``decided`` do no I/O, ``flush``
 writes only when a decision happened or an open record got a window (rare), in one round trip.
@@ -35,6 +38,7 @@ from watchdog.config.settings import EvidenceConfig
 from watchdog.core.keys import Keys, text
 from watchdog.core.signals import Action, Signal
 from watchdog.policy import PolicyEngine
+from watchdog.policy.evaluate import Verdict
 from watchdog.policy.evidence import (
     KINDS,
     annotate,
@@ -92,7 +96,9 @@ class EvidenceRecorder:
         self.gpu_latest = gpu_latest
         #: ``count(result, n)``: written, failed, dropped (``llmwd_evidence_records_total``)
         self.count = count or (lambda _result, _n: None)
-        self._windows: dict[WindowKey, deque[dict[str, Any]]] = {}
+        #: the rules' last verdicts, as the engine made them (objects kept, not copied: entries are
+        #: built only for a decision's record)
+        self._windows: dict[WindowKey, deque[Verdict]] = {}
         self._outputs: dict[tuple[str, str], list[dict[str, Any]]] = {}
         #: id -> record, of records still collecting ``after`` windows
         self._open: OrderedDict[str, dict[str, Any]] = OrderedDict()
@@ -130,12 +136,11 @@ class EvidenceRecorder:
                     ring = self._windows.get(key)
                     if ring is None:
                         ring = self._windows[key] = deque(maxlen=self.cfg.windows_before)
-                    elif ring and ring[-1]["end"] >= v.end:
+                    elif ring and (ring[-1] is v or ring[-1].end >= v.end):
                         continue
-                    entry = verdict_entry(v)
-                    ring.append(entry)
+                    ring.append(v)
                     if (model, route, policy.name) in open_routes:
-                        self._after(model, route, policy.name, name, entry)
+                        self._after(model, route, policy.name, name, verdict_entry(v))
         if now - self._pruned_at >= PRUNE_EVERY_S:
             self._pruned_at = now
             self._prune()
@@ -173,7 +178,8 @@ class EvidenceRecorder:
         try:
             policy = self.engine.policy_set.get(action.policy)
             st = self.engine.states.get((action.policy, action.model, action.route))
-            windows = {name: list(self._windows.get((action.policy, action.model, action.route, name), ()))
+            windows = {name: [verdict_entry(v) for v in self._windows.get((action.policy, action.model, action.route,
+                                                                             name), ())]
                        for name in (st.rules if st is not None else ())}
             gpu: dict[str, Any] = {}
             if st is not None and st.gpu:
@@ -226,6 +232,9 @@ class EvidenceRecorder:
             self._trim(now)
         except (redis.RedisError, OSError) as exc:
             self._retry_at = now + RETRY_S
+            if self.last_error is None:  # once per outage: readiness is the checkpoints' and flips' to say
+                log.warning("evidence records not written (%d waiting, retried every %.0f s): %s: %s",
+                            len(self._queue), RETRY_S, type(exc).__name__, exc)
             self.last_error = f"{type(exc).__name__}: {exc}"
             self.count("failed", len(batch))
             if self.on_error is not None:
