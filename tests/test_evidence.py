@@ -265,3 +265,47 @@ def test_retention_keeps_the_newest_records_with_a_ttl(redis_client) -> None:
     rec.decided(late, None)
     rec.flush(10_000.0)
     assert [r["id"] for r in list_records(redis_client, keys)] == [late.detail["evidence"]]
+
+
+def test_a_live_rollback_record_has_both_precisions_and_the_threshold_per_window(tmp_path: Path) -> None:
+    """The live path without services: engine -> recorder -> record -> page and chart."""
+    from tests.daemon_harness import write_policy
+    from watchdog.config.settings import EvidenceConfig
+    from watchdog.core.signals import Signal
+    from watchdog.policy import PolicyEngine
+    from watchdog.policy.loader import load_policy_files
+    from watchdog.runtime.evidence import EvidenceRecorder
+
+    engine = PolicyEngine(load_policy_files([write_policy(tmp_path / "p.yaml")]))
+    recorder = EvidenceRecorder(EvidenceConfig(windows_after=2), Keys("t"), None, engine, "i1")
+    route = ("m", "legal/contracts")
+    decided: list[Action] = []
+    flags: dict[tuple[str, str], str] = {}
+    for i in range(8):
+        bad = 4 <= i < 6
+        t0 = 1000.0 + 10 * i
+        sigs = [Signal(source="live", model=route[0], route=route[1], precision=p, start=t0, end=t0 + 10, samples=100,
+                       values={"error_rate": 0.2 if (bad and p == "fp8") else 0.01, "shadow_rougeL": 0.95})
+                for p in ("fp8", "fp16")]
+        actions = engine.observe(sigs, t0 + 10, flags)
+        recorder.observe(sigs, {route}, t0 + 10)
+        for a in actions:
+            recorder.decided(a, flags.get(route))
+            decided.append(a)
+            if a.kind == "rollback":
+                flags[route] = "fp16"
+    (rollback,) = [a for a in decided if a.kind == "rollback"]
+    record = recorder._queue[rollback.detail["evidence"]]  # built, not yet written (no Redis here)
+    rule = next(r for r in record["rules"] if r["name"] == "error-rate")
+    assert rule["involved"] and [w["status"] for w in rule["before"]][-2:] == ["fail", "fail"]
+    last = rule["before"][-1]
+    assert (last["candidate"], last["baseline"]) == (0.2, 0.01)
+    assert last["line"] == pytest.approx(0.09)  # fail_if: candidate - baseline > 0.08
+    assert len(rule["after"]) == 2 and record["complete"]
+    assert record["serving_before"] is None and record["precision"] == "fp16"
+    page = render_record(record, None, "no chart")
+    assert "0.2</td>" in page and "0.01</td>" in page and "candidate - baseline &gt; 0.08" in page
+    panel = chart_of(record).panels[0]
+    assert [s.label for s in panel.series][:3] == ["fp8 error_rate", "fp16 error_rate",
+                                                   "threshold (candidate - baseline > 0.08)"]
+    assert panel.markers[0].kind == "rollback" and panel.bands  # the time served at FP16 after it
