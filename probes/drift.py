@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from probes.drift_outputs import regressed_outputs
 from probes.metrics import LOWER_IS_BETTER
 from watchdog.core.signals import Signal
 
@@ -26,9 +27,6 @@ BOOTSTRAP_SEED = 0
 CONFIDENCE = 0.95
 #: regressed items kept in the ranking
 TOP_REGRESSIONS = 10
-#: regressed items whose texts the candidate signal carries (``detail['outputs']``), and their length
-OUTPUT_ITEMS = 12
-OUTPUT_CHARS = 600
 
 
 def paired_bootstrap_ci(
@@ -225,30 +223,6 @@ class DriftReport:
                 out[m.metric] = diffs
         return out
 
-    def regressed_outputs(self, limit: int = OUTPUT_ITEMS, chars: int = OUTPUT_CHARS) -> list[dict[str, Any]]:
-        """The items that regressed (the ranking on the primary metric first, then other items whose
-        candidate answer differs from the baseline's), worst first, with the reference and both
-        outputs cut to ``chars``: what an evidence page shows side by side (docs/EVIDENCE.md)."""
-        by_id = {i.id: i for i in self.items}
-        order = [i for i in self.regressions if i in by_id]
-        rest = [i for i in self.items if i.id not in set(order) and (i.failed or i.candidate.output != i.baseline.output)]
-        rest.sort(key=lambda i: i.diff(self.primary_metric) if i.diff(self.primary_metric) is not None else -math.inf)
-        order += [i.id for i in rest]
-
-        def cut(t: str | None) -> str:
-            t = t or ""
-            return t if len(t) <= chars else t[:chars] + "…"
-
-        out = []
-        for item_id in order[:limit]:
-            i = by_id[item_id]
-            d = i.diff(self.primary_metric)
-            out.append({"id": i.id, "reference": cut(i.reference),
-                        "candidate": cut(i.candidate.output if i.candidate.error is None else f"[error] {i.candidate.error}"),
-                        "baseline": cut(i.baseline.output if i.baseline.error is None else f"[error] {i.baseline.error}"),
-                        "metric": self.primary_metric, "diff": d if d is not None and math.isfinite(d) else None})
-        return out
-
     def to_signals(self, model: str, route: str) -> list[Signal]:
         """A candidate and a baseline ``source="golden"`` signal. Values are the set-level metric
         values plus ``error_rate``; the candidate also carries ``agreement_rougeL`` and the per-item
@@ -292,7 +266,8 @@ class DriftReport:
                     error=error,
                     detail={
                         **({"item_ids": item_ids} if item_ids is not None else {}),
-                        **({"outputs": self.regressed_outputs()} if side == "candidate" else {}),
+                        # the regressed items' texts, for the evidence page (probes/drift_outputs.py)
+                        **({"outputs": regressed_outputs(self)} if side == "candidate" else {}),
                         **({"aa": aa} if aa else {}),
                         "golden_set": self.golden_set,
                         "engine": info.name,
