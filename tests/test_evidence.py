@@ -76,7 +76,7 @@ def chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-def browse(url: str, *extra: str, timeout: float = 40.0) -> str:
+def browse(url: str, *extra: str, timeout: float = 90.0) -> str:
     """``chromium --headless`` on ``url``: its stdout (the DOM with ``--dump-dom``)."""
     exe = chromium()
     assert exe is not None
@@ -134,7 +134,7 @@ def test_alert_links_to_the_evidence_page() -> None:
 # -- through the daemon, in a browser -----------------------------------------------------------
 
 @pytest.mark.services
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_golden_rollback_evidence_page_in_headless_chromium(kafka_service, redis_service, redis_client, topic,
                                                              tmp_path: Path, sink) -> None:
     if chromium() is None:
@@ -164,18 +164,18 @@ def test_golden_rollback_evidence_page_in_headless_chromium(kafka_service, redis
         def replay_judged() -> None:  # one replay, judged on its own (one window each)
             before = judged()
             assert daemon.golden.run_job("capitals")
-            wait_until(lambda: judged() > before, 15, what="the replay to be judged")
+            wait_until(lambda: judged() > before, 30, what="the replay to be judged")
 
         for _ in range(2):  # healthy FP8: the windows before
             replay_judged()
         replays.broken = True
         replay_judged()
-        wait_until(lambda: daemon.flags.precision_for("geo-llm", "qa") == "fp16", 20, what="the golden rollback",
+        wait_until(lambda: daemon.flags.precision_for("geo-llm", "qa") == "fp16", 30, what="the golden rollback",
                    detail=lambda: json.dumps({k: daemon.status().get(k) for k in ("verdicts", "golden", "problems")},
                                              default=str)[:3000])
         replay_judged()  # a window after, while FP16 serves
         wait_until(lambda: any(json.loads(redis_client.get(keys.evidence(i)) or "{}").get("rules", [{}])[0].get("after")
-                               for i in redis_client.zrange(keys.evidence_index, 0, -1)), 20,
+                               for i in redis_client.zrange(keys.evidence_index, 0, -1)), 30,
                    what="the record's window after")
         ids = [i for i in redis_client.zrange(keys.evidence_index, 0, -1) if "-rollback-" in i]
         assert len(ids) == 1, ids
@@ -195,7 +195,7 @@ def test_golden_rollback_evidence_page_in_headless_chromium(kafka_service, redis
 
         # every page sent links to the record
         wait_until(lambda: any(r.body.get("event") == "rollback" for r in s.received if r.path.endswith("webhook")),
-                   15, what="the rollback page")
+                   30, what="the rollback page")
         page = next(r.body for r in s.received if r.path.endswith("webhook") and r.body.get("event") == "rollback")
         url = f"http://127.0.0.1:{port}/evidence/{eid}"
         assert page["url"] == url and page["detail"]["evidence"] == eid
