@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from probes.drift_outputs import regressed_outputs
 from probes.metrics import LOWER_IS_BETTER
 from watchdog.core.signals import Signal
 
@@ -265,6 +266,8 @@ class DriftReport:
                     error=error,
                     detail={
                         **({"item_ids": item_ids} if item_ids is not None else {}),
+                        # the regressed items' texts, for the evidence page (probes/drift_outputs.py)
+                        **({"outputs": regressed_outputs(self)} if side == "candidate" else {}),
                         **({"aa": aa} if aa else {}),
                         "golden_set": self.golden_set,
                         "engine": info.name,

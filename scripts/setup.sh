@@ -27,6 +27,7 @@ pkgs=""
 command -v promtool >/dev/null 2>&1 || pkgs="$pkgs prometheus"
 command -v prometheus-alertmanager >/dev/null 2>&1 || pkgs="$pkgs prometheus-alertmanager"
 command -v systemd-analyze >/dev/null 2>&1 || pkgs="$pkgs systemd"
+command -v chromium >/dev/null 2>&1 || pkgs="$pkgs chromium"  # tests/test_evidence.py: the evidence page in a real browser
 if [ -n "$pkgs" ]; then
   echo "setup: installing$pkgs (Debian packages)"
   made_policy=""

@@ -61,7 +61,7 @@ def make_config(kafka_address: str, redis_port: int, topic: str, policy: Path, s
 def running_daemon(cfg: Config, **daemon_kwargs: Any) -> Iterator[tuple[Daemon, StatusServer]]:
     daemon = Daemon(cfg, **daemon_kwargs)
     server = StatusServer(cfg.server.host, cfg.server.port, daemon.metrics.registry, daemon.status,
-                          daemon.problems, daemon.alive).start()
+                          daemon.problems, daemon.alive, pages=daemon.evidence_pages).start()
     thread = threading.Thread(target=daemon.run, daemon=True)
     thread.start()
     try:

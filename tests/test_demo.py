@@ -101,6 +101,9 @@ def test_make_demo_runs_all_four_parts(tmp_path: Path, capsys: pytest.CaptureFix
     assert any(line.endswith("inside") for line in healthy) and any(line.endswith("beyond") for line in stale), out
     assert "robust by construction" in out and "stays on FP8" in out
     assert re.search(r"ROLLED BACK \S+/code/assist to FP16", out), out
+    # each rollback's evidence page is printed (docs/EVIDENCE.md)
+    links = re.findall(r"evidence: (http://127\.0\.0\.1:\d+/evidence/\S+-rollback-\w+)", out)
+    assert len(links) == 3, out
     reports = sorted((tmp_path / "golden-reports" / "code-assist-fp8").glob("report-*.json"))
     assert len(reports) >= 1  # one file per second: two replays within a second share a name
     latest = json.loads((tmp_path / "golden-reports" / "code-assist-fp8" / "latest.json").read_text())

@@ -37,7 +37,7 @@ class Alerter:
                  status_url: str | None = None, clock: Callable[[], float] = time.time,
                  seed: int | None = None, on_page: Callable[[str, int], None] | None = None,
                  on_channel_page: Callable[[str, str, int], None] | None = None, max_in_flight: int = 4,
-                 durable_give_up_s: float = 3600.0) -> None:
+                 durable_give_up_s: float = 3600.0, evidence_url: str | None = None) -> None:
         """``on_page(result, n)`` counts messages over all channels: delivered, failed (given up) or
         dropped; ``on_channel_page(channel, result, n)`` the same per channel, plus ``retried``."""
         if max_queue < 1 or max_attempts < 1 or backoff_initial <= 0 or backoff_max < backoff_initial:
@@ -46,7 +46,7 @@ class Alerter:
             raise ValueError("alerter: need max_in_flight >= 1")
         built = [c if isinstance(c, Channel) else build_channel(c) for c in channels]
         self._dedupe_names(built)
-        self._book = IncidentBook(status_url=status_url, clock=clock)
+        self._book = IncidentBook(status_url=status_url, clock=clock, evidence_url=evidence_url)
         self._lock = threading.Lock()
         rng = random.Random(seed)
 

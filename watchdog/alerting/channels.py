@@ -233,7 +233,8 @@ class SlackChannel(Channel):
         color = SLACK_COLORS["resolved" if alert.status == "resolved" else alert.severity]
         block = limits.SLACK_BLOCK_TEXT_MAX
         facts = " · ".join(f"*{k}* `{clip(v, 200)}`" for k, v in _facts(alert).items())
-        link = f"\n<{url}|watchdog status>" if (url := _url(alert.url)) else ""
+        label = "evidence" if "/evidence/" in (alert.url or "") else "watchdog status"
+        link = f"\n<{url}|{label}>" if (url := _url(alert.url)) else ""
         # the link is kept whole: the text is cut before it
         body = clip(alert.description or alert.summary, block - limits.size(link)) + link
         blocks = [
@@ -323,7 +324,8 @@ class AlertmanagerChannel(Channel):
         return {
             "labels": labels,
             "annotations": {"summary": clip(alert.summary, note, "bytes"),
-                            "description": clip(alert.description or alert.summary, note, "bytes")},
+                            "description": clip(alert.description or alert.summary, note, "bytes"),
+                            **({"evidence": url} if (url := _url(alert.url)) and "/evidence/" in url else {})},
             "startsAt": rfc3339(alert.started_at),
             "generatorURL": _url(alert.url) or urn,
         }

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
+from urllib.parse import quote
 
 from watchdog.alerting.message import Alert, rfc3339, scrub
 from watchdog.core.signals import ROUTING_KEY, SEVERITIES, SEVERITY_RANK, Action, Severity
@@ -131,9 +132,13 @@ def describe(action: Action) -> tuple[str, Severity]:
 class IncidentBook:
     """Pure incident state: which keys are open, and which messages an event produces."""
 
-    def __init__(self, *, status_url: str | None = None, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, *, status_url: str | None = None, clock: Callable[[], float] = time.time,
+                 evidence_url: str | None = None) -> None:
         self._open: dict[str, Incident] = {}
         self._status_url = status_url
+        #: base of the evidence pages (``<base>/<id>``); a message whose incident has an evidence
+        #: record (``detail['evidence']``, docs/EVIDENCE.md) links there instead of /status
+        self._evidence_url = evidence_url.rstrip("/") if evidence_url else None
         self._clock = clock
         self.suppressed = 0
 
@@ -261,10 +266,18 @@ class IncidentBook:
         if incident.route is None and route is not None:
             incident.route, incident.model, incident.policy = route, model, policy
         if detail:
+            if "evidence" in incident.detail and "evidence" not in detail:  # a resolve links the incident's
+                detail = {**detail, "evidence": incident.detail["evidence"]}
             incident.detail = detail
         if incident.summary and summary != incident.summary:
             description = f"{description} (was: {incident.summary})"
         return [self._alert(incident, "resolved", summary, description, event, ended_at=now, dry_run=dry_run)]
+
+    def _link(self, incident: Incident) -> str | None:
+        eid = incident.detail.get("evidence")
+        if self._evidence_url and isinstance(eid, str) and eid:
+            return f"{self._evidence_url}/{quote(eid, safe='')}"
+        return self._status_url
 
     def _alert(self, incident: Incident, status: Literal["firing", "resolved"], summary: str, description: str,
                event: str, *, previous: Severity | None = None, ended_at: float | None = None,
@@ -274,6 +287,6 @@ class IncidentBook:
             description=description, event=event, started_at=incident.opened_at, ended_at=ended_at,
             model=incident.model, route=incident.route, policy=incident.policy,
             dry_run=incident.dry_run if dry_run is None else dry_run, previous_severity=previous,
-            detail=dict(incident.detail), url=self._status_url,
+            detail=dict(incident.detail), url=self._link(incident),
             notify=incident.routing[0], page=incident.routing[1],
         )

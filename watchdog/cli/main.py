@@ -37,6 +37,7 @@ _PLUGINS = [
     ("probes.engines.torch_engine", "add_calibrate_command"),
     ("probes.gpu_cli", "add_gpu_commands"),
     ("watchdog.gateway.cli", "add_gateway_commands"),
+    ("watchdog.cli.evidence", "add_evidence_commands"),
 ]
 
 
@@ -79,7 +80,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
     try:
         server = StatusServer(cfg.server.host, cfg.server.port, daemon.metrics.registry, daemon.status,
-                              daemon.problems, daemon.alive).start()
+                              daemon.problems, daemon.alive, pages=daemon.evidence_pages).start()
     except OSError as exc:
         print(f"{args.prog}: cannot serve HTTP on {cfg.server.host}:{cfg.server.port}: {exc.strerror or exc} "
               f"(another daemon there? set server.port or $LLMWD_SERVER__PORT)", file=sys.stderr)

@@ -230,6 +230,26 @@ class ServerConfig(_Section):
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
         return f"http://{host}:{self.port}/status"
 
+    @property
+    def evidence_url(self) -> str:
+        """The base of the evidence links put into alerts (``<base>/<id>``), beside ``status_url``."""
+        return self.status_url[: -len("/status")] + "/evidence"
+
+
+class EvidenceConfig(_Section):
+    """Evidence records of decisions (docs/EVIDENCE.md)."""
+
+    enabled: bool = True
+    #: records kept (the oldest beyond this are deleted on each write)
+    max_records: int = Field(500, ge=1, le=100_000)
+    #: seconds a record is kept (Redis TTL; the index is trimmed to it as well)
+    ttl_s: float = Field(30 * 86400.0, ge=60)
+    #: the largest record in bytes of JSON; bigger ones are cut (texts, then windows) to fit
+    max_bytes: int = Field(65_536, ge=8_192, le=1_048_576)
+    #: judged windows kept per rule before a decision, and recorded after it
+    windows_before: int = Field(12, ge=1, le=200)
+    windows_after: int = Field(6, ge=0, le=200)
+
 
 class Config(BaseModel):
     """Top-level daemon configuration."""
@@ -248,6 +268,7 @@ class Config(BaseModel):
     server: ServerConfig = Field(default_factory=ServerConfig)
     golden: GoldenConfig = Field(default_factory=GoldenConfig)
     gpu: GpuConfig = Field(default_factory=GpuConfig)
+    evidence: EvidenceConfig = Field(default_factory=EvidenceConfig)
     #: the ``llm-watchdog gateway`` settings, validated by watchdog.gateway.config when it starts
     gateway: dict[str, Any] = Field(default_factory=dict)
     #: seconds between checks of the policy files for edits

@@ -130,6 +130,23 @@ class Keys:
         judge nothing until it ended and the route settled (docs/JUDGE.md, "Deploys")."""
         return f"{self.prefix}:maintenance:{key_part(model)}:{key_part(route)}"
 
+    def evidence(self, evidence_id: str) -> str:
+        """String ``{prefix}:evidence:{id}`` with a TTL: the JSON evidence record of one decision
+        (rollback, promote or alert; schema in docs/EVIDENCE.md), at most ``evidence.max_bytes``."""
+        return f"{self.prefix}:evidence:{key_part(evidence_id)}"
+
+    @property
+    def evidence_index(self) -> str:
+        """Sorted set ``{prefix}:evidence-index``: evidence ids scored by decision time (unix s),
+        trimmed to ``evidence.max_records`` and ``evidence.ttl_s`` on every write."""
+        return f"{self.prefix}:evidence-index"
+
+    @property
+    def evidence_summaries(self) -> str:
+        """Hash ``{prefix}:evidence-summaries``: evidence id -> a small JSON summary (kind, route,
+        policy, rule, reason, time) for the incident list; trimmed with ``evidence_index``."""
+        return f"{self.prefix}:evidence-summaries"
+
     def heartbeat(self, instance: str) -> str:
         """String ``{prefix}:heartbeat:{instance}`` with a TTL: a JSON blob a live daemon refreshes."""
         return f"{self.prefix}:heartbeat:{instance}"

@@ -63,6 +63,9 @@ class Metrics:
         self.pages = Counter("llmwd_pages_total",
                              "Alert messages per channel, by result: delivered, failed (given up after retries or "
                              "refused) or dropped (queue full, or undelivered at stop)", ["result"], registry=r)
+        self.evidence = Counter("llmwd_evidence_records_total",
+                                "Evidence record writes (docs/EVIDENCE.md), by result: written, failed (Redis "
+                                "refused the write; retried) or dropped (too many waiting)", ["result"], registry=r)
         self.channel_pages = Counter("llmwd_channel_pages_total",
                                      "Alert messages per channel, by result: delivered, failed, dropped, or retried "
                                      "(one failed attempt that will be tried again)", ["channel", "result"],
@@ -112,6 +115,7 @@ class Metrics:
         # label values known in advance start at 0, so increase() and rate() see their first event
         for result in ("delivered", "failed", "dropped"):
             self.pages.labels(result)
+            self.evidence.labels(result if result != "delivered" else "written")
         for result in ("ok", "rejected"):
             self.policy_reloads.labels(result)
 

@@ -177,7 +177,8 @@ def timeline_figure(chart: Chart) -> Any:
             labels = [textwrap.fill(label, 34, subsequent_indent="  ") for label in handles]
             ax.legend(list(handles.values()), labels, fontsize=7.5, loc="upper left",
                       bbox_to_anchor=(1.005, 1.0), borderaxespad=0.0, frameon=False)
-    axes[-1, 0].xaxis.set_major_formatter(mdates.DateFormatter("%H:%M", tz=UTC))
+    # a span of minutes (an evidence page of short windows) needs the seconds to tell ticks apart
+    axes[-1, 0].xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S" if hi - lo < 900 else "%H:%M", tz=UTC))
     axes[-1, 0].set_xlabel("time (UTC)" + (f"; {chart.footer}" if chart.footer else ""), fontsize=8)
     fig.suptitle(chart.title, fontsize=11, x=0.01, ha="left", fontweight="bold")
     lines = chart.title.count("\n") + 1

@@ -30,6 +30,7 @@ from watchdog.core.starter import starter_path
 from watchdog.core.text import shorten
 from watchdog.dev.alertsink import AlertSink
 from watchdog.dev.embedded import free_port, start_redis, start_tansu
+from watchdog.dev.evidence_link import print_evidence_link
 from watchdog.dev.traffic import Route, TrafficGenerator
 from watchdog.runtime.daemon import Daemon
 from watchdog.runtime.http import StatusServer
@@ -121,7 +122,7 @@ def run_demo(duration_s: float | None = None, golden: bool = True, workdir: Path
     cfg = _demo_config(kafka.address, redis_svc.address, sink_url, topic, policies, golden_cfg)
     daemon = Daemon(cfg)
     server = StatusServer(cfg.server.host, cfg.server.port, daemon.metrics.registry, daemon.status,
-                          daemon.problems, daemon.alive).start()
+                          daemon.problems, daemon.alive, pages=daemon.evidence_pages).start()
     console.print(f"daemon: /metrics /healthz /readyz /status on {server.url}")
     thread = threading.Thread(target=daemon.run, name="llmwd-daemon", daemon=True)
     thread.start()
@@ -251,6 +252,7 @@ def _regression_phase(console: Console, daemon: Daemon, sink: AlertSink, traffic
 
 
 def _show_evidence(console: Console, daemon: Daemon, sink: AlertSink, route: str) -> None:
+    print_evidence_link(console, daemon, MODEL, route)
     flag = daemon.store.get(MODEL, route)
     if flag is not None:
         console.print(f"   Redis hash {daemon.keys.route(MODEL, route)}: precision={flag.precision} epoch={flag.epoch} "

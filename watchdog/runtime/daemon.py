@@ -46,6 +46,8 @@ from watchdog.runtime.checkpointer import Checkpointer
 from watchdog.runtime.clock import ClockCheck, SteadyClock
 from watchdog.runtime.closer import WindowCloser
 from watchdog.runtime.decisions import FLAG_RELOAD_S, Decisions
+from watchdog.runtime.evidence import EvidenceRecorder
+from watchdog.runtime.evidence_http import EvidencePages
 from watchdog.runtime.golden import GoldenRelay
 from watchdog.runtime.health import LoopHealth, Readiness, RedisHealth
 from watchdog.runtime.ownership import Ownership
@@ -89,7 +91,7 @@ class Daemon:
         self.alerter = alerter or Alerter.from_config(
             [c.model_dump() for c in cfg.alerts.channels], on_page=self.metrics.count_page,
             on_channel_page=self.metrics.count_channel_page,
-            status_url=cfg.server.status_url)
+            status_url=cfg.server.status_url, evidence_url=cfg.server.evidence_url)
         self.pager = Pager(self.redis, self.keys, cfg.kafka.group_id, cfg.instance, self.alerter)
         self.readiness = Readiness(self.metrics, self._raise_ops_alert, self.alerter.ops_resolve)
         self.redis_health = RedisHealth(self.readiness, self.metrics, clock)
@@ -124,6 +126,13 @@ class Daemon:
                                    self.ownership, self.checkpoints, self.redis_health, self.metrics, self.stats,
                                    self.golden_leader, clock)
         self.actuator = self.decisions.actuator
+        gpu_mon = self.gpu
+        self.evidence = self.decisions.evidence = EvidenceRecorder(
+            cfg.evidence, self.keys, self.redis, self.engine, cfg.instance,
+            gpu_latest=(lambda: [h.to_dict() for h in gpu_mon.latest()]) if gpu_mon is not None else None,
+            count=lambda result, n: self.metrics.evidence.labels(result).inc(n))
+        #: the /evidence pages, for the HTTP server (``StatusServer(..., pages=daemon.evidence_pages)``)
+        self.evidence_pages = EvidencePages(self.redis, self.keys)
         self.checkpointer = Checkpointer(cfg, self.keys, self.redis, self.checkpoints, self.engine, self.wm,
                                          self.ownership, self.actuator, self.redis_health, self.metrics, self.stats)
         self.checkpointer.deferred_routes = lambda: self.decisions.deferred_routes
@@ -244,6 +253,7 @@ class Daemon:
         if signals or self.decisions.deferred:
             self.decisions.decide(signals, now)
         self.decisions.act(now)
+        self.evidence.flush(now)
         self.checkpointer.checkpoint(now)
         self.checkpointer.flush_unowned()
         self._pump_pager()
@@ -367,4 +377,6 @@ class Daemon:
 
     def status(self, query: Mapping[str, str] | None = None) -> dict[str, Any]:
         """The /status document (``query``: ``route``/``model`` for one route, ``top`` for how many)."""
-        return self._status.build(query)
+        doc = self._status.build(query)
+        doc["evidence"] = self.evidence.status()
+        return doc

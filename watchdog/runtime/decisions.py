@@ -37,6 +37,7 @@ from watchdog.core.metrics import Metrics
 from watchdog.core.signals import Action, Signal
 from watchdog.policy import PolicyEngine, changes
 from watchdog.policy.status import state_judgeability_rows
+from watchdog.runtime.evidence import EvidenceRecorder
 from watchdog.runtime.health import RedisHealth
 from watchdog.runtime.ownership import Ownership
 from watchdog.runtime.stats import DaemonStats
@@ -167,6 +168,8 @@ class Decisions:
         #: partitions carrying them are not checkpointed until they are
         self.deferred: list[Signal] = []
         self.deferred_routes: set[P.Route] = set()
+        #: evidence records of the decisions (runtime/evidence.py); None: not kept
+        self.evidence: EvidenceRecorder | None = None
 
     # -- deciding ------------------------------------------------------------------------------
     def decide(self, signals: list[Signal], now: float) -> None:
@@ -203,6 +206,8 @@ class Decisions:
         """Judge these routes' closed windows and dispatch what the engine decides."""
         self.mark_maintenance(signals, touched)
         actions = self.engine.observe(signals, now, flags, self.cfg.default_precision)
+        if self.evidence is not None:
+            self.evidence.observe(signals, touched, now)
         everywhere = any("*" in r for r in touched)
         for part in self.ownership.parts.values():
             # engine state of these routes may have changed (a "*" signal, e.g. GPU health, touches all)
@@ -230,6 +235,9 @@ class Decisions:
             changes.mark_maintenance(signals, changes.maintenance_spans(found))
 
     def dispatch(self, action: Action) -> None:
+        if self.evidence is not None:  # before anything carries the action: its pages link to the record
+            flag = self.flags.flags.flag(action.model, action.route)
+            self.evidence.decided(action, flag.precision if flag is not None else None)
         self.stats.record_action(action)
         self.metrics.verdicts.labels(action.kind, action.policy, str(action.dry_run).lower()).inc()
         log.info("action %s %s/%s by %s%s: %s", action.kind, action.model, action.route, action.policy,

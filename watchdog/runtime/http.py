@@ -1,5 +1,6 @@
 """HTTP surface: /metrics (Prometheus), /livez (the loop is alive), /healthz (same, kept for
-compatibility), /readyz (connected and current: 503 with the named reasons otherwise), /status (JSON)."""
+compatibility), /readyz (connected and current: 503 with the named reasons otherwise), /status (JSON),
+and the pages passed in as ``pages`` (the daemon's /evidence pages, runtime/evidence_http.py)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ STATUS_ATTEMPTS = 5
 #: the /status document; it may take the query (``?route=...&top=...``) as a mapping
 StatusFn = Callable[..., dict[str, Any]]
 ReadyFn = Callable[[], list[str]]
+#: more read-only pages (the evidence pages, runtime/evidence_http.py): (path, query) -> (status,
+#: body, content type), or None for a path they do not serve
+PagesFn = Callable[[str, dict[str, str]], "tuple[int, bytes, str] | None"]
 
 
 class StatusServer:
@@ -34,7 +38,7 @@ class StatusServer:
     """
 
     def __init__(self, host: str, port: int, registry: CollectorRegistry, status: StatusFn,
-                 ready: ReadyFn, alive: Callable[[], bool] = lambda: True) -> None:
+                 ready: ReadyFn, alive: Callable[[], bool] = lambda: True, pages: PagesFn | None = None) -> None:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -56,6 +60,8 @@ class StatusServer:
                     elif path == "/status":
                         query = dict(parse_qsl(qs[:2000]))
                         self._json(200, outer.status_document(query))
+                    elif outer.pages is not None and (page := outer.pages(path, dict(parse_qsl(qs[:2000])))):
+                        self._send(*page)
                     else:
                         self._json(404, {"error": f"no such path {path}"})
                 except Exception as exc:  # noqa: BLE001 - a broken status must not kill the server
@@ -81,6 +87,7 @@ class StatusServer:
         self.takes_query = bool(inspect.signature(status).parameters)
         self.ready = ready
         self.alive = alive
+        self.pages = pages
         self.httpd = ThreadingHTTPServer((host, port), Handler)
         self.httpd.daemon_threads = True
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="llmwd-http", daemon=True)
