@@ -67,9 +67,9 @@ def engine_states_by_route(engine: PolicyEngine, routes: set[Route] | None = Non
     names = [p.name for p in engine.policy_set.policies]
     for model, route in routes:
         for name in names:
-            st = states.get((name, model, route))
-            if st is not None:
-                out[(model, route)][name] = st.to_json()
+            found = states.get((name, model, route))
+            if found is not None:
+                out[(model, route)][name] = found.to_json()
     return out
 
 
