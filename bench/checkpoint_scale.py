@@ -9,11 +9,13 @@ engine state is what a running daemon keeps), then one open window.
 
 Measured, in one run, per size:
 
-* **full**: every partition saved as a full snapshot (what a save wrote before incremental state, and
-  what a first save or a ``RESYNC`` writes now): payload bytes, loop time (the ``save`` call on the
-  loop thread) and wall time until Redis holds it;
+* **full on the loop**: every partition saved as a full snapshot, built, encoded and written on the
+  calling thread (what every save cost before incremental state; what a forced save still does):
+  payload bytes, loop time (the ``save`` calls) and wall time until Redis holds it;
+* **full, writer thread**: the same snapshot as the loop saves it now (a first save, a ``RESYNC``):
+  built on the loop, encoded and written by the writer thread;
 * **steady**: ``--rounds`` saves while ``--active`` (1 %) of the routes take events and are judged
-  between two saves: bytes, loop time per partition save (p50/p99), wall time;
+  between two saves: bytes, loop time per partition save (p50/p99), wall time until Redis has them;
 * the Redis memory of the checkpoints (``MEMORY USAGE`` of the hashes and engine keys).
 
     .venv/bin/python bench/checkpoint_scale.py [--sizes 100,1000,10000] [--rounds 20]
@@ -183,9 +185,13 @@ def run_size(n_routes: int, url: str) -> dict[str, Any]:
     fold(routes, current, args.events)
     fill_s = time.perf_counter() - t0
 
-    def save_all(force_full: bool) -> tuple[int, list[float], float]:
-        """Save every partition; (payload bytes, loop seconds per partition, wall seconds until done)."""
-        size, loop = 0, []
+    offload = hasattr(ck, "writer")  # this checkout encodes and writes saves off the loop thread
+
+    def save_all(force_full: bool, off: bool) -> tuple[int, list[float], float]:
+        """Save every partition; (payload bytes, loop seconds per partition, wall seconds until Redis has all)."""
+        if offload:
+            ck.offload = off
+        loop = []
         w0 = time.perf_counter()
         now = time.time()
         for part in parts.values():
@@ -193,15 +199,24 @@ def run_size(n_routes: int, url: str) -> dict[str, Any]:
                 part.full = True
             part.dirty = True
             s = time.perf_counter()
-            assert ck.save(part, now, force=True, mirror=False), "save refused"
+            done = ck.save(part, now, force=not off, mirror=False)
             loop.append(time.perf_counter() - s)
-            size += int(ck.metrics.checkpoint_bytes.labels(str(part.pk[1]))._value.get())
-        drain = getattr(ck, "drain", None)
-        if drain is not None:  # a checkout that writes off the loop thread: until Redis has them all
-            drain()
-        return size, loop, time.perf_counter() - w0
+            assert done or off, "save refused"
+        if off:
+            ck.drain()
+        wall = time.perf_counter() - w0
+        for part in parts.values():
+            assert part.inflight is None, "a save did not land"
+        size = sum(int(ck.metrics.checkpoint_bytes.labels(str(pk[1]))._value.get()) for pk in parts)
+        return size, loop, wall
 
-    full_bytes, full_loop, full_wall = save_all(True)
+    # the full save as it was before incremental state and the writer thread: built, encoded and
+    # written on the loop thread (with --code of an older checkout: that code's save)
+    full_bytes, full_loop, full_wall = save_all(True, False)
+    out: dict[str, Any] = {}
+    if offload:  # the same full snapshot (a first save, a RESYNC) with the writer thread
+        _b, off_loop, off_wall = save_all(True, True)
+        out.update(full_off_loop=off_loop, full_off_wall=off_wall)
     steady_bytes, steady_loop, steady_wall = [], [], []
     n_active = max(1, int(n_routes * args.active))
     for k in range(args.rounds):
@@ -209,7 +224,7 @@ def run_size(n_routes: int, url: str) -> dict[str, Any]:
         fold(active, current, max(1, args.events // 4))
         for r in active:  # judged since the last save: their engine state changed
             parts[part_of[r]].dirty_routes.add((MODEL, r))
-        b, loop, wall = save_all(False)
+        b, loop, wall = save_all(False, offload)
         steady_bytes.append(b)
         steady_loop.extend(loop)
         steady_wall.append(wall)
@@ -217,7 +232,7 @@ def run_size(n_routes: int, url: str) -> dict[str, Any]:
     mem += sum(client.memory_usage(k) or 0 for k in client.scan_iter(match=f"{cfg.redis.prefix}:engine:*",
                                                                         count=1000))
     client.close()
-    return {"routes": n_routes, "fill_s": fill_s, "full_bytes": full_bytes, "full_loop": full_loop,
+    return {**out, "routes": n_routes, "fill_s": fill_s, "full_bytes": full_bytes, "full_loop": full_loop,
             "full_wall": full_wall, "steady_bytes": statistics.median(steady_bytes), "steady_loop": steady_loop,
             "steady_wall": statistics.median(steady_wall), "redis_bytes": mem}
 
@@ -233,24 +248,24 @@ def main() -> int:
         svc.stop()
     rows = []
     for r in results:
+        ms = lambda xs: f"{sum(xs) * 1e3:,.0f} / {max(xs) * 1e3:,.0f}"  # noqa: E731
         rows.append([
             f"{r['routes']:,}",
             f"{r['full_bytes'] / 1e6:.2f} MB",
-            f"{sum(r['full_loop']) * 1e3:,.0f} / {max(r['full_loop']) * 1e3:,.0f}",
-            f"{r['full_wall'] * 1e3:,.0f}",
+            f"{ms(r['full_loop'])} / {r['full_wall'] * 1e3:,.0f}",
+            f"{ms(r['full_off_loop'])} / {r['full_off_wall'] * 1e3:,.0f}" if "full_off_loop" in r else "-",
             f"{r['steady_bytes'] / 1e3:,.1f} kB",
             f"{100 * r['steady_bytes'] / r['full_bytes']:.2f} %",
             f"{pct(r['steady_loop'], 0.5) * 1e3:.1f} / {pct(r['steady_loop'], 0.99) * 1e3:.1f}",
             f"{r['steady_wall'] * 1e3:,.1f}",
-            f"{r['full_wall'] / r['steady_wall']:.0f}x",
             f"{r['redis_bytes'] / 1e6:.1f} MB",
         ])
     print(f"\ncheckpoint scale: {args.parts} partitions, {args.events} events per window and precision, "
           f"{args.judged} windows judged, {args.active:.0%} active, {args.rounds} steady rounds; "
           f"code {Path(watchdog.__file__).parent}")
-    print(table(["routes", "full bytes", "full loop ms (all parts / max part)", "full wall ms",
-                 "steady bytes", "steady / full", "steady loop ms per part save p50 / p99", "steady wall ms",
-                 "full / steady wall", "Redis memory"], rows))
+    print(table(["routes", "full bytes", "full on the loop: loop ms all / max part / wall ms",
+                 "full, writer thread: loop ms all / max part / wall ms", "steady bytes", "steady / full",
+                 "steady loop ms per part save p50 / p99", "steady wall ms", "Redis memory"], rows))
     print(machine_note())
     return 0
 

@@ -18,6 +18,7 @@ from importlib import resources
 from typing import Any
 
 from watchdog.core.keys import Keys, text
+from watchdog.windows.aggregator import encode_snapshots
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,15 @@ class PendingSave:
     closed: list[str] = field(default_factory=list)
     #: False only for a full snapshot (every open window is in ``changed``)
     incremental: bool = True
+    #: changed open windows as snapshots not encoded yet (``encode`` turns them into ``changed``): built
+    #: on the loop thread, consistent with the save's offset; encoded where the write runs
+    snapshots: list[tuple[Any, Any]] = field(default_factory=list)
+
+    def encode(self) -> None:
+        """Encode the window snapshots into ``changed`` (once: a retry sends the same bytes)."""
+        if self.snapshots:
+            self.changed.update(encode_snapshots(self.snapshots))
+            self.snapshots = []
 
     @property
     def size(self) -> int:
@@ -90,6 +100,7 @@ class CheckpointStore:
 
     def save(self, partition: int, token: str, save: PendingSave) -> str:
         """Run one save; returns SAVED, DUPLICATE, FENCED or RESYNC. Redis errors propagate."""
+        save.encode()
         engine_keys = list(save.engines)
         keys = [self.owner_key(partition), self.keys.checkpoint(self.group, self.topic, partition),
                 self.keys.windows, self.keys.outbox, *engine_keys]

@@ -158,6 +158,18 @@ class FleetStats:
         for key, lats in by_rep.items():
             reps[key].sketch.add_many(lats)
 
+    def copy(self) -> FleetStats:
+        """An independent copy, buffer folded first (a checkpoint snapshot)."""
+        self.flush()
+        f = FleetStats()
+        f.cells = {k: v[:] for k, v in self.cells.items()}
+        for k, r in self.replicas.items():
+            rep = f.replicas[k] = _Replica()
+            rep.sketch = r.sketch.copy()
+            rep.cells = {c: v[:] for c, v in r.cells.items()}
+        f.builds = dict(self.builds)
+        return f
+
     def has_replicas(self) -> bool:
         return any(k != NO_REPLICA for k in self.replicas)
 

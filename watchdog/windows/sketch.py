@@ -232,6 +232,15 @@ class QuantileSketch:
             sk._collapse()
         return sk
 
+    def copy(self) -> QuantileSketch:
+        """An independent copy (a checkpoint snapshot taken on the loop thread, encoded off it)."""
+        sk = QuantileSketch.__new__(QuantileSketch)
+        sk.relative_accuracy, sk.min_value, sk.max_buckets = self.relative_accuracy, self.min_value, self.max_buckets
+        sk.gamma, sk._inv_log_gamma = self.gamma, self._inv_log_gamma
+        sk.buckets = self.buckets.copy()
+        sk.zero_count, sk.count, sk.sum, sk.min, sk.max = self.zero_count, self.count, self.sum, self.min, self.max
+        return sk
+
     def pack(self) -> list[Any]:
         """A compact JSON-able export for checkpoints (``unpack`` restores it exactly), about a third
         of ``to_dict``'s bytes: ``[relative_accuracy, min_value, count, sum, min, max, zero_count,

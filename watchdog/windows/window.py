@@ -165,6 +165,29 @@ class Window:
             detail=detail,
         )
 
+    def snapshot(self) -> Window:
+        """An independent copy of this window as it is now, buffers folded (a checkpoint is built on
+        the loop thread as snapshots, cheap dict copies, and encoded with ``export`` off it)."""
+        self.flush()
+        w = Window.__new__(Window)
+        (w.index, w.count, w.ok, w.errors, w.timeouts, w.ok_latency_s, w.ok_completion_tokens, w.prompt_tokens,
+         w.with_completion, w.empty, w.lp_sum, w.lp_tokens, w.lp_events, w.shadow_seen, w.shadow_sampled,
+         w.shadow_error, w.dirty) = (
+            self.index, self.count, self.ok, self.errors, self.timeouts, self.ok_latency_s, self.ok_completion_tokens,
+            self.prompt_tokens, self.with_completion, self.empty, self.lp_sum, self.lp_tokens, self.lp_events,
+            self.shadow_seen, self.shadow_sampled, self.shadow_error, False)
+        w.latency = self.latency.copy()
+        w.ttft = self.ttft.copy() if self.ttft is not None else None
+        w.not_judged = dict(self.not_judged)
+        w.shadow_precisions = dict(self.shadow_precisions)
+        w.pairs = self.pairs[:]
+        w.bleu = self.bleu[:]
+        w.offsets = dict(self.offsets)
+        w.latency_buf = []
+        w.ttft_buf = []
+        w.fleet = self.fleet.copy()
+        return w
+
     def export(self, key: tuple[int, str, str, str]) -> dict[str, Any]:
         """This window, open under ``key``, as JSON-able checkpoint data (``from_export`` restores it)."""
         self.flush()
