@@ -83,7 +83,7 @@ class Checkpointer:
         ``STEP_BUDGET_S`` (the others are saved in the next loop iterations). Without ``force`` the
         saves are built here and encoded and written by the writer thread; their outcomes are taken
         by the next call."""
-        self.harvest(now)
+        self.harvest()
         every = self.cfg.redis.checkpoint_every_s if self.redis_health.ok else 1.0
         t0 = time.perf_counter()
         for part in sorted(self.ownership.parts.values(), key=lambda p: p.last_save):
@@ -103,7 +103,7 @@ class Checkpointer:
         if self.writer.busy(part.pk):
             if not force:
                 return False
-            self._settle(part, now)
+            self._settle(part)
         if part.routes & self.actuator.pending_routes():
             return False  # the flip goes first: it carries the engine state the checkpoint would
         deferred = self.deferred_routes()
@@ -120,7 +120,7 @@ class Checkpointer:
         if self.offload and not force:
             built_s = time.perf_counter() - t0
             self.metrics.checkpoint_loop_seconds.observe(built_s)
-            self.writer.submit(part.pk, part.token, part.inflight, built_s)
+            self.writer.submit(part.pk, part.token, part.inflight, built_s, now)
             part.last_save = now
             return False
         try:
@@ -162,37 +162,36 @@ class Checkpointer:
         return True
 
     # -- the writer thread ---------------------------------------------------------------------
-    def harvest(self, now: float) -> None:
+    def harvest(self) -> None:
         """Act on the saves the writer thread finished (in the commit order above)."""
         for outcome in self.writer.finished():
-            self._outcome(outcome, now)
+            self._outcome(outcome)
 
-    def _settle(self, part: P.Partition, now: float) -> None:
+    def _settle(self, part: P.Partition) -> None:
         """Wait for the save of ``part`` in flight (and the full one a ``RESYNC`` answer sends)."""
         while self.writer.busy(part.pk):
             outcome = self.writer.wait(part.pk)
             if outcome is not None:
-                self._outcome(outcome, now)
+                self._outcome(outcome)
 
     def settle(self, routes: set[P.Route]) -> None:
         """Wait for the saves in flight of the partitions carrying ``routes`` (before a flip of one of
         them: the flip writes the route's engine state, a save landing after it would write an older one)."""
         if not routes or not self.writer.any_busy():
             return
-        now = time.time()
         for part in list(self.ownership.parts.values()):
             if self.writer.busy(part.pk) and not part.routes.isdisjoint(routes):
-                self._settle(part, now)
+                self._settle(part)
 
     def drain(self) -> None:
-        """Wait for every save in flight and act on it (shutdown, benches)."""
-        now = time.time()
+        """Wait for every save in flight and act on it (benches, tests)."""
         for part in list(self.ownership.parts.values()):
             if self.writer.busy(part.pk):
-                self._settle(part, now)
-        self.harvest(now)
+                self._settle(part)
+        self.harvest()
 
-    def _outcome(self, outcome: Outcome, now: float) -> None:
+    def _outcome(self, outcome: Outcome) -> None:
+        now = outcome.at
         part = self.ownership.parts.get(outcome.pk)
         if part is None or part.token != outcome.token or part.inflight is not outcome.save:
             return  # the partition was revoked or fenced since: nothing of ours to record
@@ -209,7 +208,7 @@ class Checkpointer:
             self._rebuild_full(part, now)
             assert part.inflight is not None
             built_s = outcome.built_s + time.perf_counter() - t0
-            self.writer.submit(part.pk, part.token, part.inflight, built_s)
+            self.writer.submit(part.pk, part.token, part.inflight, built_s, now)
             return
         self._finish(part, now, status, outcome.built_s + outcome.seconds, mirror=True)
 

@@ -36,12 +36,14 @@ class Outcome:
     seconds: float
     #: seconds the loop spent building it
     built_s: float
+    #: the loop's clock when it was handed over (the partition's ``last_save``)
+    at: float
 
 
 class SaveWriter:
     def __init__(self, checkpoints: CheckpointStore) -> None:
         self.checkpoints = checkpoints
-        self._jobs: queue.Queue[tuple[PartitionKey, str, PendingSave, float] | None] = queue.Queue()
+        self._jobs: queue.Queue[tuple[PartitionKey, str, PendingSave, float, float] | None] = queue.Queue()
         self._cond = threading.Condition()
         self._busy: set[PartitionKey] = set()
         self._done: dict[PartitionKey, Outcome] = {}
@@ -59,12 +61,12 @@ class SaveWriter:
             thread.join(timeout)
         self._thread = None
 
-    def submit(self, pk: PartitionKey, token: str, save: PendingSave, built_s: float) -> None:
+    def submit(self, pk: PartitionKey, token: str, save: PendingSave, built_s: float, at: float) -> None:
         with self._cond:
             assert pk not in self._busy, f"partition {pk[1]}: a save is in flight already"
             self._busy.add(pk)
         self.start()
-        self._jobs.put((pk, token, save, built_s))
+        self._jobs.put((pk, token, save, built_s, at))
 
     def busy(self, pk: PartitionKey) -> bool:
         """A save of ``pk`` was submitted and its outcome not taken yet."""
@@ -102,7 +104,7 @@ class SaveWriter:
             job = self._jobs.get()
             if job is None:
                 return
-            pk, token, save, built_s = job
+            pk, token, save, built_s, at = job
             t0 = time.perf_counter()
             status: str | None = None
             error: BaseException | None = None
@@ -110,7 +112,7 @@ class SaveWriter:
                 status = self.checkpoints.save(pk[1], token, save)
             except BaseException as exc:  # noqa: BLE001 - handed to the loop, which raises what it cannot handle
                 error = exc
-            outcome = Outcome(pk, token, save, status, error, time.perf_counter() - t0, built_s)
+            outcome = Outcome(pk, token, save, status, error, time.perf_counter() - t0, built_s, at)
             with self._cond:
                 self._done[pk] = outcome
                 self._cond.notify_all()
