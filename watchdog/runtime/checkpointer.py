@@ -103,7 +103,9 @@ class Checkpointer:
         if self.writer.busy(part.pk):
             if not force:
                 return False
-            self._settle(part)
+            self._settle(part, mirror)
+            if self.ownership.parts.get(part.pk) is not part:
+                return False  # its answer was "fenced": the partition is gone
         if part.routes & self.actuator.pending_routes():
             return False  # the flip goes first: it carries the engine state the checkpoint would
         deferred = self.deferred_routes()
@@ -167,12 +169,12 @@ class Checkpointer:
         for outcome in self.writer.finished():
             self._outcome(outcome)
 
-    def _settle(self, part: P.Partition) -> None:
+    def _settle(self, part: P.Partition, mirror: bool = True) -> None:
         """Wait for the save of ``part`` in flight (and the full one a ``RESYNC`` answer sends)."""
         while self.writer.busy(part.pk):
             outcome = self.writer.wait(part.pk)
             if outcome is not None:
-                self._outcome(outcome)
+                self._outcome(outcome, mirror)
 
     def settle(self, routes: set[P.Route]) -> None:
         """Wait for the saves in flight of the partitions carrying ``routes`` (before a flip of one of
@@ -190,7 +192,7 @@ class Checkpointer:
                 self._settle(part)
         self.harvest()
 
-    def _outcome(self, outcome: Outcome) -> None:
+    def _outcome(self, outcome: Outcome, mirror: bool = True) -> None:
         now = outcome.at
         part = self.ownership.parts.get(outcome.pk)
         if part is None or part.token != outcome.token or part.inflight is not outcome.save:
@@ -210,7 +212,7 @@ class Checkpointer:
             built_s = outcome.built_s + time.perf_counter() - t0
             self.writer.submit(part.pk, part.token, part.inflight, built_s, now)
             return
-        self._finish(part, now, status, outcome.built_s + outcome.seconds, mirror=True)
+        self._finish(part, now, status, outcome.built_s + outcome.seconds, mirror)
 
     def _rebuild_full(self, part: P.Partition, now: float) -> None:
         """``part.inflight`` again as a full snapshot with the same records and sequence number."""
