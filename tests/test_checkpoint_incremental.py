@@ -160,6 +160,12 @@ def test_incremental_saves_write_what_changed_and_restore_what_a_full_save_would
     assert engines == {r: {"schema": 1, "scopes": {POLICY: ck.engine.states[(POLICY, *r)].to_json()}}
                        for r in sorted(part.routes)}
     assert ingest.mirrored[-1] == {part.pk: ingest.next_offset[part.pk]}  # mirrored after Redis had it
+    # llmwd_checkpoint_seconds covers build + encode + write, llmwd_checkpoint_loop_seconds the loop's part
+    reg = ck.metrics.registry
+    total, loop = (reg.get_sample_value(f"llmwd_checkpoint{m}_seconds_sum") for m in ("", "_loop"))
+    assert reg.get_sample_value("llmwd_checkpoint_seconds_count") == 3
+    assert reg.get_sample_value("llmwd_checkpoint_loop_seconds_count") == 3
+    assert total is not None and loop is not None and total > loop > 0
 
 
 def test_a_save_writes_the_snapshot_taken_with_its_offset(redis_client) -> None:
