@@ -22,7 +22,7 @@ from watchdog.policy.state import ScopeState
 from watchdog.runtime.checkpointer import Checkpointer
 from watchdog.runtime.stats import DaemonStats
 from watchdog.state import partitions as P
-from watchdog.state.checkpoint import FENCED, SAVED, CheckpointStore
+from watchdog.state.checkpoint import FENCED, SAVED, SCHEMA, CheckpointStore
 from watchdog.windows.aggregator import WindowAggregator
 from watchdog.windows.fleet import cell_list, unpack_cells
 from watchdog.windows.sketch import QuantileSketch
@@ -157,7 +157,7 @@ def test_incremental_saves_write_what_changed_and_restore_what_a_full_save_would
     data, windows, engines = _restored(redis_client)
     assert data["offset"] == ingest.next_offset[part.pk] and data["closed_end"] == part.agg.closed_end
     assert _by_key(windows) == _by_key(part.agg.export_open())
-    assert engines == {r: {"schema": 1, "scopes": {POLICY: ck.engine.states[(POLICY, *r)].to_json()}}
+    assert engines == {r: {"schema": SCHEMA, "scopes": {POLICY: ck.engine.states[(POLICY, *r)].to_json()}}
                        for r in sorted(part.routes)}
     assert ingest.mirrored[-1] == {part.pk: ingest.next_offset[part.pk]}  # mirrored after Redis had it
     # llmwd_checkpoint_seconds covers build + encode + write, llmwd_checkpoint_loop_seconds the loop's part
@@ -235,6 +235,7 @@ def test_a_checkpoint_written_before_the_packed_window_form_restores(redis_clien
         fl["rep"] = {k: {"lat": QuantileSketch.unpack(r["lat"]).to_dict(), "cells": cell_list(unpack_cells(r["cells"]))}
                      for k, r in fl["rep"].items()}
         save.changed[field_name] = json.dumps(d)
+    save.blob = json.dumps({**json.loads(save.blob), "schema": 1})
     assert ck.checkpoints.save(0, part.token, save) == SAVED
     _data, windows, _ = _restored(redis_client)
     again = WindowAggregator(length_s=10.0, grace_s=0.0)
@@ -242,3 +243,18 @@ def test_a_checkpoint_written_before_the_packed_window_form_restores(redis_clien
     want = {(s.route, s.start): s.detail for s in part.agg.close_all()}
     got = {(s.route, s.start): s.detail for s in again.close_all()}
     assert got == want and len(got) == 3
+
+
+def test_a_checkpoint_of_an_unknown_schema_is_ignored_with_one_line(redis_client, caplog) -> None:
+    """A checkpoint this release cannot read (a later release's) is not half-read: the partition
+    starts from the committed offset, and one warning says so."""
+    ck, part, ingest, _own = _rig(redis_client)
+    _fold(ck, part, ingest, "r", 100.0)
+    save = ck.build_save(part, 1.0, [], [])
+    save.blob = json.dumps({**json.loads(save.blob), "schema": 99})
+    assert ck.checkpoints.save(0, part.token, save) == SAVED
+    caplog.set_level("WARNING", logger="watchdog.state.checkpoint")
+    claim = CheckpointStore(redis_client, Keys(), "g", TOPIC, "b").claim(0)
+    assert claim.data is None and claim.seq == 1
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "watchdog.state.checkpoint"]
+    assert "ignoring checkpoint of schema 99" in line and "\n" not in line

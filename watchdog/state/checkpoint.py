@@ -22,7 +22,12 @@ from watchdog.windows.aggregator import encode_snapshots
 
 log = logging.getLogger(__name__)
 
-SCHEMA = 1
+#: 2: open windows with packed sketches and mix cells (``QuantileSketch.pack``, ``pack_cells``). A
+#: replica of an older release ignores a schema-2 checkpoint with one warning and starts the
+#: partition from Kafka's committed offset (the mirror) instead of failing on the packed form
+SCHEMA = 2
+#: checkpoint schemas this release restores (1: windows in the JSON-list form, still read)
+READABLE_SCHEMAS = (1, 2)
 SAVED, DUPLICATE, FENCED, RESYNC = "saved", "duplicate", "fenced", "resync"
 
 
@@ -91,8 +96,9 @@ class CheckpointStore:
         token, fields = reply[0], dict(zip(reply[1::2], reply[2::2], strict=True))
         raw = fields.get("json")
         data = json.loads(raw) if raw else None
-        if data is not None and data.get("schema") != SCHEMA:
-            log.warning("partition %s: ignoring checkpoint of schema %r", partition, data.get("schema"))
+        if data is not None and data.get("schema") not in READABLE_SCHEMAS:
+            log.warning("partition %s: ignoring checkpoint of schema %r (this release reads %s); starting it "
+                        "from the committed offset", partition, data.get("schema"), READABLE_SCHEMAS)
             data = None
         if data is not None:
             data["windows"] = [json.loads(v) for k, v in fields.items() if k.startswith("w")]
