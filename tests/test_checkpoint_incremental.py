@@ -258,3 +258,18 @@ def test_a_checkpoint_of_an_unknown_schema_is_ignored_with_one_line(redis_client
     assert claim.data is None and claim.seq == 1
     (line,) = [r.getMessage() for r in caplog.records if r.name == "watchdog.state.checkpoint"]
     assert "ignoring checkpoint of schema 99" in line and "\n" not in line
+
+
+def test_a_full_snapshot_replaces_the_hash(redis_client) -> None:
+    """Window fields of a checkpoint that was ignored (unknown schema) must not come back at the next
+    restore: a full save carries every open window and replaces the hash."""
+    ck, part, ingest, _own = _rig(redis_client)
+    key = Keys().checkpoint("g", TOPIC, 0)
+    redis_client.hset(key, 'w[1, "m", "stale", "fp8"]', '{"i": 1}')
+    _fold(ck, part, ingest, "r", 100.0)
+    assert part.full
+    ck.checkpoint(1.0)
+    ck.drain()
+    assert part.seq == 1
+    _data, windows, _ = _restored(redis_client)
+    assert [w["r"] for w in windows] == ["r"]
