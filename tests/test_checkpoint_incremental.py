@@ -273,3 +273,25 @@ def test_a_full_snapshot_replaces_the_hash(redis_client) -> None:
     assert part.seq == 1
     _data, windows, _ = _restored(redis_client)
     assert [w["r"] for w in windows] == ["r"]
+
+
+def test_redis_losing_the_checkpoint_makes_the_next_save_a_full_one(redis_client) -> None:
+    """``RESYNC`` from the writer thread: the records of the refused save go with the next save, a
+    full snapshot built like any other (its checks run again), with the same sequence number."""
+    ck, part, ingest, _own = _rig(redis_client)
+    _fold(ck, part, ingest, "a", 100.0)
+    ck.checkpoint(1.0)
+    ck.drain()
+    redis_client.delete(Keys().checkpoint("g", TOPIC, 0))  # Redis restarted without persistence
+    _fold(ck, part, ingest, "b", 101.0)
+    part.unsaved.append('{"record": 1}')
+    ck.checkpoint(1000.0)
+    ck.drain()
+    assert part.inflight is None and part.full and part.unsaved == ['{"record": 1}'] and part.seq == 1
+    ck.checkpoint(2000.0)
+    ck.drain()
+    assert part.seq == 2 and not part.full
+    data, windows, _ = _restored(redis_client)
+    assert data["offset"] == ingest.next_offset[part.pk]
+    assert _by_key(windows) == _by_key(part.agg.export_open())
+    assert redis_client.xlen(Keys().windows) == 1

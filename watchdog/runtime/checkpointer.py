@@ -214,12 +214,16 @@ class Checkpointer:
         status = outcome.status
         assert status is not None
         if status == RESYNC:
-            log.warning("partition %s: checkpoint gone from Redis; saving a full snapshot", part.pk[1])
-            t0 = time.perf_counter()
-            self._rebuild_full(part, now)
-            assert part.inflight is not None
-            built_s = outcome.built_s + time.perf_counter() - t0
-            self.writer.submit(part.pk, part.token, part.inflight, built_s, now)
+            # the next save is a full snapshot with the same records and sequence number, built like
+            # any save (after the checks above: a flip, unjudged windows or a dead letter may have
+            # come since this one was built)
+            log.warning("partition %s: checkpoint gone from Redis; the next save is a full snapshot", part.pk[1])
+            old = outcome.save
+            part.inflight = None
+            part.unsaved = old.windows + part.unsaved
+            part.outbox = old.outbox + part.outbox
+            part.full = part.dirty = True
+            self.metrics.checkpoints.labels(RESYNC).inc()
             return
         self._finish(part, now, status, outcome.built_s + outcome.seconds, mirror)
 
