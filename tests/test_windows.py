@@ -599,3 +599,23 @@ def test_cancelled_client_error_and_rate_limited_are_not_fp8_errors() -> None:
     (sig,) = agg.close_all()
     assert sig.samples == 3 and sig.values["error_rate"] == pytest.approx(1 / 3)
     assert sig.detail["not_judged"] == {"cancelled": 2, "client_error": 1, "rate_limited": 1}
+
+
+def test_a_snapshot_exports_like_its_window_and_does_not_follow_it() -> None:
+    """Checkpoints are built as snapshots on the loop and encoded later (issue 19 item 1): a snapshot
+    exports exactly what its window did at that moment, whatever the window takes afterwards."""
+    agg = WindowAggregator(length_s=60.0)
+    for i in range(30):
+        agg.add(ev(1200.0 + i, request_id=f"q{i}", latency_ms=50.0 + 3 * i, ttft_ms=5.0 + i, prompt_tokens=10 * i,
+                   completion=f"the cat sat {i}", shadow=f"the cat sat {i % 3}", replica=f"pod-{i % 3}", build="b1",
+                   status="ok" if i % 7 else "cancelled"), ("t", 0), i)
+    (key,) = agg._open
+    w = agg._open[key]
+    before = orjson.dumps(w.export(key))
+    snap = w.snapshot()
+    for i in range(30, 60):
+        agg.add(ev(1200.0 + i / 2, request_id=f"q{i}", latency_ms=900.0, completion="x", shadow="y",
+                   replica=f"pod-{i}", build="b2", status="cancelled" if i % 5 == 0 else "ok"), ("t", 0), 0)
+    w.flush()
+    assert orjson.dumps(snap.export(key)) == before
+    assert orjson.dumps(w.export(key)) != before
