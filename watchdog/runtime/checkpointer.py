@@ -41,6 +41,7 @@ from watchdog.runtime.save_writer import Outcome, SaveWriter
 from watchdog.runtime.stats import DaemonStats
 from watchdog.state import partitions as P
 from watchdog.state.checkpoint import DUPLICATE, FENCED, RESYNC, SAVED, CheckpointStore, PendingSave
+from watchdog.windows.aggregator import encode_snapshots
 
 log = logging.getLogger(__name__)
 
@@ -268,7 +269,7 @@ class Checkpointer:
         part.full = False
         part.dirty_routes = set()
         return PendingSave(part.seq + 1 if seq is None else seq, blob, windows, outbox, engines, {}, closed,
-                           incremental=not full, snapshots=snapshots)
+                           incremental=not full, snapshots=snapshots, encoder=encode_snapshots)
 
     # -- golden/GPU signal records -------------------------------------------------------------
     def record_signals(self, signals: list[Signal]) -> None:

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
 from watchdog.core.keys import Keys, text
-from watchdog.windows.aggregator import encode_snapshots
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +59,15 @@ class PendingSave:
     #: changed open windows as snapshots not encoded yet (``encode`` turns them into ``changed``): built
     #: on the loop thread, consistent with the save's offset; encoded where the write runs
     snapshots: list[tuple[Any, Any]] = field(default_factory=list)
+    #: turns ``snapshots`` into hash fields (``windows.aggregator.encode_snapshots``, passed in by the
+    #: runtime: this layer does not import the windows)
+    encoder: Callable[[list[tuple[Any, Any]]], dict[str, str]] | None = None
 
     def encode(self) -> None:
         """Encode the window snapshots into ``changed`` (once: a retry sends the same bytes)."""
         if self.snapshots:
-            self.changed.update(encode_snapshots(self.snapshots))
+            assert self.encoder is not None, "window snapshots without an encoder"
+            self.changed.update(self.encoder(self.snapshots))
             self.snapshots = []
 
     @property
