@@ -119,6 +119,29 @@ def test_export_round_trip_and_alignment() -> None:
     assert ca[ten] == 2 and cb[ten] == 1
 
 
+@pytest.mark.parametrize("values", [[], [0.0], [5.0], [0.0, 1.0, 10.0, 10.0, 500.0], [1e-4, 0.5, 3.0] * 400,
+                                    [float(x) for x in range(1, 3000)] + [1e6] * 70000])
+def test_pack_round_trips_exactly_and_is_smaller(values: list[float]) -> None:
+    """Checkpoint form (issue 19 item 1): the same sketch back, in fewer bytes than ``to_dict``."""
+    sk = QuantileSketch()
+    for x in values:
+        sk.add(x)
+    packed = sk.pack()
+    back = QuantileSketch.load(orjson.loads(orjson.dumps(packed)))
+    assert back.to_dict() == sk.to_dict()
+    assert back.quantiles(QS) == sk.quantiles(QS)
+    if len(sk.buckets) > 2:  # counts up to 255 take one byte each; larger ones two or four
+        small = max(sk.buckets.values()) < 256
+        assert len(orjson.dumps(packed)) < len(orjson.dumps(sk.to_dict())) * (0.5 if small else 1.0)
+
+
+def test_sketch_load_reads_the_dict_form_of_older_checkpoints() -> None:
+    sk = QuantileSketch()
+    for x in (0.0, 2.0, 40.0, 40.0, 900.0):
+        sk.add(x)
+    assert QuantileSketch.load(orjson.loads(orjson.dumps(sk.to_dict()))).to_dict() == sk.to_dict()
+
+
 # --- windows ----------------------------------------------------------------------------------
 
 
@@ -522,8 +545,19 @@ def test_replicas_and_builds_are_bounded_and_checkpointed() -> None:
     data = agg.export_open()
     again = WindowAggregator(length_s=60.0)
     again.import_open(orjson.loads(orjson.dumps(data)))
-    (a,), (b,) = agg.close_all(), again.close_all()
-    assert a.detail == b.detail
+    # the form checkpoints had before the packed one (issue 19 item 1) loads to the same window
+    from watchdog.windows.fleet import cell_list, unpack_cells
+
+    (old,) = orjson.loads(orjson.dumps(data))
+    old["lat"] = QuantileSketch.unpack(old["lat"]).to_dict()
+    fleet = old["fleet"]
+    fleet["cells"] = cell_list(unpack_cells(fleet["cells"]))
+    fleet["rep"] = {k: {"lat": QuantileSketch.unpack(r["lat"]).to_dict(), "cells": cell_list(unpack_cells(r["cells"]))}
+                    for k, r in fleet["rep"].items()}
+    older = WindowAggregator(length_s=60.0)
+    older.import_open([old])
+    (a,), (b,), (c,) = agg.close_all(), again.close_all(), older.close_all()
+    assert a.detail == b.detail == c.detail
     reps = a.detail["replicas"]
     # MAX_REPLICAS named, then one shared entry (the unnamed request lands there too, the table is full)
     assert len(reps) == MAX_REPLICAS + 1 and reps["_other"]["latency_hist"]["count"] == 200 - MAX_REPLICAS + 1
@@ -541,6 +575,7 @@ def test_events_without_replica_or_build_add_only_the_mix() -> None:
     w.add(_fleet_event(1, 100.0, 10, 10, None, None))
     (d,) = w.export_open()
     d.pop("fleet")
+    d["lat"] = QuantileSketch.unpack(d["lat"]).to_dict()  # and sketches in the form before ``pack``
     w2 = WindowAggregator(length_s=60.0)
     w2.import_open([d])
     (s2,) = w2.close_all()
@@ -564,3 +599,23 @@ def test_cancelled_client_error_and_rate_limited_are_not_fp8_errors() -> None:
     (sig,) = agg.close_all()
     assert sig.samples == 3 and sig.values["error_rate"] == pytest.approx(1 / 3)
     assert sig.detail["not_judged"] == {"cancelled": 2, "client_error": 1, "rate_limited": 1}
+
+
+def test_a_snapshot_exports_like_its_window_and_does_not_follow_it() -> None:
+    """Checkpoints are built as snapshots on the loop and encoded later (issue 19 item 1): a snapshot
+    exports exactly what its window did at that moment, whatever the window takes afterwards."""
+    agg = WindowAggregator(length_s=60.0)
+    for i in range(30):
+        agg.add(ev(1200.0 + i, request_id=f"q{i}", latency_ms=50.0 + 3 * i, ttft_ms=5.0 + i, prompt_tokens=10 * i,
+                   completion=f"the cat sat {i}", shadow=f"the cat sat {i % 3}", replica=f"pod-{i % 3}", build="b1",
+                   status="ok" if i % 7 else "cancelled"), ("t", 0), i)
+    (key,) = agg._open
+    w = agg._open[key]
+    before = orjson.dumps(w.export(key))
+    snap = w.snapshot()
+    for i in range(30, 60):
+        agg.add(ev(1200.0 + i / 2, request_id=f"q{i}", latency_ms=900.0, completion="x", shadow="y",
+                   replica=f"pod-{i}", build="b2", status="cancelled" if i % 5 == 0 else "ok"), ("t", 0), 0)
+    w.flush()
+    assert orjson.dumps(snap.export(key)) == before
+    assert orjson.dumps(w.export(key)) != before

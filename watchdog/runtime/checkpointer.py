@@ -19,6 +19,7 @@ the loop's time. Golden/GPU signal records no owned partition carries go straigh
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import Callable
@@ -36,9 +37,11 @@ from watchdog.ingest.eventtime import Watermarks
 from watchdog.policy import PolicyEngine
 from watchdog.runtime.health import RedisHealth
 from watchdog.runtime.ownership import Ownership
+from watchdog.runtime.save_writer import Outcome, SaveWriter
 from watchdog.runtime.stats import DaemonStats
 from watchdog.state import partitions as P
 from watchdog.state.checkpoint import DUPLICATE, FENCED, RESYNC, SAVED, CheckpointStore, PendingSave
+from watchdog.windows.aggregator import encode_snapshots
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +71,10 @@ class Checkpointer:
         self.unowned_records: list[str] = []
         #: routes whose closed windows wait to be judged (``Decisions.deferred_routes``, bound by the daemon)
         self.deferred_routes: Callable[[], set[P.Route]] = set
+        #: encodes and writes the saves of the loop (``checkpoint`` without ``force``) off its thread
+        self.writer = SaveWriter(checkpoints)
+        #: False: every save is encoded and written on the calling thread (as before the writer)
+        self.offload = True
 
     def attach(self, ingest: Ingest) -> None:
         self.ingest = ingest
@@ -75,21 +82,32 @@ class Checkpointer:
     def checkpoint(self, now: float, force: bool = False) -> None:
         """Save every partition that changed and whose spacing has passed (all of them with ``force``);
         without ``force``, the least recently saved first and no more once this call has taken
-        ``STEP_BUDGET_S`` (the others are saved in the next loop iterations)."""
+        ``STEP_BUDGET_S`` (the others are saved in the next loop iterations). Without ``force`` the
+        saves are built here and encoded and written by the writer thread; their outcomes are taken
+        by the next call."""
+        self.harvest()
         every = self.cfg.redis.checkpoint_every_s if self.redis_health.ok else 1.0
         t0 = time.perf_counter()
         for part in sorted(self.ownership.parts.values(), key=lambda p: p.last_save):
             if part.inflight is None and not part.dirty:
                 continue
-            if not force and now - part.last_save < max(every, 10 * part.last_cost_s):
+            if not force and (self.writer.busy(part.pk) or now - part.last_save < max(every, 10 * part.last_cost_s)):
                 continue
             if not force and time.perf_counter() - t0 > STEP_BUDGET_S:
                 break
             self.save(part, now, force=force)
 
     def save(self, part: P.Partition, now: float, force: bool = False, mirror: bool = True) -> bool:
-        """Save one partition's checkpoint; True when Redis holds it (saved, or a retry found it saved)."""
+        """Save one partition's checkpoint; True when Redis holds it (saved, or a retry found it saved).
+        With ``force`` (and with ``offload`` off) the write runs here, after the one in flight; else
+        it goes to the writer thread and this returns False (``harvest`` finishes it)."""
         assert self.ingest is not None
+        if self.writer.busy(part.pk):
+            if not force:
+                return False
+            self._settle(part, mirror)
+            if self.ownership.parts.get(part.pk) is not part:
+                return False  # its answer was "fenced": the partition is gone
         if part.routes & self.actuator.pending_routes():
             return False  # the flip goes first: it carries the engine state the checkpoint would
         deferred = self.deferred_routes()
@@ -97,21 +115,45 @@ class Checkpointer:
             return False  # windows closed but not judged yet: never record them as done before they are
         if not self.ingest.dead_letters.settled(part.pk, timeout_s=1.0 if force else 0.2):
             return False  # never checkpoint past a dead letter the broker has not acknowledged
-        # the metric and the save spacing cover the whole loop time of a save: building it (engine
-        # state, window sketches) and writing it, not only the Redis call
+        # the metric and the save spacing cover the whole time of a save: building it on the loop
+        # (engine state, window snapshots) and encoding and writing it (here or on the writer thread)
         t0 = time.perf_counter()
         if part.inflight is None:
-            part.inflight = self.build_save(part, now, part.unsaved, part.outbox)
+            # the snapshots are many small, acyclic, short-lived objects: no cyclic collection while
+            # they are made (over the daemon's heap of windows, one costs more than the build)
+            paused = gc.isenabled()
+            gc.disable()
+            try:
+                part.inflight = self.build_save(part, now, part.unsaved, part.outbox)
+            finally:
+                if paused:
+                    gc.enable()
             part.unsaved, part.outbox = [], []
+        if self.offload and not force:
+            built_s = time.perf_counter() - t0
+            self.metrics.checkpoint_loop_seconds.observe(built_s)
+            self.writer.submit(part.pk, part.token, part.inflight, built_s, now)
+            part.last_save = now
+            return False
         try:
             status = self._write(part, now)
         except (redis.RedisError, OSError) as exc:
-            self.metrics.checkpoints.labels("error").inc()
-            self.redis_health.failed(exc, f"checkpoint of partition {part.pk[1]}")
-            part.last_save = now
+            self._failed(part, now, exc)
             return False
-        part.last_cost_s = time.perf_counter() - t0
-        self.metrics.checkpoint_seconds.observe(part.last_cost_s)
+        cost = time.perf_counter() - t0
+        self.metrics.checkpoint_loop_seconds.observe(cost)
+        return self._finish(part, now, status, cost, mirror)
+
+    def _failed(self, part: P.Partition, now: float, exc: BaseException) -> None:
+        """Redis did not take the save: it stays in ``part.inflight``, resent byte for byte later."""
+        self.metrics.checkpoints.labels("error").inc()
+        self.redis_health.failed(exc, f"checkpoint of partition {part.pk[1]}")
+        part.last_save = now
+
+    def _finish(self, part: P.Partition, now: float, status: str, cost: float, mirror: bool) -> bool:
+        """After Redis answered ``status``: count it, fence, or record the save and mirror its offset."""
+        part.last_cost_s = cost
+        self.metrics.checkpoint_seconds.observe(cost)
         self.metrics.checkpoints.labels(status).inc()
         self.redis_health.recovered()
         part.last_save = now
@@ -127,9 +169,71 @@ class Checkpointer:
         offset = part.start_offset
         if offset is not None:
             if mirror:
-                self.ingest.commit_mirror({part.pk: offset})
-            self.ingest.set_final_offset(part.pk, offset)
+                self.ingest.commit_mirror({part.pk: offset})  # type: ignore[union-attr]
+            self.ingest.set_final_offset(part.pk, offset)  # type: ignore[union-attr]
         return True
+
+    # -- the writer thread ---------------------------------------------------------------------
+    def harvest(self) -> None:
+        """Act on the saves the writer thread finished (in the commit order above)."""
+        for outcome in self.writer.finished():
+            self._outcome(outcome)
+
+    def _settle(self, part: P.Partition, mirror: bool = True) -> None:
+        """Wait for the save of ``part`` in flight (and the full one a ``RESYNC`` answer sends)."""
+        while self.writer.busy(part.pk):
+            outcome = self.writer.wait(part.pk)
+            if outcome is not None:
+                self._outcome(outcome, mirror)
+
+    def settle(self, routes: set[P.Route]) -> None:
+        """Wait for the saves in flight of the partitions carrying ``routes`` (before a flip of one of
+        them: the flip writes the route's engine state, a save landing after it would write an older one)."""
+        if not routes or not self.writer.any_busy():
+            return
+        for part in list(self.ownership.parts.values()):
+            if self.writer.busy(part.pk) and not part.routes.isdisjoint(routes):
+                self._settle(part)
+
+    def drain(self) -> None:
+        """Wait for every save in flight and act on it (benches, tests)."""
+        for part in list(self.ownership.parts.values()):
+            if self.writer.busy(part.pk):
+                self._settle(part)
+        self.harvest()
+
+    def _outcome(self, outcome: Outcome, mirror: bool = True) -> None:
+        now = outcome.at
+        part = self.ownership.parts.get(outcome.pk)
+        if part is None or part.token != outcome.token or part.inflight is not outcome.save:
+            return  # the partition was revoked or fenced since: nothing of ours to record
+        if outcome.error is not None:
+            if not isinstance(outcome.error, (redis.RedisError, OSError)):
+                raise outcome.error  # crash-only, as if it had been raised on the loop
+            self._failed(part, now, outcome.error)
+            return
+        status = outcome.status
+        assert status is not None
+        if status == RESYNC:
+            # the next save is a full snapshot with the same records and sequence number, built like
+            # any save (after the checks above: a flip, unjudged windows or a dead letter may have
+            # come since this one was built)
+            log.warning("partition %s: checkpoint gone from Redis; the next save is a full snapshot", part.pk[1])
+            old = outcome.save
+            part.inflight = None
+            part.unsaved = old.windows + part.unsaved
+            part.outbox = old.outbox + part.outbox
+            part.full = part.dirty = True
+            self.metrics.checkpoints.labels(RESYNC).inc()
+            return
+        self._finish(part, now, status, outcome.built_s + outcome.seconds, mirror)
+
+    def _rebuild_full(self, part: P.Partition, now: float) -> None:
+        """``part.inflight`` again as a full snapshot with the same records and sequence number."""
+        part.full = True
+        old = part.inflight
+        assert old is not None
+        part.inflight = self.build_save(part, now, old.windows, old.outbox, seq=old.seq)
 
     def _write(self, part: P.Partition, now: float) -> str:
         """Send ``part.inflight``; on ``RESYNC`` resend it as a full snapshot with the same records."""
@@ -137,9 +241,7 @@ class Checkpointer:
         status = self.checkpoints.save(part.pk[1], part.token, part.inflight)
         if status == RESYNC:
             log.warning("partition %s: checkpoint gone from Redis; saving a full snapshot", part.pk[1])
-            part.full = True
-            old = part.inflight
-            part.inflight = self.build_save(part, now, old.windows, old.outbox, seq=old.seq)
+            self._rebuild_full(part, now)
             status = self.checkpoints.save(part.pk[1], part.token, part.inflight)
         return status
 
@@ -161,13 +263,13 @@ class Checkpointer:
         for m, r in sorted(part.evicted - part.routes):  # forgotten as idle: '' deletes the key
             engines[self.keys.engine(self.cfg.kafka.group_id, m, r)] = ""
         part.evicted = set()
-        changed, closed = part.agg.export_changes(everything=full)
+        snapshots, closed = part.agg.snapshot_changes(everything=full)
         part.start_offset = offset
         part.dirty = False
         part.full = False
         part.dirty_routes = set()
-        return PendingSave(part.seq + 1 if seq is None else seq, blob, windows, outbox, engines, changed, closed,
-                           incremental=not full)
+        return PendingSave(part.seq + 1 if seq is None else seq, blob, windows, outbox, engines, {}, closed,
+                           incremental=not full, snapshots=snapshots, encoder=encode_snapshots)
 
     # -- golden/GPU signal records -------------------------------------------------------------
     def record_signals(self, signals: list[Signal]) -> None:

@@ -69,8 +69,8 @@ SignalSource = Callable[[float], list[Signal]]
 
 
 #: name prefixes of the daemon's long-lived threads (readiness ticker, alert senders, GPU monitor,
-#: flag reader)
-OWN_THREADS = ("readiness", "alerts-", "gpu-monitor", "llmwd-routing-flags")
+#: flag reader, checkpoint writer)
+OWN_THREADS = ("readiness", "alerts-", "gpu-monitor", "llmwd-routing-flags", "checkpoint-writer")
 
 
 class Daemon:
@@ -136,6 +136,7 @@ class Daemon:
         self.checkpointer = Checkpointer(cfg, self.keys, self.redis, self.checkpoints, self.engine, self.wm,
                                          self.ownership, self.actuator, self.redis_health, self.metrics, self.stats)
         self.checkpointer.deferred_routes = lambda: self.decisions.deferred_routes
+        self.decisions.before_flips = self.checkpointer.settle
         self.ownership.bind(save=functools.partial(self.checkpointer.save, force=True),
                             restored=functools.partial(self.decisions.reconcile, force=True))
         self.routes = RouteKeeper(cfg, self.ownership, self.engine, self.readiness, self.metrics,
@@ -194,6 +195,7 @@ class Daemon:
         threading.Thread(target=self._tick_readiness, name="readiness", daemon=True).start()
         if self.gpu is not None:
             self.gpu.start()
+        self.checkpointer.writer.start()
         #: the long-lived threads this daemon started: the death of one is a readiness reason (by
         #: name as well: other threads of the process - a test's, an embedding app's - are not ours)
         self.health.threads = [t for t in threading.enumerate()
@@ -325,6 +327,7 @@ class Daemon:
                 self.golden.stop()  # resident replay engines go (now, or when a running replay ends)
             if self.gpu is not None:
                 self.gpu.stop()
+            self.checkpointer.writer.stop()
             if self.ingest is not None:
                 closer = threading.Thread(target=self.ingest.close, name="kafka-close", daemon=True)
                 closer.start()

@@ -170,6 +170,9 @@ class Decisions:
         self.deferred_routes: set[P.Route] = set()
         #: evidence records of the decisions (runtime/evidence.py); None: not kept
         self.evidence: EvidenceRecorder | None = None
+        #: called with the routes about to be flipped, before the flips are written (the daemon binds
+        #: ``Checkpointer.settle``: a checkpoint in flight must not land after a flip of its routes)
+        self.before_flips: Callable[[set[P.Route]], object] = lambda routes: None
 
     # -- deciding ------------------------------------------------------------------------------
     def decide(self, signals: list[Signal], now: float) -> None:
@@ -285,6 +288,9 @@ class Decisions:
     # -- writing -------------------------------------------------------------------------------
     def act(self, now: float) -> None:
         """Try the pending flips; count, time and report what finished."""
+        pending = self.actuator.pending_routes()
+        if pending:
+            self.before_flips(pending)
         for result in self.actuator.pump(now):
             self.metrics.flips.labels("applied" if result.applied else "unchanged" if result.unchanged
                                       else str(result.refused)).inc()

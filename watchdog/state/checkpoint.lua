@@ -4,7 +4,8 @@
 -- KEYS[3] windows stream   KEYS[4] outbox stream   KEYS[5..] engine-state keys (one per route)
 -- ARGV[1] our token  ARGV[2] sequence number  ARGV[3] checkpoint meta JSON  ARGV[4] windows MAXLEN
 -- ARGV[5] W window records  ARGV[6] B outbox records  ARGV[7] F changed open-window fields
--- ARGV[8] D closed-window fields  ARGV[9] '1' = incremental (needs the stored hash to build on)
+-- ARGV[8] D closed-window fields  ARGV[9] '1' = incremental (needs the stored hash to build on);
+--   else a full snapshot, which replaces the hash
 -- then: W window records, B outbox records, F (field, value) pairs, D fields, one engine JSON per KEYS[5..]
 -- ('' deletes that engine-state key: the route was forgotten as idle)
 --
@@ -30,6 +31,11 @@ if ARGV[9] == '1' and cur == 0 then
   return {'resync', '0'}
 end
 local nw, nb, nf, nd = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+if ARGV[9] ~= '1' then
+  -- a full snapshot carries every open window: it replaces the hash, so no field of a checkpoint
+  -- it did not build on (one of a schema that was ignored, say) survives into the next restore
+  redis.call('DEL', KEYS[2])
+end
 redis.call('HSET', KEYS[2], 'seq', ARGV[2], 'json', ARGV[3])
 local i = 10
 for _ = 1, nw do

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -21,7 +22,12 @@ from watchdog.core.keys import Keys, text
 
 log = logging.getLogger(__name__)
 
-SCHEMA = 1
+#: 2: open windows with packed sketches and mix cells (``QuantileSketch.pack``, ``pack_cells``). A
+#: replica of an older release ignores a schema-2 checkpoint with one warning and starts the
+#: partition from Kafka's committed offset (the mirror) instead of failing on the packed form
+SCHEMA = 2
+#: checkpoint schemas this release restores (1: windows in the JSON-list form, still read)
+READABLE_SCHEMAS = (1, 2)
 SAVED, DUPLICATE, FENCED, RESYNC = "saved", "duplicate", "fenced", "resync"
 
 
@@ -50,6 +56,19 @@ class PendingSave:
     closed: list[str] = field(default_factory=list)
     #: False only for a full snapshot (every open window is in ``changed``)
     incremental: bool = True
+    #: changed open windows as snapshots not encoded yet (``encode`` turns them into ``changed``): built
+    #: on the loop thread, consistent with the save's offset; encoded where the write runs
+    snapshots: list[tuple[Any, Any]] = field(default_factory=list)
+    #: turns ``snapshots`` into hash fields (``windows.aggregator.encode_snapshots``, passed in by the
+    #: runtime: this layer does not import the windows)
+    encoder: Callable[[list[tuple[Any, Any]]], dict[str, str]] | None = None
+
+    def encode(self) -> None:
+        """Encode the window snapshots into ``changed`` (once: a retry sends the same bytes)."""
+        if self.snapshots:
+            assert self.encoder is not None, "window snapshots without an encoder"
+            self.changed.update(self.encoder(self.snapshots))
+            self.snapshots = []
 
     @property
     def size(self) -> int:
@@ -81,8 +100,9 @@ class CheckpointStore:
         token, fields = reply[0], dict(zip(reply[1::2], reply[2::2], strict=True))
         raw = fields.get("json")
         data = json.loads(raw) if raw else None
-        if data is not None and data.get("schema") != SCHEMA:
-            log.warning("partition %s: ignoring checkpoint of schema %r", partition, data.get("schema"))
+        if data is not None and data.get("schema") not in READABLE_SCHEMAS:
+            log.warning("partition %s: ignoring checkpoint of schema %r (this release reads %s); starting it "
+                        "from the committed offset", partition, data.get("schema"), READABLE_SCHEMAS)
             data = None
         if data is not None:
             data["windows"] = [json.loads(v) for k, v in fields.items() if k.startswith("w")]
@@ -90,6 +110,7 @@ class CheckpointStore:
 
     def save(self, partition: int, token: str, save: PendingSave) -> str:
         """Run one save; returns SAVED, DUPLICATE, FENCED or RESYNC. Redis errors propagate."""
+        save.encode()
         engine_keys = list(save.engines)
         keys = [self.owner_key(partition), self.keys.checkpoint(self.group, self.topic, partition),
                 self.keys.windows, self.keys.outbox, *engine_keys]

@@ -56,11 +56,20 @@ def route_of_key(key: bytes | None) -> Route | None:
 
 
 def engine_states_by_route(engine: PolicyEngine, routes: set[Route] | None = None) -> dict[Route, dict[str, Any]]:
-    """The engine state of each route (of ``routes`` only, when given: a save serialises just those)."""
+    """The engine state of each route (of ``routes`` only, when given: a save serialises just those,
+    looked up per policy, so its cost follows the routes asked for, not every route the engine holds)."""
     out: dict[Route, dict[str, Any]] = defaultdict(dict)
-    for (policy, model, route), st in engine.states.items():
-        if routes is None or (model, route) in routes:
+    if routes is None:
+        for (policy, model, route), st in engine.states.items():
             out[(model, route)][policy] = st.to_json()
+        return out
+    states = engine.states
+    names = [p.name for p in engine.policy_set.policies]
+    for model, route in routes:
+        for name in names:
+            found = states.get((name, model, route))
+            if found is not None:
+                out[(model, route)][name] = found.to_json()
     return out
 
 

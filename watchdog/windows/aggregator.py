@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 
 #: (model, route, precision)
 ScopeKey = tuple[str, str, str]
+#: (window index, model, route, precision)
+WindowKey = tuple[int, str, str, str]
 
 #: cap on the characters of each stored completion (agreement scoring is quadratic in length)
 DEFAULT_SHADOW_MAX_CHARS = 4000
@@ -261,6 +263,18 @@ class WindowAggregator:
         self._closed_keys = []
         return changed, closed
 
+    def snapshot_changes(self, everything: bool = False) -> tuple[list[tuple[WindowKey, Window]], list[str]]:
+        """Like ``export_changes``, but the changed windows as snapshots (``Window.snapshot``) to encode
+        later, off the loop thread, with ``encode_snapshots``: the loop pays dict copies, not JSON."""
+        changed = []
+        for key, w in self._open.items():
+            if w.dirty or everything:
+                changed.append((key, w.snapshot()))
+                w.dirty = False
+        closed = [window_field(k) for k in self._closed_keys]
+        self._closed_keys = []
+        return changed, closed
+
     def import_open(self, data: list[dict[str, Any]]) -> None:
         for d in data:
             w = Window.from_export(d)
@@ -298,6 +312,11 @@ class WindowAggregator:
                 if prev is None or off < prev:
                     out[pk] = off
         return out
+
+
+def encode_snapshots(snapshots: list[tuple[WindowKey, Window]]) -> dict[str, str]:
+    """Checkpoint fields (hash field -> JSON) of window snapshots; safe on any thread (they are copies)."""
+    return {window_field(key): json.dumps(w.export(key), check_circular=False) for key, w in snapshots}
 
 
 def window_field(key: tuple[int, str, str, str]) -> str:

@@ -19,7 +19,10 @@ Latencies of 0 ms have no log and are left out of the cells (they stay in the sk
 
 from __future__ import annotations
 
+import base64
 import math
+import sys
+from array import array
 from typing import Any
 
 from watchdog.windows.sketch import QuantileSketch
@@ -59,6 +62,33 @@ def cells_from_list(rows: Any) -> Cells:
     for row in rows or []:
         out[(int(row[0]) << 6) | int(row[1])] = [float(row[2]), float(row[3]), float(row[4])]
     return out
+
+
+def pack_cells(cells: Cells) -> str:
+    """Cells in a checkpoint: base64 of the sorted cell keys (uint16, ``prompt octave << 6 | completion
+    octave``) then their ``n, sum y, sum y^2`` (float64), little-endian: exact, about half of ``cell_list``."""
+    ks = sorted(cells)
+    keys = array("H", ks)
+    vals = array("d", [x for k in ks for x in cells[k]])
+    if sys.byteorder != "little":
+        keys.byteswap()
+        vals.byteswap()
+    return base64.b64encode(keys.tobytes() + vals.tobytes()).decode("ascii")
+
+
+def unpack_cells(data: Any) -> Cells:
+    """Cells from ``pack_cells`` (a string) or ``cell_list`` (checkpoints written before it)."""
+    if not isinstance(data, str):
+        return cells_from_list(data)
+    raw = base64.b64decode(data)
+    n = len(raw) // 26  # 2 bytes of key and 3 x 8 of values per cell
+    keys, vals = array("H"), array("d")
+    keys.frombytes(raw[:2 * n])
+    vals.frombytes(raw[2 * n:])
+    if sys.byteorder != "little":
+        keys.byteswap()
+        vals.byteswap()
+    return {k: [vals[3 * i], vals[3 * i + 1], vals[3 * i + 2]] for i, k in enumerate(keys)}
 
 
 def merge_cells(into: Cells, other: Cells) -> None:
@@ -128,6 +158,18 @@ class FleetStats:
         for key, lats in by_rep.items():
             reps[key].sketch.add_many(lats)
 
+    def copy(self) -> FleetStats:
+        """An independent copy, buffer folded first (a checkpoint snapshot)."""
+        self.flush()
+        f = FleetStats()
+        f.cells = {k: v[:] for k, v in self.cells.items()}
+        for k, r in self.replicas.items():
+            rep = f.replicas[k] = _Replica()
+            rep.sketch = r.sketch.copy()
+            rep.cells = {c: v[:] for c, v in r.cells.items()}
+        f.builds = dict(self.builds)
+        return f
+
     def has_replicas(self) -> bool:
         return any(k != NO_REPLICA for k in self.replicas)
 
@@ -146,8 +188,8 @@ class FleetStats:
 
     def export(self) -> dict[str, Any]:
         self.flush()
-        return {"cells": cell_list(self.cells),
-                "rep": {k: {"lat": r.sketch.to_dict(), "cells": cell_list(r.cells)} for k, r in self.replicas.items()},
+        return {"cells": pack_cells(self.cells),
+                "rep": {k: {"lat": r.sketch.pack(), "cells": pack_cells(r.cells)} for k, r in self.replicas.items()},
                 "bld": dict(self.builds)}
 
     @classmethod
@@ -155,11 +197,11 @@ class FleetStats:
         f = cls()
         if not d:
             return f
-        f.cells = cells_from_list(d.get("cells"))
+        f.cells = unpack_cells(d.get("cells"))  # a list before ``pack_cells``
         for k, r in (d.get("rep") or {}).items():
             rep = _Replica()
-            rep.sketch = QuantileSketch.from_dict(r["lat"])
-            rep.cells = cells_from_list(r.get("cells"))
+            rep.sketch = QuantileSketch.load(r["lat"])  # a dict before ``pack``
+            rep.cells = unpack_cells(r.get("cells"))
             f.replicas[str(k)] = rep
         f.builds = {str(k): int(v) for k, v in (d.get("bld") or {}).items()}
         return f

@@ -14,8 +14,11 @@ accuracy can be compared by a rank test on binned data.
 
 from __future__ import annotations
 
+import base64
 import logging
 import math
+import sys
+from array import array
 from functools import reduce
 from operator import add as _plus
 from typing import Any
@@ -25,6 +28,28 @@ log = logging.getLogger(__name__)
 _INF = math.inf
 _ceil = math.ceil
 _log = math.log
+_LITTLE = sys.byteorder == "little"
+
+
+def _typecode(values: list[int]) -> str:
+    """The narrowest unsigned array type that holds every value of ``values`` (all >= 0)."""
+    hi = max(values, default=0)
+    return "B" if hi < 0x100 else "H" if hi < 0x10000 else "I" if hi < 0x100000000 else "Q"
+
+
+def _packed(typecode: str, values: list[int]) -> bytes:
+    a = array(typecode, values)
+    if not _LITTLE:
+        a.byteswap()
+    return a.tobytes()
+
+
+def _unpacked(typecode: str, raw: bytes) -> list[int]:
+    a = array(typecode)
+    a.frombytes(raw)
+    if not _LITTLE:
+        a.byteswap()
+    return a.tolist()
 
 
 class QuantileSketch:
@@ -206,6 +231,63 @@ class QuantileSketch:
         if len(sk.buckets) > max_buckets:
             sk._collapse()
         return sk
+
+    def copy(self) -> QuantileSketch:
+        """An independent copy (a checkpoint snapshot taken on the loop thread, encoded off it)."""
+        sk = QuantileSketch.__new__(QuantileSketch)
+        sk.relative_accuracy, sk.min_value, sk.max_buckets = self.relative_accuracy, self.min_value, self.max_buckets
+        sk.gamma, sk._inv_log_gamma = self.gamma, self._inv_log_gamma
+        sk.buckets = self.buckets.copy()
+        sk.zero_count, sk.count, sk.sum, sk.min, sk.max = self.zero_count, self.count, self.sum, self.min, self.max
+        return sk
+
+    def pack(self) -> list[Any]:
+        """A compact JSON-able export for checkpoints (``unpack`` restores it exactly), about a third
+        of ``to_dict``'s bytes: ``[relative_accuracy, min_value, count, sum, min, max, zero_count,
+        first bucket index, "<t><t>" + base64(index gaps + counts)]``, the gaps between consecutive
+        bucket indices and the counts each as little-endian unsigned integers of the narrowest width
+        that holds them (``t``: an ``array`` type code, B/H/I/Q)."""
+        keys = sorted(self.buckets)
+        b = self.buckets
+        counts = [b[k] for k in keys]
+        gaps = [k - j for j, k in zip(keys, keys[1:], strict=False)]
+        tg, tc = _typecode(gaps), _typecode(counts)
+        body = base64.b64encode(_packed(tg, gaps) + _packed(tc, counts)).decode("ascii")
+        return [self.relative_accuracy, self.min_value, self.count, self.sum, self.min if self.count else None,
+                self.max if self.count else None, self.zero_count, keys[0] if keys else 0, tg + tc + body]
+
+    @classmethod
+    def unpack(cls, data: list[Any], max_buckets: int = 2048) -> QuantileSketch:
+        acc, min_value, count, total, lo, hi, zero, first, body = data
+        sk = cls(float(acc), float(min_value), max_buckets)
+        tg, tc = body[0], body[1]
+        raw = base64.b64decode(body[2:])
+        wg, wc = array(tg).itemsize, array(tc).itemsize
+        n = (len(raw) + wg) // (wg + wc) if raw else 0  # n counts and n - 1 gaps
+        gaps = _unpacked(tg, raw[:wg * (n - 1)]) if n else []
+        counts = _unpacked(tc, raw[wg * (n - 1):]) if n else []
+        index = int(first)
+        buckets = sk.buckets
+        for k, c in enumerate(counts):
+            if k:
+                index += gaps[k - 1]
+            buckets[index] = c
+        sk.zero_count = int(zero)
+        sk.count = int(count)
+        sk.sum = float(total)
+        if sk.count:
+            sk.min = float(lo) if lo is not None else 0.0
+            sk.max = float(hi) if hi is not None else math.inf
+        if len(buckets) > max_buckets:
+            sk._collapse()
+        return sk
+
+    @classmethod
+    def load(cls, data: list[Any] | dict[str, Any], max_buckets: int = 2048) -> QuantileSketch:
+        """A sketch from ``pack`` (a list) or ``to_dict`` (a dict: checkpoints written before ``pack``)."""
+        if isinstance(data, dict):
+            return cls.from_dict(data, max_buckets)
+        return cls.unpack(data, max_buckets)
 
     def aligned_counts(self, other: QuantileSketch) -> tuple[list[float], list[int], list[int]]:
         """Bins of both sketches on one common, increasing scale: (values, counts_self, counts_other).

@@ -6,7 +6,8 @@ scores of its sampled shadow pairs as bounded heaps, and the smallest Kafka offs
 ``to_signal`` turns a closed window into its live ``Signal``: the rates, latency quantiles,
 throughput, perplexity and mean shadow agreement with the counts behind them. ``export`` and
 ``from_export`` give and take the exact checkpoint form of an open window (score heaps packed as
-base64 of uint32 + float64).
+base64 of uint32 + float64, latency sketches as ``QuantileSketch.pack``; the ``to_dict`` form of
+checkpoints written before it still loads).
 """
 
 from __future__ import annotations
@@ -164,6 +165,29 @@ class Window:
             detail=detail,
         )
 
+    def snapshot(self) -> Window:
+        """An independent copy of this window as it is now, buffers folded (a checkpoint is built on
+        the loop thread as snapshots, cheap dict copies, and encoded with ``export`` off it)."""
+        self.flush()
+        w = Window.__new__(Window)
+        (w.index, w.count, w.ok, w.errors, w.timeouts, w.ok_latency_s, w.ok_completion_tokens, w.prompt_tokens,
+         w.with_completion, w.empty, w.lp_sum, w.lp_tokens, w.lp_events, w.shadow_seen, w.shadow_sampled,
+         w.shadow_error, w.dirty) = (
+            self.index, self.count, self.ok, self.errors, self.timeouts, self.ok_latency_s, self.ok_completion_tokens,
+            self.prompt_tokens, self.with_completion, self.empty, self.lp_sum, self.lp_tokens, self.lp_events,
+            self.shadow_seen, self.shadow_sampled, self.shadow_error, False)
+        w.latency = self.latency.copy()
+        w.ttft = self.ttft.copy() if self.ttft is not None else None
+        w.not_judged = dict(self.not_judged)
+        w.shadow_precisions = dict(self.shadow_precisions)
+        w.pairs = self.pairs[:]
+        w.bleu = self.bleu[:]
+        w.offsets = dict(self.offsets)
+        w.latency_buf = []
+        w.ttft_buf = []
+        w.fleet = self.fleet.copy()
+        return w
+
     def export(self, key: tuple[int, str, str, str]) -> dict[str, Any]:
         """This window, open under ``key``, as JSON-able checkpoint data (``from_export`` restores it)."""
         self.flush()
@@ -174,12 +198,12 @@ class Window:
                   self.with_completion, self.empty, self.lp_tokens, self.lp_events, self.shadow_seen,
                   self.shadow_sampled],
             "f": [self.ok_latency_s, self.lp_sum],
-            "lat": self.latency.to_dict(), "ttft": self.ttft.to_dict() if self.ttft is not None else None,
-            "sp": self.shadow_precisions, "pairs": _pack(self.pairs), "bleu": _pack(self.bleu),
+            "lat": self.latency.pack(), "ttft": self.ttft.pack() if self.ttft is not None else None,
+            "sp": dict(self.shadow_precisions), "pairs": _pack(self.pairs), "bleu": _pack(self.bleu),
             "err": self.shadow_error,
             "off": [[t, p, o] for (t, p), o in self.offsets.items()],
             "fleet": self.fleet.export(),
-            "nj": self.not_judged,
+            "nj": dict(self.not_judged),
         }
 
     @classmethod
@@ -189,8 +213,8 @@ class Window:
         (w.count, w.ok, w.errors, w.timeouts, w.ok_completion_tokens, w.prompt_tokens, w.with_completion,
          w.empty, w.lp_tokens, w.lp_events, w.shadow_seen, w.shadow_sampled) = (int(x) for x in d["n"])
         w.ok_latency_s, w.lp_sum = (float(x) for x in d["f"])
-        w.latency = QuantileSketch.from_dict(d["lat"])
-        w.ttft = QuantileSketch.from_dict(d["ttft"]) if d.get("ttft") else None
+        w.latency = QuantileSketch.load(d["lat"])  # a dict in checkpoints written before ``pack``
+        w.ttft = QuantileSketch.load(d["ttft"]) if d.get("ttft") else None
         w.shadow_precisions = {str(k): int(v) for k, v in (d.get("sp") or {}).items()}
         w.pairs = _unpack(d.get("pairs") or "")
         heapq.heapify(w.pairs)
