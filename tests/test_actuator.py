@@ -100,6 +100,25 @@ def test_same_precision_is_a_noop_without_audit(redis_client: Any, store: FlagSt
     assert redis_client.xlen(store.keys.audit) == 1
 
 
+def test_a_retried_policy_flip_pages_once(redis_client: Any, store: FlagStore) -> None:
+    """A flip applied in Redis whose reply was lost (socket timeout) is retried with the same page:
+    the retry finds the route already serving the target and writes no second page. A later,
+    different decision on the same route pages again."""
+    from watchdog.actuation.actuator import FlipExtras
+
+    page = json.dumps({"kind": "rollback", "route": "r", "at": 100.0})
+    extras = FlipExtras("", "", "llmwd:engine:g:m:r", '{"s": 1}', "llmwd:outbox", page)
+    first = store.flip("m", "r", "fp16", expected_epoch=None, reason="x", changed_by="t", extras=extras)
+    again = store.flip("m", "r", "fp16", expected_epoch=None, reason="x", changed_by="t", extras=extras)
+    assert first.applied and not again.applied
+    assert redis_client.xlen("llmwd:outbox") == 1
+    other = FlipExtras("", "", "llmwd:engine:g:m:r", '{"s": 2}', "llmwd:outbox",
+                       json.dumps({"kind": "rollback", "route": "r", "at": 200.0}))
+    store.flip("m", "r", "fp16", expected_epoch=None, reason="x", changed_by="t", extras=other)
+    assert redis_client.xlen("llmwd:outbox") == 2
+    assert store.get("m", "r") is not None and store.get("m", "r").precision == "fp16"  # type: ignore[union-attr]
+
+
 def test_pin_blocks_policy_writes_until_ttl_expires(store: FlagStore) -> None:
     store.flip("m", "r", "fp8", expected_epoch=None, reason="start", changed_by="a", now=1000.0)
     pinned = store.pin("m", "r", "fp16", 30, reason="incident", changed_by="oncall", now=1000.0)

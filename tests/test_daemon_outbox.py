@@ -141,4 +141,6 @@ def test_a_flag_lost_from_redis_is_reasserted_despite_the_cooldown(kafka_service
         assert httpx.get(f"{server.url}/readyz").status_code == 200
     audit = store.audit(10)
     assert len(audit) == 1 and "flag was lost" in audit[0]["reason"]
-    assert json.loads(redis_client.get(Keys().engine(cfg.kafka.group_id, MODEL, "legal/contracts")))["schema"] == 1
+    from watchdog.state.checkpoint import SCHEMA
+
+    assert json.loads(redis_client.get(Keys().engine(cfg.kafka.group_id, MODEL, "legal/contracts")))["schema"] == SCHEMA

@@ -31,10 +31,19 @@ if #KEYS >= 4 and ARGV[15] ~= nil and ARGV[15] ~= '' then
   end
 end
 
+-- The page is written once per decision: its digest is kept in the route hash (field ``page``), so
+-- a retry of a flip that was applied but whose reply was lost (a socket timeout) finds the same
+-- digest and writes no second page. A decision's record is the same bytes at every attempt.
 local function side_effects()
   if #KEYS >= 6 then
     if ARGV[16] ~= '' then redis.call('SET', KEYS[5], ARGV[16]) end
-    if ARGV[17] ~= '' then redis.call('XADD', KEYS[6], '*', 'json', ARGV[17]) end
+    if ARGV[17] ~= '' then
+      local digest = redis.sha1hex(ARGV[17])
+      if redis.call('HGET', KEYS[1], 'page') ~= digest then
+        redis.call('XADD', KEYS[6], '*', 'json', ARGV[17])
+        redis.call('HSET', KEYS[1], 'page', digest)
+      end
+    end
   end
 end
 

@@ -188,6 +188,9 @@ class RoutingFlags:
                             self._apply_message(client, message["data"])
                         except (ValueError, KeyError, TypeError) as exc:
                             log.warning("ignoring malformed flags message: %s", exc)
+                        # the cache moved past the last full load: the next check reloads, so a loss
+                        # right after this change (Redis restarted empty) cannot match the old trace
+                        self._seen = None
                     if time.monotonic() >= next_refresh:
                         # pub/sub brings every change; this catches one it missed, bounded: a full
                         # reload of 10,000 routes per gateway every few seconds is not
