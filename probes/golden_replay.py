@@ -289,15 +289,21 @@ def _stderr_console() -> Any:
 
 
 def _parse_options(pairs: list[str]) -> dict[str, Any]:
-    """``key=value`` strings; values are parsed as YAML scalars (numbers, booleans, strings)."""
+    """``key=value`` strings; values are parsed as YAML scalars (numbers, booleans, strings) by the
+    bounded loader (``watchdog.core.safe_yaml``)."""
     import yaml
+
+    from watchdog.core import safe_yaml
 
     out: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise ValueError(f"engine option {pair!r} is not key=value")
-        out[key.replace("-", "_")] = yaml.safe_load(value) if value else ""
+        try:
+            out[key.replace("-", "_")] = safe_yaml.load(value) if value else ""
+        except yaml.YAMLError as exc:
+            raise ValueError(f"engine option {pair!r}: {getattr(exc, 'problem', None) or exc}") from None
     return out
 
 

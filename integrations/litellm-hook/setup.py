@@ -34,8 +34,13 @@ SOURCES = (
     "watchdog/actuation/routing.py",
     "watchdog/state/redis_conn.py",
     "watchdog/config/redact.py",
+    "watchdog/config/yamlfile.py",
+    "watchdog/config/yamlpos.py",
+    "watchdog/core/safe_yaml.py",
+    "watchdog/core/model_keys.py",
 )
 _IMPORT = re.compile(r"^(\s*)(from|import)\s+watchdog((?:\.\w+)*)\b", re.M)
+_FROM_NAMES = re.compile(r"\s+import\s+(\w+(?:\s*,\s*\w+)*)\s*$", re.M)
 _HEADER = ("# Generated from {src} by integrations/litellm-hook/setup.py at build time.\n"
            "# Edit {src} in the fp8-watchdog repository, not this copy.\n")
 
@@ -47,8 +52,11 @@ def rewrite(src: str, text: str) -> str:
 
     def sub(m: re.Match[str]) -> str:
         target = "watchdog" + m.group(3)
-        if target not in copied:
-            raise ValueError(f"{src} imports {target}, which is not in SOURCES of {__file__}")
+        names = _FROM_NAMES.match(text, m.end()) if m.group(2) == "from" else None
+        # ``from watchdog.core import safe_yaml`` imports the module watchdog.core.safe_yaml
+        modules = [f"{target}.{n.strip()}" for n in names.group(1).split(",")] if names else []
+        if target not in copied and not (modules and all(mod in copied for mod in modules)):
+            raise ValueError(f"{src} imports {(modules or [target])[0]}, which is not in SOURCES of {__file__}")
         return f"{m.group(1)}{m.group(2)} {PACKAGE}._{target}"
 
     return _HEADER.format(src=src) + _IMPORT.sub(sub, text)

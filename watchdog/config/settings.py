@@ -18,20 +18,16 @@ Errors name the file, line and column of the bad value (or the environment varia
 
 from __future__ import annotations
 
-import json
 import os
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from watchdog.config import yamlpos
+from watchdog.config.yamlfile import ConfigError as ConfigError
+from watchdog.config.yamlfile import env_value, read_config_file, set_path, validate
 from watchdog.config.yamlpos import PosDoc
-from watchdog.core import safe_yaml
-from watchdog.core.model_keys import unknown_key_message
 from watchdog.core.signals import Severity
 
 ENV_PREFIX = "LLMWD_"
@@ -284,88 +280,8 @@ class Config(BaseModel):
         return self
 
 
-class ConfigError(ValueError):
-    """The configuration file or environment is invalid; ``str()`` is ready to print."""
-
-
-_VAR_RE = re.compile(r"\$\$\{|\$\{([^}]*)\}")
-_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: LLMWD_* variables that are read elsewhere, not config keys
-_NOT_CONFIG = {"TANSU", "REDIS_SERVER", "CONFIG"}
-
-
-def expand(value: str, env: Mapping[str, str], where: str) -> str:
-    """Replace ``${VAR}`` / ``${VAR:-default}`` in ``value``; ``$${`` stays a literal ``${``."""
-
-    def sub(m: re.Match[str]) -> str:
-        if m.group(0) == "$${":
-            return "${"
-        body = m.group(1)
-        name, sep, default = body.partition(":-")
-        if not _NAME_RE.fullmatch(name):
-            raise ConfigError(f"{where}: bad placeholder ${{{body}}} (use ${{VAR}} or ${{VAR:-default}})")
-        if name in env and (env[name] != "" or not sep):
-            return env[name]
-        if sep:
-            return default
-        raise ConfigError(f"{where}: environment variable {name} is not set "
-                          f"(set it, or write ${{{name}:-default}})")
-
-    return _VAR_RE.sub(sub, value)
-
-
-def _expand_nodes(root: yaml.Node, loader: yaml.SafeLoader, name: str, env: Mapping[str, str]) -> None:
-    """Expand every placeholder; all the problems are reported together, in file order."""
-    seen: set[int] = set()  # an alias shares its node: visit each once (no alias-bomb walk)
-    problems: list[tuple[int, int, str]] = []
-    work = [root]
-    while work:
-        node = work.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        if isinstance(node, yaml.ScalarNode):
-            if "${" not in node.value:
-                continue
-            where = f"{name}:{node.start_mark.line + 1}:{node.start_mark.column + 1}"
-            try:
-                node.value = expand(node.value, env, where)
-            except ConfigError as exc:
-                problems.append((node.start_mark.line, node.start_mark.column, str(exc)))
-                continue
-            if node.style is None and node.tag == "tag:yaml.org,2002:str":  # plain: type the result
-                node.tag = loader.resolve(yaml.ScalarNode, node.value, (True, False))
-        elif isinstance(node, yaml.MappingNode):
-            work.extend(value for _key, value in node.value)
-        elif isinstance(node, yaml.SequenceNode):
-            work.extend(node.value)
-    if problems:
-        raise ConfigError("\n".join(msg for _line, _col, msg in sorted(problems)))
-
-
-def read_config_file(path: str | Path, env: Mapping[str, str] | None = None) -> tuple[dict[str, Any], PosDoc]:
-    """The file's mapping with placeholders expanded, and where every key and value sits in it."""
-    name = str(path)
-    env = os.environ if env is None else env
-    loader = yaml.SafeLoader("")  # resolves the type of expanded plain scalars
-    try:
-        node = safe_yaml.compose(safe_yaml.read_text(path))
-        if node is None:
-            return {}, PosDoc(data={})
-        _expand_nodes(node, loader, name, env)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark else name
-        raise ConfigError(f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from exc
-    finally:
-        loader.dispose()
-    doc = yamlpos.from_node(node)
-    if doc.errors:
-        raise ConfigError("\n".join(f"{name}:{p.line}:{p.col}: invalid YAML: {msg}"
-                                     for p, msg in sorted(doc.errors, key=lambda e: (e[0].line, e[0].col))))
-    if not isinstance(doc.data, dict):
-        raise ConfigError(f"{name}:1:1: the config must be a mapping")
-    return doc.data, doc
+_NOT_CONFIG = {"TANSU", "REDIS_SERVER", "CONFIG", "LITELLM_CONFIG"}
 
 
 def env_overrides(env: Mapping[str, str]) -> tuple[list[tuple[tuple[str, ...], Any, str]], list[str]]:
@@ -381,14 +297,7 @@ def env_overrides(env: Mapping[str, str]) -> tuple[list[tuple[tuple[str, ...], A
         if path[0] not in fields or not all(path):
             unknown.append(var)
             continue
-        raw = env[var]
-        value: Any = raw
-        if raw.lstrip()[:1] in ("{", "["):
-            try:
-                value = json.loads(raw)
-            except ValueError as exc:
-                raise ConfigError(f"${var}: not valid JSON ({exc})") from exc
-        out.append((path, value, var))
+        out.append((path, env_value(var, env[var]), var))
     return out, unknown
 
 
@@ -400,18 +309,6 @@ def env_hint(var: str) -> str:
     if sep and tail and "__" not in rest and head.lower() in Config.model_fields:
         return f"; did you mean ${ENV_PREFIX}{head}__{tail}?"
     return ""
-
-
-def _apply(data: dict[str, Any], path: tuple[str, ...], value: Any, var: str) -> None:
-    node: Any = data
-    for part in path[:-1]:
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            raise ConfigError(f"${var}: {'.'.join(path[:-1])} is not a mapping, cannot set {path[-1]}")
-        node = child
-    node[path[-1]] = value
 
 
 def _resolve_paths(data: dict[str, Any], base: Path) -> None:
@@ -434,21 +331,6 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
     data.update(overrides)
     from_env: dict[tuple[Any, ...], str] = {}
     for key_path, value, var in env_overrides(env)[0]:
-        _apply(data, key_path, value, var)
+        set_path(data, key_path, value, var)
         from_env[key_path] = var
-    try:
-        return Config(**data)
-    except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            loc = tuple(err["loc"])
-            env_var = next((from_env[loc[:i]] for i in range(len(loc), 0, -1) if loc[:i] in from_env), None)
-            where = f"${env_var}" if env_var else name
-            if not env_var and doc is not None:  # a missing key: point at its parent's key
-                pos = doc.pos(loc[:-1] if err["type"] == "missing" else loc, key=True)
-                where = f"{name}:{pos.line}:{pos.col}"
-            if err["type"] == "extra_forbidden":
-                lines.append(f"{where}: {unknown_key_message(Config, loc)}")
-            else:
-                lines.append(f"{where}: {'.'.join(str(p) for p in loc) or 'config'}: {err['msg']}")
-        raise ConfigError("\n".join(lines)) from exc
+    return validate(Config, data, name, doc, from_env)

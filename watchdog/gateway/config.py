@@ -32,9 +32,9 @@ from pydantic import (
     model_validator,
 )
 
-from watchdog.config.settings import ConfigError, env_overrides, read_config_file
+from watchdog.config.settings import env_overrides
+from watchdog.config.yamlfile import ConfigError, read_config_file, set_path, validate
 from watchdog.config.yamlpos import PosDoc
-from watchdog.core.model_keys import unknown_key_message
 from watchdog.ingest.emitter import EventsConfig
 from watchdog.policy.names import check_route
 
@@ -224,7 +224,7 @@ def load_gateway_config(path: str | Path | None = None, env: Mapping[str, str] |
             data = dict(section)
         for key_path, value, var in env_overrides(env)[0]:
             if key_path[0] == "gateway" and len(key_path) > 1:
-                _set(data, key_path[1:], value, var)
+                set_path(data, key_path[1:], value, var, label="gateway.")
                 from_env[key_path[1:]] = var
         data.update(overrides)
         auth = data.get("auth")
@@ -234,31 +234,9 @@ def load_gateway_config(path: str | Path | None = None, env: Mapping[str, str] |
     except ConfigError as exc:
         raise GatewayConfigError(str(exc)) from exc
     try:
-        return GatewayConfig(**data)
-    except ValidationError as exc:
-        lines = []
-        for e in exc.errors():
-            loc = tuple(e["loc"])
-            env_var = next((from_env[loc[:i]] for i in range(len(loc), 0, -1) if loc[:i] in from_env), None)
-            where = f"${env_var}" if env_var else name
-            if not env_var and doc is not None:
-                pos = doc.pos((*prefix, *(loc[:-1] if e["type"] == "missing" else loc)), key=True)
-                where = f"{name}:{pos.line}:{pos.col}"
-            if e["type"] == "extra_forbidden":
-                lines.append(f"{where}: {unknown_key_message(GatewayConfig, loc, ('gateway',))}")
-            else:
-                lines.append(f"{where}: gateway.{'.'.join(str(p) for p in loc)}: {e['msg']}")
-        raise GatewayConfigError("\n".join(lines)) from exc
-
-
-def _set(data: dict[str, Any], path: tuple[str, ...], value: Any, var: str) -> None:
-    node = data
-    for part in path[:-1]:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise GatewayConfigError(f"${var}: gateway.{'.'.join(path[:-1])} is not a mapping")
-        node = child
-    node[path[-1]] = value
+        return validate(GatewayConfig, data, name, doc, from_env, prefix, section=("gateway",))
+    except ConfigError as exc:
+        raise GatewayConfigError(str(exc)) from exc
 
 
 def _read_keys_file(keys_file: str, config_path: str | Path | None, env: Mapping[str, str]) -> list[ClientConfig]:

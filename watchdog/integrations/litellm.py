@@ -35,17 +35,20 @@ from collections import OrderedDict
 from collections.abc import AsyncGenerator, Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from litellm.integrations.custom_logger import CustomLogger
 from pydantic import BaseModel, ConfigDict, Field
 
+from watchdog.config.yamlfile import ConfigError, env_value, read_config_file, set_path, validate
 from watchdog.ingest.emitter import EventEmitter, EventsConfig
 from watchdog.policy.names import check_route
 
 log = logging.getLogger(__name__)
 
 CONFIG_ENV = "LLMWD_LITELLM_CONFIG"
+#: environment overrides of the settings file: ``LLMWD_LITELLM__REDIS_URL=...``
+ENV_PREFIX = "LLMWD_LITELLM__"
 #: LiteLLM's call id (the client's ``x-litellm-call-id`` when sent) is kept in events up to this many characters
 MAX_CALL_ID = 128
 
@@ -78,10 +81,19 @@ class LiteLLMSettings(BaseModel):
     log_completions: bool = False
 
     @classmethod
-    def from_file(cls, path: str | Path) -> LiteLLMSettings:
-        import yaml
-
-        return cls.model_validate(yaml.safe_load(Path(path).read_text()) or {})
+    def from_file(cls, path: str | Path, env: Mapping[str, str] | None = None) -> LiteLLMSettings:
+        """Read ``path`` as the daemon reads its config (bounded YAML, ``${VAR}`` placeholders), apply
+        the ``LLMWD_LITELLM__<KEY>`` variables (``__`` between levels; JSON for ``{``/``[`` values)
+        and validate; errors (``ConfigError``) name ``file:line:col`` or the variable."""
+        env = os.environ if env is None else env
+        data, doc = read_config_file(path, env)
+        from_env: dict[tuple[Any, ...], str] = {}
+        for var in sorted(env):
+            if var.startswith(ENV_PREFIX) and len(var) > len(ENV_PREFIX):
+                key_path = tuple(part.lower() for part in var[len(ENV_PREFIX):].split("__"))
+                set_path(data, key_path, env_value(var, env[var]), var)
+                from_env[key_path] = var
+        return cast(LiteLLMSettings, validate(cls, data, str(path), doc, from_env))
 
 
 def failure_status(exc: BaseException | None) -> str:
@@ -335,5 +347,9 @@ def __getattr__(name: str) -> Any:
             path = os.environ.get(CONFIG_ENV)
             if not path:
                 raise RuntimeError(f"set {CONFIG_ENV} to the llm-watchdog LiteLLM settings file")
-            _handler = WatchdogLogger(LiteLLMSettings.from_file(path))
+            try:
+                settings = LiteLLMSettings.from_file(path)
+            except ConfigError as exc:  # one clear message in the proxy's log, not a traceback into ours
+                raise RuntimeError(f"llm-watchdog LiteLLM settings (${CONFIG_ENV}): {exc}") from None
+            _handler = WatchdogLogger(settings)
         return _handler
