@@ -161,3 +161,29 @@ def test_broker_frozen_for_seconds_loses_nothing(kafka_service, redis_service, r
     seen, twice = recorded_windows(redis_client)
     assert (late, twice, prod.failed) == (0, 0, 0)
     assert seen == dict(prod.acked), json.dumps({"seen": sum(seen.values()), "acked": prod.total()})
+
+
+@pytest.mark.services
+def test_a_zeroed_or_week_old_timestamp_is_stale_on_a_daemon_without_a_checkpoint(
+        kafka_service, redis_service, redis_client, topic, tmp_path):
+    # the first events a fresh daemon reads: nothing is closed yet, so without a bound on age these
+    # would open 1970 windows of their own and be counted
+    cfg = make_config(kafka_service.address, redis_service.port, topic, write_policy(tmp_path / "p.yaml"), None,
+                      windows={"length_s": 1.0, "grace_s": 0.3})
+    prod = CountingProducer(kafka_service.address, topic, ["a"], rate=40.0)
+    r = prod.gen.routes[0]
+    prod.send(*prod.gen.encoded(r, now=0.0), counted=False)
+    prod.send(*prod.gen.encoded(r, now=time.time() - 8 * 86400), counted=False)
+    prod.start()
+    try:
+        with running_daemon(cfg) as (daemon, _server):
+            wait_until(lambda: daemon.stats.windows_closed >= 3, 30)
+            prod.stop()
+            wait_until(lambda: sum(recorded_windows(redis_client)[0].values()) >= prod.total(), 20)
+            assert daemon.metrics.dlq.labels("stale")._value.get() == 2
+    finally:
+        if prod._thread.is_alive():
+            prod.stop()
+    seen, twice = recorded_windows(redis_client)
+    assert twice == 0 and seen == dict(prod.acked)
+    assert sorted(_dlq_reasons(kafka_service.address, cfg.kafka.dead_letter_topic, 2)) == ["stale", "stale"]

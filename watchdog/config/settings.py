@@ -109,6 +109,10 @@ class WindowConfig(_Section):
     shadow_max_pairs: int = Field(200, ge=0)
     #: events stamped later than now + this are dead-lettered as ``future`` (they never move a watermark)
     max_future_s: float = Field(300.0, gt=0)
+    #: events stamped more than this before now are dead-lettered as ``stale`` (a zeroed or years-old
+    #: clock would otherwise open a window of its own on a daemon without a checkpoint); 0: no bound.
+    #: The default is Kafka's default retention, so a backlog the broker still holds is read.
+    max_age_s: float = Field(7 * 86_400.0, ge=0)
     #: windows stay open this long past the watermark; an event whose window closed is ``late``
     allowed_lateness_s: float = Field(0.0, ge=0)
     #: the host clock may differ from the steady and the events' clock by this much before readiness

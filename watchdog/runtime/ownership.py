@@ -69,6 +69,7 @@ class Ownership:
         #: the caps on routes with state (``windows.max_routes_per_partition``, ``windows.max_routes``)
         self.max_part_routes = cfg.windows.max_routes_per_partition
         self.max_routes = cfg.windows.max_routes
+        self.max_age_s = cfg.windows.max_age_s or float("inf")
         #: events of new routes refused (``route_limit``), by the cap that refused them
         self.route_limited = {"partition": 0, "replica": 0}
         self._save: Callable[[P.Partition, float], Any] = lambda part, now: None
@@ -86,11 +87,14 @@ class Ownership:
     # -- the hot path: the ingest sink ---------------------------------------------------------
     def fold(self, event: Any, pk: P.PartitionKey, offset: int) -> str | None:
         """Fold one event into its partition's windows; the dead-letter reason when refused
-        (``future``, ``late``, ``route_limit``: a new route beyond the partition's or the replica's cap)."""
+        (``future``, ``stale``: older than ``windows.max_age_s``, ``late``, ``route_limit``: a new route
+        beyond the partition's or the replica's cap)."""
         ts = event.ts
         now = self.poll_now
         if ts > now + self.wm.max_future_s:
             return "future"
+        if ts < now - self.max_age_s:
+            return "stale"
         part = self.parts[pk]
         route = (event.model, event.route)
         if route in part.routes:
