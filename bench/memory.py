@@ -16,6 +16,7 @@ native libraries, and ``sys.modules`` of a process that imports what ``watchdog.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -24,7 +25,9 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -63,6 +66,49 @@ def heavy_modules_on_cli_path() -> list[str]:
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-2000:])
     return [m for m in out.stdout.strip().split(",") if m]
+
+
+def check_alive(proc: subprocess.Popen[bytes], log_path: Path) -> None:
+    if proc.poll() is not None:
+        raise RuntimeError(f"daemon exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
+
+
+@contextlib.contextmanager
+def daemon_process(workdir: Path, cfg: dict[str, Any]) -> Iterator[tuple[subprocess.Popen[bytes], Path, float]]:
+    """``fp8-watchdog run`` as deployed (its own process, ``cfg`` written as its YAML file), once its
+    /healthz answers: (process, log file, seconds to start). SIGTERM (then SIGKILL) on exit; the exit
+    code is printed."""
+    cfg_path = workdir / f"daemon-{cfg['instance']}.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    url = f"http://127.0.0.1:{cfg['server']['port']}"
+    log_path = workdir / f"daemon-{cfg['instance']}.log"
+    with open(log_path, "wb") as log_file:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        proc = subprocess.Popen([sys.executable, "-m", "watchdog.cli.main", "--log-level", "WARNING", "run",
+                                 "--config", str(cfg_path)], cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True)
+        try:
+            t_spawn = time.monotonic()
+            while True:
+                check_alive(proc, log_path)
+                try:
+                    if httpx.get(f"{url}/healthz", timeout=1).status_code < 500:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() - t_spawn > 60:
+                    raise RuntimeError("daemon did not answer /healthz in 60 s")
+                time.sleep(0.2)
+            yield proc, log_path, time.monotonic() - t_spawn
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=10)
+            print(f"daemon exit code after SIGTERM: {proc.returncode}")
 
 
 def slope_mb_per_min(samples: list[tuple[float, float]]) -> float:
@@ -107,8 +153,7 @@ def main() -> int:
         topic = f"bench.memory.{uuid.uuid4().hex[:8]}"
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        cfg_path = svc.workdir / "daemon.yaml"
-        cfg_path.write_text(yaml.safe_dump({
+        cfg = {
             "instance": "bench-memory",
             "policies": [str(ROOT / "policies" / "default.yaml")],
             "kafka": {"bootstrap_servers": svc.kafka_address, "topic": topic, "group_id": f"g-{topic}",
@@ -116,30 +161,9 @@ def main() -> int:
             "redis": {"url": svc.redis_url, "prefix": "benchmem"},
             "windows": {"length_s": 10.0, "grace_s": 2.0},
             "server": {"host": "127.0.0.1", "port": port},
-        }))
-        log_path = svc.workdir / "daemon.log"
-        log_file = open(log_path, "wb")  # noqa: SIM115 - closed below
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        proc = subprocess.Popen([sys.executable, "-m", "watchdog.cli.main", "--log-level", "WARNING", "run",
-                                 "--config", str(cfg_path)], cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT,
-                                env=env, start_new_session=True)
-        producer = None
-        gen = None
+        }
         samples: list[tuple[float, float]] = []
-        try:
-            t_spawn = time.monotonic()
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"daemon exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-                try:
-                    if httpx.get(f"{url}/healthz", timeout=1).status_code < 500:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() - t_spawn > 60:
-                    raise RuntimeError("daemon did not answer /healthz in 60 s")
-                time.sleep(0.2)
-            startup_s = time.monotonic() - t_spawn
+        with daemon_process(svc.workdir, cfg) as (proc, log_path, startup_s):
             time.sleep(3.0)
             idle_rss = rss_mb(proc.pid)
             print(f"daemon up in {startup_s:.1f} s; idle RSS {idle_rss:.1f} MB", flush=True)
@@ -149,37 +173,26 @@ def main() -> int:
                             regression="quality" if i % 50 == 7 else None) for i, r in enumerate(names)]
             gen = TrafficGenerator(routes)
             producer = KafkaProducer(bootstrap_servers=svc.kafka_address, linger_ms=20)
-            gen.start(producer, topic)
-            t0 = time.monotonic()
-            duration = args.minutes * 60.0
-            while time.monotonic() - t0 < duration:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"daemon exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
+            try:
+                gen.start(producer, topic)
+                t0 = time.monotonic()
+                duration = args.minutes * 60.0
+                while time.monotonic() - t0 < duration:
+                    check_alive(proc, log_path)
+                    samples.append((time.monotonic() - t0, rss_mb(proc.pid)))
+                    elapsed = time.monotonic() - t0
+                    print(f"  t={elapsed:6.1f} s  RSS {samples[-1][1]:6.1f} MB  sent {gen.sent:,}", flush=True)
+                    time.sleep(args.interval)
                 samples.append((time.monotonic() - t0, rss_mb(proc.pid)))
-                elapsed = time.monotonic() - t0
-                print(f"  t={elapsed:6.1f} s  RSS {samples[-1][1]:6.1f} MB  sent {gen.sent:,}", flush=True)
-                time.sleep(args.interval)
-            samples.append((time.monotonic() - t0, rss_mb(proc.pid)))
-            gen.stop()
-            sent = gen.sent
-            time.sleep(min(15.0, 2 * args.interval))  # let the daemon drain what is queued
-            metrics = scrape(url)
-            libs = heavy_maps(proc.pid)
-            status = httpx.get(f"{url}/status", timeout=5).json()
-        finally:
-            if gen is not None:
                 gen.stop()
-            if producer is not None:
+                sent = gen.sent
+                time.sleep(min(15.0, 2 * args.interval))  # let the daemon drain what is queued
+                metrics = scrape(url)
+                libs = heavy_maps(proc.pid)
+                status = httpx.get(f"{url}/status", timeout=5).json()
+            finally:
+                gen.stop()
                 producer.close(timeout=5)
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=10)
-            log_file.close()
-        print(f"daemon exit code after SIGTERM: {proc.returncode}")
 
     modules = heavy_modules_on_cli_path()
     half = [s for s in samples if s[0] >= samples[-1][0] / 2]

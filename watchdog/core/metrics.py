@@ -37,6 +37,11 @@ class Metrics:
                                registry=r)
         self.loop_seconds = Histogram("llmwd_loop_iteration_seconds", "Time of one main-loop iteration",
                                       buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5), registry=r)
+        self.loop_busy_seconds = Histogram(
+            "llmwd_loop_busy_seconds",
+            "Time of one main-loop iteration less its time inside the Kafka consumer's poll call (waiting for "
+            "records): the loop's own work, what stalls decisions", buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25,
+                                                                           0.5, 1, 2.5, 5, 10), registry=r)
         self.reaction_seconds = Histogram(
             "llmwd_reaction_seconds", "From a window's close to its rollback written in Redis",
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r)

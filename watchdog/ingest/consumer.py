@@ -112,6 +112,8 @@ class Ingest:
         #: partitions whose offsets went backwards (broker restarted empty, log truncated)
         self._resets: dict[PartitionKey, float] = {}
         self.last_polled: set[PartitionKey] = set()
+        #: seconds the last ``poll`` spent inside the consumer's poll call (waiting for and fetching records)
+        self.poll_call_s = 0.0
         self._commits_in_flight = 0
         #: checkpointed offsets not yet mirrored into Kafka (a commit was in flight)
         self._mirror_wanted: dict[PartitionKey, int] = {}
@@ -128,11 +130,14 @@ class Ingest:
     # -- reading -------------------------------------------------------------------------------
     def poll(self, timeout_ms: int = 200) -> int:
         """Read one batch; returns the number of records seen (valid or not)."""
+        t0 = time.monotonic()
         try:
             batches = self.consumer.poll(timeout_ms=timeout_ms)
         except KafkaError as exc:
+            self.poll_call_s = time.monotonic() - t0
             self._fail(classify_kafka_error(exc), f"poll failed: {type(exc).__name__}: {exc}")
             return 0
+        self.poll_call_s = time.monotonic() - t0
         self.healthy = True
         self.error_reason = None
         self.metrics.kafka_up.set(1)

@@ -271,6 +271,7 @@ class Daemon:
         self.stats.last_loop = time.monotonic()
         self.metrics.loop_last.set(self.clock())
         self.metrics.loop_seconds.observe(self.stats.last_loop - t0)
+        self.metrics.loop_busy_seconds.observe(self.stats.last_loop - t0 - ingest.poll_call_s)
 
     def _check_clock(self, now: float) -> None:
         """The host clock against the steady and the events' clock: ``clock-skew`` while they disagree.

@@ -1,0 +1,209 @@
+"""Benchmark: how the daemon's costs grow with the routes one replica judges (issue 19, growth table).
+
+For each route count: a fresh Tansu + Redis (free ports), the daemon as deployed (``fp8-watchdog run``
+in its own process, shipped ``policies/default.yaml``, 10 s windows, topic of 4 partitions, route caps
+raised above the count), and a producer here sending ``watchdog.dev.traffic`` events live at
+``--rate`` events/s, round-robin over the routes (every route gets the same share; 2 % of the routes
+carry a quality regression, so agreement scoring runs and rollbacks happen). After a warm-up of
+``--warmup`` seconds (every route has state and windows have closed), ``--seconds`` are measured:
+
+* events consumed per second (``llmwd_events_total``, every result) against events sent;
+* the daemon's CPU per consumed event (user + system time from ``/proc/PID/stat``) and in % of a core;
+* RSS peak and at the end (``/proc/PID/status``);
+* Redis: bytes written to it per second (``INFO stats`` ``total_net_input_bytes``: checkpoints, window
+  records, flips, everything the daemon sends) and ``used_memory`` at the end;
+* from the daemon's /metrics, over the measured span: checkpoint saves (``llmwd_checkpoint_seconds``:
+  build + encode + write; ``llmwd_checkpoint_loop_seconds``: the loop's part) p50 / p99, the loop's
+  own work per iteration (``llmwd_loop_busy_seconds``: the iteration less its wait in the consumer's
+  poll) p99 and the largest bucket hit, close -> flip (``llmwd_reaction_seconds``) p99, and
+  the last checkpoint's bytes summed over partitions;
+* event-time lag at the end: now minus the slowest partition's watermark (``llmwd_watermark_seconds``),
+  which includes the 2 s grace and half a window.
+
+Quantiles come from the histograms' buckets (the upper bound of the bucket that holds the quantile).
+
+    .venv/bin/python bench/growth.py [--routes 100,1000,10000] [--rate 2000] [--seconds 60] [--warmup 25]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import httpx  # noqa: E402
+import redis  # noqa: E402
+from common import MODEL, ROOT, machine_note, route_names, services, table  # noqa: E402
+from kafka import KafkaProducer  # noqa: E402
+from memory import check_alive, daemon_process, rss_mb  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from watchdog.dev.embedded import free_port  # noqa: E402
+from watchdog.dev.traffic import Route, TrafficGenerator  # noqa: E402
+
+HISTOGRAMS = ("llmwd_checkpoint_seconds", "llmwd_checkpoint_loop_seconds", "llmwd_loop_busy_seconds",
+              "llmwd_reaction_seconds")
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def snapshot(url: str) -> dict[str, Any]:
+    """Counters, gauges and histogram buckets of the daemon's /metrics that this bench reads."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    out: dict[str, Any] = {"events": 0.0, "watermarks": [], "ckpt_bytes": 0.0, "flips": 0.0,
+                           **{h: {} for h in HISTOGRAMS}}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == "llmwd_events_total":
+                out["events"] += s.value
+            elif s.name == "llmwd_watermark_seconds":
+                out["watermarks"].append(s.value)
+            elif s.name == "llmwd_checkpoint_bytes":
+                out["ckpt_bytes"] += s.value
+            elif s.name == "llmwd_flips_total":
+                out["flips"] += s.value
+            elif s.name.endswith("_bucket") and s.name[:-7] in HISTOGRAMS:
+                le = float(s.labels["le"])
+                out[s.name[:-7]][le] = out[s.name[:-7]].get(le, 0.0) + s.value
+    return out
+
+
+def quantile(before: dict[float, float], after: dict[float, float], q: float) -> tuple[float, float]:
+    """(bucket bound holding quantile ``q`` of the observations between two snapshots, count)."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]  # cumulative
+    total = counts[-1] if counts else 0.0
+    if total <= 0:
+        return float("nan"), 0.0
+    for b, c in zip(bounds, counts, strict=True):
+        if c >= q * total:
+            return b, total
+    return float("inf"), total
+
+
+def largest(before: dict[float, float], after: dict[float, float]) -> float:
+    """Upper bound of the largest bucket that received an observation between the snapshots."""
+    bounds = sorted(after)
+    prev = 0.0
+    top = float("nan")
+    for b in bounds:
+        c = after[b] - before.get(b, 0.0)
+        if c > prev:
+            top = b
+        prev = c
+    return top
+
+
+def send_round_robin(gen: TrafficGenerator, producer: KafkaProducer, topic: str, rate: float,
+                     stop: threading.Event) -> None:
+    """``rate`` events/s, route after route (a generator's per-route timers do not scale to 50k routes)."""
+    start = time.monotonic()
+    i = 0
+    n = len(gen.routes)
+    while not stop.is_set():
+        due = int((time.monotonic() - start) * rate)
+        while gen.sent < due:
+            key, value = gen.encoded(gen.routes[i % n])
+            producer.send(topic, key=key, value=value)
+            gen.sent += 1
+            i += 1
+        stop.wait(0.01)
+    producer.flush()
+
+
+def run_one(n_routes: int, args: argparse.Namespace) -> list[Any]:
+    with services() as svc:
+        topic = f"bench.growth.{uuid.uuid4().hex[:8]}"
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        cfg = {
+            "instance": f"bench-growth-{n_routes}",
+            "policies": [str(ROOT / "policies" / "default.yaml")],
+            "kafka": {"bootstrap_servers": svc.kafka_address, "topic": topic, "group_id": f"g-{topic}",
+                      "session_timeout_ms": 10000, "heartbeat_interval_ms": 1000},
+            "redis": {"url": svc.redis_url, "prefix": "benchgrowth"},
+            "windows": {"length_s": 10.0, "grace_s": 2.0, "max_routes": max(10_000, 2 * n_routes),
+                        "max_routes_per_partition": max(2_000, n_routes)},
+            "server": {"host": "127.0.0.1", "port": port},
+        }
+        r = redis.Redis.from_url(svc.redis_url)
+        names = route_names(n_routes)
+        gen = TrafficGenerator([Route(MODEL, name, rate=1.0, regression="quality" if i % 50 == 7 else None)
+                                for i, name in enumerate(names)])
+        with daemon_process(svc.workdir, cfg) as (proc, log_path, _startup):
+            producer = KafkaProducer(bootstrap_servers=svc.kafka_address, linger_ms=20)
+            stop = threading.Event()
+            sender = threading.Thread(target=send_round_robin, args=(gen, producer, topic, args.rate, stop),
+                                      daemon=True)
+            sender.start()
+            try:
+                time.sleep(args.warmup)
+                check_alive(proc, log_path)
+                m0, cpu0, sent0 = snapshot(url), cpu_seconds(proc.pid), gen.sent
+                in0, t0 = r.info("stats")["total_net_input_bytes"], time.monotonic()
+                rss = [rss_mb(proc.pid)]
+                while time.monotonic() - t0 < args.seconds:
+                    time.sleep(5.0)
+                    check_alive(proc, log_path)
+                    rss.append(rss_mb(proc.pid))
+                m1, cpu1, sent1 = snapshot(url), cpu_seconds(proc.pid), gen.sent
+                in1, t1 = r.info("stats")["total_net_input_bytes"], time.monotonic()
+                lag = time.time() - min(m1["watermarks"]) if m1["watermarks"] else float("nan")
+                used = r.info("memory")["used_memory"]
+            finally:
+                stop.set()
+                sender.join(timeout=30)
+                producer.close(timeout=5)
+        r.close()
+    span = t1 - t0
+    consumed = m1["events"] - m0["events"]
+    ck = [quantile(m0[h], m1[h], q)[0] for h in ("llmwd_checkpoint_seconds", "llmwd_checkpoint_loop_seconds")
+          for q in (0.5, 0.99)]
+    loop99, _ = quantile(m0["llmwd_loop_busy_seconds"], m1["llmwd_loop_busy_seconds"], 0.99)
+    loop_top = largest(m0["llmwd_loop_busy_seconds"], m1["llmwd_loop_busy_seconds"])
+    react99, flips = quantile(m0["llmwd_reaction_seconds"], m1["llmwd_reaction_seconds"], 0.99)
+    row = [n_routes, (sent1 - sent0) / span, consumed / span, 1e6 * (cpu1 - cpu0) / max(consumed, 1.0),
+           100 * (cpu1 - cpu0) / span, max(rss), rss[-1], (in1 - in0) / span / 1e3, used / 1e6,
+           m1["ckpt_bytes"] / 1e6, f"{ck[0] * 1e3:g} / {ck[1] * 1e3:g}", f"{ck[2] * 1e3:g} / {ck[3] * 1e3:g}",
+           f"{loop99 * 1e3:g} / {loop_top * 1e3:g}", f"{react99 * 1e3:g} ({flips:.0f})", lag]
+    print(table(HEADER, [row]), flush=True)
+    return row
+
+
+HEADER = ["routes", "sent ev/s", "consumed ev/s", "CPU µs/event", "CPU % of a core", "RSS peak MB",
+          "RSS end MB", "Redis in kB/s", "Redis used MB", "last ckpt MB (all partitions)",
+          "ckpt ms p50 / p99", "ckpt loop ms p50 / p99", "loop busy ms p99 / max bucket",
+          "close->flip ms p99 (flips)", "event-time lag s"]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--routes", default="100,1000,10000", help="comma-separated route counts")
+    ap.add_argument("--rate", type=float, default=2000.0, help="events/s in total")
+    ap.add_argument("--seconds", type=float, default=60.0, help="measured span per route count")
+    ap.add_argument("--warmup", type=float, default=25.0, help="seconds of traffic before measuring")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    print(f"machine at start: {machine_note()}", flush=True)
+    rows = [run_one(int(n), args) for n in args.routes.split(",")]
+    print()
+    print(table(HEADER, rows))
+    print(f"rate {args.rate:.0f} ev/s, warm-up {args.warmup:.0f} s, measured {args.seconds:.0f} s per count; "
+          f"machine at end: {machine_note()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
