@@ -9,7 +9,7 @@ demo: setup
 	.venv/bin/llm-watchdog demo
 
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=30
 
 lint:
 	.venv/bin/ruff check watchdog probes tests bench integrations
