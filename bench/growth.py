@@ -1,7 +1,7 @@
 """Benchmark: how the daemon's costs grow with the routes one replica judges (issue 19, growth table).
 
 For each route count: a fresh Tansu + Redis (free ports), the daemon as deployed (``fp8-watchdog run``
-in its own process, shipped ``policies/default.yaml``, 10 s windows, topic of 4 partitions, route caps
+in its own process, shipped ``policies/default.yaml``, ``--window`` s windows (10), topic of 4 partitions, route caps
 raised above the count), and a producer here sending ``watchdog.dev.traffic`` events live at
 ``--rate`` events/s, round-robin over the routes (every route gets the same share; 2 % of the routes
 carry a quality regression, so agreement scoring runs and rollbacks happen). After a warm-up of
@@ -22,7 +22,7 @@ carry a quality regression, so agreement scoring runs and rollbacks happen). Aft
 
 Quantiles come from the histograms' buckets (the upper bound of the bucket that holds the quantile).
 
-    .venv/bin/python bench/growth.py [--routes 100,1000,10000] [--rate 2000] [--seconds 60] [--warmup 25]
+    .venv/bin/python bench/growth.py [--routes 100,1000,10000] [--rate 2000] [--seconds 60] [--warmup 25] [--window 10]
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def run_one(n_routes: int, args: argparse.Namespace) -> list[Any]:
             "kafka": {"bootstrap_servers": svc.kafka_address, "topic": topic, "group_id": f"g-{topic}",
                       "session_timeout_ms": 10000, "heartbeat_interval_ms": 1000},
             "redis": {"url": svc.redis_url, "prefix": "benchgrowth"},
-            "windows": {"length_s": 10.0, "grace_s": 2.0, "max_routes": max(10_000, 2 * n_routes),
+            "windows": {"length_s": args.window, "grace_s": 2.0, "max_routes": max(10_000, 2 * n_routes),
                         "max_routes_per_partition": max(2_000, n_routes)},
             "server": {"host": "127.0.0.1", "port": port},
         }
@@ -194,13 +194,14 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=2000.0, help="events/s in total")
     ap.add_argument("--seconds", type=float, default=60.0, help="measured span per route count")
     ap.add_argument("--warmup", type=float, default=25.0, help="seconds of traffic before measuring")
+    ap.add_argument("--window", type=float, default=10.0, help="windows.length_s (policies judge each window)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     print(f"machine at start: {machine_note()}", flush=True)
     rows = [run_one(int(n), args) for n in args.routes.split(",")]
     print()
     print(table(HEADER, rows))
-    print(f"rate {args.rate:.0f} ev/s, warm-up {args.warmup:.0f} s, measured {args.seconds:.0f} s per count; "
+    print(f"windows {args.window:g} s, rate {args.rate:.0f} ev/s, warm-up {args.warmup:.0f} s, measured {args.seconds:.0f} s per count; "
           f"machine at end: {machine_note()}")
     return 0
 

@@ -3,13 +3,15 @@
 Windows close on event time only (``watchdog.ingest.eventtime.Watermarks``): a stalled broker or loop
 is a stall, never lateness. A partition with nothing to read holds the watermark back until the
 broker confirms it is fully read (``confirm_idle`` asks for the log ends, bounded, every
-``CONFIRM_EVERY_S``); that check also notices a re-created topic. ``close_windows`` closes every
-owned partition's due windows, queues their records for the partition's next checkpoint and returns
-their signals for the policy engine.
+``CONFIRM_EVERY_S``); that check also notices a re-created topic. ``close_windows`` closes the
+owned partitions' due windows, queues their records for the partition's next checkpoint and returns
+their signals for the policy engine, within a time budget per loop iteration (``CLOSE_BUDGET_S``):
+windows left due count as closed (their events are late) and close at the next iterations.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from watchdog.config.settings import Config
@@ -23,6 +25,11 @@ from watchdog.state import partitions as P
 
 #: seconds between two broker confirmations that idle partitions are fully read
 CONFIRM_EVERY_S = 0.5
+#: loop time one iteration spends closing windows, and windows closed between two looks at the
+#: clock: thousands of routes' windows fall due at once, and closing them all in one iteration
+#: stalled ingest for seconds (10,000 routes: ~5 s); the rest close in the next iterations
+CLOSE_BUDGET_S = 0.2
+CLOSE_CHUNK = 200
 
 
 class WindowCloser:
@@ -36,6 +43,10 @@ class WindowCloser:
         self.clock = clock
         self.ingest: Ingest | None = None
         self._last_confirm = 0.0
+        #: index of the partition that closes first (one the budget stopped in goes first next time)
+        self._first = 0
+        #: the last call left due windows open (the loop should not wait for records before the next)
+        self.behind = False
 
     def attach(self, ingest: Ingest) -> None:
         self.ingest = ingest
@@ -72,15 +83,32 @@ class WindowCloser:
         w = self.cfg.windows
         upto = t - w.allowed_lateness_s + w.grace_s  # close_due subtracts the grace again
         out: list[Signal] = []
+        self.behind = False
         parts = self.ownership.parts
-        for part in parts.values():
+        deadline = time.monotonic() + CLOSE_BUDGET_S
+        order = list(parts.values())
+        if order:  # a partition left with due windows by the budget goes first next time
+            self._first %= len(order)
+            order = order[self._first:] + order[:self._first]
+        for i, part in enumerate(order):
+            if i and time.monotonic() >= deadline:
+                self._first += i  # these partitions close first next time
+                self.behind = True
+                break
             before = part.agg.closed_end
-            sigs = part.agg.close_due(upto)
-            if sigs:
-                part.unsaved.extend(P.window_record(s, self.cfg.instance) for s in sigs)
-                out.extend(sigs)
+            while True:
+                sigs = part.agg.close_due(upto, limit=CLOSE_CHUNK)
+                if sigs:
+                    part.unsaved.extend(P.window_record(s, self.cfg.instance) for s in sigs)
+                    out.extend(sigs)
+                if len(sigs) < CLOSE_CHUNK or time.monotonic() >= deadline:
+                    break
             if sigs or part.agg.closed_end != before:
                 part.dirty = True
+            if len(sigs) >= CLOSE_CHUNK:  # stopped by the budget with windows still due
+                self._first += i
+                self.behind = True
+                break
         if out:
             self.metrics.windows_closed.inc(len(out))
             self.stats.windows_closed += len(out)

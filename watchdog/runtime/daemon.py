@@ -243,7 +243,7 @@ class Daemon:
         # an event is ``future`` only when ahead of both the steady and the host clock: neither a step
         # of the host clock nor a start-up anchor the host corrected since drops real events
         self.ownership.poll_now = max(self.clock(), self.clock.wall())
-        ingest.poll(poll_ms)
+        ingest.poll(0 if self.closer.behind else poll_ms)
         ingest.commit_mirror({})  # mirror offsets a busy commit held back
         now = self.clock()
         self.wm.records_read(ingest.last_polled, now)

@@ -214,14 +214,24 @@ class WindowAggregator:
 
     # --- closing ----------------------------------------------------------------------------
 
-    def close_due(self, now: float) -> list[Signal]:
-        """Close every window with end + grace <= ``now`` (wall clock); one Signal per scope and window."""
+    def close_due(self, now: float, limit: int | None = None) -> list[Signal]:
+        """Close every window with end + grace <= ``now`` (wall clock); one Signal per scope and window.
+        With ``limit``, the oldest ``limit`` of them (and the other precisions of the last route taken,
+        so a route's windows close together); the rest stay open but count as closed (an event for
+        them is late) and close at the next call."""
         if self._now is None or now > self._now:
             self._now = now
         upto = math.floor((now - self.grace_s) / self.length_s)
         if self._closed_end is None or upto > self._closed_end:
             self._closed_end = upto
-        due = [k for k in self._open if k[0] + 1 <= self._closed_end]
+        closed_end = self._closed_end
+        due = [k for k in self._open if k[0] + 1 <= closed_end]
+        if limit is not None and len(due) > limit:
+            due.sort()
+            cut = max(limit, 1)
+            while cut < len(due) and due[cut][:3] == due[cut - 1][:3]:
+                cut += 1
+            due = due[:cut]
         return self._close(due)
 
     def close_all(self) -> list[Signal]:

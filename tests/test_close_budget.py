@@ -1,0 +1,71 @@
+"""Closing windows within a loop budget (watchdog/runtime/closer.py): when thousands of routes'
+windows fall due at once they close over several iterations, a route's precisions together, and
+every event is still counted exactly once."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.daemon_harness import CountingProducer, make_config, recorded_windows, running_daemon, write_policy
+from tests.helpers import wait_until
+from watchdog.core.events import decode_event
+from watchdog.runtime import closer
+from watchdog.windows.aggregator import WindowAggregator
+
+
+def _event(route: str, precision: str, ts: float) -> object:
+    return decode_event(json.dumps({"schema": 1, "request_id": f"{route}-{precision}-{ts}", "ts": ts, "model": "m",
+                                    "route": route, "precision": precision, "status": "ok",
+                                    "latency_ms": 5.0}).encode())
+
+
+def test_a_limited_close_takes_the_oldest_whole_routes_and_the_rest_count_as_closed() -> None:
+    agg = WindowAggregator(length_s=10.0, grace_s=1.0, max_future_s=float("inf"))
+    for r in range(5):
+        for prec in ("fp8", "fp16", "int4"):
+            assert agg.add(_event(f"r{r}", prec, 1_000.0 + r), ("t", 0), r)
+    first = agg.close_due(1_012.0, limit=4)
+    # 4 windows asked: the second route's three precisions come whole
+    assert [(s.route, s.precision) for s in first] == [(f"r{r}", p) for r in (0, 1) for p in ("fp16", "fp8", "int4")]
+    assert agg.is_closed(1_003.0)  # its window is due: an event for it is late even though it is still open
+    assert not agg.add(_event("r4", "fp8", 1_004.5), ("t", 0), 9)
+    rest = agg.close_due(1_012.0)
+    assert sorted({s.route for s in rest}) == ["r2", "r3", "r4"] and len(rest) == 9
+    assert agg.close_due(1_012.0) == [] and agg.open_windows() == 0
+
+
+@pytest.mark.services
+def test_windows_closed_in_chunks_count_every_event_once(kafka_service, redis_service, redis_client, topic,
+                                                         tmp_path, monkeypatch):
+    monkeypatch.setattr(closer, "CLOSE_BUDGET_S", 0.0)  # every iteration closes one chunk, then stops
+    monkeypatch.setattr(closer, "CLOSE_CHUNK", 7)
+    behind = []
+    closed_in: dict[tuple[str, str, float], int] = {}
+    real = closer.WindowCloser.close_windows
+
+    def spy(self, now):  # type: ignore[no-untyped-def]
+        out = real(self, now)
+        behind.append(self.behind)
+        for s in out:  # a route's windows (fp8 and fp16) of one time close in one call
+            assert closed_in.setdefault((s.model, s.route, s.end), len(behind)) == len(behind), s
+        return out
+
+    monkeypatch.setattr(closer.WindowCloser, "close_windows", spy)
+    cfg = make_config(kafka_service.address, redis_service.port, topic, write_policy(tmp_path / "p.yaml"), None,
+                      windows={"length_s": 1.0, "grace_s": 0.3})
+    prod = CountingProducer(kafka_service.address, topic, [f"r{i:03d}" for i in range(120)], rate=4.0).start()
+    try:
+        with running_daemon(cfg) as (daemon, _server):
+            wait_until(lambda: daemon.stats.windows_closed >= 600, 60)
+            prod.stop()
+            wait_until(lambda: sum(recorded_windows(redis_client)[0].values()) >= prod.total(), 30)
+            time.sleep(0.5)
+    finally:
+        if prod._thread.is_alive():
+            prod.stop()
+    seen, twice = recorded_windows(redis_client)
+    assert twice == 0 and seen == dict(prod.acked)
+    assert any(behind)  # the budget really split closes over iterations
