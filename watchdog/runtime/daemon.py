@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import gc
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -68,6 +69,10 @@ log = logging.getLogger(__name__)
 SignalSource = Callable[[float], list[Signal]]
 
 
+#: a loop iteration doing more than this much work (its wait for records excluded) is logged with
+#: the phases that took the time, at most once per ``SLOW_LOOP_LOG_EVERY_S``
+SLOW_LOOP_S = 1.0
+SLOW_LOOP_LOG_EVERY_S = 60.0
 #: name prefixes of the daemon's long-lived threads (readiness ticker, alert senders, GPU monitor,
 #: flag reader, checkpoint writer)
 OWN_THREADS = ("readiness", "alerts-", "gpu-monitor", "llmwd-routing-flags", "checkpoint-writer")
@@ -150,6 +155,7 @@ class Daemon:
                                       self.golden_leader, self.gpu, self.routes, cfg.default_precision,
                                       self.golden_relay)
         self._stop = threading.Event()
+        self._slow_logged = -math.inf
         self._failed_sources: set[str] = set()
         self.readiness.set("starting", "connecting to Kafka", self.clock())
 
@@ -238,6 +244,11 @@ class Daemon:
 
     def step(self, poll_ms: int = 200) -> None:
         t0 = time.monotonic()
+        laps: list[tuple[str, float]] = []
+
+        def lap(phase: str) -> None:
+            laps.append((phase, time.monotonic()))
+
         ingest = self.ingest
         assert ingest is not None
         # an event is ``future`` only when ahead of both the steady and the host clock: neither a step
@@ -245,33 +256,52 @@ class Daemon:
         self.ownership.poll_now = max(self.clock(), self.clock.wall())
         ingest.poll(0 if self.closer.behind else poll_ms)
         ingest.commit_mirror({})  # mirror offsets a busy commit held back
+        lap("poll")
         now = self.clock()
         self.wm.records_read(ingest.last_polled, now)
         self.ownership.dead_lettered(ingest.dead_letters.drain_touched())
         self.ownership.retry_unrestored(now)
         self.closer.confirm_idle(now)
+        lap("partitions")
         signals = self.closer.close_windows(now)
+        lap("close")
         signals.extend(self._poll_sources(now))
+        lap("sources")
         if signals or self.decisions.deferred:
             self.decisions.decide(signals, now)
         self.decisions.act(now)
+        lap("decide")
         self.evidence.flush(now)
+        lap("evidence")
         self.checkpointer.checkpoint(now)
         self.checkpointer.flush_unowned()
+        lap("checkpoint")
         self._pump_pager()
         if self.golden_leader is not None:
             self.golden_leader.tick(now)
         self.decisions.reconcile(now)
         self.decisions.export_flags(now)
         self.decisions.export_judgeability(now)
+        lap("flags")
         self.policies.check(now)
         self._check_clock(now)
         self.routes.update(now)
         self.health.update(now)
+        lap("housekeeping")
         self.stats.last_loop = time.monotonic()
         self.metrics.loop_last.set(self.clock())
         self.metrics.loop_seconds.observe(self.stats.last_loop - t0)
-        self.metrics.loop_busy_seconds.observe(self.stats.last_loop - t0 - ingest.poll_call_s)
+        busy = self.stats.last_loop - t0 - ingest.poll_call_s
+        self.metrics.loop_busy_seconds.observe(busy)
+        if busy > SLOW_LOOP_S and self.stats.last_loop - self._slow_logged >= SLOW_LOOP_LOG_EVERY_S:
+            self._slow_logged = self.stats.last_loop
+            spans, prev = [], t0
+            for phase, t in laps:
+                spans.append((t - prev - (ingest.poll_call_s if phase == "poll" else 0.0), phase))
+                prev = t
+            log.warning("slow loop iteration: %.2f s of work (%s); at most one such line per %.0f s",
+                        busy, ", ".join(f"{p} {d:.2f} s" for d, p in sorted(spans, reverse=True)[:4]),
+                        SLOW_LOOP_LOG_EVERY_S)
 
     def _check_clock(self, now: float) -> None:
         """The host clock against the steady and the events' clock: ``clock-skew`` while they disagree.
