@@ -134,7 +134,7 @@ def test_standalone_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     wd = check_pod(docs, dep, standalone=True)
     assert dep["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
     assert dep["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
-    assert wd["resources"]["limits"] == {"cpu": "1", "memory": "384Mi"} and "nvidia.com/gpu" not in wd["resources"]["limits"]
+    assert wd["resources"]["limits"] == {"cpu": "1", "memory": "768Mi"} and "nvidia.com/gpu" not in wd["resources"]["limits"]
     check_service(docs, dep)
     config = check_config(docs, tmp_path, monkeypatch, [])
     assert config.server.host == "0.0.0.0" and config.server.port == 9464
