@@ -658,6 +658,42 @@ def alerts_refused_then_slow(root: Path, workdir: Path, full: bool) -> Result:
         return d.finish()
 
 
+@drill("replicas-golden")
+def replicas_golden(root: Path, workdir: Path, full: bool) -> Result:
+    """Two replicas of one group; four routes, one per partition, two owned by each replica; a live
+    rule that only suspects (``confirm_with: golden``) and one on-suspicion golden job per route,
+    replayed through FP8 and FP16 OpenAI-compatible stand-ins. Every route regresses (live and
+    golden). The replica holding the golden lease runs every replay, those the other replica asks
+    for included; each route is rolled back exactly once, by its partition's owner (the audit's
+    writer is the owner token's replica, the reason names the golden confirmation, no fenced or
+    not-owner write), whose engine state holds its own flip and no change by someone else; one page
+    per rollback; 0 lost, 0 twice."""
+    from tests.drills.golden import POLICY, GoldenStandIns, judge, roles, routes_on_partitions
+
+    routes = routes_on_partitions(MODEL, 4)
+    golden = GoldenStandIns(workdir / "golden", MODEL, routes)
+    try:
+        with Drill("replicas-golden", root, workdir, full, replicas=2, routes=routes, policy=dict(POLICY),
+                   overrides={"golden": golden.config()}) as d:
+            for rep in d.stack.daemons:
+                rep.config["golden"] = {**rep.config["golden"], "reports_dir": str(d.stack.workdir / f"reports-{rep.name}")}
+            d.start(wait_windows=6)
+            seen = roles(d, routes)
+            d.expect.flips = {r: ["rollback"] for r in routes}
+            for r in routes:
+                golden.break_route(r)
+                d.traffic.regress(r)
+            for r in routes:
+                d.wait_flip(r, "rollback", 60.0)
+            d.sleep(10.0 if full else 4.0)  # room for a second, wrong flip or replay
+            end = roles(d, routes)
+            res = d.finish()
+            judge(d, res, golden, seen, end)
+            return res
+    finally:
+        golden.close()
+
+
 #: the CI subset (tests/test_drills.py), most valuable first; about 6 minutes on a passing tree (the
 #: ±30 s clock drills run from bench/drills.py only)
 CI_DRILLS = ["sigkill-loop", "sigterm-rolling", "broker-freeze", "future-240s-restart", "redis-down-regression",
