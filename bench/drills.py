@@ -145,9 +145,11 @@ def render(runs: dict[str, list[dict[str, Any]]]) -> str:
               "start-up, the S3 drill at 120 events/s (more batches than moto serves), a missing codec",
               "declaration counted as a failure. Poison-drill runs before 10:10 UTC were dropped: the DLQ was",
               "read from partition 0 only.",
-              "`main-1202` is main at 0415e92 on 2026-12-02 (checkout `/work/wt/h23`: main plus the",
-              "`replicas-golden` drill, which ran at its own commit; `watchdog/` is main's in both). Columns and",
-              "rows are ordered by each tree's latest run, newest first.", ""]
+              "`main-1202` is main at 0415e92 on 2026-12-02 (checkout `/work/wt/h23`, main plus drills; its",
+              "`watchdog/` is main's 0415e92 in every run): the suite ran at 0415e92; `replicas-golden` and the",
+              "re-runs of `replicas-rebalance-zombie` and `redis-down-regression` at 841923e (the zombie's third",
+              "run with a6ea013's harness change uncommitted: the freeze waits until the restarted replica is",
+              "ready). Columns and rows are ordered by each tree's latest run, newest first.", ""]
     names = [n for n in DRILLS if any(r["drill"] == n for rs in runs.values() for r in rs)]
     lines += ["## Summary (latest run per tree)", "",
               "| drill | " + " | ".join(labels) + " |", "| --- |" + " --- |" * len(labels)]
