@@ -79,6 +79,11 @@ def _cell(r: dict[str, Any]) -> str:
     return "**pass**" if r["passed"] else "FAIL"
 
 
+def newest_first(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Labels by their latest run, newest first: the summary's first column is today's tree."""
+    return sorted(runs, key=lambda lab: max((str(r.get("at", "")) for r in runs[lab]), default=""), reverse=True)
+
+
 def render(runs: dict[str, list[dict[str, Any]]]) -> str:
     lines = [
         "# Reliability: fault drills with exact counts",
@@ -126,7 +131,7 @@ def render(runs: dict[str, list[dict[str, Any]]]) -> str:
         "```",
         "",
     ]
-    labels = list(runs)
+    labels = newest_first(runs)
     lines += ["## Trees", "", "| label | checkout | commits | forms |", "| --- | --- | --- | --- |"]
     for lab in labels:
         roots = sorted({str(r.get("tree", "")) for r in runs[lab]})
@@ -139,7 +144,12 @@ def render(runs: dict[str, list[dict[str, Any]]]) -> str:
               "tolerance 10 s, audit time from the writer's `ts` field, rolling restarts 5 s apart regardless of",
               "start-up, the S3 drill at 120 events/s (more batches than moto serves), a missing codec",
               "declaration counted as a failure. Poison-drill runs before 10:10 UTC were dropped: the DLQ was",
-              "read from partition 0 only.", ""]
+              "read from partition 0 only.",
+              "`main-1202` is main at 0415e92 on 2026-12-02 (checkout `/work/wt/h23`, main plus drills; its",
+              "`watchdog/` is main's 0415e92 in every run): the suite ran at 0415e92; `replicas-golden` and the",
+              "re-runs of `replicas-rebalance-zombie` and `redis-down-regression` at 841923e (the zombie's third",
+              "run with a6ea013's harness change uncommitted: the freeze waits until the restarted replica is",
+              "ready). Columns and rows are ordered by each tree's latest run, newest first.", ""]
     names = [n for n in DRILLS if any(r["drill"] == n for rs in runs.values() for r in rs)]
     lines += ["## Summary (latest run per tree)", "",
               "| drill | " + " | ".join(labels) + " |", "| --- |" + " --- |" * len(labels)]
