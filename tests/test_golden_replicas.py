@@ -10,14 +10,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from kafka.partitioner.default import murmur2
 
 from probes.golden_replay import replay
 from tests.daemon_harness import make_config, running_daemon
+from tests.drills.golden import routes_on_partitions
 from tests.helpers import wait_until
 from tests.test_golden_source import ANSWERS, GOLDEN_POLICY, mini_set
 from tests.test_replay import TableEngine
-from watchdog.core.events import partition_key
 from watchdog.core.keys import Keys
 from watchdog.core.signals import Signal, signal_from_dict, signal_to_dict
 from watchdog.state.golden_stream import GoldenStream
@@ -36,17 +35,6 @@ def broken_replay(root: Path, calls: list[str] | None = None):
         return replay(mini_set(root), TableEngine("fp8", ANSWERS, perturb=BROKEN), TableEngine("fp16", ANSWERS),
                       progress=False, repeat_baseline=False)
     return run
-
-
-def routes_on_partitions(nparts: int) -> dict[int, str]:
-    """One route name per partition, where Kafka's default partitioner puts ``m/<route>``."""
-    out: dict[int, str] = {}
-    i = 0
-    while len(out) < nparts:
-        name = f"g{i}"
-        out.setdefault((murmur2(partition_key(MODEL, name)) & 0x7FFFFFFF) % nparts, name)
-        i += 1
-    return out
 
 
 def create_topic(address: str, topic: str, partitions: int) -> None:
@@ -107,7 +95,7 @@ def test_the_stream_keeps_a_replay_whole_and_requests_are_taken_once(redis_clien
 def test_the_owner_of_a_route_flips_it_on_the_holders_replay(kafka_service, redis_service, redis_client, topic,
                                                             tmp_path: Path) -> None:
     create_topic(kafka_service.address, topic, 2)
-    on_part = routes_on_partitions(2)
+    on_part = dict(enumerate(routes_on_partitions(MODEL, 2)))
     routes = [on_part[0], on_part[1]]
     cfg_a = golden_cfg(kafka_service, redis_service, topic, tmp_path, "a", routes)
     cfg_b = golden_cfg(kafka_service, redis_service, topic, tmp_path, "b", routes)
@@ -148,7 +136,7 @@ def test_the_owner_of_a_route_flips_it_on_the_holders_replay(kafka_service, redi
 def test_a_replay_asked_for_on_another_replica_runs_on_the_holder(kafka_service, redis_service, redis_client,
                                                                  topic, tmp_path: Path) -> None:
     create_topic(kafka_service.address, topic, 2)
-    on_part = routes_on_partitions(2)
+    on_part = dict(enumerate(routes_on_partitions(MODEL, 2)))
     routes = [on_part[0], on_part[1]]
     cfg_a = golden_cfg(kafka_service, redis_service, topic, tmp_path, "a", routes)
     cfg_b = golden_cfg(kafka_service, redis_service, topic, tmp_path, "b", routes)
@@ -180,7 +168,7 @@ def test_a_replay_asked_for_on_another_replica_runs_on_the_holder(kafka_service,
 def test_a_restarted_owner_reads_the_stream_again_and_counts_each_replay_once(
         kafka_service, redis_service, redis_client, topic, tmp_path: Path) -> None:
     create_topic(kafka_service.address, topic, 2)
-    route = routes_on_partitions(2)[0]
+    route = routes_on_partitions(MODEL, 2)[0]
     cfg = golden_cfg(kafka_service, redis_service, topic, tmp_path, "a", [route], for_=2)
     stream = GoldenStream(redis_client, Keys(), cfg.kafka.group_id)
 
