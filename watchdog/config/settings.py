@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from watchdog.config import yamlpos
 from watchdog.config.yamlpos import PosDoc
 from watchdog.core import safe_yaml
+from watchdog.core.keys import cluster_prefix_problem
 from watchdog.core.model_keys import unknown_key_message
 from watchdog.core.signals import Severity
 
@@ -96,13 +97,23 @@ class KafkaConfig(_Section):
 
 
 class RedisConfig(_Section):
+    #: ``redis://``, ``rediss://``, ``unix://``, ``redis+sentinel://`` or ``redis+cluster://``
+    #: (watchdog/state/redis_conn.py)
     url: str = "redis://127.0.0.1:6379/0"
+    #: every key name starts with it; on Redis Cluster it must be a hash tag such as ``{llmwd}``
     prefix: str = "llmwd"
     socket_timeout_s: float = Field(2.0, gt=0)
     #: closed live windows kept in the ``{prefix}:windows`` stream (history for backtests, audits)
     windows_maxlen: int = Field(100_000, ge=0)
     #: seconds between two checkpoints of a partition that keeps receiving events
     checkpoint_every_s: float = Field(1.0, gt=0)
+
+    @model_validator(mode="after")
+    def _cluster_prefix_tagged(self) -> RedisConfig:
+        problem = cluster_prefix_problem(self.url, self.prefix)
+        if problem is not None:
+            raise ValueError(problem)
+        return self
 
 
 class WindowConfig(_Section):
