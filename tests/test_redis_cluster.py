@@ -332,3 +332,41 @@ def test_an_unreachable_cluster_is_a_connection_error() -> None:
         assert not reader.wait_ready(0.5)
         assert not reader.healthy and (reader.last_error or "").startswith("ClusterUnreachable")
         assert reader.precision_for("m", "r") == "fp8"
+
+
+def test_the_daemon_rolls_back_once_on_cluster(redis_cluster: Any, kafka_service: Any, topic: str,
+                                               tmp_path: Any, sink: Any) -> None:
+    """The whole daemon on the cluster: checkpoints, the flip with its page, the outbox's WATCH/MULTI,
+    evidence, the windows stream, all under one hash tag."""
+    from tests.daemon_harness import MODEL, make_config, running_daemon, traffic, write_policy
+    from tests.helpers import wait_until
+
+    s, sink_url = sink
+    keys = Keys("{e2e}")
+    cfg = make_config(kafka_service.address, 0, topic, write_policy(tmp_path / "p.yaml"), sink_url,
+                      redis={"url": redis_cluster.url, "prefix": keys.prefix, "socket_timeout_s": 0.5})
+    with running_daemon(cfg) as (daemon, _server), \
+            traffic(kafka_service.address, topic, ["legal/contracts", "support/chat"],
+                    daemon.flags.precision_for) as gen:
+        wait_until(lambda: daemon.stats.windows_closed >= 8, 30, what="windows to close")
+        gen.inject(MODEL, "legal/contracts", "quality")
+        wait_until(lambda: daemon.flags.precision_for(MODEL, "legal/contracts") == "fp16", 30)
+        closed = daemon.stats.windows_closed
+        wait_until(lambda: daemon.stats.windows_closed >= closed + 8, 30)
+        wait_until(lambda: any(r.path.endswith("webhook") and "legal/contracts" in json.dumps(r.body)
+                               for r in s.received), 10, what="the page")
+        problems = daemon.problems()
+    client = client_from_url(redis_cluster.url)
+    try:
+        store = FlagStore(client, keys)
+        assert [r["route"] for r in store.audit(100)] == ["legal/contracts"]
+        assert store.get(MODEL, "support/chat") is None
+        firing = [r.body for r in s.received if r.path.endswith("webhook") and "legal/contracts" in json.dumps(r.body)
+                  and r.body.get("status") == "firing"]
+        assert len(firing) == 1, firing
+        assert client.xlen(keys.windows) >= 10
+        ckpts = [k for k in client.scan_iter(match=f"{keys.prefix}:ckpt:*")]
+        assert ckpts and {client.keyslot(k) for k in ckpts} == {client.keyslot(keys.audit)}
+        assert not problems, problems
+    finally:
+        client.close()
