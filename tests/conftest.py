@@ -5,9 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from watchdog.dev.embedded import Service, find_redis_server, free_port, start_redis, start_tansu
+from watchdog.dev.embedded import ClusterUnsupported, Service, start_redis, start_redis_cluster, start_tansu
 
 
 @pytest.fixture(scope="session")
@@ -66,45 +64,13 @@ class RedisClusterNodes:
 def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterNodes]:
     """A Redis Cluster of 3 masters + 3 replicas (``redis-server --cluster-enabled yes``, joined by
     ``redis-cli --cluster create``), ready (``cluster_state:ok`` everywhere, replicas in sync)."""
-    import redis
-
-    server = find_redis_server()
-    cli = Path(server).with_name("redis-cli")
-    wd = tmp_path_factory.mktemp("redis-cluster")
-    nodes: list[Service] = []
     try:
-        for i in range(6):
-            port, bus = free_port(), free_port()
-            d = wd / str(i)
-            d.mkdir()
-            argv = [server, "--bind", "127.0.0.1", "--port", str(port), "--cluster-enabled", "yes",
-                    "--cluster-port", str(bus), "--cluster-config-file", str(d / "nodes.conf"),
-                    "--cluster-node-timeout", "3000", "--save", "", "--appendonly", "no", "--dir", str(d),
-                    "--daemonize", "no", "--protected-mode", "no"]
-            nodes.append(Service(f"redis-cluster-{i}", argv, port, d / "redis.log", workdir=d).start(10))
-        if "cluster_enabled:1" not in subprocess.run(  # noqa: S603
-                [str(cli), "-p", str(nodes[0].port), "info", "cluster"], capture_output=True, text=True).stdout:
-            pytest.skip("this redis-server has no cluster support (cluster_enabled:0)")
-        subprocess.run([str(cli), "--cluster", "create", *(n.address for n in nodes), "--cluster-replicas", "1",  # noqa: S603
-                        "--cluster-yes"], check=True, capture_output=True, timeout=60)
-        deadline = time.monotonic() + 30
-        clients = [redis.Redis(port=n.port, decode_responses=True, socket_timeout=5) for n in nodes]
-        while True:
-            infos = [dict(line.split(":", 1) for line in c.execute_command("CLUSTER", "INFO").split()
-                          if ":" in line) for c in clients]
-            replicas = [c.info("replication") for c in clients]
-            if (all(i["cluster_state"] == "ok" and int(i["cluster_known_nodes"]) == 6 for i in infos)
-                    and all(r.get("master_link_status", "up") == "up" for r in replicas)):
-                break
-            if time.monotonic() > deadline:
-                raise AssertionError(f"redis cluster not ready in 30 s: {infos}")
-            time.sleep(0.1)
-        for c in clients:
-            c.close()
-        yield RedisClusterNodes(nodes)
-    finally:
-        for n in nodes:
-            n.stop()
+        nodes = start_redis_cluster(tmp_path_factory.mktemp("redis-cluster"))
+    except ClusterUnsupported as exc:
+        pytest.skip(str(exc))
+    yield RedisClusterNodes(nodes)
+    for n in nodes:
+        n.stop()
 
 
 @pytest.fixture(scope="session")
