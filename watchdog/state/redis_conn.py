@@ -30,7 +30,8 @@ URL forms (``client_from_url``):
   number, a claim just takes a newer generation); a MULTI that appends to a stream is not, which
   is why the default stays 0. redis-py raises ``RedisClusterException`` (not a ``RedisError``)
   when no node answers; this client raises ``ClusterUnreachable``, a ``redis.ConnectionError``,
-  so callers see an outage as they do on one server.
+  so callers see an outage as they do on one server. The cluster client is built at its first
+  command (``LazyCluster``), so building one needs no reachable node.
   Example: ``redis+cluster://:s3cret@10.0.0.5:6379,10.0.0.6:6379``.
 
 Why ask again: redis-py's Sentinel pool only re-resolves the master when a connection breaks, and
@@ -52,6 +53,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -290,7 +292,43 @@ def _cluster_class() -> type:
     return WatchdogCluster
 
 
-def _cluster_client(url: str, common: dict[str, Any]) -> Any:
+class LazyCluster:
+    """A ``RedisCluster`` built at its first command: building one asks a node for the slot map, and
+    a daemon must start (and say ``redis`` in readiness) while no node answers, as it does with one
+    server. Until then a command raises ``ClusterUnreachable`` and the next one tries again."""
+
+    def __init__(self, build: Any, decode_responses: bool) -> None:
+        from redis.connection import Encoder
+
+        self._build = build
+        self._client: Any = None
+        self._lock = threading.Lock()
+        self._encoder = Encoder("utf-8", "strict", decode_responses)
+
+    def register_script(self, script: str) -> Any:
+        from redis.commands.core import Script
+
+        return Script(self, script)
+
+    def get_encoder(self) -> Any:
+        """What ``Script`` asks for: registering a script needs no node."""
+        return self._encoder
+
+    def _get(self) -> Any:
+        with self._lock:
+            if self._client is None:
+                self._client = self._build()
+            return self._client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._get(), name)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+
+def _cluster_client(url: str, common: dict[str, Any]) -> LazyCluster:
     from redis.backoff import ExponentialWithJitterBackoff
     from redis.cluster import ClusterNode
     from redis.exceptions import RedisClusterException
@@ -302,12 +340,16 @@ def _cluster_client(url: str, common: dict[str, Any]) -> Any:
         kwargs["ssl"] = True
         kwargs.update(target.ssl_options)
     cls = _cluster_class()
-    try:
-        return cls(startup_nodes=[ClusterNode(h, p) for h, p in target.nodes], username=target.username,
-                   password=target.password, retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5),
-                                                         target.retries), **kwargs)
-    except RedisClusterException as exc:
-        raise cls.unreachable(f"redis cluster at {redacted(url)}: {exc}") from exc
+
+    def build() -> Any:
+        try:
+            return cls(startup_nodes=[ClusterNode(h, p) for h, p in target.nodes], username=target.username,
+                       password=target.password, retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5),
+                                                             target.retries), **kwargs)
+        except RedisClusterException as exc:
+            raise cls.unreachable(f"redis cluster at {redacted(url)}: {exc}") from exc
+
+    return LazyCluster(build, bool(common.get("decode_responses")))
 
 
 def connection_is_current(client: Any, connection: Any) -> bool:
