@@ -308,7 +308,7 @@ class LazyCluster:
     def register_script(self, script: str) -> Any:
         from redis.commands.core import Script
 
-        return Script(self, script)
+        return Script(self, script)  # type: ignore[arg-type]  # it only needs get_encoder and the commands
 
     def get_encoder(self) -> Any:
         """What ``Script`` asks for: registering a script needs no node."""
@@ -339,7 +339,7 @@ def _cluster_client(url: str, common: dict[str, Any]) -> LazyCluster:
     if target.ssl:
         kwargs["ssl"] = True
         kwargs.update(target.ssl_options)
-    cls = _cluster_class()
+    cls: Any = _cluster_class()
 
     def build() -> Any:
         try:
