@@ -132,6 +132,12 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, max(0, int(round(q * len(xs) + 0.5)) - 1))]
 
 
+def server_cpu(client: Any) -> float:
+    """CPU seconds the Redis server(s) used so far (every master of a cluster)."""
+    servers = [client.get_redis_connection(n) for n in client.get_primaries()] if args.cluster else [client]
+    return sum(float(s.info("cpu")["used_cpu_sys"]) + float(s.info("cpu")["used_cpu_user"]) for s in servers)
+
+
 def run_size(n_routes: int, url: str, prefix: str) -> dict[str, Any]:
     from watchdog.state.redis_conn import client_from_url
 
@@ -225,6 +231,7 @@ def run_size(n_routes: int, url: str, prefix: str) -> dict[str, Any]:
         _b, off_loop, off_wall = save_all(True, True)
         out.update(full_off_loop=off_loop, full_off_wall=off_wall)
     steady_bytes, steady_loop, steady_wall = [], [], []
+    cpu0 = server_cpu(client)
     n_active = max(1, int(n_routes * args.active))
     for k in range(args.rounds):
         active = routes[(k * n_active) % n_routes:][:n_active]
@@ -235,6 +242,7 @@ def run_size(n_routes: int, url: str, prefix: str) -> dict[str, Any]:
         steady_bytes.append(b)
         steady_loop.extend(loop)
         steady_wall.append(wall)
+    steady_cpu = (server_cpu(client) - cpu0) / args.rounds
     mem = sum(client.memory_usage(k) or 0 for k in client.scan_iter(match=f"{cfg.redis.prefix}:ckpt:*"))
     mem += sum(client.memory_usage(k) or 0 for k in client.scan_iter(match=f"{cfg.redis.prefix}:engine:*",
                                                                         count=1000))
@@ -246,7 +254,8 @@ def run_size(n_routes: int, url: str, prefix: str) -> dict[str, Any]:
     client.close()
     return {**out, "routes": n_routes, "fill_s": fill_s, "full_bytes": full_bytes, "full_loop": full_loop,
             "full_wall": full_wall, "steady_bytes": statistics.median(steady_bytes), "steady_loop": steady_loop,
-            "steady_wall": statistics.median(steady_wall), "redis_bytes": mem, "per_node": per_node}
+            "steady_wall": statistics.median(steady_wall), "redis_bytes": mem, "per_node": per_node,
+            "steady_cpu": steady_cpu}
 
 
 def main() -> int:
@@ -276,13 +285,15 @@ def main() -> int:
             f"{pct(r['steady_loop'], 0.5) * 1e3:.1f} / {pct(r['steady_loop'], 0.99) * 1e3:.1f}",
             f"{r['steady_wall'] * 1e3:,.1f}",
             f"{r['redis_bytes'] / 1e6:.1f} MB",
+            f"{r['steady_cpu'] * 1e3:.1f}",
         ])
     print(f"\ncheckpoint scale: {args.parts} partitions, {args.events} events per window and precision, "
           f"{args.judged} windows judged, {args.active:.0%} active, {args.rounds} steady rounds; "
           f"code {Path(watchdog.__file__).parent}")
     print(table(["routes", "full bytes", "full on the loop: loop ms all / max part / wall ms",
                  "full, writer thread: loop ms all / max part / wall ms", "steady bytes", "steady / full",
-                 "steady loop ms per part save p50 / p99", "steady wall ms", "Redis memory"], rows))
+                 "steady loop ms per part save p50 / p99", "steady wall ms", "Redis memory",
+                 "Redis CPU ms per steady round"], rows))
     for r in results:
         if r["per_node"]:
             print(f"{r['routes']:,} routes, per master (keys, used_memory): "
