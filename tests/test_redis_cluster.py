@@ -77,6 +77,17 @@ def test_every_key_of_a_deployment_maps_to_one_slot(redis_cluster: Any) -> None:
         assert len(slots) == 1
         # the reason for the rule: without a tag the same deployment spreads over many slots
         assert len({client.keyslot(k) for k in _every_key(Keys("llmwd"))}) > 5
+        # what the evidence trim sends: one MULTI deleting several keys of the tag
+        keys = Keys("{llmwd}")
+        client.set(keys.evidence("a"), "1")
+        client.set(keys.evidence("b"), "2")
+        pipe = client.pipeline(transaction=True)
+        pipe.zrem(keys.evidence_index, "a", "b")
+        pipe.delete(keys.evidence("a"), keys.evidence("b"))
+        assert pipe.execute() == [0, 2]
+        # keys of two slots: a RedisError the callers report (redis-py's own exception is none)
+        with pytest.raises(redis.ResponseError, match="same key slot"):
+            client.mget(["{a}:x", "{b}:y"])
     finally:
         client.close()
 

@@ -30,7 +30,8 @@ URL forms (``client_from_url``):
   number, a claim just takes a newer generation); a MULTI that appends to a stream is not, which
   is why the default stays 0. redis-py raises ``RedisClusterException`` (not a ``RedisError``)
   when no node answers; this client raises ``ClusterUnreachable``, a ``redis.ConnectionError``,
-  so callers see an outage as they do on one server. The cluster client is built at its first
+  so callers see an outage as they do on one server (and ``ClusterRefused``, a ``ResponseError``,
+  for a transaction redis-py will not send, such as keys of two slots). The cluster client is built at its first
   command (``LazyCluster``), so building one needs no reachable node.
   Example: ``redis+cluster://:s3cret@10.0.0.5:6379,10.0.0.6:6379``.
 
@@ -260,11 +261,16 @@ def _sentinel_class() -> type:
 def _cluster_class() -> type:
     import redis
     from redis.cluster import RedisCluster
-    from redis.exceptions import RedisClusterException
+    from redis.exceptions import CrossSlotTransactionError, InvalidPipelineStack, RedisClusterException
 
     class ClusterUnreachable(redis.ConnectionError):
-        """No node of the cluster answered (redis-py's ``RedisClusterException``, which is no
-        ``RedisError``, as the ``ConnectionError`` every caller already handles)."""
+        """No node of the cluster answered, or none serves the slot (redis-py's own
+        ``RedisClusterException``, which is no ``RedisError``, as the ``ConnectionError`` every
+        caller already handles)."""
+
+    class ClusterRefused(redis.ResponseError):
+        """A command redis-py refuses to send in cluster mode (keys of two slots in one
+        transaction, ...): a ``RedisError`` too, so it is reported, not a crash."""
 
     def mapped(call: Any) -> Any:
         @functools.wraps(call)
@@ -272,7 +278,9 @@ def _cluster_class() -> type:
             try:
                 return call(*args, **kwargs)
             except RedisClusterException as exc:
-                raise ClusterUnreachable(f"redis cluster: {exc}") from exc
+                # redis-py raises the bare class for both "no node answers" and "keys of two slots"
+                refused = isinstance(exc, CrossSlotTransactionError | InvalidPipelineStack) or "same key slot" in str(exc)
+                raise (ClusterRefused if refused else ClusterUnreachable)(f"redis cluster: {exc}") from exc
         return run
 
     class WatchdogCluster(RedisCluster):
