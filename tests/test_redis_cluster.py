@@ -19,7 +19,7 @@ from watchdog.actuation.actuator import Actuator, FlagStore, FlipExtras
 from watchdog.actuation.routing import RoutingFlags
 from watchdog.cli.flags import add_flags_commands
 from watchdog.config.redact import redacted
-from watchdog.config.settings import Config
+from watchdog.config.settings import Config, ConfigError, load_config
 from watchdog.core.keys import Keys, cluster_prefix_problem, hash_tag
 from watchdog.core.signals import Action
 from watchdog.state.checkpoint import DUPLICATE, FENCED, SAVED, CheckpointStore, PendingSave
@@ -57,6 +57,10 @@ def test_prefix_needs_a_hash_tag() -> None:
     assert problem is not None and "'{llmwd}'" in problem
     with pytest.raises(ValueError, match="has no hash tag"):
         Config.model_validate({"redis": {"url": url, "prefix": "llmwd"}})
+    with pytest.raises(ConfigError, match=r"redis\.prefix: .*use prefix '\{llmwd\}'"):  # the default prefix too
+        load_config(None, env={"LLMWD_REDIS__URL": url})
+    # a value starting with "{" is JSON in the environment: the tag is written as a JSON string
+    assert load_config(None, env={"LLMWD_REDIS__URL": url, "LLMWD_REDIS__PREFIX": '"{llmwd}"'}).redis.prefix == "{llmwd}"
     with pytest.raises(ValueError, match="has no hash tag"):
         RoutingFlags(url, Keys("llmwd"), start=False)
     target = parse_cluster_url("rediss+cluster://u:s3cret@10.0.0.5:6379,10.0.0.6?retries=2&ssl_ca_certs=/ca.pem")

@@ -10,7 +10,8 @@ Environment overrides (they win over the file) use ``__`` between levels:
 - ``LLMWD_KAFKA__BOOTSTRAP_SERVERS=host:9092`` sets one key; the other keys of ``kafka`` stay;
 - a value starting with ``{`` or ``[`` is JSON and **replaces** the whole value at that path:
   ``LLMWD_KAFKA__SECURITY='{}'`` clears the file's ``security`` mapping,
-  ``LLMWD_POLICIES='["/etc/p/a.yaml"]'`` replaces the list;
+  ``LLMWD_POLICIES='["/etc/p/a.yaml"]'`` replaces the list; so is one starting with ``"`` (a JSON
+  string: ``LLMWD_REDIS__PREFIX='"{llmwd}"'`` for a Redis Cluster hash-tag prefix);
 - deeper variables merge: ``LLMWD_KAFKA__SECURITY__SASL_MECHANISM=PLAIN`` changes one key.
 
 Errors name the file, line and column of the bad value (or the environment variable).
@@ -26,7 +27,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from watchdog.config import yamlpos
 from watchdog.config.yamlpos import PosDoc
@@ -101,19 +110,20 @@ class RedisConfig(_Section):
     #: (watchdog/state/redis_conn.py)
     url: str = "redis://127.0.0.1:6379/0"
     #: every key name starts with it; on Redis Cluster it must be a hash tag such as ``{llmwd}``
-    prefix: str = "llmwd"
+    prefix: str = Field("llmwd", validate_default=True)
     socket_timeout_s: float = Field(2.0, gt=0)
     #: closed live windows kept in the ``{prefix}:windows`` stream (history for backtests, audits)
     windows_maxlen: int = Field(100_000, ge=0)
     #: seconds between two checkpoints of a partition that keeps receiving events
     checkpoint_every_s: float = Field(1.0, gt=0)
 
-    @model_validator(mode="after")
-    def _cluster_prefix_tagged(self) -> RedisConfig:
-        problem = cluster_prefix_problem(self.url, self.prefix)
+    @field_validator("prefix")
+    @classmethod
+    def _cluster_prefix_tagged(cls, prefix: str, info: ValidationInfo) -> str:
+        problem = cluster_prefix_problem(str(info.data.get("url", "")), prefix)
         if problem is not None:
             raise ValueError(problem)
-        return self
+        return prefix
 
 
 class WindowConfig(_Section):
@@ -394,7 +404,7 @@ def env_overrides(env: Mapping[str, str]) -> tuple[list[tuple[tuple[str, ...], A
             continue
         raw = env[var]
         value: Any = raw
-        if raw.lstrip()[:1] in ("{", "["):
+        if raw.lstrip()[:1] in ("{", "[", '"'):
             try:
                 value = json.loads(raw)
             except ValueError as exc:
