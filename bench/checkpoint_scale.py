@@ -132,10 +132,11 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, max(0, int(round(q * len(xs) + 0.5)) - 1))]
 
 
-def server_cpu(client: Any) -> float:
-    """CPU seconds the Redis server(s) used so far (every master of a cluster)."""
-    servers = [client.get_redis_connection(n) for n in client.get_primaries()] if args.cluster else [client]
-    return sum(float(s.info("cpu")["used_cpu_sys"]) + float(s.info("cpu")["used_cpu_user"]) for s in servers)
+def server_cpu(client: Any, key: str) -> float:
+    """CPU seconds the Redis server holding ``key`` used so far (on a cluster: the master of its slot)."""
+    server = client.get_redis_connection(client.get_node_from_key(key)) if args.cluster else client
+    cpu = server.info("cpu")
+    return float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"])
 
 
 def run_size(n_routes: int, url: str, prefix: str) -> dict[str, Any]:
@@ -231,7 +232,7 @@ def run_size(n_routes: int, url: str, prefix: str) -> dict[str, Any]:
         _b, off_loop, off_wall = save_all(True, True)
         out.update(full_off_loop=off_loop, full_off_wall=off_wall)
     steady_bytes, steady_loop, steady_wall = [], [], []
-    cpu0 = server_cpu(client)
+    cpu0 = server_cpu(client, keys.audit)
     n_active = max(1, int(n_routes * args.active))
     for k in range(args.rounds):
         active = routes[(k * n_active) % n_routes:][:n_active]
@@ -242,7 +243,7 @@ def run_size(n_routes: int, url: str, prefix: str) -> dict[str, Any]:
         steady_bytes.append(b)
         steady_loop.extend(loop)
         steady_wall.append(wall)
-    steady_cpu = (server_cpu(client) - cpu0) / args.rounds
+    steady_cpu = (server_cpu(client, keys.audit) - cpu0) / args.rounds
     mem = sum(client.memory_usage(k) or 0 for k in client.scan_iter(match=f"{cfg.redis.prefix}:ckpt:*"))
     mem += sum(client.memory_usage(k) or 0 for k in client.scan_iter(match=f"{cfg.redis.prefix}:engine:*",
                                                                         count=1000))
