@@ -389,3 +389,49 @@ def test_the_daemon_rolls_back_once_on_cluster(redis_cluster: Any, kafka_service
         assert not problems, problems
     finally:
         client.close()
+
+
+def test_a_killed_master_fails_over_and_the_flips_go_on(redis_cluster: Any) -> None:
+    """SIGKILL of the tag's master: the replica takes over after ``cluster-node-timeout`` (3 s here);
+    meanwhile flips stay pending in the Actuator (a ``ConnectionError``, then ``CLUSTERDOWN``), then
+    go on. Replication is asynchronous, so a flip acknowledged just before the kill may be lost: then
+    the next decision is refused as stale, re-read and applied. No flip is ever written twice. Runs
+    last: the killed node stays down."""
+    keys = Keys("{killed}")
+    probe = client_from_url(redis_cluster.url)
+    slot = probe.keyslot(keys.audit)
+    probe.close()
+    port, _ = _slot_owner(redis_cluster, slot)
+    victim = next(node for node in redis_cluster.nodes if node.port == port)
+    replica = next(node.port for node in redis_cluster.nodes if node.port != port
+                   and redis_cluster.client(node.port).info("replication").get("master_port") == port)
+    took: list[float] = []
+
+    def kill() -> None:
+        t = time.monotonic()
+        assert victim.proc is not None
+        victim.proc.kill()
+        c = redis_cluster.client(replica)
+        _wait("replica promoted", lambda: c.info("replication")["role"] == "master", 20)
+        took.append(time.monotonic() - t)
+        c.close()
+
+    with RoutingFlags(redis_cluster.url, keys, ttl_s=60, poll_s=0.01, reconnect_s=0.1) as reader:
+        assert reader.wait_ready(5)
+        n, seconds = _flip_stream(redis_cluster.url, keys, kill, before=20, after=10)
+        assert _slot_owner(redis_cluster, slot)[0] == replica
+        client = client_from_url(redis_cluster.url)
+        audit = client.xrange(keys.audit)
+        epochs = [int(f["epoch"]) for _, f in audit]
+        decisions = [int(f["reason"].split()[-1]) for _, f in audit]
+        assert epochs == list(range(1, len(epochs) + 1))  # none twice, none skipped
+        assert decisions == sorted(set(decisions)) and decisions[-1] == n - 1  # each once, in order, the last one in
+        assert len(decisions) >= n - 2  # at most the flips in flight at the kill are lost
+        assert client.hget(keys.route("m", "r"), "precision") == ("fp16" if (n - 1) % 2 == 0 else "fp8")
+        pages = [json.loads(f["json"])["decision"] for _, f in client.xrange(keys.outbox)]
+        assert len(pages) == len(set(pages))  # no page twice
+        client.close()
+        _wait("reader serves the last flip", lambda: (f := reader.flag("m", "r")) is not None
+              and f.epoch == len(epochs), 10)
+    print(f"killed master: replica promoted after {took[0]:.2f} s, {n} decisions in {seconds:.2f} s, "
+          f"{n - len(decisions)} lost to asynchronous replication, reader reloads {reader.reloads}")
