@@ -22,6 +22,7 @@ from watchdog.config.redact import redacted
 from watchdog.config.settings import Config, ConfigError, load_config
 from watchdog.core.keys import Keys, cluster_prefix_problem, hash_tag
 from watchdog.core.signals import Action
+from watchdog.gateway.config import GatewayConfigError, load_gateway_config
 from watchdog.state.checkpoint import DUPLICATE, FENCED, SAVED, CheckpointStore, PendingSave
 from watchdog.state.redis_conn import client_from_url, parse_cluster_url
 
@@ -63,6 +64,9 @@ def test_prefix_needs_a_hash_tag() -> None:
     assert load_config(None, env={"LLMWD_REDIS__URL": url, "LLMWD_REDIS__PREFIX": '"{llmwd}"'}).redis.prefix == "{llmwd}"
     with pytest.raises(ValueError, match="has no hash tag"):
         RoutingFlags(url, Keys("llmwd"), start=False)
+    with pytest.raises(GatewayConfigError, match=r"redis_prefix: .*use prefix '\{llmwd\}'"):  # the gateway's
+        load_gateway_config(None, env={}, redis_url=url)
+    assert load_gateway_config(None, env={}, redis_url=url, redis_prefix="{llmwd}").redis_prefix == "{llmwd}"
     target = parse_cluster_url("rediss+cluster://u:s3cret@10.0.0.5:6379,10.0.0.6?retries=2&ssl_ca_certs=/ca.pem")
     assert target.nodes == (("10.0.0.5", 6379), ("10.0.0.6", 6379)) and target.password == "s3cret"
     assert target.ssl and target.retries == 2 and target.ssl_options == {"ssl_ca_certs": "/ca.pem"}
