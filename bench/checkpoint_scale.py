@@ -20,6 +20,11 @@ Measured, in one run, per size:
 
     .venv/bin/python bench/checkpoint_scale.py [--sizes 100,1000,10000] [--rounds 20]
     .venv/bin/python bench/checkpoint_scale.py --code /path/to/other/checkout      # the old code
+    .venv/bin/python bench/checkpoint_scale.py --cluster   # a 3-master Redis Cluster, prefix {llmwd}
+
+With ``--cluster`` the same saves go to a Redis Cluster of 3 masters (no replicas) under the hash-tag
+prefix ``{llmwd}``; the keys and memory each master holds are printed after the table (one master
+holds the deployment: docs/ROUTING.md, "Redis Cluster").
 """
 
 from __future__ import annotations
@@ -40,20 +45,20 @@ ap.add_argument("--events", type=int, default=40, help="events per window and pr
 ap.add_argument("--judged", type=int, default=2, help="windows closed and judged per route before the saves")
 ap.add_argument("--active", type=float, default=0.01, help="share of routes active between steady saves")
 ap.add_argument("--rounds", type=int, default=20)
+ap.add_argument("--cluster", action="store_true", help="a 3-master Redis Cluster, prefix {llmwd}")
 ap.add_argument("--code", default=str(Path(__file__).resolve().parent.parent), help="checkout to import")
 args = ap.parse_args()
 sys.path.insert(0, args.code)  # the watchdog package measured
 sys.path.append(str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import redis  # noqa: E402
 from common import ROOT, machine_note, table  # noqa: E402
 
 from watchdog.config.settings import load_config  # noqa: E402
 from watchdog.core.events import InferenceEvent, decode_event  # noqa: E402
 from watchdog.core.keys import Keys  # noqa: E402
 from watchdog.core.metrics import Metrics  # noqa: E402
-from watchdog.dev.embedded import start_redis  # noqa: E402
+from watchdog.dev.embedded import start_redis, start_redis_cluster  # noqa: E402
 from watchdog.ingest.eventtime import Watermarks  # noqa: E402
 from watchdog.policy import PolicyEngine  # noqa: E402
 from watchdog.policy.loader import load_policy_files  # noqa: E402
@@ -127,12 +132,21 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, max(0, int(round(q * len(xs) + 0.5)) - 1))]
 
 
-def run_size(n_routes: int, url: str) -> dict[str, Any]:
+def server_cpu(client: Any, key: str) -> float:
+    """CPU seconds the Redis server holding ``key`` used so far (on a cluster: the master of its slot)."""
+    server = client.get_redis_connection(client.get_node_from_key(key)) if args.cluster else client
+    cpu = server.info("cpu")
+    return float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"])
+
+
+def run_size(n_routes: int, url: str, prefix: str) -> dict[str, Any]:
+    from watchdog.state.redis_conn import client_from_url
+
     rng = random.Random(n_routes)
-    client = redis.Redis.from_url(url)
+    client = client_from_url(url, timeout_s=60, decode_responses=False)
     client.flushall()
     cfg = load_config(None, **{"policies": [str(ROOT / "policies" / "default.yaml")],
-                               "kafka": {"topic": TOPIC, "group_id": GROUP}, "redis": {"url": url},
+                               "kafka": {"topic": TOPIC, "group_id": GROUP}, "redis": {"url": url, "prefix": prefix},
                                "server": {"port": 0}, "instance": "scale"})
     keys = Keys(cfg.redis.prefix)
     store = CheckpointStore(client, keys, GROUP, TOPIC, "scale", cfg.redis.windows_maxlen)
@@ -218,6 +232,7 @@ def run_size(n_routes: int, url: str) -> dict[str, Any]:
         _b, off_loop, off_wall = save_all(True, True)
         out.update(full_off_loop=off_loop, full_off_wall=off_wall)
     steady_bytes, steady_loop, steady_wall = [], [], []
+    cpu0 = server_cpu(client, keys.audit)
     n_active = max(1, int(n_routes * args.active))
     for k in range(args.rounds):
         active = routes[(k * n_active) % n_routes:][:n_active]
@@ -228,24 +243,36 @@ def run_size(n_routes: int, url: str) -> dict[str, Any]:
         steady_bytes.append(b)
         steady_loop.extend(loop)
         steady_wall.append(wall)
+    steady_cpu = (server_cpu(client, keys.audit) - cpu0) / args.rounds
     mem = sum(client.memory_usage(k) or 0 for k in client.scan_iter(match=f"{cfg.redis.prefix}:ckpt:*"))
     mem += sum(client.memory_usage(k) or 0 for k in client.scan_iter(match=f"{cfg.redis.prefix}:engine:*",
                                                                         count=1000))
+    per_node = {}
+    if args.cluster:  # where the deployment's bytes live
+        for node in client.get_primaries():
+            r = client.get_redis_connection(node)
+            per_node[node.port] = (r.dbsize(), r.info("memory")["used_memory"])
     client.close()
     return {**out, "routes": n_routes, "fill_s": fill_s, "full_bytes": full_bytes, "full_loop": full_loop,
             "full_wall": full_wall, "steady_bytes": statistics.median(steady_bytes), "steady_loop": steady_loop,
-            "steady_wall": statistics.median(steady_wall), "redis_bytes": mem}
+            "steady_wall": statistics.median(steady_wall), "redis_bytes": mem, "per_node": per_node,
+            "steady_cpu": steady_cpu}
 
 
 def main() -> int:
     import watchdog
 
-    svc = start_redis(appendonly=False)
+    if args.cluster:
+        nodes = start_redis_cluster(masters=3, replicas=0)
+        url, prefix = "redis+cluster://" + ",".join(n.address for n in nodes), "{llmwd}"
+    else:
+        nodes = [start_redis(appendonly=False)]
+        url, prefix = f"redis://127.0.0.1:{nodes[0].port}/0", "llmwd"
     try:
-        url = f"redis://127.0.0.1:{svc.port}/0"
-        results = [run_size(int(n), url) for n in args.sizes.split(",")]
+        results = [run_size(int(n), url, prefix) for n in args.sizes.split(",")]
     finally:
-        svc.stop()
+        for node in nodes:
+            node.stop()
     rows = []
     for r in results:
         ms = lambda xs: f"{sum(xs) * 1e3:,.0f} / {max(xs) * 1e3:,.0f}"  # noqa: E731
@@ -259,13 +286,21 @@ def main() -> int:
             f"{pct(r['steady_loop'], 0.5) * 1e3:.1f} / {pct(r['steady_loop'], 0.99) * 1e3:.1f}",
             f"{r['steady_wall'] * 1e3:,.1f}",
             f"{r['redis_bytes'] / 1e6:.1f} MB",
+            f"{r['steady_cpu'] * 1e3:.1f}",
         ])
     print(f"\ncheckpoint scale: {args.parts} partitions, {args.events} events per window and precision, "
           f"{args.judged} windows judged, {args.active:.0%} active, {args.rounds} steady rounds; "
           f"code {Path(watchdog.__file__).parent}")
     print(table(["routes", "full bytes", "full on the loop: loop ms all / max part / wall ms",
                  "full, writer thread: loop ms all / max part / wall ms", "steady bytes", "steady / full",
-                 "steady loop ms per part save p50 / p99", "steady wall ms", "Redis memory"], rows))
+                 "steady loop ms per part save p50 / p99", "steady wall ms", "Redis memory",
+                 "Redis CPU ms per steady round"], rows))
+    for r in results:
+        if r["per_node"]:
+            print(f"{r['routes']:,} routes, per master (keys, used_memory): "
+                  + ", ".join(f"{port}: {keys:,} keys, {mem / 1e6:.1f} MB" for port, (keys, mem)
+                              in sorted(r["per_node"].items())))
+    print(f"redis: {url}, prefix {prefix}")
     print(machine_note())
     return 0
 

@@ -8,12 +8,13 @@ import os
 import sys
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from watchdog.dev.embedded import Service, start_redis, start_tansu
+from watchdog.dev.embedded import ClusterUnsupported, Service, start_redis, start_redis_cluster, start_tansu
 
 
 @pytest.fixture(scope="session")
@@ -41,6 +42,35 @@ def own_redis(tmp_path: Path) -> Iterator[Service]:
     svc = start_redis(workdir=tmp_path / "redis")
     yield svc
     svc.stop()
+
+
+@dataclass
+class RedisClusterNodes:
+    """Three masters and three replicas of one Redis Cluster on loopback ports."""
+
+    nodes: list[Service]
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(n.address for n in self.nodes[:3])
+
+    def client(self, port: int) -> Any:
+        import redis
+
+        return redis.Redis(port=port, decode_responses=True, socket_timeout=5)
+
+
+@pytest.fixture(scope="module")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterNodes]:
+    """A Redis Cluster of 3 masters + 3 replicas (``redis-server --cluster-enabled yes``, joined by
+    ``redis-cli --cluster create``), ready (``cluster_state:ok`` everywhere, replicas in sync)."""
+    try:
+        nodes = start_redis_cluster(tmp_path_factory.mktemp("redis-cluster"))
+    except ClusterUnsupported as exc:
+        pytest.skip(str(exc))
+    yield RedisClusterNodes(nodes)
+    for n in nodes:
+        n.stop()
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,11 @@ reloads everything after each (re)connect and every ``ttl_s`` seconds as a safet
 is unreachable the cache keeps the last known values; a route never seen gets
 ``default_precision``. ``redis_url`` may name a Sentinel-managed master
 (``redis+sentinel://h1:26379,h2:26379/<service>/<db>``, see ``watchdog.state.redis_conn``): each
-reconnect asks the sentinels again, so the reader follows a failover. Contract: docs/ROUTING.md.
+reconnect asks the sentinels again, so the reader follows a failover. It may name a Redis Cluster
+(``redis+cluster://h1:6379,h2:6379``, prefix a hash tag such as ``{llmwd}``): the subscription is
+on the node serving the channel's slot, and a plain PUBLISH reaches every node of a cluster, so
+the reader keeps hearing changes after a failover or a slot migration (a node that goes away
+breaks the subscription, and the reader reconnects and reloads). Contract: docs/ROUTING.md.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Any
 
 import redis
 
-from watchdog.core.keys import Flag, Keys, text
+from watchdog.core.keys import Flag, Keys, cluster_prefix_problem, text
 from watchdog.state.redis_conn import client_from_url, connection_is_current
 
 log = logging.getLogger(__name__)
@@ -51,6 +55,9 @@ class RoutingFlags:
             client_factory = lambda: client_from_url(url, timeout_s=timeout_s)  # noqa: E731
         self._factory = client_factory
         self.keys = keys or Keys()
+        problem = None if redis_url is None else cluster_prefix_problem(redis_url, self.keys.prefix)
+        if problem is not None:
+            raise ValueError(problem)
         self.default_precision = default_precision
         self.ttl_s = ttl_s
         self.full_reload_s = full_reload_s

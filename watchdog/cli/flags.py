@@ -41,7 +41,7 @@ from watchdog.core.argtypes import (
     positive_int,
     route_name,
 )
-from watchdog.core.keys import Flag, Keys
+from watchdog.core.keys import Flag, Keys, cluster_prefix_problem
 from watchdog.state.redis_conn import client_from_url
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -214,6 +214,9 @@ def _settings(args: argparse.Namespace) -> Config:
     args.redis_url = (args.redis_url or os.environ.get(REDIS_URL_VAR) or os.environ.get(LEGACY_REDIS_URL_VAR)
                       or cfg.redis.url)
     args.prefix = args.prefix or cfg.redis.prefix
+    problem = cluster_prefix_problem(args.redis_url, args.prefix)
+    if problem is not None:
+        raise _UsageError(f"{problem} (--prefix)")
     if getattr(args, "precision", None) is not None:
         precision = args.precision.strip().lower()
         if precision not in cfg.precisions:

@@ -10,7 +10,8 @@ Environment overrides (they win over the file) use ``__`` between levels:
 - ``LLMWD_KAFKA__BOOTSTRAP_SERVERS=host:9092`` sets one key; the other keys of ``kafka`` stay;
 - a value starting with ``{`` or ``[`` is JSON and **replaces** the whole value at that path:
   ``LLMWD_KAFKA__SECURITY='{}'`` clears the file's ``security`` mapping,
-  ``LLMWD_POLICIES='["/etc/p/a.yaml"]'`` replaces the list;
+  ``LLMWD_POLICIES='["/etc/p/a.yaml"]'`` replaces the list; so is one starting with ``"`` (a JSON
+  string: ``LLMWD_REDIS__PREFIX='"{llmwd}"'`` for a Redis Cluster hash-tag prefix);
 - deeper variables merge: ``LLMWD_KAFKA__SECURITY__SASL_MECHANISM=PLAIN`` changes one key.
 
 Errors name the file, line and column of the bad value (or the environment variable).
@@ -23,11 +24,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from watchdog.config.yamlfile import ConfigError as ConfigError
 from watchdog.config.yamlfile import env_value, read_config_file, set_path, validate
 from watchdog.config.yamlpos import PosDoc
+from watchdog.core.keys import cluster_prefix_problem
 from watchdog.core.signals import Severity
 
 ENV_PREFIX = "LLMWD_"
@@ -92,13 +94,24 @@ class KafkaConfig(_Section):
 
 
 class RedisConfig(_Section):
+    #: ``redis://``, ``rediss://``, ``unix://``, ``redis+sentinel://`` or ``redis+cluster://``
+    #: (watchdog/state/redis_conn.py)
     url: str = "redis://127.0.0.1:6379/0"
-    prefix: str = "llmwd"
+    #: every key name starts with it; on Redis Cluster it must be a hash tag such as ``{llmwd}``
+    prefix: str = Field("llmwd", validate_default=True)
     socket_timeout_s: float = Field(2.0, gt=0)
     #: closed live windows kept in the ``{prefix}:windows`` stream (history for backtests, audits)
     windows_maxlen: int = Field(100_000, ge=0)
     #: seconds between two checkpoints of a partition that keeps receiving events
     checkpoint_every_s: float = Field(1.0, gt=0)
+
+    @field_validator("prefix")
+    @classmethod
+    def _cluster_prefix_tagged(cls, prefix: str, info: ValidationInfo) -> str:
+        problem = cluster_prefix_problem(str(info.data.get("url", "")), prefix)
+        if problem is not None:
+            raise ValueError(problem)
+        return prefix
 
 
 class WindowConfig(_Section):

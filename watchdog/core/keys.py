@@ -5,8 +5,9 @@ This is the one module that spells key names. Writers (``watchdog.actuation.actu
 ``Keys`` built on the same prefix, so two deployments can share one Redis under two prefixes.
 
 It also holds ``Flag``, the parsed form of one route hash, because the hash fields are part of the
-layout, and ``client_from_url``, the connection settings both sides use (short timeouts, no
-client-side retry loop: callers decide what a Redis outage means).
+layout. On Redis Cluster (``redis+cluster://`` URLs, ``watchdog.state.redis_conn``) the prefix must
+be a hash tag such as ``{llmwd}``: every key of a deployment then maps to one slot, so each Lua
+script and MULTI (route hash + audit + owner token + engine state + outbox) runs on one shard.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from typing import Any
 
 #: Version of the JSON records this module's writers produce (audit records, pub/sub messages).
 SCHEMA_VERSION = 1
+
+#: URL schemes of a Redis Cluster (``watchdog.state.redis_conn`` builds the client)
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 
 #: Fields of a route hash, in display order. ``pinned_until`` is present only while pinned (or
 #: until the next write after a pin expired).
@@ -28,6 +32,32 @@ def key_part(name: str) -> str:
     model ``llama3:8b`` + route ``chat`` and model ``llama3`` + route ``8b:chat`` name two keys.
     Names without either character are unchanged."""
     return name.replace("%", "%25").replace(":", "%3A")
+
+
+def is_cluster_url(url: str) -> bool:
+    return url.split("://", 1)[0].lower() in CLUSTER_SCHEMES
+
+
+def hash_tag(prefix: str) -> str | None:
+    """The part Redis Cluster hashes for every key under ``prefix``: the text between the first
+    ``{`` and the next ``}``, when that is inside the prefix and not empty; else None (each key
+    would then hash whole, and model or route names would spread one deployment over slots)."""
+    start = prefix.find("{")
+    end = prefix.find("}", start + 1) if start >= 0 else -1
+    if start < 0 or end <= start + 1:
+        return None
+    return prefix[start + 1:end]
+
+
+def cluster_prefix_problem(url: str, prefix: str) -> str | None:
+    """Why ``prefix`` cannot serve with ``url`` (None when it can): on a Redis Cluster a prefix
+    without a hash tag would spread one deployment's keys over slots, and its scripts would fail
+    with CROSSSLOT."""
+    if not is_cluster_url(url) or hash_tag(prefix) is not None:
+        return None
+    bare = prefix.replace("{", "").replace("}", "") or "llmwd"
+    return (f"redis prefix {prefix!r} has no hash tag, which a Redis Cluster URL needs (every key of "
+            f"a deployment must map to one slot): use prefix '{{{bare}}}'")
 
 
 @dataclass(frozen=True, slots=True)

@@ -164,3 +164,53 @@ def start_redis(port: int | None = None, workdir: Path | None = None, appendonly
             "--appendonly", "yes" if appendonly else "no", "--appendfsync", "always",
             "--dir", str(wd), "--daemonize", "no", "--protected-mode", "no"]
     return Service("redis", argv, port, wd / "redis.log", workdir=wd).start(timeout)
+
+
+class ClusterUnsupported(ServiceError):
+    """This redis-server was built without cluster support."""
+
+
+def start_redis_cluster(workdir: Path | None = None, masters: int = 3, replicas: int = 1,
+                        timeout: float = 30.0) -> list[Service]:
+    """Start a Redis Cluster on loopback: ``masters`` x (1 + ``replicas``) ``redis-server
+    --cluster-enabled yes`` joined with ``redis-cli --cluster create``; returns once every node says
+    ``cluster_state:ok`` and every replica is in sync (masters first in the list, no persistence)."""
+    import redis
+
+    server = find_redis_server()
+    wd = _workdir(workdir, "redis-cluster")
+    nodes: list[Service] = []
+    try:
+        for i in range(masters * (1 + replicas)):
+            port, bus = free_port(), free_port()
+            d = wd / str(i)
+            d.mkdir(parents=True, exist_ok=True)
+            argv = [server, "--bind", "127.0.0.1", "--port", str(port), "--cluster-enabled", "yes",
+                    "--cluster-port", str(bus), "--cluster-config-file", str(d / "nodes.conf"),
+                    "--cluster-node-timeout", "3000", "--save", "", "--appendonly", "no", "--dir", str(d),
+                    "--daemonize", "no", "--protected-mode", "no"]
+            nodes.append(Service(f"redis-cluster-{i}", argv, port, d / "redis.log", workdir=d).start(10))
+        clients = [redis.Redis(port=n.port, decode_responses=True, socket_timeout=5) for n in nodes]
+        if str(clients[0].info("cluster").get("cluster_enabled")) != "1":
+            raise ClusterUnsupported(f"{server} has no cluster support (cluster_enabled:0)")
+        subprocess.run([str(Path(server).with_name("redis-cli")), "--cluster", "create",  # noqa: S603
+                        *(n.address for n in nodes), "--cluster-replicas", str(replicas), "--cluster-yes"],
+                       check=True, capture_output=True, timeout=timeout)
+        deadline = time.monotonic() + timeout
+        while True:
+            infos = [dict(line.split(":", 1) for line in c.execute_command("CLUSTER", "INFO").split() if ":" in line)
+                     for c in clients]
+            links = [c.info("replication").get("master_link_status", "up") for c in clients]
+            if all(i["cluster_state"] == "ok" and int(i["cluster_known_nodes"]) == len(nodes) for i in infos) \
+                    and all(link == "up" for link in links):
+                break
+            if time.monotonic() > deadline:
+                raise ServiceError(f"redis cluster not ready in {timeout:.0f} s: {infos}")
+            time.sleep(0.1)
+        for c in clients:
+            c.close()
+        return nodes
+    except BaseException:
+        for n in nodes:
+            n.stop()
+        raise

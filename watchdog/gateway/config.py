@@ -28,6 +28,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -35,6 +36,7 @@ from pydantic import (
 from watchdog.config.settings import env_overrides
 from watchdog.config.yamlfile import ConfigError, read_config_file, set_path, validate
 from watchdog.config.yamlpos import PosDoc
+from watchdog.core.keys import cluster_prefix_problem
 from watchdog.ingest.emitter import EventsConfig
 from watchdog.policy.names import check_route
 
@@ -138,7 +140,8 @@ class GatewayConfig(_Section):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     redis_url: str = "redis://127.0.0.1:6379/0"
-    redis_prefix: str = "llmwd"
+    #: the daemon's ``redis.prefix``; a hash tag such as ``{llmwd}`` on Redis Cluster
+    redis_prefix: str = Field("llmwd", validate_default=True)
     default_precision: str = "fp8"
     route_header: str = "X-LLMWD-Route"
     precision_header: str = "X-LLMWD-Precision"
@@ -160,6 +163,14 @@ class GatewayConfig(_Section):
     engine: str | None = None
     pools: list[PoolConfig] = Field(default_factory=list)
     events: EventsConfig = Field(default_factory=EventsConfig)
+
+    @field_validator("redis_prefix")
+    @classmethod
+    def _cluster_prefix_tagged(cls, prefix: str, info: ValidationInfo) -> str:
+        problem = cluster_prefix_problem(str(info.data.get("redis_url", "")), prefix)
+        if problem is not None:
+            raise ValueError(problem)
+        return prefix
 
     @model_validator(mode="after")
     def _one_route_per_key(self) -> GatewayConfig:
