@@ -116,8 +116,9 @@ def read_config_file(path: str | Path, env: Mapping[str, str] | None = None) -> 
 
 def env_value(var: str, raw: str) -> Any:
     """An override's value: JSON when it starts with ``{`` or ``[`` (it replaces the whole value at
-    its path), else the string."""
-    if raw.lstrip()[:1] in ("{", "["):
+    its path) or ``"`` (a JSON string: how to write a value that starts with ``{``, such as a Redis
+    Cluster hash-tag prefix ``'"{llmwd}"'``), else the string."""
+    if raw.lstrip()[:1] in ("{", "[", '"'):
         try:
             return json.loads(raw)
         except ValueError as exc:
