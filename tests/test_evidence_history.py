@@ -140,3 +140,9 @@ def test_a_route_forgotten_as_idle_leaves_nothing_in_the_recorder(tmp_path: Path
     assert ("e2e", MODEL, "idle") not in w.engine.states
     assert j.recorder.routes_kept() == {(MODEL, "busy")}
     assert j.recorder.history_size() == (0, 1)
+    # a revoked partition's routes leave the engine elsewhere (Ownership.forget): the next prune,
+    # which runs from the loop's flush whether windows are judged or not, drops them too
+    w.own.forget(PK0)
+    assert not w.engine.states
+    j.recorder.flush(T0 + 10_000)
+    assert j.recorder.routes_kept() == set()

@@ -172,9 +172,6 @@ class EvidenceRecorder:
         if evicted:
             self.history_evicted += evicted
             self.on_evict(evicted)
-        if now - self._pruned_at >= PRUNE_EVERY_S:
-            self._pruned_at = now
-            self._prune()
 
     def _after(self, model: str, route: str, policy: str, rule: str, entry: dict[str, Any]) -> None:
         for eid, rec in list(self._open.items()):
@@ -264,6 +261,9 @@ class EvidenceRecorder:
 
     def flush(self, now: float) -> int:
         """Write up to ``MAX_WRITE`` waiting records in one pipeline; the number written."""
+        if now - self._pruned_at >= PRUNE_EVERY_S:  # here: it runs every loop iteration, judged or not
+            self._pruned_at = now
+            self._prune()
         if not self._queue or now < self._retry_at:
             return 0
         batch = list(self._queue.items())[:MAX_WRITE]
