@@ -54,10 +54,20 @@ def main() -> int:
             for precision in ("fp8", "fp16"):
                 for i in range(args.events):
                     ts = t_base + w * L + rng.uniform(0, L - 0.01)
-                    ev = InferenceEvent(f"{route}-{w}-{precision}-{i}", ts, "m", route, precision, "ok",
-                                        rng.lognormvariate(6.0, 0.4), ttft_ms=rng.lognormvariate(4.5, 0.3),
-                                        prompt_tokens=100, completion_tokens=50, replica=f"replica-{i % 4}",
-                                        build="b1")
+                    ev = InferenceEvent(
+                        f"{route}-{w}-{precision}-{i}",
+                        ts,
+                        "m",
+                        route,
+                        precision,
+                        "ok",
+                        rng.lognormvariate(6.0, 0.4),
+                        ttft_ms=rng.lognormvariate(4.5, 0.3),
+                        prompt_tokens=100,
+                        completion_tokens=50,
+                        replica=f"replica-{i % 4}",
+                        build="b1",
+                    )
                     agg.add(ev, ("t", 0), offset)
                     offset += 1
         now = t_base + (w + 1) * L + 2.0
@@ -67,9 +77,11 @@ def main() -> int:
             recorder.observe(signals, {(s.model, s.route) for s in signals}, now)
     gc.collect()
     held = tracemalloc.get_traced_memory()[0] - start
-    print(f"code {args.code}: {args.routes} routes x {args.windows} windows, recorder {args.recorder}: "
-          f"{len(engine.states)} engine scopes, heap held {held / 2**20:.1f} MB, "
-          f"recorder history {recorder.status().get('history')}")
+    print(
+        f"code {args.code}: {args.routes} routes x {args.windows} windows, recorder {args.recorder}: "
+        f"{len(engine.states)} engine scopes, heap held {held / 2**20:.1f} MB, "
+        f"recorder history {recorder.status().get('history')}"
+    )
     return 0
 
 
