@@ -262,6 +262,9 @@ class EvidenceConfig(_Section):
     #: judged windows kept per rule before a decision, and recorded after it
     windows_before: int = Field(12, ge=1, le=200)
     windows_after: int = Field(6, ge=0, le=200)
+    #: routes whose rules all pass that keep their windows (the least recently judged beyond it lose
+    #: theirs; a route with a failing rule, an open incident or a flip is kept regardless)
+    history_routes: int = Field(500, ge=0, le=100_000)
 
 
 class Config(BaseModel):

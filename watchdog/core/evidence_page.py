@@ -191,6 +191,9 @@ def _rule_card(rule: Mapping[str, Any], cand: str, base: str) -> str:
               ("trips after", f"{fmt(rule.get('for'))} failing window(s), min_samples {fmt(rule.get('min_samples'))}"),
               ("reason", esc(rule.get("reason")))]
     body = _kv(pairs) + "<h3>Judged windows</h3>" + _windows_table(rule, cand, base)
+    if rule.get("before_missing"):
+        body += (f"<p class=\"muted\">{esc(rule.get('before_missing'))} earlier windows of this rule were judged but "
+                 "not kept (the route's history was cut: too many routes, or a restart).</p>")
     if "broken_items" in rule:
         body += "<h3>Golden items that regressed, worst first</h3>" + _items(rule.get("broken_items") or [], cand, base)
     return f"<div class=\"card\"><h2>rule {esc(rule.get('name'))}</h2>{body}</div>"

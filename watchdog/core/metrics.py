@@ -76,6 +76,9 @@ class Metrics:
         self.evidence = Counter("llmwd_evidence_records_total",
                                 "Evidence record writes (docs/EVIDENCE.md), by result: written, failed (Redis "
                                 "refused the write; retried) or dropped (too many waiting)", ["result"], registry=r)
+        self.evidence_history_evictions = Counter(
+            "llmwd_evidence_history_evictions_total", "Calm routes whose windows the evidence recorder dropped "
+            "(more than evidence.history_routes kept); their next record says its history was cut", registry=r)
         self.channel_pages = Counter("llmwd_channel_pages_total",
                                      "Alert messages per channel, by result: delivered, failed, dropped, or retried "
                                      "(one failed attempt that will be tried again)", ["channel", "result"],

@@ -214,6 +214,7 @@ class PolicyEngine:
         elif v.status == "error":
             rs.errors += 1
         rs.last = v
+        rs.judged += 1
         return v
 
     @staticmethod

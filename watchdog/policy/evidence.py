@@ -200,11 +200,13 @@ def _utc(t: float) -> str:
 
 def build_record(action: Action, eid: str, policy: Policy | None, st: ScopeState | None,
                  windows: Mapping[str, Iterable[dict[str, Any]]], outputs: list[dict[str, Any]] | None,
-                 gpu: Mapping[str, Any] | None, instance: str, serving: str | None) -> dict[str, Any]:
+                 gpu: Mapping[str, Any] | None, instance: str, serving: str | None,
+                 missing: Mapping[str, int] | None = None) -> dict[str, Any]:
     """The evidence record of ``action`` (its ``after`` windows empty: they come later).
 
     ``windows``: rule name -> the rule's judged windows up to now (``verdict_entry``), oldest
-    first; ``outputs``: the latest golden replay's regressed items with their texts; ``gpu``: the
+    first; ``missing``: rule name -> how many of the windows before it should show were not kept
+    (the recorder cut that route's history, or the daemon restarted); ``outputs``: the latest golden replay's regressed items with their texts; ``gpu``: the
     route's latest GPU reading; ``serving``: the precision the flags showed before the action."""
     names = _rule_names(action)
     rules: list[dict[str, Any]] = []
@@ -230,6 +232,7 @@ def build_record(action: Action, eid: str, policy: Policy | None, st: ScopeState
             "fails": rs.fails if rs is not None else None,
             "null": _null_level(rs) if rs is not None else None,
             "before": [annotate(rule, dict(w)) for w in windows.get(rule.name, ())], "after": [],
+            "before_missing": int((missing or {}).get(rule.name, 0)),
         }
         if involved and rule.source == "golden":
             entry["broken_items"] = _broken_items(v, outputs)
@@ -247,6 +250,7 @@ def build_record(action: Action, eid: str, policy: Policy | None, st: ScopeState
         "undo": _promote_back(policy, st, action) if policy is not None else None,
         "detail": json.loads(json.dumps(detail, default=str)),
         "audit": [], "updated_at": action.at, "complete": False,
+        "history_cut": any(r["before_missing"] for r in rules),
     }
 
 

@@ -53,6 +53,9 @@ class RuleState:
     #: (watchdog/policy/judge/sequential.py; emptied by a flip), "anchor": the long-term anchor of
     #: the learned null (watchdog/policy/judge/anchor.py; kept across flips)}; absent keys = none yet
     horizon: dict[str, Any] = field(default_factory=dict)
+    #: windows judged by this process (a restored state with a verdict counts one); not saved: the
+    #: evidence recorder compares it with the windows it kept to say when a record's history is cut
+    judged: int = 0
 
     def tripped(self, rule: Rule) -> bool:
         if self.fails >= rule.for_:
@@ -77,7 +80,7 @@ class RuleState:
         if not isinstance(horizon, dict):
             horizon = {}
         return cls(r["fingerprint"], int(r["fails"]), int(r["errors"]), last, r.get("ref"), list(pool), list(null),
-                   dict(horizon))
+                   dict(horizon), 1 if last is not None else 0)
 
 
 @dataclass(slots=True)

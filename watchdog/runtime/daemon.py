@@ -135,7 +135,8 @@ class Daemon:
         self.evidence = self.decisions.evidence = EvidenceRecorder(
             cfg.evidence, self.keys, self.redis, self.engine, cfg.instance,
             gpu_latest=(lambda: [h.to_dict() for h in gpu_mon.latest()]) if gpu_mon is not None else None,
-            count=lambda result, n: self.metrics.evidence.labels(result).inc(n))
+            count=lambda result, n: self.metrics.evidence.labels(result).inc(n),
+            on_evict=self.metrics.evidence_history_evictions.inc)
         #: the /evidence pages, for the HTTP server (``StatusServer(..., pages=daemon.evidence_pages)``)
         self.evidence_pages = EvidencePages(self.redis, self.keys)
         self.checkpointer = Checkpointer(cfg, self.keys, self.redis, self.checkpoints, self.engine, self.wm,
@@ -146,7 +147,7 @@ class Daemon:
                             restored=functools.partial(self.decisions.reconcile, force=True))
         self.routes = RouteKeeper(cfg, self.ownership, self.engine, self.readiness, self.metrics,
                                   self.decisions.flags.snapshot, self.actuator.pending_routes,
-                                  self.alerter.open_incidents)
+                                  self.alerter.open_incidents, self.evidence.forget)
         self.closer = WindowCloser(cfg, self.wm, self.ownership, self.metrics, self.stats, clock)
         self.health = LoopHealth(cfg, self.readiness, self.wm, self.ownership.fenced_partitions, self.actuator,
                                  self.stats)

@@ -2,12 +2,16 @@
 
 ``EvidenceRecorder`` sits beside ``runtime/decisions.py``:
 
-* ``observe`` (after every ``PolicyEngine.observe``) keeps, per (policy, model, route, rule), the
+* ``observe`` (after every ``PolicyEngine.observe``) keeps, per (policy, model, route) and rule, the
   last ``evidence.windows_before`` judged windows (the rules' last ``Verdict`` objects, by reference:
   no copy, no extra judging; ``policy/evidence.verdict_entry`` reads them when a decision needs
-  them) and the latest golden replay's
-  regressed items with their texts; the windows of a route with an open record also go into that
-  record's ``after`` lists (``evidence.windows_after`` of them);
+  them) and the latest golden replay's regressed items with their texts; the windows of a route
+  with an open record also go into that record's ``after`` lists (``evidence.windows_after`` of them).
+  Windows are kept for every *watched* scope (a rule failing or erroring, an alert open, a flip
+  pending, serving the baseline, a record open) and for at most ``evidence.history_routes`` other,
+  calm ones, the least recently judged of which lose theirs first (``on_evict``); a record whose
+  windows before were cut so says (``rules[].before_missing``). A route forgotten as idle is
+  forgotten here too (``forget``, called by ``runtime/routes.py``);
 * ``decided`` (for each rollback, promote and alert) gives the action its evidence id
   (``action.detail['evidence']``, so every page of it links to ``<server.external_url>/evidence/<id>``)
   and builds its record (``policy/evidence.build_record``);
@@ -28,7 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -48,6 +52,8 @@ from watchdog.policy.evidence import (
     summary_of,
     verdict_entry,
 )
+from watchdog.policy.schema import Policy
+from watchdog.policy.state import ScopeState
 
 log = logging.getLogger(__name__)
 
@@ -62,10 +68,12 @@ MAX_WRITE = 16
 #: audit entries read per flush (the route's are kept, newest last, at most ``AUDIT_KEPT``)
 AUDIT_SCAN = 500
 AUDIT_KEPT = 20
-#: seconds between two passes forgetting the windows of routes the engine forgot
+#: seconds between two passes forgetting the windows of routes the engine forgot (e.g. revoked)
 PRUNE_EVERY_S = 60.0
 
-WindowKey = tuple[str, str, str, str]  # (policy, model, route, rule)
+ScopeKey = tuple[str, str, str]  # (policy, model, route)
+#: rule name -> its last judged windows, oldest first
+History = dict[str, list[Verdict]]
 
 
 def audit_of(client: Any, keys: Keys, model: str, route: str, count: int = AUDIT_SCAN,
@@ -86,7 +94,8 @@ class EvidenceRecorder:
     def __init__(self, cfg: EvidenceConfig, keys: Keys, client: Any, engine: PolicyEngine, instance: str,
                  on_error: Callable[[Exception, str], None] | None = None,
                  gpu_latest: Callable[[], list[dict[str, Any]]] | None = None,
-                 count: Callable[[str, int], None] | None = None) -> None:
+                 count: Callable[[str, int], None] | None = None,
+                 on_evict: Callable[[int], None] | None = None) -> None:
         self.cfg = cfg
         self.keys = keys
         self.client = client
@@ -96,9 +105,14 @@ class EvidenceRecorder:
         self.gpu_latest = gpu_latest
         #: ``count(result, n)``: written, failed, dropped (``llmwd_evidence_records_total``)
         self.count = count or (lambda _result, _n: None)
+        #: ``on_evict(n)``: calm scopes that lost their windows (``llmwd_evidence_history_evictions_total``)
+        self.on_evict = on_evict or (lambda _n: None)
         #: the rules' last verdicts, as the engine made them (objects kept, not copied: entries are
-        #: built only for a decision's record)
-        self._windows: dict[WindowKey, deque[Verdict]] = {}
+        #: built only for a decision's record): of watched scopes, and of calm ones least recently
+        #: judged first (at most ``history_routes``)
+        self._watched: dict[ScopeKey, History] = {}
+        self._calm: OrderedDict[ScopeKey, History] = OrderedDict()
+        self.history_evicted = 0
         self._outputs: dict[tuple[str, str], list[dict[str, Any]]] = {}
         #: id -> record, of records still collecting ``after`` windows
         self._open: OrderedDict[str, dict[str, Any]] = OrderedDict()
@@ -120,30 +134,44 @@ class EvidenceRecorder:
             if isinstance(outputs, list):
                 self._outputs[(s.model, s.route)] = outputs[:50]
         policies = self.engine.policy_set.policies
-        open_routes = {(r["model"], r["route"], r["policy"]) for r in self._open.values()}
+        open_scopes = {(r["policy"], r["model"], r["route"]) for r in self._open.values()}
+        keep = self.cfg.windows_before
         for model, route in routes:
             if "*" in (model, route):
                 continue
             for policy in policies:
-                st = self.engine.states.get((policy.name, model, route))
+                key = (policy.name, model, route)
+                st = self.engine.states.get(key)
                 if st is None:
                     continue
+                hist = self._watched.pop(key, None)
+                if hist is None:
+                    hist = self._calm.pop(key, None) or {}
                 for name, rs in st.rules.items():
                     v = rs.last
                     if v is None:
                         continue
-                    key = (policy.name, model, route, name)
-                    ring = self._windows.get(key)
+                    ring = hist.get(name)
                     if ring is None:
-                        ring = self._windows[key] = deque(maxlen=self.cfg.windows_before)
+                        ring = hist[name] = []
                     elif ring and (ring[-1] is v or ring[-1].end >= v.end):
                         continue
                     ring.append(v)
-                    if (model, route, policy.name) in open_routes:
+                    if len(ring) > keep:
+                        del ring[:-keep]
+                    if key in open_scopes:
                         self._after(model, route, policy.name, name, verdict_entry(v))
-        if now - self._pruned_at >= PRUNE_EVERY_S:
-            self._pruned_at = now
-            self._prune()
+                if key in open_scopes or watched(policy, st):
+                    self._watched[key] = hist
+                else:
+                    self._calm[key] = hist
+        evicted = 0
+        while len(self._calm) > self.cfg.history_routes:
+            self._calm.popitem(last=False)
+            evicted += 1
+        if evicted:
+            self.history_evicted += evicted
+            self.on_evict(evicted)
 
     def _after(self, model: str, route: str, policy: str, rule: str, entry: dict[str, Any]) -> None:
         for eid, rec in list(self._open.items()):
@@ -161,13 +189,31 @@ class EvidenceRecorder:
                 del self._open[eid]
 
     def _prune(self) -> None:
-        """Forget the windows and golden outputs of scopes the engine no longer keeps."""
+        """Forget the windows and golden outputs of scopes the engine no longer keeps (a revoked
+        partition's, a removed policy's); idle routes are forgotten at once by ``forget``."""
         states = self.engine.states
-        for key in [k for k in self._windows if k[:3] not in states]:
-            del self._windows[key]
+        for kept in (self._watched, self._calm):
+            for key in [k for k in kept if k not in states]:
+                del kept[key]
         routes = {(m, r) for _p, m, r in states}
         for route in [r for r in self._outputs if r not in routes]:
             del self._outputs[route]
+
+    def forget(self, routes: set[tuple[str, str]]) -> None:
+        """Drop every window and golden output kept for ``routes`` (forgotten as idle)."""
+        for kept in (self._watched, self._calm):
+            for key in [k for k in kept if (k[1], k[2]) in routes]:
+                del kept[key]
+        for route in routes & self._outputs.keys():
+            del self._outputs[route]
+
+    def history_size(self) -> tuple[int, int]:
+        """Scopes whose windows are kept: (watched, calm)."""
+        return len(self._watched), len(self._calm)
+
+    def routes_kept(self) -> set[tuple[str, str]]:
+        """The (model, route) pairs some of whose windows are kept."""
+        return {(m, r) for kept in (self._watched, self._calm) for _p, m, r in kept}
 
     def decided(self, action: Action, serving: str | None) -> str | None:
         """Give ``action`` its evidence id and build its record; the id, or None (no record)."""
@@ -177,17 +223,21 @@ class EvidenceRecorder:
         action.detail["evidence"] = eid
         try:
             policy = self.engine.policy_set.get(action.policy)
-            st = self.engine.states.get((action.policy, action.model, action.route))
-            windows = {name: [verdict_entry(v) for v in self._windows.get((action.policy, action.model, action.route,
-                                                                             name), ())]
-                       for name in (st.rules if st is not None else ())}
+            key = (action.policy, action.model, action.route)
+            st = self.engine.states.get(key)
+            hist = self._watched.get(key) or self._calm.get(key) or {}
+            rules = st.rules if st is not None else {}
+            windows = {name: [verdict_entry(v) for v in hist.get(name, ())] for name in rules}
+            # windows the engine judged that this record cannot show (history cut, or a restart)
+            missing = {name: max(0, min(rs.judged, self.cfg.windows_before) - len(windows[name]))
+                       for name, rs in rules.items()}
             gpu: dict[str, Any] = {}
             if st is not None and st.gpu:
                 gpu["route"] = st.gpu
             if self.gpu_latest is not None:
                 gpu["devices"] = self.gpu_latest()[:16]
             record = build_record(action, eid, policy, st, windows, self._outputs.get((action.model, action.route)),
-                                  gpu, self.instance, serving)
+                                  gpu, self.instance, serving, missing)
         except Exception:  # noqa: BLE001 - evidence must never stop a decision
             log.exception("evidence of %s %s/%s not recorded", action.kind, action.model, action.route)
             return None
@@ -211,6 +261,9 @@ class EvidenceRecorder:
 
     def flush(self, now: float) -> int:
         """Write up to ``MAX_WRITE`` waiting records in one pipeline; the number written."""
+        if now - self._pruned_at >= PRUNE_EVERY_S:  # here: it runs every loop iteration, judged or not
+            self._pruned_at = now
+            self._prune()
         if not self._queue or now < self._retry_at:
             return 0
         batch = list(self._queue.items())[:MAX_WRITE]
@@ -266,7 +319,20 @@ class EvidenceRecorder:
 
     def status(self) -> dict[str, Any]:
         return {"enabled": self.cfg.enabled, "written": self.written, "waiting": len(self._queue),
-                "open": len(self._open), "dropped": self.dropped, "last_error": self.last_error}
+                "open": len(self._open), "dropped": self.dropped, "last_error": self.last_error,
+                "history": {"watched": len(self._watched), "calm": len(self._calm),
+                            "max_calm": self.cfg.history_routes, "evicted": self.history_evicted}}
+
+
+def watched(policy: Policy, st: ScopeState) -> bool:
+    """Whether a scope's windows are kept whatever ``history_routes`` says: a rule failing or
+    erroring, an alert open, a flip pending, or the route serving the baseline (a promote's
+    record shows the healthy windows that led to it)."""
+    if st.open_alerts or st.pending is not None:
+        return True
+    if st.serving is not None and st.serving == policy.baseline != policy.candidate:
+        return True
+    return any(rs.fails or rs.errors for rs in st.rules.values())
 
 
 def read_record(client: Any, keys: Keys, eid: str) -> dict[str, Any] | None:

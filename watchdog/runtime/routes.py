@@ -12,7 +12,7 @@ engine's scopes, checkpoint entries, metric series, /status rows) is bounded thr
   ``RouteKeeper.update`` exports ``llmwd_routes_active`` and ``llmwd_route_limit_events_total`` and
   holds the readiness reason ``route-limit`` (one warning page) while refusals go on;
 * **idle eviction**: a route without an event for ``windows.route_idle_s`` is forgotten (its engine
-  scopes, its place in the partition and, with the partition's next checkpoint, its engine-state key
+  scopes and evidence windows, its place in the partition and, with the partition's next checkpoint, its engine-state key
   and its entry in the checkpoint), unless it has an open window, its flag is off the default
   precision, a flip of it is pending or in flight, or one of its scopes has an open incident.
 """
@@ -42,7 +42,8 @@ class RouteKeeper:
     def __init__(self, cfg: Config, ownership: Ownership, engine: PolicyEngine, readiness: Readiness,
                  metrics: Metrics, flags: Callable[[], Mapping[P.Route, str]],
                  pending: Callable[[], set[P.Route]],
-                 incidents: Callable[[], list[dict[str, Any]]] = list) -> None:
+                 incidents: Callable[[], list[dict[str, Any]]] = list,
+                 forget: Callable[[set[P.Route]], None] | None = None) -> None:
         self.cfg = cfg
         self.ownership = ownership
         self.engine = engine
@@ -53,6 +54,8 @@ class RouteKeeper:
         self.pending = pending
         #: the alerter's open incidents (``Alerter.open_incidents``: dicts with ``model`` and ``route``)
         self.incidents = incidents
+        #: what else keeps per-route state drops the forgotten routes' (``EvidenceRecorder.forget``)
+        self.forget = forget or (lambda _routes: None)
         self.idle_s = cfg.windows.route_idle_s
         #: seconds between two sweeps for idle routes
         self.sweep_every_s = min(30.0, max(0.2, self.idle_s / 10))
@@ -124,6 +127,7 @@ class RouteKeeper:
             part.evicted |= gone
             part.dirty = True
             P.drop_engine_states(self.engine, gone)
+            self.forget(gone)
             n += len(gone)
         if n:
             self.evicted += n
