@@ -1,9 +1,14 @@
 """Fast greedy decoding for Llama-shaped Hugging Face models (the torch engine's GPU path).
 
-* Prefill: the model's own forward over the left-padded batch (one call, ``logits_to_keep=1``), so
-  the first token and the prompt's K/V are exactly the eager path's; FP8 layers count saturation here.
+* Prefill: the whole prompt through ``probes.engines.fast_forward.forward_layer`` (the same
+  numerics as the model's eager forward, compiled with dynamic batch and length on CUDA); FP8 layers
+  count saturation here. ``hidden()`` is the same pass for teacher-forced scoring. ``own_forward =
+  False`` uses the model's own transformers forward instead (kept for A/B measurement).
 * The K/V are copied into a STATIC cache ``[B, kv_heads, T, head_dim]`` per layer; B and T are
   rounded up to buckets so a handful of shapes cover every batch.
+* Decode attention reads only the live part of the cache: keys ``[0, live)``, ``live`` the current
+  position rounded up to ``live_window`` (128), so the attended length grows with the step instead
+  of always being T. Each (bucket, live) has its own compiled shape and CUDA graph.
 * Decode: one Llama layer as a pure function of tensors (``decode_layer``), compiled once with
   ``torch.compile`` (static shapes) and called for every layer; the step (all layers, final norm,
   lm_head, log-softmax, greedy pick, per-row EOS flags, history write, position advance) is captured
@@ -28,7 +33,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -44,6 +49,8 @@ SUPPORTED_TYPES = ("llama", "mistral")
 T_BUCKET = 128
 #: at most this many (batch, length) buckets keep their caches and graphs
 MAX_BUCKETS = 3
+#: decode attends over the cache up to the current position rounded up to a multiple of this
+LIVE_WINDOW = 128
 
 
 def unsupported_reason(model: nn.Module) -> str | None:
@@ -83,19 +90,20 @@ def quant(x: torch.Tensor, sx: torch.Tensor) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, p: dict[str, Any]) -> torch.Tensor:
-    """One GEMM of the step. ``p['kind']``: fp16 (plain), fp8 (static per-tensor, _scaled_mm) or
-    module (an ``Fp8Linear``'s own quantise + product: per-row weights, CPU emulation)."""
+    """One GEMM over the last dim of ``x``. ``p['kind']``: fp16 (plain), fp8 (static per-tensor,
+    _scaled_mm) or module (an ``Fp8Linear``'s own quantise + product: per-row weights, CPU emulation)."""
     kind = p["kind"]
     if kind == "plain":
         return F.linear(x, p["w"])
+    x2 = x.reshape(-1, x.shape[-1])
     if kind == "fp8":
-        return torch._scaled_mm(quant(x, p["sx_in"]), p["w"].t(), scale_a=p["sx"], scale_b=p["sw"],
-                                out_dtype=x.dtype)
-    mod: Fp8Linear = p["mod"]
-    x8, sa = quant(x, p["sx_in"]), mod.act_scale
-    if mod.backend == "scaled_mm":
-        return mod._matmul_scaled_mm(x8, sa)
-    return mod._matmul_emulated(x8, sa)
+        out = torch._scaled_mm(quant(x2, p["sx_in"]), p["w"].t(), scale_a=p["sx"], scale_b=p["sw"],
+                               out_dtype=x.dtype)
+    else:
+        mod: Fp8Linear = p["mod"]
+        x8, sa = quant(x2, p["sx_in"]), mod.act_scale
+        out = mod._matmul_scaled_mm(x8, sa) if mod.backend == "scaled_mm" else mod._matmul_emulated(x8, sa)
+    return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -109,10 +117,12 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def attend(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, kmask: torch.Tensor) -> torch.Tensor:
-    """Attention of one new query per row over the static cache: q [B, NH, D], kc/vc [B, KVH, T, D],
-    kmask [B, T]. Through ``scaled_dot_product_attention`` like the eager transformers path (scores
+    """Attention of one new query per row over the live part of the static cache: q [B, NH, D],
+    kc/vc [B, KVH, T, D], kmask [B, live] (keys past ``live`` are not read). Through ``scaled_dot_product_attention`` like the eager transformers path (scores
     kept in float32 inside the kernel; rounding them to fp16 first flipped near-tied greedy picks)."""
     b, nh, d = q.shape
+    live = kmask.shape[1]
+    kc, vc = kc[:, :, :live], vc[:, :, :live]
     out = F.scaled_dot_product_attention(q[:, :, None, :], kc, vc, attn_mask=kmask[:, None, None, :],
                                          enable_gqa=nh != kc.shape[1])
     return out.reshape(b, nh * d)
@@ -121,7 +131,7 @@ def attend(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, kmask: torch.Ten
 def decode_layer(x: torch.Tensor, p: dict[str, Any], kc: torch.Tensor, vc: torch.Tensor, slot: torch.Tensor,
                  cos: torch.Tensor, sin: torch.Tensor, kmask: torch.Tensor, eps: float) -> torch.Tensor:
     """One Llama layer for one new token per row. x [B, hidden]; kc, vc [B, KVH, T, D] (written at
-    ``slot``); cos, sin [B, D] of each row's position; kmask [B, T] keys each row may attend."""
+    ``slot``); cos, sin [B, D] of each row's position; kmask [B, live] keys each row may attend."""
     b = x.shape[0]
     kvh, d = kc.shape[1], kc.shape[3]
     h = rms_norm(x, p["ln1"], eps)
@@ -148,7 +158,7 @@ def decode_head(x: torch.Tensor, ln: torch.Tensor, head: dict[str, Any],
 
 def step_inputs(slot: torch.Tensor, pad: torch.Tensor, cos_t: torch.Tensor, sin_t: torch.Tensor,
                 key_idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Each row's rotary cos/sin at its position (slot - left pad) and its key mask [B, T]."""
+    """Each row's rotary cos/sin at its position (slot - left pad) and its key mask [B, len(key_idx)]."""
     pos = slot - pad
     kmask = (key_idx[None, :] >= pad[:, None]) & (key_idx[None, :] <= slot)
     return cos_t[pos], sin_t[pos], kmask
@@ -181,7 +191,7 @@ class _Bucket:
     hist_tok: torch.Tensor
     hist_lp: torch.Tensor
     done: torch.Tensor
-    graph: Any = None
+    graphs: dict[int, Any] = field(default_factory=dict)  # live length -> captured step
     eos: torch.Tensor | None = None
 
 
@@ -214,6 +224,17 @@ class FastDecoder:
                                 "o": _lin(a.o_proj), "gate": _lin(m.gate_proj), "up": _lin(m.up_proj),
                                 "down": _lin(m.down_proj)})
         self.head = _lin(model.lm_head)  # type: ignore[attr-defined]
+        #: per layer, the Fp8Linear modules (``fast_forward.LINEARS`` order) whose saturation is counted
+        self._sat_mods: list[list[Fp8Linear]] = []
+        for lay in inner.layers:
+            a, m = lay.self_attn, lay.mlp
+            mods = [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
+            if all(isinstance(x, Fp8Linear) and x.track_saturation for x in mods):
+                self._sat_mods.append(mods)
+        #: prefill and scoring through ``fast_forward`` (False: the model's transformers forward)
+        self.own_forward = True
+        #: decode attention over keys [0, position rounded up to this); 0: the whole cache bucket
+        self.live_window = LIVE_WINDOW
         self.kv_heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
         self.theta = _rope_theta(cfg)
@@ -222,6 +243,9 @@ class FastDecoder:
         self._layer_fn: Callable[..., Any] = decode_layer
         self._head_fn: Callable[..., Any] = decode_head
         self._inputs_fn: Callable[..., Any] = step_inputs
+        from probes.engines.fast_forward import forward_layer
+
+        self._forward_fn: Callable[..., Any] = forward_layer
         if self.compile:
             import torch._inductor.config as inductor_config
 
@@ -234,6 +258,9 @@ class FastDecoder:
             self._layer_fn = torch.compile(decode_layer, dynamic=False, fullgraph=True)
             self._head_fn = torch.compile(decode_head, dynamic=False, fullgraph=True)
             self._inputs_fn = torch.compile(step_inputs, dynamic=False, fullgraph=True)
+            # batch and length are marked dynamic per call (``hidden``): one compile serves every shape;
+            # two graphs per layer, split around the (eager) attention
+            self._forward_fn = torch.compile(forward_layer)
         self.warmup_seconds = 0.0  # compile + capture time spent so far (reported, not hidden)
         #: seconds in prefill / decode steps (each ends on a host read, so no extra syncs), steps run
         self.stats = {"prefill_s": 0.0, "decode_s": 0.0, "steps": 0.0, "batches": 0.0}
@@ -279,10 +306,17 @@ class FastDecoder:
         self._buckets[key] = bk
         return bk
 
-    def _step(self, bk: _Bucket, eos: torch.Tensor) -> None:
-        """One decode step on the bucket's static tensors (eager, compiled or captured)."""
+    def _live(self, t: int, slot: int) -> int:
+        """Keys a step writing at ``slot`` attends: [0, live), live >= slot + 1, a multiple of the window."""
+        if self.live_window <= 0:
+            return t
+        return min(t, -(-(slot + 1) // self.live_window) * self.live_window)
+
+    def _step(self, bk: _Bucket, eos: torch.Tensor, live: int) -> None:
+        """One decode step on the bucket's static tensors (eager, compiled or captured), attending
+        keys [0, live)."""
         cos_t, sin_t, key_idx = self._rope_table(bk.t)
-        cos, sin, kmask = self._inputs_fn(bk.slot, bk.pad, cos_t, sin_t, key_idx)
+        cos, sin, kmask = self._inputs_fn(bk.slot, bk.pad, cos_t, sin_t, key_idx[:live])
         x = F.embedding(bk.tokens, self.embed)
         for i, p in enumerate(self.layers):
             x = self._layer_fn(x, p, bk.kc[i], bk.vc[i], bk.slot, cos, sin, kmask, self.eps)
@@ -294,26 +328,29 @@ class FastDecoder:
         bk.slot.add_(1)
         bk.step_i.add_(1)
 
-    def _capture(self, bk: _Bucket, eos: torch.Tensor) -> None:
-        """Compile (on a side stream, as capture requires) and capture the step; state is restored after."""
+    def _capture(self, bk: _Bucket, eos: torch.Tensor, live: int) -> Any:
+        """Compile (on a side stream, as capture requires) and capture the step attending [0, live);
+        state is restored after (the K/V written at the next slots are rewritten before they are read)."""
         t0 = time.perf_counter()
         saved = (bk.tokens.clone(), bk.slot.clone(), bk.step_i.clone(), bk.done.clone())
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(3):
-                self._step(bk, eos)
+                self._step(bk, eos, live)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         bk.eos = eos  # the graph reads this tensor: keep it alive
         with torch.cuda.graph(graph):
-            self._step(bk, eos)
+            self._step(bk, eos, live)
         for dst, src in zip((bk.tokens, bk.slot, bk.step_i, bk.done), saved, strict=True):
             dst.copy_(src)
         torch.cuda.synchronize()
-        bk.graph = graph
+        bk.graphs[live] = graph
         self.warmup_seconds += time.perf_counter() - t0
-        log.info("fast decode: captured batch %d x cache %d in %.1f s", bk.b, bk.t, time.perf_counter() - t0)
+        log.info("fast decode: captured batch %d x cache %d (live %d) in %.1f s", bk.b, bk.t, live,
+                 time.perf_counter() - t0)
+        return graph
 
     # -- generation -------------------------------------------------------------------------------
     def generate(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, eos_ids: Sequence[int],
@@ -357,15 +394,15 @@ class FastDecoder:
             steps = 0
             total = max_new_tokens - 1
             if not all(done) and total > 0:
-                if self.cuda_graphs and bk.graph is None:
-                    self._capture(bk, eos)
                 while steps < total:
                     chunk = min(self.check_every, total - steps)
-                    for _ in range(chunk):
-                        if bk.graph is not None:
-                            bk.graph.replay()
+                    for j in range(steps, steps + chunk):
+                        live = self._live(bk.t, width + j)
+                        if self.cuda_graphs:
+                            graph = bk.graphs.get(live) or self._capture(bk, eos, live)
+                            graph.replay()
                         else:
-                            self._step(bk, eos)
+                            self._step(bk, eos, live)
                     steps += chunk
                     flags = bk.done[:n].tolist()
                     if stop_check is not None:
@@ -394,9 +431,72 @@ class FastDecoder:
             out.append((keep_t, keep_l))
         return out
 
+    def hidden(self, ids: torch.Tensor, mask: torch.Tensor, keep: int, kv_into: _Bucket | None = None
+               ) -> torch.Tensor:
+        """Final-norm hidden states [B, keep, hidden] of the last ``keep`` positions of a left-padded
+        batch (``fast_forward.forward_layer`` per layer); with ``kv_into``, each layer's K/V are copied
+        into that bucket's static cache. FP8 layers count saturation over the valid tokens."""
+        from probes.engines.fast_forward import sequence_inputs
+
+        width = ids.shape[1]
+        cos_t, sin_t, _ = self._rope_table(-(-width // T_BUCKET) * T_BUCKET)
+        cos, sin, amask = sequence_inputs(mask, cos_t, sin_t)
+        count = len(self._sat_mods) == len(self.layers)
+        x = F.embedding(ids, self.embed)
+        sats = []
+        for i, p in enumerate(self.layers):
+            if self.compile:
+                for t in (x, cos, sin, amask):
+                    torch._dynamo.maybe_mark_dynamic(t, 0)
+                    torch._dynamo.maybe_mark_dynamic(t, 1 if t is not amask else 2)
+                torch._dynamo.maybe_mark_dynamic(amask, 3)
+            x, k, v, sat = self._forward_fn(x, p, cos, sin, amask, self.eps, count)
+            if kv_into is not None:
+                kv_into.kc[i][:, :, :width].copy_(k)
+                kv_into.vc[i][:, :, :width].copy_(v)
+            if sat is not None:
+                sats.append(sat)
+        if sats:
+            self._add_saturation(torch.stack(sats), mask)
+        return rms_norm(x[:, -keep:], self.final_ln, self.eps)
+
+    def head_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The lm_head over hidden states (any leading shape)."""
+        return linear(h, self.head)
+
+    def _add_saturation(self, sats: torch.Tensor, mask: torch.Tensor) -> None:
+        """sats [layers, 7, B, L] clipped values per token -> each Fp8Linear's counters (valid tokens)."""
+        valid = mask.to(torch.float64)
+        per_linear = (sats.to(torch.float64) * valid).sum((2, 3))
+        n_valid = valid.sum()
+        for mods, row in zip(self._sat_mods, per_linear, strict=True):
+            for mod, n_sat in zip(mods, row, strict=True):
+                mod._n_saturated += n_sat
+                mod._n_values += n_valid * mod.in_features
+
     def _prefill(self, bk: _Bucket, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The model's own forward over the prompts; K/V into the static cache; the first token."""
+        """The prompts' forward (``hidden``, or the model's own with ``own_forward`` off); K/V into the
+        static cache; the first token."""
+        width = ids.shape[1]
+        if self.own_forward:
+            logits = self.head_logits(self.hidden(ids, mask, 1, kv_into=bk)[:, -1])
+        else:
+            logits = self._model_prefill(bk, ids, mask)
+        lp = torch.log_softmax(logits.float(), dim=-1)
+        tok = lp.argmax(dim=-1)
+        pad = (mask == 0).sum(-1)
+        bk.tokens.copy_(tok)
+        bk.slot.fill_(width)
+        bk.pad.copy_(pad)
+        bk.step_i.zero_()
+        bk.done.copy_(torch.isin(tok, torch.tensor([-1], device=tok.device)))
+        return tok, lp.gather(1, tok[:, None])[:, 0]
+
+    def _model_prefill(self, bk: _Bucket, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The model's own (transformers) forward; K/V into the static cache; last position's logits."""
         from transformers import DynamicCache
+
+        from probes.fp8 import QUANT_MEMO
 
         width = ids.shape[1]
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -407,19 +507,8 @@ class FastDecoder:
             k, v = _layer_kv(cache, i)
             bk.kc[i][:, :, :width].copy_(k)
             bk.vc[i][:, :, :width].copy_(v)
-        del cache
-        from probes.fp8 import QUANT_MEMO
-
         QUANT_MEMO.clear()
-        lp = torch.log_softmax(out.logits[:, -1, :].float(), dim=-1)
-        tok = lp.argmax(dim=-1)
-        pad = (mask == 0).sum(-1)
-        bk.tokens.copy_(tok)
-        bk.slot.fill_(width)
-        bk.pad.copy_(pad)
-        bk.step_i.zero_()
-        bk.done.copy_(torch.isin(tok, torch.tensor([-1], device=tok.device)))
-        return tok, lp.gather(1, tok[:, None])[:, 0]
+        return out.logits[:, -1, :]
 
 
 def _layer_kv(cache: Any, i: int) -> tuple[torch.Tensor, torch.Tensor]:
