@@ -136,6 +136,26 @@ def lm_head_ms(head: torch.Tensor, batch: int, reps: int = 20) -> float:
     return a.elapsed_time(b) / (5 * reps)
 
 
+def check_against_eager(eng: Any, label: str, prompts: list[str], refs: list[str], variant: str) -> None:
+    """Greedy tokens of the fast path vs the eager transformers loop (same weights, 16 prompts x 16
+    tokens), and the scoring pass vs transformers' forward (nats per token)."""
+    eager = copy.copy(eng)
+    eager.fast_decoder = None
+    rows = [eng.encode_prompt(p) for p in prompts[:16]]
+    fast_out, eager_out = eng._generate_batch(rows, 16), eager._generate_batch(rows, 16)
+    agree = token_agreement([t for t, _ in fast_out], [t for t, _ in eager_out])
+    first = sum(f[0][0] == e[0][0] for f, e in zip(fast_out, eager_out, strict=True)) / len(rows)
+    lp0 = max(abs(f[1][0] - e[1][0]) for f, e in zip(fast_out, eager_out, strict=True))
+    own = eng.score(prompts[:16], refs[:16])
+    eng.fast_decoder.own_forward = False
+    ref_scores = eng.score(prompts[:16], refs[:16])
+    set_variant([eng], variant)
+    d_tok = [abs(a.logprob_sum - c.logprob_sum) / max(1, a.n_tokens) for a, c in zip(own, ref_scores, strict=True)]
+    say(f"{label} ({variant}) fast vs eager, {len(rows)} prompts x 16 tokens: first token {first:.3f} (max "
+        f"|dlogprob| {lp0:.4f}), same-history decisions {agree[2]:.4f}, positions {agree[0]:.4f}; scoring own pass "
+        f"vs transformers forward: mean |d| {statistics.mean(d_tok):.5f}, max {max(d_tok):.5f} nats/token")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", default="16,64,128")
@@ -181,8 +201,6 @@ def main(argv: list[str] | None = None) -> int:
                 eng.fast_decoder.max_batch = b
         for variant in variants:
             set_variant([fp16, fp8], variant)
-            w0 = (fp16.fast_decoder.warmup_seconds if fp16.fast_decoder else 0,
-                  fp8.fast_decoder.warmup_seconds if fp8.fast_decoder else 0)
             t_w = time.perf_counter()
             run_round(fp16, prompts, refs, args.new_tokens, b)  # warm-up: compile + capture
             run_round(fp8, prompts, refs, args.new_tokens, b)
@@ -209,25 +227,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"{', '.join(f'{x:.3f}' for x in ratios)}; decode ms/step {ms_step['fp16']:.2f} / "
                 f"{ms_step['fp8']:.2f}; warm-up round {t_w:.1f} s")
             summary.append((b, n, variant, eng16, eng8, ms_step, ratios))
-        # greedy agreement of the fast path with the eager transformers loop (the FP8 engine's own weights)
-        eager = copy.copy(fp8)
-        eager.fast_decoder = None
-        rows = [fp8.encode_prompt(p) for p in prompts[:min(b, 16)]]
-        fast8, eager8 = fp8._generate_batch(rows, 16), eager._generate_batch(rows, 16)
-        agree = token_agreement([t for t, _ in fast8], [t for t, _ in eager8])
-        first = sum(f[0][0] == e[0][0] for f, e in zip(fast8, eager8, strict=True)) / len(rows)
-        lp0 = max(abs(f[1][0] - e[1][0]) for f, e in zip(fast8, eager8, strict=True))
-        # scoring: the own pass vs transformers' forward on the same FP8 weights (nats per token)
-        k = min(b, 16)
-        own = fp8.score(prompts[:k], refs[:k])
-        fp8.fast_decoder.own_forward = False
-        ref_scores = fp8.score(prompts[:k], refs[:k])
-        set_variant([fp8], variants[-1])
-        d_tok = [abs(a.logprob_sum - c.logprob_sum) / max(1, a.n_tokens) for a, c in zip(own, ref_scores, strict=True)]
-        say(f"batch {b} ({variants[-1]}): fast-vs-eager greedy agreement (FP8, {len(rows)} prompts x 16 tokens): "
-            f"first token {first:.3f} (max |dlogprob| {lp0:.4f}), same-history decisions {agree[2]:.4f}, positions "
-            f"{agree[0]:.4f}; scoring own pass vs transformers forward: mean |d| {statistics.mean(d_tok):.5f}, max "
-            f"{max(d_tok):.5f} nats/token")
+        if b == batches[0]:  # the same 16 prompts at every batch: checked once
+            for label, eng in (("FP16", fp16), ("FP8", fp8)):
+                check_against_eager(eng, label, prompts, refs, variants[-1])
         profile_these = [int(x) for x in args.profile_batches.split(",")] if args.profile_batches else batches
         if not args.no_profile and b in profile_these:
             head = fp16.model.lm_head.weight

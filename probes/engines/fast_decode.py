@@ -51,6 +51,8 @@ T_BUCKET = 128
 MAX_BUCKETS = 3
 #: decode attends over the cache up to the current position rounded up to a multiple of this
 LIVE_WINDOW = 128
+#: the input (of ``fast_forward.forward_layer``) each linear, or merged pair/triple, reads
+COUNT_INPUT = {"q": "h", "k": "h", "v": "h", "qkv": "h", "o": "a", "gate": "h2", "up": "h2", "gu": "h2", "down": "m"}
 
 
 def unsupported_reason(model: nn.Module) -> str | None:
@@ -99,11 +101,22 @@ def linear(x: torch.Tensor, p: dict[str, Any]) -> torch.Tensor:
     if kind == "fp8":
         out = torch._scaled_mm(quant(x2, p["sx_in"]), p["w"].t(), scale_a=p["sx"], scale_b=p["sw"],
                                out_dtype=x.dtype)
+    elif kind == "fp8cols":  # merged FP8 linears: each one's per-tensor weight scale applied to its columns
+        out = torch._scaled_mm(quant(x2, p["sx_in"]), p["w"].t(), scale_a=p["sx"], scale_b=p["one"],
+                               out_dtype=torch.float32)
+        out = (out * p["sw_cols"]).to(x.dtype)
     else:
         mod: Fp8Linear = p["mod"]
         x8, sa = quant(x2, p["sx_in"]), mod.act_scale
         out = mod._matmul_scaled_mm(x8, sa) if mod.backend == "scaled_mm" else mod._matmul_emulated(x8, sa)
     return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def projections(h: torch.Tensor, p: dict[str, Any], merged: str, names: tuple[str, ...]) -> list[torch.Tensor]:
+    """The outputs of linears ``names`` that read ``h``: one GEMM when the layer has them ``merged``."""
+    if merged in p:
+        return list(linear(h, p[merged]).split(p[merged]["sizes"], dim=-1))
+    return [linear(h, p[n]) for n in names]
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -135,9 +148,8 @@ def decode_layer(x: torch.Tensor, p: dict[str, Any], kc: torch.Tensor, vc: torch
     b = x.shape[0]
     kvh, d = kc.shape[1], kc.shape[3]
     h = rms_norm(x, p["ln1"], eps)
-    q = linear(h, p["q"]).view(b, -1, d)
-    k = linear(h, p["k"]).view(b, kvh, d)
-    v = linear(h, p["v"]).view(b, kvh, d)
+    q, k, v = projections(h, p, "qkv", ("q", "k", "v"))
+    q, k, v = q.view(b, -1, d), k.view(b, kvh, d), v.view(b, kvh, d)
     c, s = cos[:, None, :], sin[:, None, :]
     q = q * c + rotate_half(q) * s
     k = k * c + rotate_half(k) * s
@@ -145,7 +157,8 @@ def decode_layer(x: torch.Tensor, p: dict[str, Any], kc: torch.Tensor, vc: torch
     vc.index_copy_(2, slot, v.unsqueeze(2))
     x = x + linear(attend(q, kc, vc, kmask), p["o"])
     h = rms_norm(x, p["ln2"], eps)
-    return x + linear(F.silu(linear(h, p["gate"])) * linear(h, p["up"]), p["down"])
+    gate, up = projections(h, p, "gu", ("gate", "up"))
+    return x + linear(F.silu(gate) * up, p["down"])
 
 
 def decode_head(x: torch.Tensor, ln: torch.Tensor, head: dict[str, Any],
@@ -176,6 +189,41 @@ def _lin(mod: nn.Module) -> dict[str, Any]:
     return {"kind": "plain", "w": mod.weight}
 
 
+def _fp32_scaled_mm(device: torch.device) -> bool:
+    """Whether ``torch._scaled_mm`` gives float32 output here (what a merged FP8 product needs)."""
+    try:
+        a = torch.zeros(16, 16, device=device).to(FP8_DTYPE)
+        one = torch.ones(1, device=device)
+        torch._scaled_mm(a, a.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
+        return True
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
+def merge_linears(mods: list[nn.Module]) -> dict[str, Any] | None:
+    """One GEMM for linears that read the same input (q/k/v, gate/up): their weights concatenated, the
+    modules left holding views of the merged tensor (no memory added; the eager path reads the same
+    values). FP8 needs one activation scale for all and float32 output from ``_scaled_mm`` (each
+    per-tensor weight scale is then applied to its own columns). None when they cannot be merged."""
+    sizes = tuple(int(m.out_features) for m in mods)
+    if all(type(m) is nn.Linear and m.bias is None for m in mods):
+        w = torch.cat([m.weight.detach() for m in mods])
+        for m, part in zip(mods, w.split(sizes), strict=True):
+            m.weight = nn.Parameter(part, requires_grad=False)
+        return {"kind": "plain", "w": w, "sizes": sizes}
+    fp8 = [m for m in mods if isinstance(m, Fp8Linear) and m.backend == "scaled_mm" and m.weight_mode == "tensor"
+           and m.bias is None]
+    if len(fp8) < len(mods) or len({m.act_amax for m in fp8}) != 1 or not _fp32_scaled_mm(fp8[0].weight_fp8.device):
+        return None
+    w = torch.cat([m.weight_fp8 for m in fp8])
+    for m, part in zip(fp8, w.split(sizes), strict=True):
+        m.weight_fp8 = part
+    first = fp8[0]
+    return {"kind": "fp8cols", "w": w, "sizes": sizes, "sx": first.act_scale,
+            "sx_in": first._scale_in(first.out_dtype), "one": torch.ones(1, device=w.device),
+            "sw_cols": torch.cat([m.weight_scale.float().expand(m.out_features) for m in fp8])}
+
+
 @dataclass
 class _Bucket:
     """Static tensors (and the captured graph) of one (batch, cache length) shape."""
@@ -199,7 +247,7 @@ class FastDecoder:
     """Greedy decoding of a Llama-shaped HF model (fp16/bf16/fp32 or with ``Fp8Linear`` layers)."""
 
     def __init__(self, model: nn.Module, *, compile: bool | None = None, cuda_graphs: bool | None = None,
-                 check_every: int = 8, max_batch: int = 16) -> None:
+                 check_every: int = 8, max_batch: int = 16, merge: bool = True) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"fast decode not supported: {reason}")
@@ -217,20 +265,30 @@ class FastDecoder:
         self.embed = inner.embed_tokens.weight
         self.final_ln = inner.norm.weight
         self.layers: list[dict[str, Any]] = []
+        #: per layer, groups of Fp8Linear modules sharing one saturation count (``p["counts"]`` order)
+        self._sat_mods: list[list[list[Fp8Linear]]] = []
         for lay in inner.layers:
             a, m = lay.self_attn, lay.mlp
-            self.layers.append({"ln1": lay.input_layernorm.weight, "ln2": lay.post_attention_layernorm.weight,
-                                "q": _lin(a.q_proj), "k": _lin(a.k_proj), "v": _lin(a.v_proj),
-                                "o": _lin(a.o_proj), "gate": _lin(m.gate_proj), "up": _lin(m.up_proj),
-                                "down": _lin(m.down_proj)})
-        self.head = _lin(model.lm_head)  # type: ignore[attr-defined]
-        #: per layer, the Fp8Linear modules (``fast_forward.LINEARS`` order) whose saturation is counted
-        self._sat_mods: list[list[Fp8Linear]] = []
-        for lay in inner.layers:
-            a, m = lay.self_attn, lay.mlp
-            mods = [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
+            qkv = merge_linears([a.q_proj, a.k_proj, a.v_proj]) if merge else None
+            gu = merge_linears([m.gate_proj, m.up_proj]) if merge else None
+            p = {"ln1": lay.input_layernorm.weight, "ln2": lay.post_attention_layernorm.weight,
+                 "q": _lin(a.q_proj), "k": _lin(a.k_proj), "v": _lin(a.v_proj), "o": _lin(a.o_proj),
+                 "gate": _lin(m.gate_proj), "up": _lin(m.up_proj), "down": _lin(m.down_proj)}
+            groups = {"q": [a.q_proj], "k": [a.k_proj], "v": [a.v_proj], "o": [a.o_proj], "gate": [m.gate_proj],
+                      "up": [m.up_proj], "down": [m.down_proj]}
+            if qkv is not None:
+                p["qkv"] = qkv
+                groups["qkv"] = [groups.pop(k)[0] for k in ("q", "k", "v")]
+            if gu is not None:
+                p["gu"] = gu
+                groups["gu"] = [groups.pop(k)[0] for k in ("gate", "up")]
+            # which input each saturation count reads, and through whose scale (see fast_forward.forward_layer)
+            p["counts"] = tuple((COUNT_INPUT[k], k) for k in groups)
+            self.layers.append(p)
+            mods = [x for g in groups.values() for x in g]
             if all(isinstance(x, Fp8Linear) and x.track_saturation for x in mods):
-                self._sat_mods.append(mods)
+                self._sat_mods.append(list(groups.values()))
+        self.head = _lin(model.lm_head)  # type: ignore[attr-defined]
         #: prefill and scoring through ``fast_forward`` (False: the model's transformers forward)
         self.own_forward = True
         #: decode attention over keys [0, position rounded up to this); 0: the whole cache bucket
@@ -465,14 +523,15 @@ class FastDecoder:
         return linear(h, self.head)
 
     def _add_saturation(self, sats: torch.Tensor, mask: torch.Tensor) -> None:
-        """sats [layers, 7, B, L] clipped values per token -> each Fp8Linear's counters (valid tokens)."""
+        """sats [layers, counts, B, L] clipped values per token -> the Fp8Linear counters (valid tokens)."""
         valid = mask.to(torch.float64)
-        per_linear = (sats.to(torch.float64) * valid).sum((2, 3))
+        per_count = (sats.to(torch.float64) * valid).sum((2, 3))
         n_valid = valid.sum()
-        for mods, row in zip(self._sat_mods, per_linear, strict=True):
-            for mod, n_sat in zip(mods, row, strict=True):
-                mod._n_saturated += n_sat
-                mod._n_values += n_valid * mod.in_features
+        for groups, row in zip(self._sat_mods, per_count, strict=True):
+            for group, n_sat in zip(groups, row, strict=True):
+                for mod in group:
+                    mod._n_saturated += n_sat
+                    mod._n_values += n_valid * mod.in_features
 
     def _prefill(self, bk: _Bucket, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The prompts' forward (``hidden``, or the model's own with ``own_forward`` off); K/V into the

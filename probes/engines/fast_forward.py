@@ -21,11 +21,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from probes.engines.fast_decode import linear, rms_norm, rotate_half
+from probes.engines.fast_decode import linear, projections, rms_norm, rotate_half
 from probes.fp8 import E4M3_MAX
-
-#: the order of a layer's linears in the saturation counts ``forward_layer`` returns
-LINEARS = ("q", "k", "v", "o", "gate", "up", "down")
 
 
 def clipped(x: torch.Tensor, p: dict[str, Any]) -> torch.Tensor:
@@ -54,25 +51,25 @@ def forward_layer(x: torch.Tensor, p: dict[str, Any], cos: torch.Tensor, sin: to
                   eps: float, count: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """One Llama layer over whole sequences. x [B, L, hidden]; cos, sin [B, L, D] of each position;
     amask [B, 1, L, L] (True: may attend). Returns (x, k, v, clipped) with k, v [B, KVH, L, D] after
-    rotary and, when ``count``, the clipped values per linear (``LINEARS``) and token [7, B, L]."""
+    rotary and, when ``count``, the clipped values per token [len(p["counts"]), B, L]: one count per
+    (input, linear) of ``p["counts"]`` (a merged q/k/v or gate/up is counted once)."""
     b, n = x.shape[0], x.shape[1]
     d = cos.shape[-1]
     h = rms_norm(x, p["ln1"], eps)
-    q = linear(h, p["q"]).view(b, n, -1, d).transpose(1, 2)
-    k = linear(h, p["k"]).view(b, n, -1, d).transpose(1, 2)
-    v = linear(h, p["v"]).view(b, n, -1, d).transpose(1, 2)
+    q, k, v = (t.view(b, n, -1, d).transpose(1, 2) for t in projections(h, p, "qkv", ("q", "k", "v")))
     c, s = cos[:, None], sin[:, None]
     q = q * c + rotate_half(q) * s
     k = k * c + rotate_half(k) * s
     a = attention(q, k, v, amask)
     x = x + linear(a, p["o"])
     h2 = rms_norm(x, p["ln2"], eps)
-    m = F.silu(linear(h2, p["gate"])) * linear(h2, p["up"])
+    gate, up = projections(h2, p, "gu", ("gate", "up"))
+    m = F.silu(gate) * up
     x = x + linear(m, p["down"])
     sat = None
     if count:
-        sat = torch.stack([clipped(h, p["q"]), clipped(h, p["k"]), clipped(h, p["v"]), clipped(a, p["o"]),
-                           clipped(h2, p["gate"]), clipped(h2, p["up"]), clipped(m, p["down"])])
+        inputs = {"h": h, "a": a, "h2": h2, "m": m}
+        sat = torch.stack([clipped(inputs[src], p[key]) for src, key in p["counts"]])
     return x, k, v, sat
 
 
