@@ -47,6 +47,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, amask: torch.Te
     return a.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
 
 
+def _merged(p: dict[str, Any], key: str) -> str:
+    """Whole sequences use a merged GEMM only in FP16: the merged FP8 product writes float32, which
+    made prefill and scoring slower on the H200 (a win only at decode's few rows)."""
+    return key if key in p and p[key]["kind"] == "plain" else ""
+
+
 def forward_layer(x: torch.Tensor, p: dict[str, Any], cos: torch.Tensor, sin: torch.Tensor, amask: torch.Tensor,
                   eps: float, count: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """One Llama layer over whole sequences. x [B, L, hidden]; cos, sin [B, L, D] of each position;
@@ -56,14 +62,14 @@ def forward_layer(x: torch.Tensor, p: dict[str, Any], cos: torch.Tensor, sin: to
     b, n = x.shape[0], x.shape[1]
     d = cos.shape[-1]
     h = rms_norm(x, p["ln1"], eps)
-    q, k, v = (t.view(b, n, -1, d).transpose(1, 2) for t in projections(h, p, "qkv", ("q", "k", "v")))
+    q, k, v = (t.view(b, n, -1, d).transpose(1, 2) for t in projections(h, p, _merged(p, "qkv"), ("q", "k", "v")))
     c, s = cos[:, None], sin[:, None]
     q = q * c + rotate_half(q) * s
     k = k * c + rotate_half(k) * s
     a = attention(q, k, v, amask)
     x = x + linear(a, p["o"])
     h2 = rms_norm(x, p["ln2"], eps)
-    gate, up = projections(h2, p, "gu", ("gate", "up"))
+    gate, up = projections(h2, p, _merged(p, "gu"), ("gate", "up"))
     m = F.silu(gate) * up
     x = x + linear(m, p["down"])
     sat = None
