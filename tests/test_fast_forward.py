@@ -119,7 +119,7 @@ def test_merged_linears_give_the_separate_products_and_keep_the_weights_shared()
     import torch
     from torch import nn
 
-    from probes.engines.fast_decode import _lin, linear, merge_linears
+    from probes.engines.fast_layers import lin_params, linear, merge_linears
     from probes.fp8 import Fp8Linear
 
     g = torch.Generator().manual_seed(1)
@@ -136,7 +136,7 @@ def test_merged_linears_give_the_separate_products_and_keep_the_weights_shared()
     fp8 = [Fp8Linear(torch.randn(n, 32, generator=g) * s, None, 3.0) for n, s in ((32, 0.1), (16, 1.0), (16, 0.01))]
     for m in fp8:
         m.backend = "scaled_mm"  # CPU torch runs _scaled_mm too (float32 output)
-    separate = [linear(x, _lin(m)) for m in fp8]
+    separate = [linear(x, lin_params(m)) for m in fp8]
     merged8 = merge_linears(fp8)
     if merged8 is None:
         pytest.skip("_scaled_mm with float32 output is not available on this device")

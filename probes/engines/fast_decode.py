@@ -40,7 +40,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from probes.fp8 import E4M3_MAX, FP8_DTYPE, Fp8Linear
+from probes.engines.fast_forward import forward_layer, sequence_inputs
+from probes.engines.fast_layers import (
+    COUNT_INPUT,
+    lin_params,
+    linear,
+    merge_linears,
+    projections,
+    rms_norm,
+    rotate_half,
+)
+from probes.fp8 import Fp8Linear
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +61,6 @@ T_BUCKET = 128
 MAX_BUCKETS = 3
 #: decode attends over the cache up to the current position rounded up to a multiple of this
 LIVE_WINDOW = 128
-#: the input (of ``fast_forward.forward_layer``) each linear, or merged pair/triple, reads
-COUNT_INPUT = {"q": "h", "k": "h", "v": "h", "qkv": "h", "o": "a", "gate": "h2", "up": "h2", "gu": "h2", "down": "m"}
 
 
 def unsupported_reason(model: nn.Module) -> str | None:
@@ -86,49 +94,6 @@ def _rope_theta(cfg: Any) -> float:
 
 
 # -- the decode step as pure functions (what torch.compile traces) ---------------------------------
-def quant(x: torch.Tensor, sx: torch.Tensor) -> torch.Tensor:
-    """Static FP8 activation quantisation, as ``Fp8Linear`` does it (divide in the activation dtype)."""
-    return (x / sx).clamp(-E4M3_MAX, E4M3_MAX).to(FP8_DTYPE)
-
-
-def linear(x: torch.Tensor, p: dict[str, Any]) -> torch.Tensor:
-    """One GEMM over the last dim of ``x``. ``p['kind']``: fp16 (plain), fp8 (static per-tensor,
-    _scaled_mm) or module (an ``Fp8Linear``'s own quantise + product: per-row weights, CPU emulation)."""
-    kind = p["kind"]
-    if kind == "plain":
-        return F.linear(x, p["w"])
-    x2 = x.reshape(-1, x.shape[-1])
-    if kind == "fp8":
-        out = torch._scaled_mm(quant(x2, p["sx_in"]), p["w"].t(), scale_a=p["sx"], scale_b=p["sw"],
-                               out_dtype=x.dtype)
-    elif kind == "fp8cols":  # merged FP8 linears: each one's per-tensor weight scale applied to its columns
-        out = torch._scaled_mm(quant(x2, p["sx_in"]), p["w"].t(), scale_a=p["sx"], scale_b=p["one"],
-                               out_dtype=torch.float32)
-        out = (out * p["sw_cols"]).to(x.dtype)
-    else:
-        mod: Fp8Linear = p["mod"]
-        x8, sa = quant(x2, p["sx_in"]), mod.act_scale
-        out = mod._matmul_scaled_mm(x8, sa) if mod.backend == "scaled_mm" else mod._matmul_emulated(x8, sa)
-    return out.reshape(*x.shape[:-1], out.shape[-1])
-
-
-def projections(h: torch.Tensor, p: dict[str, Any], merged: str, names: tuple[str, ...]) -> list[torch.Tensor]:
-    """The outputs of linears ``names`` that read ``h``: one GEMM when the layer has them ``merged``."""
-    if merged in p:
-        return list(linear(h, p[merged]).split(p[merged]["sizes"], dim=-1))
-    return [linear(h, p[n]) for n in names]
-
-
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat((-b, a), dim=-1)
-
-
 def attend(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, kmask: torch.Tensor) -> torch.Tensor:
     """Attention of one new query per row over the live part of the static cache: q [B, NH, D],
     kc/vc [B, KVH, T, D], kmask [B, live] (keys past ``live`` are not read). Through ``scaled_dot_product_attention`` like the eager transformers path (scores
@@ -175,53 +140,6 @@ def step_inputs(slot: torch.Tensor, pad: torch.Tensor, cos_t: torch.Tensor, sin_
     pos = slot - pad
     kmask = (key_idx[None, :] >= pad[:, None]) & (key_idx[None, :] <= slot)
     return cos_t[pos], sin_t[pos], kmask
-
-
-# -- weights ---------------------------------------------------------------------------------------
-def _lin(mod: nn.Module) -> dict[str, Any]:
-    if isinstance(mod, Fp8Linear):
-        sx_in = mod._scale_in(mod.out_dtype)
-        if mod.backend == "scaled_mm" and mod.weight_mode == "tensor":
-            return {"kind": "fp8", "w": mod.weight_fp8, "sw": mod.weight_scale, "sx": mod.act_scale,
-                    "sx_in": sx_in}
-        return {"kind": "module", "mod": mod, "sx_in": sx_in}
-    assert isinstance(mod, nn.Linear)
-    return {"kind": "plain", "w": mod.weight}
-
-
-def _fp32_scaled_mm(device: torch.device) -> bool:
-    """Whether ``torch._scaled_mm`` gives float32 output here (what a merged FP8 product needs)."""
-    try:
-        a = torch.zeros(16, 16, device=device).to(FP8_DTYPE)
-        one = torch.ones(1, device=device)
-        torch._scaled_mm(a, a.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
-        return True
-    except (RuntimeError, NotImplementedError):
-        return False
-
-
-def merge_linears(mods: list[nn.Module]) -> dict[str, Any] | None:
-    """One GEMM for linears that read the same input (q/k/v, gate/up): their weights concatenated, the
-    modules left holding views of the merged tensor (no memory added; the eager path reads the same
-    values). FP8 needs one activation scale for all and float32 output from ``_scaled_mm`` (each
-    per-tensor weight scale is then applied to its own columns). None when they cannot be merged."""
-    sizes = tuple(int(m.out_features) for m in mods)
-    if all(type(m) is nn.Linear and m.bias is None for m in mods):
-        w = torch.cat([m.weight.detach() for m in mods])
-        for m, part in zip(mods, w.split(sizes), strict=True):
-            m.weight = nn.Parameter(part, requires_grad=False)
-        return {"kind": "plain", "w": w, "sizes": sizes}
-    fp8 = [m for m in mods if isinstance(m, Fp8Linear) and m.backend == "scaled_mm" and m.weight_mode == "tensor"
-           and m.bias is None]
-    if len(fp8) < len(mods) or len({m.act_amax for m in fp8}) != 1 or not _fp32_scaled_mm(fp8[0].weight_fp8.device):
-        return None
-    w = torch.cat([m.weight_fp8 for m in fp8])
-    for m, part in zip(fp8, w.split(sizes), strict=True):
-        m.weight_fp8 = part
-    first = fp8[0]
-    return {"kind": "fp8cols", "w": w, "sizes": sizes, "sx": first.act_scale,
-            "sx_in": first._scale_in(first.out_dtype), "one": torch.ones(1, device=w.device),
-            "sw_cols": torch.cat([m.weight_scale.float().expand(m.out_features) for m in fp8])}
 
 
 @dataclass
@@ -272,8 +190,8 @@ class FastDecoder:
             qkv = merge_linears([a.q_proj, a.k_proj, a.v_proj]) if merge else None
             gu = merge_linears([m.gate_proj, m.up_proj]) if merge else None
             p = {"ln1": lay.input_layernorm.weight, "ln2": lay.post_attention_layernorm.weight,
-                 "q": _lin(a.q_proj), "k": _lin(a.k_proj), "v": _lin(a.v_proj), "o": _lin(a.o_proj),
-                 "gate": _lin(m.gate_proj), "up": _lin(m.up_proj), "down": _lin(m.down_proj)}
+                 "q": lin_params(a.q_proj), "k": lin_params(a.k_proj), "v": lin_params(a.v_proj), "o": lin_params(a.o_proj),
+                 "gate": lin_params(m.gate_proj), "up": lin_params(m.up_proj), "down": lin_params(m.down_proj)}
             groups = {"q": [a.q_proj], "k": [a.k_proj], "v": [a.v_proj], "o": [a.o_proj], "gate": [m.gate_proj],
                       "up": [m.up_proj], "down": [m.down_proj]}
             if qkv is not None:
@@ -288,7 +206,7 @@ class FastDecoder:
             mods = [x for g in groups.values() for x in g]
             if all(isinstance(x, Fp8Linear) and x.track_saturation for x in mods):
                 self._sat_mods.append(list(groups.values()))
-        self.head = _lin(model.lm_head)  # type: ignore[attr-defined]
+        self.head = lin_params(model.lm_head)  # type: ignore[attr-defined]
         #: prefill and scoring through ``fast_forward`` (False: the model's transformers forward)
         self.own_forward = True
         #: decode attention over keys [0, position rounded up to this); 0: the whole cache bucket
@@ -301,8 +219,6 @@ class FastDecoder:
         self._layer_fn: Callable[..., Any] = decode_layer
         self._head_fn: Callable[..., Any] = decode_head
         self._inputs_fn: Callable[..., Any] = step_inputs
-        from probes.engines.fast_forward import forward_layer
-
         self._forward_fn: Callable[..., Any] = forward_layer
         if self.compile:
             import torch._inductor.config as inductor_config
@@ -494,8 +410,6 @@ class FastDecoder:
         """Final-norm hidden states [B, keep, hidden] of the last ``keep`` positions of a left-padded
         batch (``fast_forward.forward_layer`` per layer); with ``kv_into``, each layer's K/V are copied
         into that bucket's static cache. FP8 layers count saturation over the valid tokens."""
-        from probes.engines.fast_forward import sequence_inputs
-
         width = ids.shape[1]
         cos_t, sin_t, _ = self._rope_table(-(-width // T_BUCKET) * T_BUCKET)
         cos, sin, amask = sequence_inputs(mask, cos_t, sin_t)

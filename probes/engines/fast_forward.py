@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from probes.engines.fast_decode import linear, projections, rms_norm, rotate_half
+from probes.engines.fast_layers import linear, projections, rms_norm, rotate_half
 from probes.fp8 import E4M3_MAX
 
 
