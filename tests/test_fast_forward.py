@@ -39,10 +39,22 @@ def _engines(precision: str, **extra):
     if precision == "fp8" and "calibration" not in extra:
         cal = TorchEngine(precision="fp16", model=copy.deepcopy(base), tokenizer=byte_tokenizer(), fast="off")
         extra["calibration"] = calibrate_engine(cal, MIXED)
-    eager = TorchEngine(precision=precision, model=copy.deepcopy(base), tokenizer=byte_tokenizer(), fast="off",
-                        batch_size=4, **extra)
-    fast = TorchEngine(precision=precision, model=copy.deepcopy(base), tokenizer=byte_tokenizer(), fast="on",
-                       batch_size=4, **extra)
+    eager = TorchEngine(
+        precision=precision,
+        model=copy.deepcopy(base),
+        tokenizer=byte_tokenizer(),
+        fast="off",
+        batch_size=4,
+        **extra,
+    )
+    fast = TorchEngine(
+        precision=precision,
+        model=copy.deepcopy(base),
+        tokenizer=byte_tokenizer(),
+        fast="on",
+        batch_size=4,
+        **extra,
+    )
     return eager, fast
 
 
@@ -133,7 +145,10 @@ def test_merged_linears_give_the_separate_products_and_keep_the_weights_shared()
     base = merged["w"].untyped_storage().data_ptr()
     assert all(m.weight.untyped_storage().data_ptr() == base for m in plain)
 
-    fp8 = [Fp8Linear(torch.randn(n, 32, generator=g) * s, None, 3.0) for n, s in ((32, 0.1), (16, 1.0), (16, 0.01))]
+    fp8 = [
+        Fp8Linear(torch.randn(n, 32, generator=g) * s, None, 3.0)
+        for n, s in ((32, 0.1), (16, 1.0), (16, 0.01))
+    ]
     for m in fp8:
         m.backend = "scaled_mm"  # CPU torch runs _scaled_mm too (float32 output)
     separate = [linear(x, lin_params(m)) for m in fp8]

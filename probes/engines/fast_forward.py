@@ -53,8 +53,15 @@ def _merged(p: dict[str, Any], key: str) -> str:
     return key if key in p and p[key]["kind"] == "plain" else ""
 
 
-def forward_layer(x: torch.Tensor, p: dict[str, Any], cos: torch.Tensor, sin: torch.Tensor, amask: torch.Tensor,
-                  eps: float, count: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def forward_layer(
+    x: torch.Tensor,
+    p: dict[str, Any],
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    amask: torch.Tensor,
+    eps: float,
+    count: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """One Llama layer over whole sequences. x [B, L, hidden]; cos, sin [B, L, D] of each position;
     amask [B, 1, L, L] (True: may attend). Returns (x, k, v, clipped) with k, v [B, KVH, L, D] after
     rotary and, when ``count``, the clipped values per token [len(p["counts"]), B, L]: one count per
@@ -62,7 +69,9 @@ def forward_layer(x: torch.Tensor, p: dict[str, Any], cos: torch.Tensor, sin: to
     b, n = x.shape[0], x.shape[1]
     d = cos.shape[-1]
     h = rms_norm(x, p["ln1"], eps)
-    q, k, v = (t.view(b, n, -1, d).transpose(1, 2) for t in projections(h, p, _merged(p, "qkv"), ("q", "k", "v")))
+    q, k, v = (
+        t.view(b, n, -1, d).transpose(1, 2) for t in projections(h, p, _merged(p, "qkv"), ("q", "k", "v"))
+    )
     c, s = cos[:, None], sin[:, None]
     q = q * c + rotate_half(q) * s
     k = k * c + rotate_half(k) * s
@@ -79,8 +88,9 @@ def forward_layer(x: torch.Tensor, p: dict[str, Any], cos: torch.Tensor, sin: to
     return x, k, v, sat
 
 
-def sequence_inputs(mask: torch.Tensor, cos_t: torch.Tensor, sin_t: torch.Tensor
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def sequence_inputs(
+    mask: torch.Tensor, cos_t: torch.Tensor, sin_t: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """For a left-padded ``mask`` [B, L]: each position's rotary cos/sin [B, L, D] and the attention
     mask [B, 1, L, L] (causal over valid keys; a pad query sees itself)."""
     n = mask.shape[1]

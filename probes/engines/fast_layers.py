@@ -13,7 +13,17 @@ from torch import nn
 from probes.fp8 import E4M3_MAX, FP8_DTYPE, Fp8Linear
 
 #: the input (of ``fast_forward.forward_layer``) each linear, or merged pair/triple, reads
-COUNT_INPUT = {"q": "h", "k": "h", "v": "h", "qkv": "h", "o": "a", "gate": "h2", "up": "h2", "gu": "h2", "down": "m"}
+COUNT_INPUT = {
+    "q": "h",
+    "k": "h",
+    "v": "h",
+    "qkv": "h",
+    "o": "a",
+    "gate": "h2",
+    "up": "h2",
+    "gu": "h2",
+    "down": "m",
+}
 
 
 def quant(x: torch.Tensor, sx: torch.Tensor) -> torch.Tensor:
@@ -29,11 +39,13 @@ def linear(x: torch.Tensor, p: dict[str, Any]) -> torch.Tensor:
         return F.linear(x, p["w"])
     x2 = x.reshape(-1, x.shape[-1])
     if kind == "fp8":
-        out = torch._scaled_mm(quant(x2, p["sx_in"]), p["w"].t(), scale_a=p["sx"], scale_b=p["sw"],
-                               out_dtype=x.dtype)
+        out = torch._scaled_mm(
+            quant(x2, p["sx_in"]), p["w"].t(), scale_a=p["sx"], scale_b=p["sw"], out_dtype=x.dtype
+        )
     elif kind == "fp8cols":  # merged FP8 linears: each one's per-tensor weight scale applied to its columns
-        out = torch._scaled_mm(quant(x2, p["sx_in"]), p["w"].t(), scale_a=p["sx"], scale_b=p["one"],
-                               out_dtype=torch.float32)
+        out = torch._scaled_mm(
+            quant(x2, p["sx_in"]), p["w"].t(), scale_a=p["sx"], scale_b=p["one"], out_dtype=torch.float32
+        )
         out = (out * p["sw_cols"]).to(x.dtype)
     else:
         mod: Fp8Linear = p["mod"]
@@ -42,7 +54,9 @@ def linear(x: torch.Tensor, p: dict[str, Any]) -> torch.Tensor:
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
-def projections(h: torch.Tensor, p: dict[str, Any], merged: str, names: tuple[str, ...]) -> list[torch.Tensor]:
+def projections(
+    h: torch.Tensor, p: dict[str, Any], merged: str, names: tuple[str, ...]
+) -> list[torch.Tensor]:
     """The outputs of linears ``names`` that read ``h``: one GEMM when the layer has them ``merged``."""
     if merged in p:
         return list(linear(h, p[merged]).split(p[merged]["sizes"], dim=-1))
@@ -63,8 +77,13 @@ def lin_params(mod: nn.Module) -> dict[str, Any]:
     if isinstance(mod, Fp8Linear):
         sx_in = mod._scale_in(mod.out_dtype)
         if mod.backend == "scaled_mm" and mod.weight_mode == "tensor":
-            return {"kind": "fp8", "w": mod.weight_fp8, "sw": mod.weight_scale, "sx": mod.act_scale,
-                    "sx_in": sx_in}
+            return {
+                "kind": "fp8",
+                "w": mod.weight_fp8,
+                "sw": mod.weight_scale,
+                "sx": mod.act_scale,
+                "sx_in": sx_in,
+            }
         return {"kind": "module", "mod": mod, "sx_in": sx_in}
     assert isinstance(mod, nn.Linear)
     return {"kind": "plain", "w": mod.weight}
@@ -92,14 +111,30 @@ def merge_linears(mods: list[nn.Module]) -> dict[str, Any] | None:
         for m, part in zip(mods, w.split(sizes), strict=True):
             m.weight = nn.Parameter(part, requires_grad=False)
         return {"kind": "plain", "w": w, "sizes": sizes}
-    fp8 = [m for m in mods if isinstance(m, Fp8Linear) and m.backend == "scaled_mm" and m.weight_mode == "tensor"
-           and m.bias is None]
-    if len(fp8) < len(mods) or len({m.act_amax for m in fp8}) != 1 or not _fp32_scaled_mm(fp8[0].weight_fp8.device):
+    fp8 = [
+        m
+        for m in mods
+        if isinstance(m, Fp8Linear)
+        and m.backend == "scaled_mm"
+        and m.weight_mode == "tensor"
+        and m.bias is None
+    ]
+    if (
+        len(fp8) < len(mods)
+        or len({m.act_amax for m in fp8}) != 1
+        or not _fp32_scaled_mm(fp8[0].weight_fp8.device)
+    ):
         return None
     w = torch.cat([m.weight_fp8 for m in fp8])
     for m, part in zip(fp8, w.split(sizes), strict=True):
         m.weight_fp8 = part
     first = fp8[0]
-    return {"kind": "fp8cols", "w": w, "sizes": sizes, "sx": first.act_scale,
-            "sx_in": first._scale_in(first.out_dtype), "one": torch.ones(1, device=w.device),
-            "sw_cols": torch.cat([m.weight_scale.float().expand(m.out_features) for m in fp8])}
+    return {
+        "kind": "fp8cols",
+        "w": w,
+        "sizes": sizes,
+        "sx": first.act_scale,
+        "sx_in": first._scale_in(first.out_dtype),
+        "one": torch.ones(1, device=w.device),
+        "sw_cols": torch.cat([m.weight_scale.float().expand(m.out_features) for m in fp8]),
+    }
