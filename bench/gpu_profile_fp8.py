@@ -17,7 +17,8 @@ attention, FP8 quantisation, norm/rope/elementwise, log-softmax/argmax, copies) 
 
 ``--variants old,own,new`` times engine variants in the same process, one after the other per batch
 (each with its own warm-up round): ``old`` = prefill and scoring through transformers' forward and
-decode attention over the whole cache bucket (the engine before issue 22 item 1), ``own`` = prefill
+decode attention over the whole cache bucket (the engine before issue 22 item 1, except that the
+merged q/k/v and gate/up decode GEMMs are fixed when the engine is built), ``own`` = prefill
 and scoring through the fast path's own compiled layer, ``new`` = that plus decode attention over the
 live part of the cache (the shipped default). The profile and the agreement checks use the last one.
 """
