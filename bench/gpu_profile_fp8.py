@@ -14,6 +14,13 @@ attention, FP8 quantisation, norm/rope/elementwise, log-softmax/argmax, copies) 
 
     python bench/gpu_profile_fp8.py --out $OUT/profile.txt        # on the GPU
     python bench/gpu_profile_fp8.py --smoke                         # tiny, CPU (paths only)
+
+``--variants old,own,new`` times engine variants in the same process, one after the other per batch
+(each with its own warm-up round): ``old`` = prefill and scoring through transformers' forward and
+decode attention over the whole cache bucket (the engine before issue 22 item 1, except that the
+merged q/k/v and gate/up decode GEMMs are fixed when the engine is built), ``own`` = prefill
+and scoring through the fast path's own compiled layer, ``new`` = that plus decode attention over the
+live part of the cache (the shipped default). The profile and the agreement checks use the last one.
 """
 
 from __future__ import annotations
@@ -56,6 +63,16 @@ def classify(name: str) -> str:
         if any(k in low for k in keys):
             return cls
     return "other"
+
+
+VARIANTS = {"old": (False, 0), "own": (True, 0), "new": (True, 128)}  # (own_forward, live_window)
+
+
+def set_variant(engines: list[Any], name: str) -> None:
+    own, window = VARIANTS[name]
+    for eng in engines:
+        if eng.fast_decoder is not None:
+            eng.fast_decoder.own_forward, eng.fast_decoder.live_window = own, window
 
 
 def run_round(engine: Any, prompts: list[str], refs: list[str], new_tokens: int, batch: int) -> tuple[float, float]:
@@ -120,6 +137,26 @@ def lm_head_ms(head: torch.Tensor, batch: int, reps: int = 20) -> float:
     return a.elapsed_time(b) / (5 * reps)
 
 
+def check_against_eager(eng: Any, label: str, prompts: list[str], refs: list[str], variant: str) -> None:
+    """Greedy tokens of the fast path vs the eager transformers loop (same weights, 16 prompts x 16
+    tokens), and the scoring pass vs transformers' forward (nats per token)."""
+    eager = copy.copy(eng)
+    eager.fast_decoder = None
+    rows = [eng.encode_prompt(p) for p in prompts[:16]]
+    fast_out, eager_out = eng._generate_batch(rows, 16), eager._generate_batch(rows, 16)
+    agree = token_agreement([t for t, _ in fast_out], [t for t, _ in eager_out])
+    first = sum(f[0][0] == e[0][0] for f, e in zip(fast_out, eager_out, strict=True)) / len(rows)
+    lp0 = max(abs(f[1][0] - e[1][0]) for f, e in zip(fast_out, eager_out, strict=True))
+    own = eng.score(prompts[:16], refs[:16])
+    eng.fast_decoder.own_forward = False
+    ref_scores = eng.score(prompts[:16], refs[:16])
+    set_variant([eng], variant)
+    d_tok = [abs(a.logprob_sum - c.logprob_sum) / max(1, a.n_tokens) for a, c in zip(own, ref_scores, strict=True)]
+    say(f"{label} ({variant}) fast vs eager, {len(rows)} prompts x 16 tokens: first token {first:.3f} (max "
+        f"|dlogprob| {lp0:.4f}), same-history decisions {agree[2]:.4f}, positions {agree[0]:.4f}; scoring own pass "
+        f"vs transformers forward: mean |d| {statistics.mean(d_tok):.5f}, max {max(d_tok):.5f} nats/token")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", default="16,64,128")
@@ -128,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--profile-batches", default=None, help="profile only these batches (default: all)")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--variants", default="new", help="comma-separated: old, own, new (see the docstring)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     from probes.engines.torch_engine import TorchEngine, calibrate_engine
@@ -154,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{shape.heads}/{shape.kv_heads} heads, vocab {shape.vocab}; built in {time.perf_counter() - t0:.1f} s; "
         f"{args.new_tokens} new tokens, no stop strings; engine: {fp8.fast_reason}")
     summary = []
+    variants = args.variants.split(",")
     for b in batches:
         n = 2 * b
         prompts, refs = prompts_all[:n], refs_all[:n]
@@ -161,34 +200,37 @@ def main(argv: list[str] | None = None) -> int:
             eng.batch_size = b
             if eng.fast_decoder is not None:
                 eng.fast_decoder.max_batch = b
-        w0 = (fp16.fast_decoder.warmup_seconds if fp16.fast_decoder else 0,
-              fp8.fast_decoder.warmup_seconds if fp8.fast_decoder else 0)
-        run_round(fp16, prompts, refs, args.new_tokens, b)  # warm-up: compile + capture
-        run_round(fp8, prompts, refs, args.new_tokens, b)
-        for eng in (fp16, fp8):
-            if eng.fast_decoder is not None:
-                eng.fast_decoder.stats = dict.fromkeys(eng.fast_decoder.stats, 0.0)
-        times: dict[str, list[tuple[float, float]]] = {"fp16": [], "fp8": []}
-        for r in range(args.rounds):
-            order = (("fp16", fp16), ("fp8", fp8)) if r % 2 == 0 else (("fp8", fp8), ("fp16", fp16))
-            for name, eng in order:
-                times[name].append(run_round(eng, prompts, refs, args.new_tokens, b))
-        med = {k: (statistics.median(g for g, _s in v), statistics.median(s for _g, s in v)) for k, v in times.items()}
-        st = {k: e.fast_decoder.stats if e.fast_decoder else {} for k, e in (("fp16", fp16), ("fp8", fp8))}
-        # decode_s / steps: the time of one step of the whole batch (each step serves every row)
-        ms_step = {k: (s["decode_s"] / s["steps"] * 1000 if s.get("steps") else 0.0) for k, s in st.items()}
-        # greedy agreement of the fast path with the eager transformers loop (the FP8 engine's own weights)
-        eager = copy.copy(fp8)
-        eager.fast_decoder = None
-        rows = [fp8.encode_prompt(p) for p in prompts[:min(b, 16)]]
-        agree = token_agreement([t for t, _ in fp8._generate_batch(rows, 16)],
-                                [t for t, _ in eager._generate_batch(rows, 16)])
-        eng16, eng8 = sum(med["fp16"]), sum(med["fp8"])
-        summary.append((b, n, med, eng16, eng8, agree, (w0, ms_step)))
-        say(f"\nbatch {b}, {n} prompts: FP16 {eng16:.2f} s (generate {med['fp16'][0]:.2f} / score {med['fp16'][1]:.2f}), "
-            f"FP8 {eng8:.2f} s (generate {med['fp8'][0]:.2f} / score {med['fp8'][1]:.2f}): FP8/FP16 {eng8 / eng16:.3f} "
-            f"({eng16 / eng8:.2f}x); fast-vs-eager greedy agreement (FP8, 16 tokens): same-history decisions "
-            f"{agree[2]:.4f}, positions {agree[0]:.4f}")
+        for variant in variants:
+            set_variant([fp16, fp8], variant)
+            t_w = time.perf_counter()
+            run_round(fp16, prompts, refs, args.new_tokens, b)  # warm-up: compile + capture
+            run_round(fp8, prompts, refs, args.new_tokens, b)
+            t_w = time.perf_counter() - t_w
+            for eng in (fp16, fp8):
+                if eng.fast_decoder is not None:
+                    eng.fast_decoder.stats = dict.fromkeys(eng.fast_decoder.stats, 0.0)
+            times: dict[str, list[tuple[float, float]]] = {"fp16": [], "fp8": []}
+            for r in range(args.rounds):
+                order = (("fp16", fp16), ("fp8", fp8)) if r % 2 == 0 else (("fp8", fp8), ("fp16", fp16))
+                for name, eng in order:
+                    times[name].append(run_round(eng, prompts, refs, args.new_tokens, b))
+            med = {k: (statistics.median(g for g, _s in v), statistics.median(s for _g, s in v))
+                   for k, v in times.items()}
+            st = {k: e.fast_decoder.stats if e.fast_decoder else {} for k, e in (("fp16", fp16), ("fp8", fp8))}
+            # decode_s / steps: the time of one step of the whole batch (each step serves every row)
+            ms_step = {k: (s["decode_s"] / s["steps"] * 1000 if s.get("steps") else 0.0) for k, s in st.items()}
+            pre = {k: s.get("prefill_s", 0.0) / max(1, args.rounds) for k, s in st.items()}
+            ratios = [sum(g8) / sum(g16) for g8, g16 in zip(times["fp8"], times["fp16"], strict=True)]
+            eng16, eng8 = sum(med["fp16"]), sum(med["fp8"])
+            say(f"batch {b} variant {variant}: FP16 {eng16:.3f} s (generate {med['fp16'][0]:.3f}, of it prefill "
+                f"{pre['fp16']:.3f} / score {med['fp16'][1]:.3f}), FP8 {eng8:.3f} s (generate {med['fp8'][0]:.3f}, "
+                f"prefill {pre['fp8']:.3f} / score {med['fp8'][1]:.3f}): FP8/FP16 {eng8 / eng16:.3f}, rounds "
+                f"{', '.join(f'{x:.3f}' for x in ratios)}; decode ms/step {ms_step['fp16']:.2f} / "
+                f"{ms_step['fp8']:.2f}; warm-up round {t_w:.1f} s")
+            summary.append((b, n, variant, eng16, eng8, ms_step, ratios))
+        if b == batches[0]:  # the same 16 prompts at every batch: checked once
+            for label, eng in (("FP16", fp16), ("FP8", fp8)):
+                check_against_eager(eng, label, prompts, refs, variants[-1])
         profile_these = [int(x) for x in args.profile_batches.split(",")] if args.profile_batches else batches
         if not args.no_profile and b in profile_these:
             head = fp16.model.lm_head.weight
@@ -210,10 +252,12 @@ def main(argv: list[str] | None = None) -> int:
             say(f"| host / idle (wall {w16:.2f} / {w8:.2f} minus kernels) | {w16 - k16:.3f} | {w8 - k8:.3f} | |")
             for name in ("fp16", "fp8"):
                 say(f"top {name} kernels: " + "; ".join(f"{k[:70]} {v:.3f}" for k, v in rows_out[name][2]))
-    say("\n| batch | prompts | FP16 engine s | FP8 engine s | FP8 / FP16 | speed-up | decode ms/step FP16 / FP8 |")
-    say("| --- | --- | --- | --- | --- | --- | --- |")
-    for b, n, _med, e16, e8, _agree, (_w0, ms) in summary:
-        say(f"| {b} | {n} | {e16:.2f} | {e8:.2f} | {e8 / e16:.3f} | {e16 / e8:.2f}x | {ms['fp16']:.1f} / {ms['fp8']:.1f} |")
+    say("\n| batch | prompts | variant | FP16 engine s | FP8 engine s | FP8 / FP16 (rounds) | speed-up | "
+        "decode ms/step FP16 / FP8 |")
+    say("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for b, n, variant, e16, e8, ms, ratios in summary:
+        say(f"| {b} | {n} | {variant} | {e16:.2f} | {e8:.2f} | {e8 / e16:.3f} ({', '.join(f'{x:.3f}' for x in ratios)})"
+            f" | {e16 / e8:.2f}x | {ms['fp16']:.2f} / {ms['fp8']:.2f} |")
     if args.out:
         Path(args.out).write_text("\n".join(LINES) + "\n")
     return 0

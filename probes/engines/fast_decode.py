@@ -1,9 +1,14 @@
 """Fast greedy decoding for Llama-shaped Hugging Face models (the torch engine's GPU path).
 
-* Prefill: the model's own forward over the left-padded batch (one call, ``logits_to_keep=1``), so
-  the first token and the prompt's K/V are exactly the eager path's; FP8 layers count saturation here.
+* Prefill: the whole prompt through ``probes.engines.fast_forward.forward_layer`` (the same
+  numerics as the model's eager forward, compiled with dynamic batch and length on CUDA); FP8 layers
+  count saturation here. ``hidden()`` is the same pass for teacher-forced scoring. ``own_forward =
+  False`` uses the model's own transformers forward instead (kept for A/B measurement).
 * The K/V are copied into a STATIC cache ``[B, kv_heads, T, head_dim]`` per layer; B and T are
   rounded up to buckets so a handful of shapes cover every batch.
+* Decode attention reads only the live part of the cache: keys ``[0, live)``, ``live`` the current
+  position rounded up to ``live_window`` (128), so the attended length grows with the step instead
+  of always being T. Each (bucket, live) has its own compiled shape and CUDA graph.
 * Decode: one Llama layer as a pure function of tensors (``decode_layer``), compiled once with
   ``torch.compile`` (static shapes) and called for every layer; the step (all layers, final norm,
   lm_head, log-softmax, greedy pick, per-row EOS flags, history write, position advance) is captured
@@ -28,14 +33,24 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from probes.fp8 import E4M3_MAX, FP8_DTYPE, Fp8Linear
+from probes.engines.fast_forward import forward_layer, sequence_inputs
+from probes.engines.fast_layers import (
+    COUNT_INPUT,
+    lin_params,
+    linear,
+    merge_linears,
+    projections,
+    rms_norm,
+    rotate_half,
+)
+from probes.fp8 import Fp8Linear
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +59,8 @@ SUPPORTED_TYPES = ("llama", "mistral")
 T_BUCKET = 128
 #: at most this many (batch, length) buckets keep their caches and graphs
 MAX_BUCKETS = 3
+#: decode attends over the cache up to the current position rounded up to a multiple of this
+LIVE_WINDOW = 128
 
 
 def unsupported_reason(model: nn.Module) -> str | None:
@@ -77,42 +94,13 @@ def _rope_theta(cfg: Any) -> float:
 
 
 # -- the decode step as pure functions (what torch.compile traces) ---------------------------------
-def quant(x: torch.Tensor, sx: torch.Tensor) -> torch.Tensor:
-    """Static FP8 activation quantisation, as ``Fp8Linear`` does it (divide in the activation dtype)."""
-    return (x / sx).clamp(-E4M3_MAX, E4M3_MAX).to(FP8_DTYPE)
-
-
-def linear(x: torch.Tensor, p: dict[str, Any]) -> torch.Tensor:
-    """One GEMM of the step. ``p['kind']``: fp16 (plain), fp8 (static per-tensor, _scaled_mm) or
-    module (an ``Fp8Linear``'s own quantise + product: per-row weights, CPU emulation)."""
-    kind = p["kind"]
-    if kind == "plain":
-        return F.linear(x, p["w"])
-    if kind == "fp8":
-        return torch._scaled_mm(quant(x, p["sx_in"]), p["w"].t(), scale_a=p["sx"], scale_b=p["sw"],
-                                out_dtype=x.dtype)
-    mod: Fp8Linear = p["mod"]
-    x8, sa = quant(x, p["sx_in"]), mod.act_scale
-    if mod.backend == "scaled_mm":
-        return mod._matmul_scaled_mm(x8, sa)
-    return mod._matmul_emulated(x8, sa)
-
-
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat((-b, a), dim=-1)
-
-
 def attend(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, kmask: torch.Tensor) -> torch.Tensor:
-    """Attention of one new query per row over the static cache: q [B, NH, D], kc/vc [B, KVH, T, D],
-    kmask [B, T]. Through ``scaled_dot_product_attention`` like the eager transformers path (scores
+    """Attention of one new query per row over the live part of the static cache: q [B, NH, D],
+    kc/vc [B, KVH, T, D], kmask [B, live] (keys past ``live`` are not read). Through ``scaled_dot_product_attention`` like the eager transformers path (scores
     kept in float32 inside the kernel; rounding them to fp16 first flipped near-tied greedy picks)."""
     b, nh, d = q.shape
+    live = kmask.shape[1]
+    kc, vc = kc[:, :, :live], vc[:, :, :live]
     out = F.scaled_dot_product_attention(q[:, :, None, :], kc, vc, attn_mask=kmask[:, None, None, :],
                                          enable_gqa=nh != kc.shape[1])
     return out.reshape(b, nh * d)
@@ -121,13 +109,12 @@ def attend(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, kmask: torch.Ten
 def decode_layer(x: torch.Tensor, p: dict[str, Any], kc: torch.Tensor, vc: torch.Tensor, slot: torch.Tensor,
                  cos: torch.Tensor, sin: torch.Tensor, kmask: torch.Tensor, eps: float) -> torch.Tensor:
     """One Llama layer for one new token per row. x [B, hidden]; kc, vc [B, KVH, T, D] (written at
-    ``slot``); cos, sin [B, D] of each row's position; kmask [B, T] keys each row may attend."""
+    ``slot``); cos, sin [B, D] of each row's position; kmask [B, live] keys each row may attend."""
     b = x.shape[0]
     kvh, d = kc.shape[1], kc.shape[3]
     h = rms_norm(x, p["ln1"], eps)
-    q = linear(h, p["q"]).view(b, -1, d)
-    k = linear(h, p["k"]).view(b, kvh, d)
-    v = linear(h, p["v"]).view(b, kvh, d)
+    q, k, v = projections(h, p, "qkv", ("q", "k", "v"))
+    q, k, v = q.view(b, -1, d), k.view(b, kvh, d), v.view(b, kvh, d)
     c, s = cos[:, None, :], sin[:, None, :]
     q = q * c + rotate_half(q) * s
     k = k * c + rotate_half(k) * s
@@ -135,7 +122,8 @@ def decode_layer(x: torch.Tensor, p: dict[str, Any], kc: torch.Tensor, vc: torch
     vc.index_copy_(2, slot, v.unsqueeze(2))
     x = x + linear(attend(q, kc, vc, kmask), p["o"])
     h = rms_norm(x, p["ln2"], eps)
-    return x + linear(F.silu(linear(h, p["gate"])) * linear(h, p["up"]), p["down"])
+    gate, up = projections(h, p, "gu", ("gate", "up"))
+    return x + linear(F.silu(gate) * up, p["down"])
 
 
 def decode_head(x: torch.Tensor, ln: torch.Tensor, head: dict[str, Any],
@@ -148,22 +136,10 @@ def decode_head(x: torch.Tensor, ln: torch.Tensor, head: dict[str, Any],
 
 def step_inputs(slot: torch.Tensor, pad: torch.Tensor, cos_t: torch.Tensor, sin_t: torch.Tensor,
                 key_idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Each row's rotary cos/sin at its position (slot - left pad) and its key mask [B, T]."""
+    """Each row's rotary cos/sin at its position (slot - left pad) and its key mask [B, len(key_idx)]."""
     pos = slot - pad
     kmask = (key_idx[None, :] >= pad[:, None]) & (key_idx[None, :] <= slot)
     return cos_t[pos], sin_t[pos], kmask
-
-
-# -- weights ---------------------------------------------------------------------------------------
-def _lin(mod: nn.Module) -> dict[str, Any]:
-    if isinstance(mod, Fp8Linear):
-        sx_in = mod._scale_in(mod.out_dtype)
-        if mod.backend == "scaled_mm" and mod.weight_mode == "tensor":
-            return {"kind": "fp8", "w": mod.weight_fp8, "sw": mod.weight_scale, "sx": mod.act_scale,
-                    "sx_in": sx_in}
-        return {"kind": "module", "mod": mod, "sx_in": sx_in}
-    assert isinstance(mod, nn.Linear)
-    return {"kind": "plain", "w": mod.weight}
 
 
 @dataclass
@@ -181,7 +157,7 @@ class _Bucket:
     hist_tok: torch.Tensor
     hist_lp: torch.Tensor
     done: torch.Tensor
-    graph: Any = None
+    graphs: dict[int, Any] = field(default_factory=dict)  # live length -> captured step
     eos: torch.Tensor | None = None
 
 
@@ -189,7 +165,7 @@ class FastDecoder:
     """Greedy decoding of a Llama-shaped HF model (fp16/bf16/fp32 or with ``Fp8Linear`` layers)."""
 
     def __init__(self, model: nn.Module, *, compile: bool | None = None, cuda_graphs: bool | None = None,
-                 check_every: int = 8, max_batch: int = 16) -> None:
+                 check_every: int = 8, max_batch: int = 16, merge: bool = True) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"fast decode not supported: {reason}")
@@ -207,13 +183,34 @@ class FastDecoder:
         self.embed = inner.embed_tokens.weight
         self.final_ln = inner.norm.weight
         self.layers: list[dict[str, Any]] = []
+        #: per layer, groups of Fp8Linear modules sharing one saturation count (``p["counts"]`` order)
+        self._sat_mods: list[list[list[Fp8Linear]]] = []
         for lay in inner.layers:
             a, m = lay.self_attn, lay.mlp
-            self.layers.append({"ln1": lay.input_layernorm.weight, "ln2": lay.post_attention_layernorm.weight,
-                                "q": _lin(a.q_proj), "k": _lin(a.k_proj), "v": _lin(a.v_proj),
-                                "o": _lin(a.o_proj), "gate": _lin(m.gate_proj), "up": _lin(m.up_proj),
-                                "down": _lin(m.down_proj)})
-        self.head = _lin(model.lm_head)  # type: ignore[attr-defined]
+            qkv = merge_linears([a.q_proj, a.k_proj, a.v_proj]) if merge else None
+            gu = merge_linears([m.gate_proj, m.up_proj]) if merge else None
+            p = {"ln1": lay.input_layernorm.weight, "ln2": lay.post_attention_layernorm.weight,
+                 "q": lin_params(a.q_proj), "k": lin_params(a.k_proj), "v": lin_params(a.v_proj), "o": lin_params(a.o_proj),
+                 "gate": lin_params(m.gate_proj), "up": lin_params(m.up_proj), "down": lin_params(m.down_proj)}
+            groups = {"q": [a.q_proj], "k": [a.k_proj], "v": [a.v_proj], "o": [a.o_proj], "gate": [m.gate_proj],
+                      "up": [m.up_proj], "down": [m.down_proj]}
+            if qkv is not None:
+                p["qkv"] = qkv
+                groups["qkv"] = [groups.pop(k)[0] for k in ("q", "k", "v")]
+            if gu is not None:
+                p["gu"] = gu
+                groups["gu"] = [groups.pop(k)[0] for k in ("gate", "up")]
+            # which input each saturation count reads, and through whose scale (see fast_forward.forward_layer)
+            p["counts"] = tuple((COUNT_INPUT[k], k) for k in groups)
+            self.layers.append(p)
+            mods = [x for g in groups.values() for x in g]
+            if all(isinstance(x, Fp8Linear) and x.track_saturation for x in mods):
+                self._sat_mods.append(list(groups.values()))
+        self.head = lin_params(model.lm_head)  # type: ignore[attr-defined]
+        #: prefill and scoring through ``fast_forward`` (False: the model's transformers forward)
+        self.own_forward = True
+        #: decode attention over keys [0, position rounded up to this); 0: the whole cache bucket
+        self.live_window = LIVE_WINDOW
         self.kv_heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
         self.theta = _rope_theta(cfg)
@@ -222,6 +219,7 @@ class FastDecoder:
         self._layer_fn: Callable[..., Any] = decode_layer
         self._head_fn: Callable[..., Any] = decode_head
         self._inputs_fn: Callable[..., Any] = step_inputs
+        self._forward_fn: Callable[..., Any] = forward_layer
         if self.compile:
             import torch._inductor.config as inductor_config
 
@@ -234,6 +232,9 @@ class FastDecoder:
             self._layer_fn = torch.compile(decode_layer, dynamic=False, fullgraph=True)
             self._head_fn = torch.compile(decode_head, dynamic=False, fullgraph=True)
             self._inputs_fn = torch.compile(step_inputs, dynamic=False, fullgraph=True)
+            # batch and length are marked dynamic per call (``hidden``): one compile serves every shape;
+            # two graphs per layer, split around the (eager) attention
+            self._forward_fn = torch.compile(forward_layer)
         self.warmup_seconds = 0.0  # compile + capture time spent so far (reported, not hidden)
         #: seconds in prefill / decode steps (each ends on a host read, so no extra syncs), steps run
         self.stats = {"prefill_s": 0.0, "decode_s": 0.0, "steps": 0.0, "batches": 0.0}
@@ -279,10 +280,17 @@ class FastDecoder:
         self._buckets[key] = bk
         return bk
 
-    def _step(self, bk: _Bucket, eos: torch.Tensor) -> None:
-        """One decode step on the bucket's static tensors (eager, compiled or captured)."""
+    def _live(self, t: int, slot: int) -> int:
+        """Keys a step writing at ``slot`` attends: [0, live), live >= slot + 1, a multiple of the window."""
+        if self.live_window <= 0:
+            return t
+        return min(t, -(-(slot + 1) // self.live_window) * self.live_window)
+
+    def _step(self, bk: _Bucket, eos: torch.Tensor, live: int) -> None:
+        """One decode step on the bucket's static tensors (eager, compiled or captured), attending
+        keys [0, live)."""
         cos_t, sin_t, key_idx = self._rope_table(bk.t)
-        cos, sin, kmask = self._inputs_fn(bk.slot, bk.pad, cos_t, sin_t, key_idx)
+        cos, sin, kmask = self._inputs_fn(bk.slot, bk.pad, cos_t, sin_t, key_idx[:live])
         x = F.embedding(bk.tokens, self.embed)
         for i, p in enumerate(self.layers):
             x = self._layer_fn(x, p, bk.kc[i], bk.vc[i], bk.slot, cos, sin, kmask, self.eps)
@@ -294,26 +302,29 @@ class FastDecoder:
         bk.slot.add_(1)
         bk.step_i.add_(1)
 
-    def _capture(self, bk: _Bucket, eos: torch.Tensor) -> None:
-        """Compile (on a side stream, as capture requires) and capture the step; state is restored after."""
+    def _capture(self, bk: _Bucket, eos: torch.Tensor, live: int) -> Any:
+        """Compile (on a side stream, as capture requires) and capture the step attending [0, live);
+        state is restored after (the K/V written at the next slots are rewritten before they are read)."""
         t0 = time.perf_counter()
         saved = (bk.tokens.clone(), bk.slot.clone(), bk.step_i.clone(), bk.done.clone())
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(3):
-                self._step(bk, eos)
+                self._step(bk, eos, live)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         bk.eos = eos  # the graph reads this tensor: keep it alive
         with torch.cuda.graph(graph):
-            self._step(bk, eos)
+            self._step(bk, eos, live)
         for dst, src in zip((bk.tokens, bk.slot, bk.step_i, bk.done), saved, strict=True):
             dst.copy_(src)
         torch.cuda.synchronize()
-        bk.graph = graph
+        bk.graphs[live] = graph
         self.warmup_seconds += time.perf_counter() - t0
-        log.info("fast decode: captured batch %d x cache %d in %.1f s", bk.b, bk.t, time.perf_counter() - t0)
+        log.info("fast decode: captured batch %d x cache %d (live %d) in %.1f s", bk.b, bk.t, live,
+                 time.perf_counter() - t0)
+        return graph
 
     # -- generation -------------------------------------------------------------------------------
     def generate(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, eos_ids: Sequence[int],
@@ -357,15 +368,15 @@ class FastDecoder:
             steps = 0
             total = max_new_tokens - 1
             if not all(done) and total > 0:
-                if self.cuda_graphs and bk.graph is None:
-                    self._capture(bk, eos)
                 while steps < total:
                     chunk = min(self.check_every, total - steps)
-                    for _ in range(chunk):
-                        if bk.graph is not None:
-                            bk.graph.replay()
+                    for j in range(steps, steps + chunk):
+                        live = self._live(bk.t, width + j)
+                        if self.cuda_graphs:
+                            graph = bk.graphs.get(live) or self._capture(bk, eos, live)
+                            graph.replay()
                         else:
-                            self._step(bk, eos)
+                            self._step(bk, eos, live)
                     steps += chunk
                     flags = bk.done[:n].tolist()
                     if stop_check is not None:
@@ -394,9 +405,71 @@ class FastDecoder:
             out.append((keep_t, keep_l))
         return out
 
+    def hidden(self, ids: torch.Tensor, mask: torch.Tensor, keep: int, kv_into: _Bucket | None = None
+               ) -> torch.Tensor:
+        """Final-norm hidden states [B, keep, hidden] of the last ``keep`` positions of a left-padded
+        batch (``fast_forward.forward_layer`` per layer); with ``kv_into``, each layer's K/V are copied
+        into that bucket's static cache. FP8 layers count saturation over the valid tokens."""
+        width = ids.shape[1]
+        cos_t, sin_t, _ = self._rope_table(-(-width // T_BUCKET) * T_BUCKET)
+        cos, sin, amask = sequence_inputs(mask, cos_t, sin_t)
+        count = len(self._sat_mods) == len(self.layers)
+        x = F.embedding(ids, self.embed)
+        sats = []
+        for i, p in enumerate(self.layers):
+            if self.compile:
+                for t in (x, cos, sin, amask):
+                    torch._dynamo.maybe_mark_dynamic(t, 0)
+                    torch._dynamo.maybe_mark_dynamic(t, 1 if t is not amask else 2)
+                torch._dynamo.maybe_mark_dynamic(amask, 3)
+            x, k, v, sat = self._forward_fn(x, p, cos, sin, amask, self.eps, count)
+            if kv_into is not None:
+                kv_into.kc[i][:, :, :width].copy_(k)
+                kv_into.vc[i][:, :, :width].copy_(v)
+            if sat is not None:
+                sats.append(sat)
+        if sats:
+            self._add_saturation(torch.stack(sats), mask)
+        return rms_norm(x[:, -keep:], self.final_ln, self.eps)
+
+    def head_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The lm_head over hidden states (any leading shape)."""
+        return linear(h, self.head)
+
+    def _add_saturation(self, sats: torch.Tensor, mask: torch.Tensor) -> None:
+        """sats [layers, counts, B, L] clipped values per token -> the Fp8Linear counters (valid tokens)."""
+        valid = mask.to(torch.float64)
+        per_count = (sats.to(torch.float64) * valid).sum((2, 3))
+        n_valid = valid.sum()
+        for groups, row in zip(self._sat_mods, per_count, strict=True):
+            for group, n_sat in zip(groups, row, strict=True):
+                for mod in group:
+                    mod._n_saturated += n_sat
+                    mod._n_values += n_valid * mod.in_features
+
     def _prefill(self, bk: _Bucket, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The model's own forward over the prompts; K/V into the static cache; the first token."""
+        """The prompts' forward (``hidden``, or the model's own with ``own_forward`` off); K/V into the
+        static cache; the first token."""
+        width = ids.shape[1]
+        if self.own_forward:
+            logits = self.head_logits(self.hidden(ids, mask, 1, kv_into=bk)[:, -1])
+        else:
+            logits = self._model_prefill(bk, ids, mask)
+        lp = torch.log_softmax(logits.float(), dim=-1)
+        tok = lp.argmax(dim=-1)
+        pad = (mask == 0).sum(-1)
+        bk.tokens.copy_(tok)
+        bk.slot.fill_(width)
+        bk.pad.copy_(pad)
+        bk.step_i.zero_()
+        bk.done.copy_(torch.isin(tok, torch.tensor([-1], device=tok.device)))
+        return tok, lp.gather(1, tok[:, None])[:, 0]
+
+    def _model_prefill(self, bk: _Bucket, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The model's own (transformers) forward; K/V into the static cache; last position's logits."""
         from transformers import DynamicCache
+
+        from probes.fp8 import QUANT_MEMO
 
         width = ids.shape[1]
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -407,19 +480,8 @@ class FastDecoder:
             k, v = _layer_kv(cache, i)
             bk.kc[i][:, :, :width].copy_(k)
             bk.vc[i][:, :, :width].copy_(v)
-        del cache
-        from probes.fp8 import QUANT_MEMO
-
         QUANT_MEMO.clear()
-        lp = torch.log_softmax(out.logits[:, -1, :].float(), dim=-1)
-        tok = lp.argmax(dim=-1)
-        pad = (mask == 0).sum(-1)
-        bk.tokens.copy_(tok)
-        bk.slot.fill_(width)
-        bk.pad.copy_(pad)
-        bk.step_i.zero_()
-        bk.done.copy_(torch.isin(tok, torch.tensor([-1], device=tok.device)))
-        return tok, lp.gather(1, tok[:, None])[:, 0]
+        return out.logits[:, -1, :]
 
 
 def _layer_kv(cache: Any, i: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -378,9 +378,14 @@ class TorchEngine:
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         width = ids.shape[1]
         keep = width if last is None else min(width, last + 1)
+        fast = self.fast_decoder
         with torch.inference_mode():
-            kw = {"logits_to_keep": keep} if self._keep_kw else {}
-            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, **kw).logits
+            if fast is not None and fast.model is self.model and fast.own_forward:
+                logits = fast.head_logits(fast.hidden(ids, mask, keep))
+            else:
+                kw = {"logits_to_keep": keep} if self._keep_kw else {}
+                logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
+                                    **kw).logits
             if logits.shape[1] != keep:
                 logits = logits[:, -keep:]
             targets = ids[:, width - keep + 1:]

@@ -1,0 +1,164 @@
+"""The fast path's own full-sequence pass (prefill, scoring) and its live-window decode attention,
+against the transformers forward and the whole-cache decode, on a tiny random Llama (CPU: float32, eager
+functions; on a GPU the same code is compiled and graphed)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.torch
+
+MIXED = ["a", "Q: a longer prompt than the others? A:", "def f(x):", "中文", "x" * 40, "The end.", "z"]
+REFS = [" b", " yes.", "\n    return x", "文字", "y" * 9, " Fin", "!"]
+
+
+def _random_llama(seed: int = 5):
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from probes.tiny_model import tiny_config
+
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(tiny_config(hidden=64, layers=2, intermediate=128)).eval()
+    with torch.no_grad():  # no EOS from a random model: every row runs to max_new_tokens
+        model.lm_head.weight[1].zero_()
+        model.lm_head.bias = None
+    return model
+
+
+def _engines(precision: str, **extra):
+    from probes.engines.torch_engine import TorchEngine, calibrate_engine
+    from probes.tiny_model import byte_tokenizer
+
+    base = _random_llama()
+    if precision == "fp8" and "calibration" not in extra:
+        cal = TorchEngine(precision="fp16", model=copy.deepcopy(base), tokenizer=byte_tokenizer(), fast="off")
+        extra["calibration"] = calibrate_engine(cal, MIXED)
+    eager = TorchEngine(
+        precision=precision,
+        model=copy.deepcopy(base),
+        tokenizer=byte_tokenizer(),
+        fast="off",
+        batch_size=4,
+        **extra,
+    )
+    fast = TorchEngine(
+        precision=precision,
+        model=copy.deepcopy(base),
+        tokenizer=byte_tokenizer(),
+        fast="on",
+        batch_size=4,
+        **extra,
+    )
+    return eager, fast
+
+
+@pytest.mark.parametrize("precision", ["fp16", "fp8"])
+def test_scoring_through_the_own_forward_equals_the_transformers_forward(precision: str) -> None:
+    eager, fast = _engines(precision)
+    if fast.device.startswith("cuda"):
+        pytest.skip("compared at float32 on CPU; on a GPU the compiled pass rounds differently")
+    assert fast.fast_decoder.own_forward
+    want, got = eager.score(MIXED, REFS), fast.score(MIXED, REFS)
+    assert want is not None and got is not None
+    for w, g in zip(want, got, strict=True):
+        assert g.n_tokens == w.n_tokens and g.error is None
+        assert abs(g.logprob_sum - w.logprob_sum) < 1e-4
+    ids_w, lp_w = eager.prompt_logprobs(MIXED[1])
+    ids_g, lp_g = fast.prompt_logprobs(MIXED[1])
+    assert ids_g == ids_w and lp_g[0] is None
+    assert max(abs(a - b) for a, b in zip(lp_g[1:], lp_w[1:], strict=True)) < 1e-4
+    # the switch back to the model's own forward gives the same numbers
+    fast.fast_decoder.own_forward = False
+    again = fast.score(MIXED, REFS)
+    assert [round(s.logprob_sum, 3) for s in again] == [round(s.logprob_sum, 3) for s in got]
+
+
+def test_live_window_decode_gives_the_whole_cache_tokens() -> None:
+    """Attending only keys [0, position rounded up to the window) is the same attention: the keys past
+    the position are masked anyway. A window of 8 crosses several windows within 30 tokens."""
+    _eager, fast = _engines("fp16")
+    dec = fast.fast_decoder
+    rows = [fast.encode_prompt(p) for p in MIXED[:4]]
+    dec.live_window = 0
+    whole = fast._generate_batch(rows, 30)
+    assert dec._live(128, 5) == 128
+    dec.live_window = 8
+    assert [dec._live(128, s) for s in (0, 7, 8, 126, 127)] == [8, 8, 16, 128, 128]
+    windowed = fast._generate_batch(rows, 30)
+    assert [t for t, _ in windowed] == [t for t, _ in whole]
+    for (_, a), (_, b) in zip(windowed, whole, strict=True):
+        assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-5
+    assert all(len(t) == 30 for t, _ in windowed)
+
+
+def test_own_forward_counts_fp8_saturation_on_valid_tokens() -> None:
+    """Stale scales (x0.25) clip activations: the own pass counts them per layer like the eager
+    Fp8Linear does. One unpadded prompt: every token is valid, so both count the same values."""
+    from probes.engines.torch_engine import TorchEngine, calibrate_engine
+    from probes.tiny_model import byte_tokenizer
+
+    base = _random_llama()
+    cal = TorchEngine(precision="fp16", model=copy.deepcopy(base), tokenizer=byte_tokenizer(), fast="off")
+    amax = {k: v * 0.25 for k, v in calibrate_engine(cal, MIXED).items()}
+    eager, fast = _engines("fp8", calibration=amax)
+    prompt = MIXED[1]
+    eager.prompt_logprobs(prompt)
+    fast.prompt_logprobs(prompt)
+    s_eager, s_fast = eager.saturation(), fast.saturation()
+    assert s_fast.n_values == s_eager.n_values > 0
+    assert s_eager.n_saturated > 0
+    # float32 on CPU: the same activations; fp16 compiled on a GPU: values at the clip edge may round over
+    tol = 0.01 if fast.device == "cpu" else 0.05
+    assert abs(s_fast.n_saturated - s_eager.n_saturated) <= tol * s_eager.n_saturated + 2
+    # padding adds values to count for the eager layers, not for the own pass
+    fast.reset_saturation()
+    fast.score([prompt, "a"], [" b", " c"])
+    n_tokens = len(fast.encode_prompt(prompt)) + 2 + len(fast.encode_prompt("a")) + 2
+    per_token = s_fast.n_values / len(fast.encode_prompt(prompt))
+    assert fast.saturation().n_values == pytest.approx(n_tokens * per_token)
+
+
+def test_merged_linears_give_the_separate_products_and_keep_the_weights_shared() -> None:
+    """q/k/v (and gate/up) as one GEMM: FP16-style plain weights are concatenated and the modules keep
+    views of the merged tensor; FP8 linears with one activation scale multiply with float32 output and
+    each one's weight scale on its own columns, which equals the separate ``_scaled_mm`` products."""
+    import torch
+    from torch import nn
+
+    from probes.engines.fast_layers import lin_params, linear, merge_linears
+    from probes.fp8 import Fp8Linear
+
+    g = torch.Generator().manual_seed(1)
+    plain = [nn.Linear(32, n, bias=False) for n in (32, 16, 16)]
+    x = torch.randn(5, 32, generator=g)
+    want = [m(x) for m in plain]
+    merged = merge_linears(plain)
+    assert merged is not None and merged["sizes"] == (32, 16, 16)
+    got = linear(x, merged).split(merged["sizes"], dim=-1)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(got, want, strict=True))
+    base = merged["w"].untyped_storage().data_ptr()
+    assert all(m.weight.untyped_storage().data_ptr() == base for m in plain)
+
+    fp8 = [
+        Fp8Linear(torch.randn(n, 32, generator=g) * s, None, 3.0)
+        for n, s in ((32, 0.1), (16, 1.0), (16, 0.01))
+    ]
+    for m in fp8:
+        m.backend = "scaled_mm"  # CPU torch runs _scaled_mm too (float32 output)
+    separate = [linear(x, lin_params(m)) for m in fp8]
+    merged8 = merge_linears(fp8)
+    if merged8 is None:
+        pytest.skip("_scaled_mm with float32 output is not available on this device")
+    got8 = linear(x, merged8).split(merged8["sizes"], dim=-1)
+    for a, b in zip(got8, separate, strict=True):
+        assert torch.allclose(a, b, rtol=1e-6, atol=1e-6)
+    stale = [Fp8Linear(torch.randn(16, 32, generator=g), None, amax) for amax in (3.0, 0.5)]
+    for m in stale:
+        m.backend = "scaled_mm"
+    assert merge_linears(stale) is None  # different activation scales: no shared quantised input
