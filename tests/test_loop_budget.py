@@ -1,6 +1,6 @@
-"""Closing windows within a loop budget (watchdog/runtime/closer.py): when thousands of routes'
-windows fall due at once they close over several iterations, a route's precisions together, and
-every event is still counted exactly once."""
+"""Work spread over loop iterations so that many routes do not stall the loop: closing windows within
+a budget (watchdog/runtime/closer.py: a route's precisions together, every event still counted
+once) and the judgeability gauges read a chunk of scopes per iteration (runtime/decisions.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from tests.daemon_harness import CountingProducer, make_config, recorded_windows, running_daemon, write_policy
 from tests.helpers import wait_until
 from watchdog.core.events import decode_event
-from watchdog.runtime import closer
+from watchdog.runtime import closer, decisions
 from watchdog.windows.aggregator import WindowAggregator
 
 
@@ -69,3 +69,32 @@ def test_windows_closed_in_chunks_count_every_event_once(kafka_service, redis_se
     seen, twice = recorded_windows(redis_client)
     assert twice == 0 and seen == dict(prod.acked)
     assert any(behind)  # the budget really split closes over iterations
+
+
+@pytest.mark.services
+def test_the_judgeability_gauges_fill_over_several_iterations(kafka_service, redis_service, topic, tmp_path,
+                                                              monkeypatch):
+    monkeypatch.setattr(decisions, "JUDGEABILITY_EVERY_S", 0.5)
+    monkeypatch.setattr(decisions, "JUDGEABILITY_CHUNK", 2)  # 2 scopes per iteration: a pass takes several
+    sizes: list[int] = []
+    real = decisions.state_judgeability_rows
+
+    def spy(policy_set, states):  # type: ignore[no-untyped-def]
+        sizes.append(len(states))
+        return real(policy_set, states)
+
+    monkeypatch.setattr(decisions, "state_judgeability_rows", spy)
+    cfg = make_config(kafka_service.address, redis_service.port, topic, write_policy(tmp_path / "p.yaml"), None,
+                      windows={"length_s": 1.0, "grace_s": 0.3})
+    routes = [f"j{i}" for i in range(7)]
+    prod = CountingProducer(kafka_service.address, topic, routes, rate=20.0).start()
+    try:
+        with running_daemon(cfg) as (daemon, _server):
+            def exported() -> set[str]:
+                fams = daemon.metrics.registry.collect()
+                return {s.labels["route"] for f in fams if f.name == "llmwd_rule_judged" for s in f.samples}
+
+            wait_until(lambda: exported() >= set(routes), 40, what="every route's judgeability exported")
+            assert max(sizes) <= 2 and len(sizes) >= 4
+    finally:
+        prod.stop()
