@@ -117,9 +117,9 @@ def _committed(admin: Any, group: str, topic: str) -> int:
 
 
 def run_daemon(svc: Any, topic: str, n: int, timeout_s: float, scrape_s: float,
-               profile: Path | None = None) -> dict[str, float]:
-    """``watchdog.cli.main run`` on a temp config until it has processed all ``n`` events (see the module
-    docstring for what the timer covers), then SIGTERM."""
+               profile: Path | None = None, code: Path = ROOT) -> dict[str, float]:
+    """``watchdog.cli.main run`` of the tree ``code`` on a temp config until it has processed all ``n``
+    events (see the module docstring for what the timer covers), then SIGTERM."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     group = f"bench-daemon-{uuid.uuid4().hex[:8]}"
@@ -140,8 +140,8 @@ def run_daemon(svc: Any, topic: str, n: int, timeout_s: float, scrape_s: float,
     cmd += ["-m", "watchdog.cli.main", "--log-level", "WARNING", "run", "--config", str(cfg_path)]
     with open(log_path, "wb") as log_file:
         t_spawn = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+        proc = subprocess.Popen(cmd, cwd=code, stdout=log_file, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONPATH": str(code)})
     try:
         deadline = time.monotonic() + timeout_s + 60
         t_http = first = None
@@ -223,6 +223,8 @@ def main() -> int:
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--scrape-ms", type=float, default=100.0,
                     help="how often the daemon's /metrics is read until its first event (4x that after)")
+    ap.add_argument("--code", type=Path, help="also run the daemon of this tree (mode daemon-code), e.g. an "
+                    "export of main, interleaved with this one: a before/after in one run")
     ap.add_argument("--profile", type=Path, help="cProfile the daemon's first repetition into DIR/<mix>-<routes>.prof")
     ap.add_argument("--child", choices=("json", "confluent"), help=argparse.SUPPRESS)
     ap.add_argument("--address", help=argparse.SUPPRESS)
@@ -232,6 +234,8 @@ def main() -> int:
     if args.child:
         return child(args)
     modes = [m for m in args.modes.split(",") if m]
+    if args.code:
+        modes.append("daemon-code")
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -250,13 +254,15 @@ def main() -> int:
                         if mode == "daemon":
                             prof = args.profile / f"{mix}-{routes}.prof" if args.profile and rep == 0 else None
                             r = run_daemon(svc, topic, args.events, timeout, args.scrape_ms / 1000.0, prof)
+                        elif mode == "daemon-code":
+                            r = run_daemon(svc, topic, args.events, timeout, args.scrape_ms / 1000.0, code=args.code)
                         else:
                             r = run_baseline(mode, svc.kafka_address, topic, args.events, timeout)
                         res[mode].append(r)
                         extra = (f"  start-up {r['startup_s']:.1f} s (HTTP up {r['http_s']:.1f} s), "
                                  f"commit +{r['commit_s']:.2f} s, "
                                  f"{r['scrapes']} scrapes of {r['metrics_kb']:.0f} KB"
-                                 if mode == "daemon" else "")
+                                 if mode.startswith("daemon") else "")
                         print(f"  rep {rep + 1} {mode:<9} {r['rate']:>9,.0f} ev/s {r['cpu_us']:6.1f} us CPU/event"
                               f"{extra}  [{machine_note()}]", flush=True)
                 base = res.get("json")
@@ -268,8 +274,8 @@ def main() -> int:
                                  median(ratios) if ratios else float("nan"),
                                  (f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else ""),
                                  median([r["cpu_us"] for r in d]),
-                                 median([r["startup_s"] for r in d]) if mode == "daemon" else float("nan"),
-                                 median([r["commit_s"] for r in d]) if mode == "daemon" else float("nan")])
+                                 median([r["startup_s"] for r in d]) if "startup_s" in d[0] else float("nan"),
+                                 median([r["commit_s"] for r in d]) if "commit_s" in d[0] else float("nan")])
                 svc_redis_flush(svc)
     print()
     print(table(["mix", "routes", "mode", "median ev/s", "min", "max", "÷ json (median)", "÷ json range",
