@@ -173,10 +173,10 @@ def run_daemon(svc: Any, topic: str, n: int, timeout_s: float, scrape_s: float,
             time.sleep(wait)
         assert first is not None
         # the last event's offset in Kafka's group offsets (mirrored after its partition's checkpoint)
-        committed_s = float("nan")
+        committed_s = float("inf")  # not committed within 20 s
         admin = KafkaAdminClient(bootstrap_servers=svc.kafka_address)
         try:
-            until = time.monotonic() + 20  # nan: not committed 20 s after the last event
+            until = time.monotonic() + 20
             while time.monotonic() < until:
                 if _committed(admin, group, topic) >= n:
                     committed_s = time.perf_counter() - last[0]
