@@ -77,6 +77,12 @@ SLOW_LOOP_LOG_EVERY_S = 60.0
 #: flag reader, checkpoint writer)
 OWN_THREADS = ("readiness", "alerts-", "gpu-monitor", "llmwd-routing-flags", "checkpoint-writer")
 
+#: the cyclic collector's thresholds while the loop runs. At CPython's (700, 10, 10) a young collection
+#: ran every ~60 events (each allocates a dozen containers, nearly all freed by reference counting) and
+#: the older ones re-walked every open window, route and engine history; at 1,000 routes that was
+#: 15-20 % of the loop's time (docs/BENCHMARKS.md, "Ingest through fp8-watchdog run")
+LOOP_GC_THRESHOLDS = (50_000, 20, 20)
+
 
 class Daemon:
     def __init__(self, cfg: Config, *, redis_client: redis.Redis | None = None, alerter: Alerter | None = None,
@@ -158,6 +164,8 @@ class Daemon:
         self._stop = threading.Event()
         self._slow_logged = -math.inf
         self._failed_sources: set[str] = set()
+        #: the collector's thresholds before the loop set ``LOOP_GC_THRESHOLDS`` (None: not set)
+        self._gc_before: tuple[int, int, int] | None = None
         self.readiness.set("starting", "connecting to Kafka", self.clock())
 
     def connect_kafka(self) -> bool:
@@ -236,12 +244,15 @@ class Daemon:
         while not self._stop.wait(0.5):
             self.readiness.tick(self.clock())
 
-    @staticmethod
-    def freeze_startup_heap() -> None:
+    def freeze_startup_heap(self) -> None:
         """Start-up is over: move what it allocated out of the cyclic collector's reach, so the
-        collections the loop triggers scan only what the loop allocates."""
+        collections the loop triggers scan only what the loop allocates, and collect less often
+        (``LOOP_GC_THRESHOLDS``; ``shutdown`` puts the thresholds back)."""
         gc.collect()
         gc.freeze()
+        if self._gc_before is None:
+            self._gc_before = gc.get_threshold()
+        gc.set_threshold(*LOOP_GC_THRESHOLDS)
 
     def step(self, poll_ms: int = 200) -> None:
         t0 = time.monotonic()
@@ -368,6 +379,9 @@ class Daemon:
             if self.alerter.stop(timeout=1.5):
                 self.pager.release()  # nothing in flight: the next replica may deliver our channels at once
             gc.unfreeze()  # let whatever this daemon held be collected (tests run several per process)
+            if self._gc_before is not None:
+                gc.set_threshold(*self._gc_before)
+                self._gc_before = None
             log.info("llm-watchdog stopped")
 
     def _drain(self, deadline: float) -> None:
