@@ -8,6 +8,8 @@ import copy
 
 import pytest
 
+from tests.test_engines_torch import _random_llama
+
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
@@ -17,25 +19,11 @@ MIXED = ["a", "Q: a longer prompt than the others? A:", "def f(x):", "中文", "
 REFS = [" b", " yes.", "\n    return x", "文字", "y" * 9, " Fin", "!"]
 
 
-def _random_llama(seed: int = 5):
-    import torch
-    from transformers import LlamaForCausalLM
-
-    from probes.tiny_model import tiny_config
-
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(tiny_config(hidden=64, layers=2, intermediate=128)).eval()
-    with torch.no_grad():  # no EOS from a random model: every row runs to max_new_tokens
-        model.lm_head.weight[1].zero_()
-        model.lm_head.bias = None
-    return model
-
-
 def _engines(precision: str, **extra):
     from probes.engines.torch_engine import TorchEngine, calibrate_engine
     from probes.tiny_model import byte_tokenizer
 
-    base = _random_llama()
+    base = _random_llama(5)
     if precision == "fp8" and "calibration" not in extra:
         cal = TorchEngine(precision="fp16", model=copy.deepcopy(base), tokenizer=byte_tokenizer(), fast="off")
         extra["calibration"] = calibrate_engine(cal, MIXED)
@@ -103,7 +91,7 @@ def test_own_forward_counts_fp8_saturation_on_valid_tokens() -> None:
     from probes.engines.torch_engine import TorchEngine, calibrate_engine
     from probes.tiny_model import byte_tokenizer
 
-    base = _random_llama()
+    base = _random_llama(5)
     cal = TorchEngine(precision="fp16", model=copy.deepcopy(base), tokenizer=byte_tokenizer(), fast="off")
     amax = {k: v * 0.25 for k, v in calibrate_engine(cal, MIXED).items()}
     eager, fast = _engines("fp8", calibration=amax)
