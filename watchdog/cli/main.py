@@ -326,10 +326,11 @@ def build_parser(prog: str = "fp8-watchdog") -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    prog = os.path.basename(sys.argv[0]) if argv is None else "fp8-watchdog"
-    if prog not in ("fp8-watchdog", "llm-watchdog"):
-        prog = "fp8-watchdog"
-    try:
+    prog = "fp8-watchdog"
+    try:  # first thing: a Ctrl-C that lands even in the name lookup below is one line too
+        name = os.path.basename(sys.argv[0]) if argv is None else prog
+        if name in ("fp8-watchdog", "llm-watchdog"):
+            prog = name
         return _main(argv, prog)
     except KeyboardInterrupt:  # Ctrl-C anywhere (the first second is spent importing): one line, no traceback
         if argv is None:  # a real process: a second Ctrl-C while it exits ends it at once, silently
