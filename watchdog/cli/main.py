@@ -333,10 +333,23 @@ def main(argv: list[str] | None = None) -> int:
             prog = name
         return _main(argv, prog)
     except KeyboardInterrupt:  # Ctrl-C anywhere (the first second is spent importing): one line, no traceback
-        if argv is None:  # a real process: a second Ctrl-C while it exits ends it at once, silently
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
+        return _interrupted(prog, argv)
+    except Exception as exc:
+        # CPython 3.11 wraps an exception raised while a class is created (``__set_name__``, e.g. in a
+        # dataclass of a module being imported) in a RuntimeError: a Ctrl-C there is still a Ctrl-C
+        cause: BaseException | None = exc
+        while cause is not None and not isinstance(cause, KeyboardInterrupt):
+            cause = cause.__cause__ or cause.__context__
+        if cause is None:
+            raise
+        return _interrupted(prog, argv)
+
+
+def _interrupted(prog: str, argv: list[str] | None) -> int:
+    if argv is None:  # a real process: a second Ctrl-C while it exits ends it at once, silently
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+    print(f"{prog}: interrupted", file=sys.stderr)
+    return 130
 
 
 def _main(argv: list[str] | None, prog: str) -> int:

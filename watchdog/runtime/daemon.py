@@ -84,6 +84,38 @@ OWN_THREADS = ("readiness", "alerts-", "gpu-monitor", "llmwd-routing-flags", "ch
 LOOP_GC_THRESHOLDS = (50_000, 20, 20)
 
 
+class _LoopGC:
+    """The collector's settings are the process's: the first running loop freezes the start-up heap
+    and sets ``LOOP_GC_THRESHOLDS``, the last one to stop puts both back (tests and the demo run
+    several daemons in one process; one stopping must not undo another's settings)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0
+        self._saved: tuple[int, int, int] | None = None
+
+    def enter(self) -> None:
+        with self._lock:
+            gc.collect()
+            gc.freeze()
+            if self._users == 0:
+                self._saved = gc.get_threshold()
+                gc.set_threshold(*LOOP_GC_THRESHOLDS)
+            self._users += 1
+
+    def exit(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users == 0:
+                gc.unfreeze()  # let whatever the daemons held be collected
+                if self._saved is not None:
+                    gc.set_threshold(*self._saved)
+                    self._saved = None
+
+
+LOOP_GC = _LoopGC()
+
+
 class Daemon:
     def __init__(self, cfg: Config, *, redis_client: redis.Redis | None = None, alerter: Alerter | None = None,
                  metrics: Metrics | None = None, clock: SteadyClock | None = None,
@@ -164,8 +196,8 @@ class Daemon:
         self._stop = threading.Event()
         self._slow_logged = -math.inf
         self._failed_sources: set[str] = set()
-        #: the collector's thresholds before the loop set ``LOOP_GC_THRESHOLDS`` (None: not set)
-        self._gc_before: tuple[int, int, int] | None = None
+        #: whether this daemon's loop holds the process's collector settings (LOOP_GC)
+        self._gc_entered = False
         self.readiness.set("starting", "connecting to Kafka", self.clock())
 
     def connect_kafka(self) -> bool:
@@ -248,11 +280,9 @@ class Daemon:
         """Start-up is over: move what it allocated out of the cyclic collector's reach, so the
         collections the loop triggers scan only what the loop allocates, and collect less often
         (``LOOP_GC_THRESHOLDS``; ``shutdown`` puts the thresholds back)."""
-        gc.collect()
-        gc.freeze()
-        if self._gc_before is None:
-            self._gc_before = gc.get_threshold()
-        gc.set_threshold(*LOOP_GC_THRESHOLDS)
+        if not self._gc_entered:
+            self._gc_entered = True
+            LOOP_GC.enter()
 
     def step(self, poll_ms: int = 200) -> None:
         t0 = time.monotonic()
@@ -382,10 +412,9 @@ class Daemon:
             self.flags.close()
             if self.alerter.stop(timeout=1.5):
                 self.pager.release()  # nothing in flight: the next replica may deliver our channels at once
-            gc.unfreeze()  # let whatever this daemon held be collected (tests run several per process)
-            if self._gc_before is not None:
-                gc.set_threshold(*self._gc_before)
-                self._gc_before = None
+            if self._gc_entered:
+                self._gc_entered = False
+                LOOP_GC.exit()
             log.info("llm-watchdog stopped")
 
     def _drain(self, deadline: float) -> None:
