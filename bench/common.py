@@ -138,3 +138,10 @@ def machine_note() -> str:
     load = os.getloadavg()
     return (f"cpus={os.cpu_count()} load_avg={load[0]:.2f}/{load[1]:.2f}/{load[2]:.2f} "
             f"python={sys.version.split()[0]}")
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (all its threads), from ``/proc/PID/stat``."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

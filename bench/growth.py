@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 import threading
 import time
@@ -41,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx  # noqa: E402
 import redis  # noqa: E402
-from common import MODEL, ROOT, machine_note, route_names, services, table  # noqa: E402
+from common import MODEL, ROOT, machine_note, process_cpu_s, route_names, services, table  # noqa: E402
 from kafka import KafkaProducer  # noqa: E402
 from memory import check_alive, daemon_process, rss_mb  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
@@ -51,12 +50,6 @@ from watchdog.dev.traffic import Route, TrafficGenerator  # noqa: E402
 
 HISTOGRAMS = ("llmwd_checkpoint_seconds", "llmwd_checkpoint_loop_seconds", "llmwd_loop_busy_seconds",
               "llmwd_reaction_seconds")
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
 def snapshot(url: str) -> dict[str, Any]:
@@ -151,14 +144,14 @@ def run_one(n_routes: int, args: argparse.Namespace) -> list[Any]:
             try:
                 time.sleep(args.warmup)
                 check_alive(proc, log_path)
-                m0, cpu0, sent0 = snapshot(url), cpu_seconds(proc.pid), gen.sent
+                m0, cpu0, sent0 = snapshot(url), process_cpu_s(proc.pid), gen.sent
                 in0, t0 = r.info("stats")["total_net_input_bytes"], time.monotonic()
                 rss = [rss_mb(proc.pid)]
                 while time.monotonic() - t0 < args.seconds:
                     time.sleep(5.0)
                     check_alive(proc, log_path)
                     rss.append(rss_mb(proc.pid))
-                m1, cpu1, sent1 = snapshot(url), cpu_seconds(proc.pid), gen.sent
+                m1, cpu1, sent1 = snapshot(url), process_cpu_s(proc.pid), gen.sent
                 in1, t1 = r.info("stats")["total_net_input_bytes"], time.monotonic()
                 lag = time.time() - min(m1["watermarks"]) if m1["watermarks"] else float("nan")
                 used = r.info("memory")["used_memory"]

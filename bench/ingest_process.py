@@ -47,14 +47,13 @@ from kafka import KafkaAdminClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import ROOT, machine_note, median, produce_events, services, table  # noqa: E402
+from common import ROOT, machine_note, median, process_cpu_s, produce_events, services, table  # noqa: E402
 from ingest import consume, produce_heavy  # noqa: E402
 
 from watchdog.dev.embedded import free_port  # noqa: E402
 
 MODES = ("json", "confluent", "daemon")
 _COUNTER = re.compile(r"^llmwd_(?:events|dead_letters)_total\{[^}]*\} ([0-9.e+]+)$", re.M)
-_TICK = os.sysconf("SC_CLK_TCK")
 
 
 def consume_confluent(address: str, topic: str, n: int, timeout_s: float) -> tuple[float, float]:
@@ -104,11 +103,6 @@ def _processed(url: str) -> tuple[float, int]:
     with urllib.request.urlopen(f"{url}/metrics", timeout=2) as resp:  # noqa: S310 - loopback
         text = resp.read().decode()
     return sum(float(x) for x in _COUNTER.findall(text)), len(text)
-
-
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK  # utime + stime
 
 
 def _committed(admin: Any, group: str, topic: str) -> int:
@@ -161,9 +155,9 @@ def run_daemon(svc: Any, topic: str, n: int, timeout_s: float, scrape_s: float,
             if t_http is None:
                 t_http = now
             if got and first is None:
-                first = (now, got, _cpu_s(proc.pid))
+                first = (now, got, process_cpu_s(proc.pid))
             if got >= n:
-                last = (now, got, _cpu_s(proc.pid))
+                last = (now, got, process_cpu_s(proc.pid))
                 break
             wait = scrape_s
             if first is not None and got > first[1]:

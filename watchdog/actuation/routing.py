@@ -26,7 +26,7 @@ from typing import Any
 
 import redis
 
-from watchdog.core.keys import Flag, Keys, cluster_prefix_problem, text
+from watchdog.core.keys import Flag, Keys, require_cluster_prefix, text
 from watchdog.state.redis_conn import client_from_url, connection_is_current
 
 log = logging.getLogger(__name__)
@@ -55,9 +55,8 @@ class RoutingFlags:
             client_factory = lambda: client_from_url(url, timeout_s=timeout_s)  # noqa: E731
         self._factory = client_factory
         self.keys = keys or Keys()
-        problem = None if redis_url is None else cluster_prefix_problem(redis_url, self.keys.prefix)
-        if problem is not None:
-            raise ValueError(problem)
+        if redis_url is not None:
+            require_cluster_prefix(redis_url, self.keys.prefix)
         self.default_precision = default_precision
         self.ttl_s = ttl_s
         self.full_reload_s = full_reload_s

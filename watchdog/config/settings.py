@@ -27,9 +27,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from watchdog.config.yamlfile import ConfigError as ConfigError
-from watchdog.config.yamlfile import env_value, read_config_file, set_path, validate
+from watchdog.config.yamlfile import env_path, env_value, read_config_file, set_path, validate
 from watchdog.config.yamlpos import PosDoc
-from watchdog.core.keys import cluster_prefix_problem
+from watchdog.core.keys import require_cluster_prefix
 from watchdog.core.signals import Severity
 
 ENV_PREFIX = "LLMWD_"
@@ -108,10 +108,7 @@ class RedisConfig(_Section):
     @field_validator("prefix")
     @classmethod
     def _cluster_prefix_tagged(cls, prefix: str, info: ValidationInfo) -> str:
-        problem = cluster_prefix_problem(str(info.data.get("url", "")), prefix)
-        if problem is not None:
-            raise ValueError(problem)
-        return prefix
+        return require_cluster_prefix(str(info.data.get("url", "")), prefix)
 
 
 class WindowConfig(_Section):
@@ -313,7 +310,7 @@ def env_overrides(env: Mapping[str, str]) -> tuple[list[tuple[tuple[str, ...], A
     for var in sorted(env):
         if not var.startswith(ENV_PREFIX) or var[len(ENV_PREFIX):] in _NOT_CONFIG:
             continue
-        path = tuple(part.lower() for part in var[len(ENV_PREFIX):].split("__"))
+        path = env_path(var, ENV_PREFIX)
         if path[0] not in fields or not all(path):
             unknown.append(var)
             continue

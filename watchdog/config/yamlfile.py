@@ -114,6 +114,12 @@ def read_config_file(path: str | Path, env: Mapping[str, str] | None = None) -> 
     return doc.data, doc
 
 
+def env_path(var: str, prefix: str) -> tuple[str, ...]:
+    """The config path an override names: ``LLMWD_KAFKA__BOOTSTRAP_SERVERS`` (prefix ``LLMWD_``) ->
+    ``("kafka", "bootstrap_servers")``; an empty part (``A____B``) stays empty for the caller to refuse."""
+    return tuple(part.lower() for part in var[len(prefix):].split("__"))
+
+
 def env_value(var: str, raw: str) -> Any:
     """An override's value: JSON when it starts with ``{`` or ``[`` (it replaces the whole value at
     its path) or ``"`` (a JSON string: how to write a value that starts with ``{``, such as a Redis

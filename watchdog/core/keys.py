@@ -60,6 +60,14 @@ def cluster_prefix_problem(url: str, prefix: str) -> str | None:
             f"a deployment must map to one slot): use prefix '{{{bare}}}'")
 
 
+def require_cluster_prefix(url: str, prefix: str) -> str:
+    """``prefix``, or ValueError with ``cluster_prefix_problem``'s line (a pydantic validator's body)."""
+    problem = cluster_prefix_problem(url, prefix)
+    if problem is not None:
+        raise ValueError(problem)
+    return prefix
+
+
 @dataclass(frozen=True, slots=True)
 class Keys:
     """Names of every Redis key under one prefix (default ``llmwd``)."""

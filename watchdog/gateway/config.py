@@ -36,7 +36,7 @@ from pydantic import (
 from watchdog.config.settings import env_overrides
 from watchdog.config.yamlfile import ConfigError, read_config_file, set_path, validate
 from watchdog.config.yamlpos import PosDoc
-from watchdog.core.keys import cluster_prefix_problem
+from watchdog.core.keys import require_cluster_prefix
 from watchdog.ingest.emitter import EventsConfig
 from watchdog.policy.names import check_route
 
@@ -167,10 +167,7 @@ class GatewayConfig(_Section):
     @field_validator("redis_prefix")
     @classmethod
     def _cluster_prefix_tagged(cls, prefix: str, info: ValidationInfo) -> str:
-        problem = cluster_prefix_problem(str(info.data.get("redis_url", "")), prefix)
-        if problem is not None:
-            raise ValueError(problem)
-        return prefix
+        return require_cluster_prefix(str(info.data.get("redis_url", "")), prefix)
 
     @model_validator(mode="after")
     def _one_route_per_key(self) -> GatewayConfig:

@@ -40,7 +40,7 @@ from typing import Any, cast
 from litellm.integrations.custom_logger import CustomLogger
 from pydantic import BaseModel, ConfigDict, Field
 
-from watchdog.config.yamlfile import ConfigError, env_value, read_config_file, set_path, validate
+from watchdog.config.yamlfile import ConfigError, env_path, env_value, read_config_file, set_path, validate
 from watchdog.ingest.emitter import EventEmitter, EventsConfig
 from watchdog.policy.names import check_route
 
@@ -90,7 +90,7 @@ class LiteLLMSettings(BaseModel):
         from_env: dict[tuple[Any, ...], str] = {}
         for var in sorted(env):
             if var.startswith(ENV_PREFIX) and len(var) > len(ENV_PREFIX):
-                key_path = tuple(part.lower() for part in var[len(ENV_PREFIX):].split("__"))
+                key_path = env_path(var, ENV_PREFIX)
                 set_path(data, key_path, env_value(var, env[var]), var)
                 from_env[key_path] = var
         return cast(LiteLLMSettings, validate(cls, data, str(path), doc, from_env))
