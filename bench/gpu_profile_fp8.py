@@ -15,6 +15,7 @@ attention, FP8 quantisation, norm/rope/elementwise, log-softmax/argmax, copies) 
     python bench/gpu_profile_fp8.py --out $OUT/profile.txt        # on the GPU
     python bench/gpu_profile_fp8.py --smoke                         # tiny, CPU (paths only)
 
+``--variants new,new+q1,new+q1+gqa+head8`` adds options to a variant (see ``OPTIONS``).
 ``--variants old,own,new`` times engine variants in the same process, one after the other per batch
 (each with its own warm-up round): ``old`` = prefill and scoring through transformers' forward and
 decode attention over the whole cache bucket (the engine before issue 22 item 1, except that the
@@ -52,9 +53,14 @@ CLASSES = (  # first match wins; names lowercased
 )
 
 
+OUT_FILE: Path | None = None
+
+
 def say(line: str = "") -> None:
     print(line, flush=True)
     LINES.append(line)
+    if OUT_FILE is not None:  # written as it goes: a call cut off at its limit still returns what ran
+        OUT_FILE.write_text("\n".join(LINES) + "\n")
 
 
 def classify(name: str) -> str:
@@ -66,13 +72,85 @@ def classify(name: str) -> str:
 
 
 VARIANTS = {"old": (False, 0), "own": (True, 0), "new": (True, 128)}  # (own_forward, live_window)
+#: options added to a variant with "+" (without one: off): q1 = one quantised input for q/k/v and gate/up
+#: in prefill/scoring (``share_quant``), gqa = decode attention ``attend_gqa`` (else ``attend``), head8 =
+#: FP8 lm_head (FP8 engine only), nocount = no saturation count (a bound on what counting costs)
+OPTIONS = ("q1", "gqa", "head8", "nocount")
+HEADS: dict[int, tuple[Any, Any]] = {}  # id(engine) -> (its own lm_head module, the FP8 one)
 
 
 def set_variant(engines: list[Any], name: str) -> None:
-    own, window = VARIANTS[name]
+    base, *opts = name.split("+")
+    own, window = VARIANTS[base]
+    for o in opts:
+        if o not in OPTIONS:
+            raise ValueError(f"unknown variant option {o!r} (one of {OPTIONS})")
     for eng in engines:
-        if eng.fast_decoder is not None:
-            eng.fast_decoder.own_forward, eng.fast_decoder.live_window = own, window
+        fd = eng.fast_decoder
+        if fd is None:
+            continue
+        fd.own_forward, fd.live_window = own, window
+        fd.count_saturation = "nocount" not in opts
+        # every option set explicitly: a variant does not inherit the previous one's
+        fd.set_options(share_quant="q1" in opts, attention="gqa" if "gqa" in opts else "sdpa")
+        if id(eng) in HEADS:
+            own_head, head8 = HEADS[id(eng)]
+            mod = head8 if "head8" in opts else own_head
+            eng.model.lm_head = mod  # the eager path (the agreement check) uses the same head
+            fd.set_head(mod)
+
+
+def gemm_table(batches: list[int], reps: int = 20) -> None:
+    """Each decode GEMM of the 8B shape alone (CUDA graph of ``reps`` products over 3 weight copies,
+    so no weight is re-read from L2): FP16 ``F.linear`` vs FP8 ``_scaled_mm`` (fp16 out; float32 out as
+    the merged decode GEMMs use; fast accumulation), ms and weight GB/s."""
+    from probes.fp8 import FP8_DTYPE
+
+    dev = "cuda"
+    shapes = {"qkv": (6144, 4096), "o": (4096, 4096), "gate+up": (28672, 4096), "down": (4096, 14336),
+              "lm_head": (128256, 4096)}
+    one = torch.ones(1, device=dev)
+
+    def timed(fn: Any) -> float:
+        fn()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for i in range(reps):
+                fn(i % 3)
+        g.replay()
+        torch.cuda.synchronize()
+        ts = []
+        for _ in range(5):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            g.replay()
+            b.record()
+            torch.cuda.synchronize()
+            ts.append(a.elapsed_time(b) / reps)
+        return statistics.median(ts)
+
+    say("| GEMM | M | FP16 ms (GB/s) | FP8 fp16-out ms (GB/s) | FP8 fp32-out ms | FP8 fast-accum ms | FP16/FP8 |")
+    say("| --- | --- | --- | --- | --- | --- | --- |")
+    for name, (n, k) in shapes.items():
+        w16 = [torch.randn(n, k, device=dev, dtype=torch.float16) * 0.02 for _ in range(3)]
+        w8 = [w.to(FP8_DTYPE) for w in w16]
+        for m in batches:
+            x = torch.randn(m, k, device=dev, dtype=torch.float16)
+            x8 = x.to(FP8_DTYPE)
+
+            def f16(i: int = 0, x: torch.Tensor = x, w: list[torch.Tensor] = w16) -> torch.Tensor:
+                return torch.nn.functional.linear(x, w[i])
+
+            def f8(i: int = 0, x8: torch.Tensor = x8, w: list[torch.Tensor] = w8, out: Any = torch.float16,
+                   fast: bool = False) -> torch.Tensor:
+                return torch._scaled_mm(x8, w[i].t(), scale_a=one, scale_b=one, out_dtype=out, use_fast_accum=fast)
+
+            t16, t8 = timed(f16), timed(f8)
+            t8f = timed(lambda i=0: f8(i, out=torch.float32))
+            t8a = timed(lambda i=0: f8(i, fast=True))
+            say(f"| {name} {n}x{k} | {m} | {t16:.4f} ({2 * n * k / t16 / 1e6:.0f}) | {t8:.4f} ({n * k / t8 / 1e6:.0f}) | "
+                f"{t8f:.4f} | {t8a:.4f} | {t16 / t8:.2f} |")
+    torch.cuda.empty_cache()
 
 
 def run_round(engine: Any, prompts: list[str], refs: list[str], new_tokens: int, batch: int) -> tuple[float, float]:
@@ -167,7 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--variants", default="new", help="comma-separated: old, own, new (see the docstring)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--gemm", action="store_true", help="first, each decode GEMM alone (FP16 vs FP8)")
     args = ap.parse_args(argv)
+    global OUT_FILE
+    OUT_FILE = Path(args.out) if args.out else None
     from probes.engines.torch_engine import TorchEngine, calibrate_engine
     from probes.tiny_model import byte_tokenizer
 
@@ -187,10 +268,16 @@ def main(argv: list[str] | None = None) -> int:
     amax = calibrate_engine(fp16, [p + r for p, r in zip(prompts_all[:pool], refs_all[:pool], strict=True)])
     fp8 = TorchEngine(precision="fp8", model=copy.deepcopy(model), tokenizer=tok, device=device, dtype=dt,
                       batch_size=max(batches), calibration=amax, name="fp8", fast="on")
+    if any("head8" in v for v in args.variants.split(",")):
+        from probes.fp8 import Fp8Linear
+
+        HEADS[id(fp8)] = (fp8.model.lm_head, Fp8Linear.from_linear(fp8.model.lm_head, amax["lm_head"], name="lm_head"))
     say(f"# FP8 vs FP16 per component ({torch.cuda.get_device_name() if device == 'cuda' else 'CPU'}, torch "
         f"{torch.__version__}); shape hidden {shape.hidden}, {shape.layers} layers, inter {shape.inter}, "
         f"{shape.heads}/{shape.kv_heads} heads, vocab {shape.vocab}; built in {time.perf_counter() - t0:.1f} s; "
         f"{args.new_tokens} new tokens, no stop strings; engine: {fp8.fast_reason}")
+    if args.gemm and device == "cuda":
+        gemm_table(batches)
     summary = []
     variants = args.variants.split(",")
     for b in batches:
@@ -258,8 +345,6 @@ def main(argv: list[str] | None = None) -> int:
     for b, n, variant, e16, e8, ms, ratios in summary:
         say(f"| {b} | {n} | {variant} | {e16:.2f} | {e8:.2f} | {e8 / e16:.3f} ({', '.join(f'{x:.3f}' for x in ratios)})"
             f" | {e16 / e8:.2f}x | {ms['fp16']:.2f} / {ms['fp8']:.2f} |")
-    if args.out:
-        Path(args.out).write_text("\n".join(LINES) + "\n")
     return 0
 
 

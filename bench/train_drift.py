@@ -252,7 +252,8 @@ def measure(model: Any, label: str, items: list[dict[str, str]], cal_texts: list
     rows = [fp16.encode_prompt(gs.render(it)) for it in gs.items]
     equiv = fast_equivalence(fp16, rows, batch, max_new, label)
     variants = {"fp8 per-tensor": {"fp8_weight_scale": "tensor"}, "fp8 per-row": {"fp8_weight_scale": "row"},
-                "fp8 stale x0.25": {"fp8_weight_scale": "tensor", "scale_multiplier": 0.25}}
+                "fp8 stale x0.25": {"fp8_weight_scale": "tensor", "scale_multiplier": 0.25},
+                "fp8 per-tensor + FP8 lm_head": {"fp8_weight_scale": "tensor", "fp8_lm_head": True}}
     out: dict[str, Any] = {"fast_vs_eager_fp16": equiv,
                            "calibration_texts": len(cal_texts), "variants": {}}
     for name, opts in variants.items():

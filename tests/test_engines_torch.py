@@ -256,3 +256,14 @@ def test_picked_logprobs_is_the_float_log_softmax_of_the_targets() -> None:
     want = torch.log_softmax(logits.float(), dim=-1).gather(2, targets[:, :, None])[:, :, 0]
     got = picked_logprobs(logits, targets)
     assert got.dtype == torch.float32 and torch.allclose(got, want, atol=1e-6)
+
+
+def test_boolean_engine_options_accept_command_line_text() -> None:
+    """``-o fp8_lm_head=true`` arrives as text: the usual spellings parse, anything else is an error
+    (a typo must not silently mean False)."""
+    from probes.engines.torch_engine import _flag
+
+    assert [_flag(v) for v in ("true", "1", "Yes", "on", True)] == [True] * 5
+    assert [_flag(v) for v in ("false", "0", "no", "off", "", False)] == [False] * 6
+    with pytest.raises(ValueError):
+        _flag("ture")

@@ -150,3 +150,69 @@ def test_merged_linears_give_the_separate_products_and_keep_the_weights_shared()
     for m in stale:
         m.backend = "scaled_mm"
     assert merge_linears(stale) is None  # different activation scales: no shared quantised input
+
+
+def test_shared_quantised_input_gives_the_separate_fp8_products() -> None:
+    """``share_quant``: q/k/v (gate/up) read ONE quantised copy of their input through the merged
+    entry's scale; with equal calibrated scales that is the same FP8 tensor, so the same products."""
+    import torch
+
+    from probes.engines.fast_layers import lin_params, linear, merge_linears, projections
+    from probes.fp8 import Fp8Linear
+
+    g = torch.Generator().manual_seed(2)
+    mods = [Fp8Linear(torch.randn(n, 32, generator=g) * s, None, 3.0) for n, s in ((32, 0.1), (16, 1.0), (16, 0.01))]
+    for m in mods:
+        m.backend = "scaled_mm"
+    h = torch.randn(2, 5, 32, generator=g) * 2
+    want = [linear(h, lin_params(m)) for m in mods]
+    merged = merge_linears(mods)
+    if merged is None:
+        pytest.skip("_scaled_mm with float32 output is not available on this device")
+    p = {"qkv": merged, **{n: lin_params(m) for n, m in zip("qkv", mods, strict=True)}}
+    got = projections(h, p, "", ("q", "k", "v"), "qkv")
+    assert [t.shape for t in got] == [t.shape for t in want]
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+    # without the merged entry there is nothing to share: the plain per-linear path
+    assert all(torch.equal(a, b) for a, b in zip(projections(h, p, "", ("q", "k", "v"), "gu"), want, strict=True))
+
+
+def test_gqa_decode_attention_equals_sdpa() -> None:
+    import torch
+
+    from probes.engines.fast_decode import attend, attend_gqa
+
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(3, 8, 16, generator=g)
+    kc, vc = torch.randn(3, 2, 40, 16, generator=g), torch.randn(3, 2, 40, 16, generator=g)
+    kmask = torch.rand(3, 24, generator=g) > 0.3
+    kmask[:, 0] = True
+    assert torch.allclose(attend_gqa(q, kc, vc, kmask), attend(q, kc, vc, kmask), atol=1e-5)
+    kmask[:, 1:] = False  # one key: the output is its value, the masked keys contribute nothing
+    out = attend_gqa(q, kc, vc, kmask).view(3, 2, 4, 16)
+    assert torch.allclose(out, vc[:, :, None, 0].expand(3, 2, 4, 16), atol=1e-6)
+
+
+def test_decoder_options_and_fp8_lm_head_keep_the_eager_tokens() -> None:
+    """The FP8 lm_head (``fp8_lm_head``) on the fast path gives the eager path's greedy tokens (CPU:
+    exact emulation), and switching the decode attention drops the captured steps, not the answer."""
+    from probes.fp8 import Fp8Linear
+
+    eager, fast = _engines("fp8", fp8_lm_head=True)
+    assert isinstance(fast.model.lm_head, Fp8Linear) and "lm_head" in fast.fp8_layers
+    assert fast.fast_decoder.head["kind"] != "plain"
+    rows = [fast.encode_prompt(p) for p in MIXED[:4]]
+    want = eager._generate_batch(rows, 12)
+    got = fast._generate_batch(rows, 12)
+    if not fast.device.startswith("cuda"):
+        assert [t for t, _ in got] == [t for t, _ in want]
+    dec = fast.fast_decoder
+    assert not any(p["share_quant"] for p in dec.layers)
+    dec.set_options(attention="gqa", share_quant=True)
+    assert all(p["attention"] == "gqa" and p["share_quant"] for p in dec.layers)
+    assert all(not bk.graphs for bk in dec._buckets.values())
+    again = fast._generate_batch(rows, 12)
+    assert [t for t, _ in again] == [t for t, _ in got]
+    with pytest.raises(ValueError):
+        dec.set_options(attention="flash")

@@ -106,6 +106,20 @@ def attend(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, kmask: torch.Ten
     return out.reshape(b, nh * d)
 
 
+def attend_gqa(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, kmask: torch.Tensor) -> torch.Tensor:
+    """``attend`` written as reductions inductor fuses: each K/V head read once for its ``rep`` query
+    heads (no K/V repeated per head), the key mask applied in the softmax (no mask tensor for a kernel),
+    scores, softmax and the weighted sum of V in float32."""
+    b, nh, d = q.shape
+    kvh, live = kc.shape[1], kmask.shape[1]
+    k, v = kc[:, :, :live].float(), vc[:, :, :live].float()
+    qg = q.view(b, kvh, nh // kvh, 1, d).float() * (d ** -0.5)
+    s = (qg * k[:, :, None]).sum(-1)  # [B, KVH, rep, live]
+    s = s.masked_fill(~kmask[:, None, None, :], float("-inf")).softmax(-1)
+    out = (s[..., None] * v[:, :, None]).sum(-2)  # [B, KVH, rep, D]
+    return out.to(q.dtype).reshape(b, nh * d)
+
+
 def decode_layer(x: torch.Tensor, p: dict[str, Any], kc: torch.Tensor, vc: torch.Tensor, slot: torch.Tensor,
                  cos: torch.Tensor, sin: torch.Tensor, kmask: torch.Tensor, eps: float) -> torch.Tensor:
     """One Llama layer for one new token per row. x [B, hidden]; kc, vc [B, KVH, T, D] (written at
@@ -120,7 +134,8 @@ def decode_layer(x: torch.Tensor, p: dict[str, Any], kc: torch.Tensor, vc: torch
     k = k * c + rotate_half(k) * s
     kc.index_copy_(2, slot, k.unsqueeze(2))
     vc.index_copy_(2, slot, v.unsqueeze(2))
-    x = x + linear(attend(q, kc, vc, kmask), p["o"])
+    a = attend_gqa(q, kc, vc, kmask) if p.get("attention") == "gqa" else attend(q, kc, vc, kmask)
+    x = x + linear(a, p["o"])
     h = rms_norm(x, p["ln2"], eps)
     gate, up = projections(h, p, "gu", ("gate", "up"))
     return x + linear(F.silu(gate) * up, p["down"])
@@ -202,6 +217,8 @@ class FastDecoder:
                 groups["gu"] = [groups.pop(k)[0] for k in ("gate", "up")]
             # which input each saturation count reads, and through whose scale (see fast_forward.forward_layer)
             p["counts"] = tuple((COUNT_INPUT[k], k) for k in groups)
+            # True: prefill/scoring quantise q/k/v's (gate/up's) input once; no gain measured on the H200
+            p["share_quant"] = False
             self.layers.append(p)
             mods = [x for g in groups.values() for x in g]
             if all(isinstance(x, Fp8Linear) and x.track_saturation for x in mods):
@@ -211,6 +228,8 @@ class FastDecoder:
         self.own_forward = True
         #: decode attention over keys [0, position rounded up to this); 0: the whole cache bucket
         self.live_window = LIVE_WINDOW
+        #: prefill and scoring count FP8 saturation (False: not counted; for measuring what counting costs)
+        self.count_saturation = True
         self.kv_heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
         self.theta = _rope_theta(cfg)
@@ -240,6 +259,28 @@ class FastDecoder:
         self.stats = {"prefill_s": 0.0, "decode_s": 0.0, "steps": 0.0, "batches": 0.0}
         self.cache_arg = "past_key_values"
         self._lock = threading.Lock()  # the static caches and graphs serve one batch at a time
+
+    def set_options(self, *, share_quant: bool | None = None, attention: str | None = None) -> None:
+        """``share_quant``: prefill/scoring quantise q/k/v's (gate/up's) input once for their separate FP8
+        GEMMs. ``attention``: decode attention "sdpa" (``attend``) or "gqa" (``attend_gqa``). Captured
+        step graphs are dropped (they hold the previous choice)."""
+        if attention is not None and attention not in ("sdpa", "gqa"):
+            raise ValueError(f"decode attention must be sdpa or gqa, not {attention!r}")
+        for p in self.layers:
+            if share_quant is not None:
+                p["share_quant"] = bool(share_quant)
+            if attention is not None:
+                p["attention"] = attention
+        self.clear_graphs()
+
+    def set_head(self, module: nn.Module) -> None:
+        """Use ``module`` (an ``nn.Linear`` or ``Fp8Linear``) as the lm_head; drops captured graphs."""
+        self.head = lin_params(module)
+        self.clear_graphs()
+
+    def clear_graphs(self) -> None:
+        for bk in self._buckets.values():
+            bk.graphs.clear()
 
     def cache_bytes(self) -> int:
         """Bytes of the static K/V caches and step tensors the kept buckets hold."""
@@ -413,7 +454,7 @@ class FastDecoder:
         width = ids.shape[1]
         cos_t, sin_t, _ = self._rope_table(-(-width // T_BUCKET) * T_BUCKET)
         cos, sin, amask = sequence_inputs(mask, cos_t, sin_t)
-        count = len(self._sat_mods) == len(self.layers)
+        count = self.count_saturation and len(self._sat_mods) == len(self.layers)
         x = F.embedding(ids, self.embed)
         sats = []
         for i, p in enumerate(self.layers):

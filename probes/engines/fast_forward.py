@@ -53,6 +53,11 @@ def _merged(p: dict[str, Any], key: str) -> str:
     return key if key in p and p[key]["kind"] == "plain" else ""
 
 
+def _shared(p: dict[str, Any], key: str) -> str:
+    """The merged FP8 entry whose one activation scale quantises the input once (``p["share_quant"]``)."""
+    return key if p.get("share_quant", False) and key in p and p[key]["kind"] == "fp8cols" else ""
+
+
 def forward_layer(
     x: torch.Tensor,
     p: dict[str, Any],
@@ -70,7 +75,9 @@ def forward_layer(
     d = cos.shape[-1]
     h = rms_norm(x, p["ln1"], eps)
     q, k, v = (
-        t.view(b, n, -1, d).transpose(1, 2) for t in projections(h, p, _merged(p, "qkv"), ("q", "k", "v"))
+        t.view(b, n, -1, d).transpose(1, 2) for t in projections(
+            h, p, _merged(p, "qkv"), ("q", "k", "v"), _shared(p, "qkv")
+        )
     )
     c, s = cos[:, None], sin[:, None]
     q = q * c + rotate_half(q) * s
@@ -78,7 +85,7 @@ def forward_layer(
     a = attention(q, k, v, amask)
     x = x + linear(a, p["o"])
     h2 = rms_norm(x, p["ln2"], eps)
-    gate, up = projections(h2, p, _merged(p, "gu"), ("gate", "up"))
+    gate, up = projections(h2, p, _merged(p, "gu"), ("gate", "up"), _shared(p, "gu"))
     m = F.silu(gate) * up
     x = x + linear(m, p["down"])
     sat = None

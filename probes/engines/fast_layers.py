@@ -55,11 +55,21 @@ def linear(x: torch.Tensor, p: dict[str, Any]) -> torch.Tensor:
 
 
 def projections(
-    h: torch.Tensor, p: dict[str, Any], merged: str, names: tuple[str, ...]
+    h: torch.Tensor, p: dict[str, Any], merged: str, names: tuple[str, ...], share: str = ""
 ) -> list[torch.Tensor]:
-    """The outputs of linears ``names`` that read ``h``: one GEMM when the layer has them ``merged``."""
+    """The outputs of linears ``names`` that read ``h``: one GEMM when the layer has them ``merged``;
+    with ``share`` (the key of their merged FP8 entry), separate FP8 GEMMs on ONE quantised copy of
+    ``h`` (each linear's own scale object would otherwise make inductor write one copy per linear)."""
     if merged in p:
         return list(linear(h, p[merged]).split(p[merged]["sizes"], dim=-1))
+    if share in p and all(p[n]["kind"] == "fp8" for n in names):
+        h8 = quant(h.reshape(-1, h.shape[-1]), p[share]["sx_in"])
+        return [
+            torch._scaled_mm(h8, p[n]["w"].t(), scale_a=p[n]["sx"], scale_b=p[n]["sw"], out_dtype=h.dtype).reshape(
+                *h.shape[:-1], -1
+            )
+            for n in names
+        ]
     return [linear(h, p[n]) for n in names]
 
 

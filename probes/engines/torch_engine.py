@@ -1,7 +1,8 @@
 """In-process engine (kind ``torch``): a Hugging Face causal LM in fp16/bf16 or real FP8.
 
-FP8 swaps every linear layer except ``lm_head`` for ``probes.fp8.Fp8Linear`` with static activation
-scales from ``fp8_calibration.json`` (``llm-watchdog calibrate``). On CUDA cc >= 8.9 the products run
+FP8 swaps every linear layer except ``lm_head`` (``fp8_lm_head=True``: that one too) for
+``probes.fp8.Fp8Linear`` with static activation scales from ``fp8_calibration.json``
+(``llm-watchdog calibrate``). On CUDA cc >= 8.9 the products run
 through ``torch._scaled_mm``; on CPU through an exact emulation of the same numerics.
 
 On CPU the 'fp16' baseline computes in float32 (CPU half-precision matmuls are slow and not what
@@ -47,6 +48,15 @@ def use_compile_cache(directory: str | Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
     return path
+
+
+def _flag(value: Any) -> bool:
+    """A boolean engine option given as a bool or as text (``-o fp8_lm_head=true`` on the command line)."""
+    if isinstance(value, str):
+        if value.strip().lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off", ""):
+            raise ValueError(f"expected a boolean, not {value!r}")
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
 
 
 def _resolve_device(device: str) -> str:
@@ -105,7 +115,7 @@ class TorchEngine:
                  scale_multiplier: float = 1.0, max_batch_tokens: int | None = None, name: str | None = None,
                  model: Any = None, tokenizer: Any = None, track_saturation: bool = True,
                  fast: str | bool = "auto", compile: bool | None = None, cuda_graphs: bool | None = None,
-                 compile_cache_dir: str | Path | None = None) -> None:
+                 compile_cache_dir: str | Path | None = None, fp8_lm_head: bool = False) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
         if model is None and model_path is None:
@@ -155,7 +165,8 @@ class TorchEngine:
                                             "run `llm-watchdog calibrate --model DIR --set NAME`")
                 amax = load_calibration(cal)
             self.fp8_layers = quantize_model(self.model, amax, fp8_activation, weight_mode=fp8_weight_scale,
-                                             scale_multiplier=scale_multiplier, track_saturation=track_saturation)
+                                             scale_multiplier=scale_multiplier, track_saturation=track_saturation,
+                                             skip=() if _flag(fp8_lm_head) else ("lm_head",))
         eos = {self.tokenizer.eos_token_id}
         gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
         eos.update(gen_eos if isinstance(gen_eos, list) else [gen_eos])
