@@ -113,7 +113,8 @@ def judge_paired_replays(
 
     Look 1 is the latest replay alone at level ``alpha * first_look_share``; look 2 is the
     per-item mean of the latest two replays (same prompts in the same order, which halves the
-    flip noise) at ``alpha * (1 - first_look_share)``. Fail if either look fails, otherwise the
+    flip noise) at ``alpha * (1 - first_look_share)``, its spread prior scaled by the replays'
+    correlation (``replay_correlation``). Fail if either look fails, otherwise the
     pooled look decides. The error budget is split, not doubled (alpha spending): at a true
     drift of exactly ``effect_threshold`` the chance of a fail per evaluation stays <= alpha / 2,
     as for one ``judge_paired`` call at ``alpha``. Most of it goes to the pooled look because it
@@ -146,11 +147,36 @@ def judge_paired_replays(
         j.detail["identical_replays"] = identical
         return j
     pooled = st.average_replays([prev[None, :], latest[None, :]])[0]
+    rho = replay_correlation(prev, latest)
     looks = []
     if first_look_share > 0:
         looks.append(("latest", judge_paired(latest, alpha=alpha * first_look_share, **common)))  # type: ignore[arg-type]
-    looks.append(("pooled2", judge_paired(pooled, alpha=alpha * (1 - first_look_share), **common)))  # type: ignore[arg-type]
-    return _pick_look(looks, method)
+    pooled_common = {**common, "prior_jump": prior_jump * math.sqrt((1.0 + rho) / 2.0)}
+    looks.append(("pooled2", judge_paired(pooled, alpha=alpha * (1 - first_look_share), **pooled_common)))  # type: ignore[arg-type]
+    out = _pick_look(looks, method)
+    out.detail["replay_correlation"] = rho
+    return out
+
+
+def replay_correlation(a: np.ndarray, b: np.ndarray) -> float:
+    """Correlation across items of two replays' differences, clipped to [0, 1]; 1 (the
+    conservative end) when it is undefined (fewer than 3 items measured in both, or no spread).
+
+    It sets the spread prior of the pooled look: an unseen jump of ``prior_jump`` in one replay
+    moves the two-replay mean of its item by half of it, so for replays whose jumps are
+    independent (correlation 0: sampled or batch-dependent answers, or the persistent part
+    removed by the learned levels) the prior's variance in the mean halves - each replay keeps
+    its own two pseudo-items, as for the mean of two independent single-replay estimates (the
+    rotated look, 2 n items, gets two in all) - and for persistent jumps (correlation 1) it
+    stays whole: prior_jump * sqrt((1 + rho) / 2)."""
+    ok = np.isfinite(a) & np.isfinite(b)
+    if int(ok.sum()) < 3:
+        return 1.0
+    x, y = a[ok] - a[ok].mean(), b[ok] - b[ok].mean()
+    sxy, sxx, syy = float(x @ y), float(x @ x), float(y @ y)
+    if sxx <= 0.0 or syy <= 0.0:
+        return 1.0
+    return min(max(sxy / math.sqrt(sxx * syy), 0.0), 1.0)
 
 def _pick_look(looks: list[tuple[str, Judgement]], method: str) -> Judgement:
     failed = [j for _, j in looks if j.status == "fail"]
