@@ -113,3 +113,30 @@ def test_sampled_serving_runs_the_mean_test_at_the_sampled_alpha() -> None:
                         if "looks" in out.detail else out.detail["alpha"])
     assert looks[1][0] < 0.1 and looks[1][1] == pytest.approx(rule.judge.mean_alpha)
     assert looks[4][0] > 0.15 and looks[4][1] == pytest.approx(rule.judge.sampled_alpha)
+
+
+def test_a_pool_with_one_sampled_replay_is_judged_as_fresh_draws() -> None:
+    """The sampled-serving call is the pool's: a replay whose own A/A share happens to fall under
+    the line (9 %) after one that showed sampling (20 %) still runs the mean test at
+    ``sampled_alpha`` - one replay's share is noisy near the line, and the pooled look judges
+    both replays."""
+    from watchdog.policy.pooling import SAMPLED_SHARE, judge_pool
+
+    rule = next(r for p in load_policy_files([str(POLICY)]).policies for r in p.rules if r.name == "golden-rougeL")
+    assert rule.judge is not None
+    sim = GoldenSim(GOLDEN_MODELS[1], 1, 5, "chat")
+    sigs = [sim.signals(t)[0] for t in range(2)]
+    for sig, share in zip(sigs, (0.2, 0.09), strict=True):
+        n = len(sig.paired["rougeL"])
+        sig.detail["aa"]["rougeL"] = [0.5 if i < round(share * n) else 0.0 for i in range(n)]
+    pool: list = []
+    first = judge_pool(rule, sigs[0], None, pool, sigs[0].paired["rougeL"], None)
+    second = judge_pool(rule, sigs[1], None, pool, sigs[1].paired["rougeL"], None)
+    assert not isinstance(first, str) and not isinstance(second, str)
+    assert first.detail["aa_moving"] >= SAMPLED_SHARE > second.detail["aa_moving"]
+    assert second.detail["aa_moving_pool"] == first.detail["aa_moving"]
+    alphas = [x["alpha"] for x in second.detail["looks"].values()]
+    assert sum(alphas) == pytest.approx(rule.judge.sampled_alpha)
+    # without the sampled replay in the pool the same replay keeps the rule's own alpha
+    alone = judge_pool(rule, sigs[1], None, [], sigs[1].paired["rougeL"], None)
+    assert not isinstance(alone, str) and alone.detail["alpha"] == pytest.approx(rule.judge.mean_alpha)

@@ -363,10 +363,12 @@ def test_paired_replays_pooled_look_catches_what_single_replays_miss() -> None:
     assert (j.status, j.detail["pooled_replays"]) == ("fail", 2)
     looks = j.detail["looks"]
     assert looks["latest"]["alpha"] == pytest.approx(0.001) and looks["pooled2"]["alpha"] == pytest.approx(0.009)
-    # the pooled look is the t interval (with the spread prior) of the per-item mean at its level
+    # the pooled look is the t interval of the per-item mean at its level, its spread prior scaled
+    # by the replays' correlation (clipped at 0 here: each replay's prior halves in the mean)
     avg = (r1 + r2) / 2
     n = avg.size
-    half = ss.t.ppf(1 - 0.009 / 2, n - 1) * math.sqrt(((n - 1) * avg.var(ddof=1) + 0.5) / (n + 1) / n)
+    assert j.detail["replay_correlation"] == 0.0
+    half = ss.t.ppf(1 - 0.009 / 2, n - 1) * math.sqrt(((n - 1) * avg.var(ddof=1) + 0.25) / (n + 1) / n)
     assert looks["pooled2"]["ci_low"] == pytest.approx(avg.mean() - half, rel=1e-3)
     assert looks["pooled2"]["ci_high"] == pytest.approx(avg.mean() + half, rel=1e-3)
 

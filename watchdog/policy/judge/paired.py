@@ -113,7 +113,8 @@ def judge_paired_replays(
 
     Look 1 is the latest replay alone at level ``alpha * first_look_share``; look 2 is the
     per-item mean of the latest two replays (same prompts in the same order, which halves the
-    flip noise) at ``alpha * (1 - first_look_share)``. Fail if either look fails, otherwise the
+    flip noise) at ``alpha * (1 - first_look_share)``, its spread prior scaled by the replays'
+    correlation (``replay_correlation``). Fail if either look fails, otherwise the
     pooled look decides. The error budget is split, not doubled (alpha spending): at a true
     drift of exactly ``effect_threshold`` the chance of a fail per evaluation stays <= alpha / 2,
     as for one ``judge_paired`` call at ``alpha``. Most of it goes to the pooled look because it
@@ -146,11 +147,36 @@ def judge_paired_replays(
         j.detail["identical_replays"] = identical
         return j
     pooled = st.average_replays([prev[None, :], latest[None, :]])[0]
+    rho = replay_correlation(prev, latest)
     looks = []
     if first_look_share > 0:
         looks.append(("latest", judge_paired(latest, alpha=alpha * first_look_share, **common)))  # type: ignore[arg-type]
-    looks.append(("pooled2", judge_paired(pooled, alpha=alpha * (1 - first_look_share), **common)))  # type: ignore[arg-type]
-    return _pick_look(looks, method)
+    pooled_common = {**common, "prior_jump": prior_jump * math.sqrt((1.0 + rho) / 2.0)}
+    looks.append(("pooled2", judge_paired(pooled, alpha=alpha * (1 - first_look_share), **pooled_common)))  # type: ignore[arg-type]
+    out = _pick_look(looks, method)
+    out.detail["replay_correlation"] = rho
+    return out
+
+
+def replay_correlation(a: np.ndarray, b: np.ndarray) -> float:
+    """Correlation across items of two replays' differences, clipped to [0, 1]; 1 (the
+    conservative end) when it is undefined (fewer than 3 items measured in both, or no spread).
+
+    It sets the spread prior of the pooled look: an unseen jump of ``prior_jump`` in one replay
+    moves the two-replay mean of its item by half of it, so for replays whose jumps are
+    independent (correlation 0: sampled or batch-dependent answers, or the persistent part
+    removed by the learned levels) the prior's variance in the mean halves - each replay keeps
+    its own two pseudo-items, as for the mean of two independent single-replay estimates (the
+    rotated look, 2 n items, gets two in all) - and for persistent jumps (correlation 1) it
+    stays whole: prior_jump * sqrt((1 + rho) / 2)."""
+    ok = np.isfinite(a) & np.isfinite(b)
+    if int(ok.sum()) < 3:
+        return 1.0
+    x, y = a[ok] - a[ok].mean(), b[ok] - b[ok].mean()
+    sxy, sxx, syy = float(x @ y), float(x @ x), float(y @ y)
+    if sxx <= 0.0 or syy <= 0.0:
+        return 1.0
+    return min(max(sxy / math.sqrt(sxx * syy), 0.0), 1.0)
 
 def _pick_look(looks: list[tuple[str, Judgement]], method: str) -> Judgement:
     failed = [j for _, j in looks if j.status == "fail"]
@@ -232,27 +258,33 @@ def judge_broken(
 
 
 def broken_null_tail(k: int, n: int, aa_broken: float, aa_items: float, shift: float, grid: int = 256) -> float:
-    """P(X >= k) for X ~ Binomial(n, shift + q), q ~ Beta(aa_broken + 1/2, aa_items - aa_broken + 1/2)
-    (the A/A share with its uncertainty; ``aa_items`` 0 means q = 0). The Beta is integrated on
-    ``grid`` equal-probability points from its log density (no scipy in the daemon)."""
+    """P(X >= k) for X ~ Binomial(n, shift + q), q the baseline's harmful-side share with its
+    uncertainty (``aa_items`` 0 means q = 0). ``aa_broken`` is the A/A half-count (half the items
+    that moved by more than ``drop`` either way), so the A/A pass observed 2 ``aa_broken`` moves
+    of ``aa_items``: the moving share r ~ Beta(2 aa_broken + 1/2, aa_items - 2 aa_broken + 1/2)
+    (Jeffreys) and q = r / 2. (A Beta on the half-count itself is sqrt(2) too wide: at one
+    200-item A/A pass its worst-case size was 27 times below the 1e-4 it is run at;
+    tests/test_judge_broken.py checks the size exactly.) Integrated on ``grid`` points from the
+    Beta's log density (no scipy in the daemon)."""
     if k <= 0:
         return 1.0
     if aa_items <= 0:
         return st.binom_sf(k, n, min(shift, 1.0))
-    a, b = aa_broken + 0.5, max(aa_items - aa_broken, 0.0) + 0.5
+    moves = min(2.0 * aa_broken, aa_items)
+    a, b = moves + 0.5, aa_items - moves + 0.5
     mean = a / (a + b)
     sd = math.sqrt(a * b / ((a + b) ** 2 * (a + b + 1)))
     lo, hi = max(mean - 12 * sd, 0.0), min(mean + 12 * sd, 1.0)
-    q = np.linspace(lo, hi, 4 * grid + 1)[1:-1] if hi > lo else np.array([mean])
-    logpdf = (a - 1) * np.log(np.maximum(q, 1e-300)) + (b - 1) * np.log1p(-np.minimum(q, 1 - 1e-16))
+    r = np.linspace(lo, hi, 4 * grid + 1)[1:-1] if hi > lo else np.array([mean])
+    logpdf = (a - 1) * np.log(np.maximum(r, 1e-300)) + (b - 1) * np.log1p(-np.minimum(r, 1 - 1e-16))
     w = np.exp(logpdf - logpdf.max())
     w /= w.sum()
     # binom_sf is monotone in p: evaluate it on a coarse grid of the mass, interpolate between
     keep = w > 1e-12 * w.max()
-    qs, ws = q[keep], w[keep]
-    pts = np.unique(np.linspace(0, qs.size - 1, min(grid, qs.size)).round().astype(int))
-    tails = np.array([st.binom_sf(k, n, min(shift + float(qs[i]), 1.0)) for i in pts])
-    return float(min(1.0, np.dot(ws, np.interp(np.arange(qs.size), pts, tails)) / ws.sum()))
+    rs, ws = r[keep], w[keep]
+    pts = np.unique(np.linspace(0, rs.size - 1, min(grid, rs.size)).round().astype(int))
+    tails = np.array([st.binom_sf(k, n, min(shift + float(rs[i]) / 2, 1.0)) for i in pts])
+    return float(min(1.0, np.dot(ws, np.interp(np.arange(rs.size), pts, tails)) / ws.sum()))
 
 
 def _broken_tail(k: int, n: int, null_broken: float, null_items: float, alpha: float,
