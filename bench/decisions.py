@@ -19,8 +19,10 @@ Noise models (seeded; each documented in docs/BENCHMARKS_decisions.md):
                  nondeterminism (30 % of items redrawn each replay); rotated variant: each replay
                  samples N items from a pool of 5 N
 
-Run: ``python bench/decisions.py`` (full) or ``--quick`` (CI smoke test, < 1 min); a full run
-spread over processes: ``--parts live``, ``--parts golden``, ``--parts power`` (each its own JSON).
+Run: ``python bench/decisions.py`` (full) or ``--quick`` (CI smoke test, < 1 min); ``--jobs N`` spreads
+the run over N processes (each takes every N-th unit - a noise model and route set, a power scenario - and
+the parent merges their results in unit order; every unit draws from its own seed, so the numbers do not
+depend on N); ``--parts`` picks parts.
 """
 
 from __future__ import annotations
@@ -29,7 +31,10 @@ import argparse
 import copy
 import json
 import math
+import os
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -509,39 +514,85 @@ def baseline_rollbacks(kind: str, x: float, data: tuple[np.ndarray, np.ndarray, 
     return flagger_rollbacks(failed, cfg)
 
 
-def compare_baselines(res: dict[str, Any], args: argparse.Namespace, n_pow: int, onset: int) -> None:
+def compare_baselines(res: dict[str, Any], args: argparse.Namespace, n_pow: int, onset: int, model: Live) -> None:
     """Flagger- and Kayenta-style deciders on the same windows as ours (whole-distribution +10 %
     within 3 windows): the setting on a fine grid whose power matches ours, and its false
     rollbacks on the healthy windows of the same noise model."""
     grid = np.round(np.arange(0.0, 0.2001, 0.0025), 4)
-    for model in (LIVE_MODELS[0], LIVE_MODELS[2]):
-        ours = next((r["power"] for r in res["power"] if r["scenario"] == f"whole distribution +10% ({model.name})"
-                     and r["routes"] == "chat"), None)
-        if ours is None:
-            continue
-        reg = Regression(onset=onset, shift=0.10)
-        bad = baseline_windows(model, n_pow, onset + 3, args.seed + 400, reg)
-        # the chat routes' healthy windows (their seed offset in main)
-        healthy = baseline_windows(model, args.routes, args.windows, args.seed + LIVE_MODELS.index(model) + 1000, None)
-        for kind in ("flagger", "kayenta"):
-            best = None
-            for x in grid[::-1]:  # loosest setting first: the first with enough power is the matched one
-                _, first = baseline_rollbacks(kind, float(x), bad)
-                early = first[(first >= 0) & (first < onset)].size
-                pw = float(np.mean((first >= onset) & (first < onset + 3))) if early == 0 else \
-                    float(np.sum((first >= onset) & (first < onset + 3)) / max(first.size - early, 1))
-                if pw >= ours:
-                    rb, _ = baseline_rollbacks(kind, float(x), healthy)
-                    best = {"setting": float(x), "power": pw, "false_per_10k": 1e4 * float(rb.sum()) / healthy[0].size}
-                    break
-            row = {"baseline": kind, "noise": model.name, "our_power": ours,
-                   **(best or {"setting": None, "power": None, "false_per_10k": None})}
-            res["baselines"].append(row)
-            print(f"baseline {kind:8s} {model.name:14s} matched to our power {ours:.3f}: setting {row['setting']}, "
-                  f"power {row['power']}, false rollbacks {row['false_per_10k']} per 10k")
+    ours = next((r["power"] for r in res["power"] if r["scenario"] == f"whole distribution +10% ({model.name})"
+                 and r["routes"] == "chat"), None)
+    if ours is None:
+        return
+    reg = Regression(onset=onset, shift=0.10)
+    bad = baseline_windows(model, n_pow, onset + 3, args.seed + 400, reg)
+    # the chat routes' healthy windows (their seed offset in main)
+    healthy = baseline_windows(model, args.routes, args.windows, args.seed + LIVE_MODELS.index(model) + 1000, None)
+    for kind in ("flagger", "kayenta"):
+        best = None
+        for x in grid[::-1]:  # loosest setting first: the first with enough power is the matched one
+            _, first = baseline_rollbacks(kind, float(x), bad)
+            early = first[(first >= 0) & (first < onset)].size
+            pw = float(np.mean((first >= onset) & (first < onset + 3))) if early == 0 else \
+                float(np.sum((first >= onset) & (first < onset + 3)) / max(first.size - early, 1))
+            if pw >= ours:
+                rb, _ = baseline_rollbacks(kind, float(x), healthy)
+                best = {"setting": float(x), "power": pw, "false_per_10k": 1e4 * float(rb.sum()) / healthy[0].size}
+                break
+        row = {"baseline": kind, "noise": model.name, "our_power": ours,
+               **(best or {"setting": None, "power": None, "false_per_10k": None})}
+        res["baselines"].append(row)
+        print(f"baseline {kind:8s} {model.name:14s} matched to our power {ours:.3f}: setting {row['setting']}, "
+              f"power {row['power']}, false rollbacks {row['false_per_10k']} per 10k")
 
 
 # --- report -------------------------------------------------------------------------------------
+
+
+class Units:
+    """The units of a run (``take`` in the order they come) that this process runs: all of them, or
+    with ``--shard K/N`` every N-th from K. Rows a unit adds carry its index (``unit``) for the merge."""
+
+    def __init__(self, shard: str | None) -> None:
+        k, n = (int(x) for x in shard.split("/")) if shard else (0, 1)
+        if not 0 <= k < n:
+            raise SystemExit(f"--shard {shard}: want K/N with 0 <= K < N")
+        self.k, self.n, self.index = k, n, -1
+
+    def take(self) -> bool:
+        self.index += 1
+        return self.index % self.n == self.k
+
+    def stamp(self, rows: list[dict[str, Any]], start: int) -> None:
+        for row in rows[start:]:
+            row.setdefault("unit", self.index)
+
+
+LISTS = ("live", "golden", "power", "baselines", "fleet", "fleet_healthy", "fleet_power")
+
+
+def run_jobs(argv: list[str], jobs: int, out: str | None) -> int:
+    """Run this benchmark as ``jobs`` shard processes and merge their JSON in unit order."""
+    t_start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = [os.path.join(tmp, f"shard{k}.json") for k in range(jobs)]
+        procs = [subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *argv, "--shard", f"{k}/{jobs}",
+                                   "--json", paths[k]]) for k in range(jobs)]
+        codes = [p.wait() for p in procs]
+        if any(codes):
+            print(f"a shard failed: exit codes {codes}", file=sys.stderr)
+            return 1
+        parts = [json.loads(Path(x).read_text()) for x in paths]
+    res = {k: v for k, v in parts[0].items() if k not in LISTS}
+    for key in LISTS:
+        rows = [r for part in parts for r in part.get(key, [])]
+        if rows or key in parts[0]:
+            res[key] = sorted(rows, key=lambda r: r.get("unit", -1))
+    res["jobs"] = jobs
+    res["seconds"] = time.perf_counter() - t_start
+    print(f"total {res['seconds']:.1f} s over {jobs} processes")
+    if out:
+        Path(out).write_text(json.dumps(res, indent=1))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -567,7 +618,17 @@ def main(argv: list[str] | None = None) -> int:
                     "bench/fleet_traffic.py); the last two are not in the default set (they take the full run past "
                     "10 minutes) and run tiny in --quick; to spread a full run over processes")
     ap.add_argument("--fleet-power-routes", type=int, default=40, help="regressed routes per traffic power scenario")
+    ap.add_argument("--jobs", type=int, default=1, help="processes to spread the units over (results do not depend on it)")
+    ap.add_argument("--shard", help=argparse.SUPPRESS)  # K/N: the units this process runs (set by --jobs)
     args = ap.parse_args(argv)
+    if args.jobs < 1:
+        ap.error("--jobs must be at least 1")
+    if args.jobs > 1 and not args.shard:
+        rest = list(sys.argv[1:] if argv is None else argv)
+        rest = [a for i, a in enumerate(rest) if not (a.startswith("--jobs") or a.startswith("--json")
+                                                      or (i and rest[i - 1] in ("--jobs", "--json")))]
+        return run_jobs(rest, args.jobs, args.json)
+    units = Units(args.shard)
     if args.quick:
         args.routes, args.windows, args.replays, args.golden_routes = 4, 30, 12, 4
     t_start = time.perf_counter()
@@ -586,10 +647,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'noise model':28s} {'routes':>6s} {'windows':>8s} {'rollbacks':>9s} {'per 10k':>8s} {'95% up':>8s}  by rule")
     for i, model in enumerate(models):
         for label, prefix in prefixes.items():
+            if not units.take():
+                continue
             tl = run_live(ps, model, args.routes, args.windows, args.seed + i + set_seed[label], prefix)
             row = {"model": model.name, "routes": label, "windows": tl.windows, "rollbacks": tl.rollbacks,
                    "per_10k": 1e4 * tl.rollbacks / tl.windows, "upper95_per_10k": 1e4 * upper95(tl.rollbacks, tl.windows),
-                   "by_rule": tl.by_rule, "target": model.target, "margins": margin_summary(tl.margins)}
+                   "by_rule": tl.by_rule, "target": model.target, "margins": margin_summary(tl.margins),
+                   "unit": units.index}
             res["live"].append(row)
             print(f"{model.name:28s} {label:>6s} {tl.windows:8d} {tl.rollbacks:9d} {row['per_10k']:8.2f} "
                   f"{row['upper95_per_10k']:8.2f}  {tl.by_rule}")
@@ -603,10 +667,12 @@ def main(argv: list[str] | None = None) -> int:
         golden = golden + TRAINED_MODELS
     for i, g in enumerate(golden):
         for label, prefix in prefixes.items():
+            if not units.take():
+                continue
             tg = run_golden(ps, g, args.golden_routes, args.replays, args.seed + 100 + i + set_seed[label], prefix)[0]
             row = {"model": g.name, "routes": label, "replays": tg.windows, "rollbacks": tg.rollbacks,
                    "per_10k": 1e4 * tg.rollbacks / tg.windows, "upper95_per_10k": 1e4 * upper95(tg.rollbacks, tg.windows),
-                   "by_rule": tg.by_rule}
+                   "by_rule": tg.by_rule, "unit": units.index}
             res["golden"].append(row)
             print(f"{g.name:28s} {label:>6s} {tg.windows:8d} {tg.rollbacks:9d} {row['per_10k']:8.2f} "
                   f"{row['upper95_per_10k']:8.2f}  {tg.by_rule}")
@@ -620,6 +686,8 @@ def main(argv: list[str] | None = None) -> int:
     g_onset = 30 if args.quick else 40
     for label, prefix in (list(prefixes.items())[-1:] if args.quick else prefixes.items()):
         for g in golden_power:
+            if not units.take():
+                continue
             # the targets on a fixed set (strict 0.99, default 0.95) need enough routes to resolve them
             n_gpow = 8 if args.quick else args.golden_power_routes if g != GOLDEN_MODELS[1] \
                 else args.strict_power_routes if label == "legal" else args.default_power_routes
@@ -628,16 +696,20 @@ def main(argv: list[str] | None = None) -> int:
             for damage, tg in zip(("diffuse", "concentrated"), tgs, strict=True):
                 p = power(tg, g_onset, 2)
                 res["power"].append({"scenario": f"golden -0.03 {damage} ({g.name})", "routes": label,
-                                     "within": "2 replays", "power": p, "n": n_gpow, "by_rule": tg.by_rule})
+                                     "within": "2 replays", "power": p, "n": n_gpow, "by_rule": tg.by_rule,
+                                     "unit": units.index})
                 print(f"power {label:6s} {g.name:20s} -0.03 {damage:12s} within 2 replays: {p:.3f} "
                       f"({n_gpow} routes) {tg.by_rule}")
         for g in (golden_power[:2] + (GOLDEN_MODELS[2], GOLDEN_MODELS[4])) if "power" in parts else ():
+            if not units.take():
+                continue
             # damage present from the first replay: nothing healthy to learn from first
             n_first = 8 if args.quick else args.golden_power_routes
             tg = run_golden(ps, g, n_first, 2, args.seed + 350, prefix, damages=("concentrated",), onset=0)[0]
             p = power(tg, 0, 2)
             res["power"].append({"scenario": f"golden -0.03 concentrated from the first replay ({g.name})",
-                                 "routes": label, "within": "2 replays", "power": p, "n": n_first, "by_rule": tg.by_rule})
+                                 "routes": label, "within": "2 replays", "power": p, "n": n_first, "by_rule": tg.by_rule,
+                                 "unit": units.index})
             print(f"power {label:6s} {g.name:20s} -0.03 concentrated from replay 0 within 2 replays: {p:.3f} "
                   f"({n_first} routes) {tg.by_rule}")
         # the latency rules are the default policy's (the strict one has none that rolls back): their
@@ -647,17 +719,22 @@ def main(argv: list[str] | None = None) -> int:
         regs = {"p99-only +10%": (Regression(onset=onset, p99=0.10), 5),
                 "whole distribution +10%": (Regression(onset=onset, shift=0.10), 3)}
         for model in (LIVE_MODELS[0], LIVE_MODELS[2]):
+            if not units.take():
+                continue
+            start = len(res["baselines"])
             tls = run_live_branches(ps, model, n_pow, onset + 5, args.seed + 400, prefix, [r for r, _ in regs.values()])
             for (name, (_, within)), tl in zip(regs.items(), tls, strict=True):
                 p = power(tl, onset, within)
                 res["power"].append({"scenario": f"{name} ({model.name})", "routes": label, "n": n_pow,
-                                     "within": f"{within} windows", "power": p, "by_rule": tl.by_rule})
+                                     "within": f"{within} windows", "power": p, "by_rule": tl.by_rule,
+                                     "unit": units.index})
                 print(f"power {label:6s} {model.name:20s} {name:24s} within {within} windows: {p:.3f} "
                       f"({n_pow} routes) {tl.by_rule}")
+            if label == "chat":  # the baselines are matched to our power on the chat routes
+                compare_baselines(res, args, n_pow, onset, model)
+                units.stamp(res["baselines"], start)
         print(f"  ({time.perf_counter() - t_start:.0f} s)")
-    if "power" in parts:
-        compare_baselines(res, args, n_pow, onset)
-    if "confounders" in parts or args.quick:
+    if ("confounders" in parts or args.quick) and units.take():
         # single-replica stalls, staggered deploys, router bias (bench/fleet_confounders.py; its own
         # command runs the power and the baselines): opt-in in a full run, tiny in --quick
         from bench.fleet_confounders import FLEET_MODELS, healthy_rows
@@ -665,11 +742,14 @@ def main(argv: list[str] | None = None) -> int:
         quick = FLEET_MODELS[:2] if args.quick else None
         res["fleet"] = healthy_rows(ps, 1 if args.quick else args.routes, 30 if args.quick else args.windows, args.seed,
                                     quick)
-    if "traffic" in parts or args.quick:
+        units.stamp(res["fleet"], 0)
+    if ("traffic" in parts or args.quick) and units.take():
         from bench.fleet_traffic import run_all
 
         run_all(ps, res, quick=args.quick, seed=args.seed, routes=args.routes, windows=args.windows,
                 power_routes=args.fleet_power_routes)
+        units.stamp(res["fleet_healthy"], 0)
+        units.stamp(res["fleet_power"], 0)
         print(f"  ({time.perf_counter() - t_start:.0f} s)")
     res["seconds"] = time.perf_counter() - t_start
     print(f"total {res['seconds']:.1f} s")
