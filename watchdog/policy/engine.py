@@ -21,6 +21,7 @@ from watchdog.policy.causes import gpu_reading
 from watchdog.policy.decide import decide, utc_day
 from watchdog.policy.evaluate import MAX_AA_NULL, Verdict, combine_window, evaluate_rule
 from watchdog.policy.horizon import learn_anchor
+from watchdog.policy.judge.memo import window_memo
 from watchdog.policy.loader import PolicySet
 from watchdog.policy.pooling import learn_items
 from watchdog.policy.schema import MAX_POOL_WINDOWS, Policy, Rule
@@ -181,9 +182,10 @@ class PolicyEngine:
             if cand is None:
                 cand = next((s for s in group if s.precision is None), None)
             base = next((s for s in group if s.precision == policy.baseline), None)
-            judged = [(rule, evaluate_rule(rule, cand, base, st.rules[rule.name].pool, st.rules[rule.name].null,
-                                           st.rules[rule.name].horizon))
-                      for rule in policy.rules if rule.source == source]
+            with window_memo():  # the rules of this window share what they read alike
+                judged = [(rule, evaluate_rule(rule, cand, base, st.rules[rule.name].pool, st.rules[rule.name].null,
+                                               st.rules[rule.name].horizon))
+                          for rule in policy.rules if rule.source == source]
             combine_window(policy, judged)
             window = [self._apply(rule, st, v) for rule, v in judged]
             self._count_healthy(policy, st, source, window)

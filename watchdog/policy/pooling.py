@@ -18,6 +18,7 @@ from watchdog.core.signals import Signal
 from watchdog.policy.changes import change_entry
 from watchdog.policy.judge.fleet import FleetOptions, fleet_inputs, mix_log_diff, mix_shift
 from watchdog.policy.judge.live import judge_learned, quantile_log_diff, rate_diff_estimate
+from watchdog.policy.judge.memo import cached
 from watchdog.policy.judge.paired import judge_paired_replays
 from watchdog.policy.judge.pooled import judge_rate_pooled, judge_unpaired_pooled
 from watchdog.policy.judge.verdict import Judgement
@@ -79,7 +80,12 @@ def learned(rule: Rule) -> bool:
 
 def window_difference(rule: Rule, cand: Signal, base: Signal) -> tuple[float, float] | str:
     """One live window's FP8 - FP16 difference in harm units and its sampling variance: log
-    ratio of the judged latency quantile (p50 for mann_whitney), or the rate difference."""
+    ratio of the judged latency quantile (p50 for mann_whitney), or the rate difference. Inside
+    ``memo.window_memo`` computed once per rule and window (the judge's and the horizon's)."""
+    return cached("window_difference", (rule, cand, base), (), lambda: _window_difference(rule, cand, base))
+
+
+def _window_difference(rule: Rule, cand: Signal, base: Signal) -> tuple[float, float] | str:
     j = rule.judge
     assert j is not None
     sign = 1.0 if j.harm_direction == "lower_is_better" else -1.0

@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from watchdog.policy.judge.memo import cached
+
 __all__ = ["FleetOptions", "clean_side", "fleet_inputs", "mix_log_diff", "mix_shift"]
 
 #: replica ids never left out: the overflow of more than MAX_REPLICAS and requests without an id
@@ -130,6 +132,16 @@ def _matrix(replicas: Mapping[str, Any]) -> tuple[list[str], np.ndarray, np.ndar
     return ids, (idx - 0.5) * lg, mat, lg, idx
 
 
+def _positive_count(replica: Mapping[str, Any]) -> int:
+    """A replica's requests as ``_matrix`` counts them (its sketch's positive bins)."""
+    n = 0
+    for _, c in (replica.get("latency_hist") or {}).get("bins", []):
+        c = int(c)
+        if c > 0:
+            n += c
+    return n
+
+
 def _mean_rows(x: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per row of counts: mean of x and the variance of that mean."""
     n = c.sum(axis=1)
@@ -161,6 +173,8 @@ def clean_side(replicas: Mapping[str, Any] | None, opts: FleetOptions) -> list[s
     """The replica ids of one precision's window to leave out (upward outliers; see the module)."""
     if not replicas or len(replicas) < 2:
         return []
+    if not any(i not in _POOLED_IDS and _positive_count(r) >= 20 for i, r in replicas.items()):
+        return []  # nobody may be left out (thin windows): the loop below would find the same
     ids, x, mat, _, _ = _matrix(replicas)
     n = mat.sum(axis=1)
     keep = np.ones(len(ids), dtype=bool)
@@ -217,12 +231,20 @@ def _cells_without(rows: Any, replicas: Mapping[str, Any], dropped: list[str]) -
 
 
 def fleet_inputs(detail: Mapping[str, Any], opts: FleetOptions) -> tuple[Mapping[str, Any] | None, Any, list[str]]:
-    """One precision's window, cleaned: (latency sketch, mix cell rows, replicas left out)."""
+    """One precision's window, cleaned: (latency sketch, mix cell rows, replicas left out). Inside
+    ``memo.window_memo`` computed once per window for all rules with the same replica options."""
     hist = detail.get("latency_hist")
     rows = (detail.get("latency_mix") or {}).get("cells")
     reps = detail.get("replicas")
     if opts.replicas != "robust" or not isinstance(reps, Mapping):
         return hist if isinstance(hist, Mapping) else None, rows, []
+    h2, r2, dropped = cached("fleet_inputs", (hist, rows, reps), (opts.p, opts.z_out, opts.min_dev),
+                             lambda: _cleaned(hist, rows, reps, opts))
+    return h2, r2, list(dropped)
+
+
+def _cleaned(hist: Any, rows: Any, reps: Mapping[str, Any], opts: FleetOptions
+             ) -> tuple[Mapping[str, Any] | None, Any, list[str]]:
     dropped = clean_side(reps, opts)
     if not dropped:
         return hist if isinstance(hist, Mapping) else None, rows, []
