@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -73,7 +74,11 @@ def _within_var(cells: Mapping[Any, tuple[float, float, float]]) -> float:
 def mix_log_diff(cand_rows: Any, base_rows: Any) -> tuple[float, float, dict[str, Any]] | None:
     """(FP8 - FP16 mean log latency within request-mix cells, its variance, detail) from two
     precisions' ``latency_mix.cells`` rows ``[prompt octave, completion octave, n, sum y, sum y^2]``;
-    None when no cell has requests of both."""
+    None when no cell has requests of both. Inside ``memo.window_memo`` once per pair of rows."""
+    return cached("mix_log_diff", (cand_rows, base_rows), (), lambda: _mix_log_diff(cand_rows, base_rows))
+
+
+def _mix_log_diff(cand_rows: Any, base_rows: Any) -> tuple[float, float, dict[str, Any]] | None:
     a, b = _cells(cand_rows), _cells(base_rows)
     va, vb = _within_var(a), _within_var(b)
     if not (math.isfinite(va) and math.isfinite(vb)):
@@ -121,25 +126,32 @@ def _matrix(replicas: Mapping[str, Any]) -> tuple[list[str], np.ndarray, np.ndar
     hists = [replicas[i].get("latency_hist") or {} for i in ids]
     acc = float(next((h["relative_accuracy"] for h in hists if "relative_accuracy" in h), 0.01))
     lg = math.log((1.0 + acc) / (1.0 - acc))
-    keys = sorted({int(k) for h in hists for k, c in h.get("bins", []) if int(c) > 0})
-    pos = {k: j for j, k in enumerate(keys)}
-    mat = np.zeros((len(ids), len(keys)))
-    for r, h in enumerate(hists):
-        for k, c in h.get("bins", []):
-            if int(c) > 0:
-                mat[r, pos[int(k)]] += int(c)
-    idx = np.asarray(keys, dtype=float)
+    sizes = [len(h.get("bins") or ()) for h in hists]
+    pairs = np.fromiter(chain.from_iterable(chain.from_iterable(h.get("bins") or () for h in hists)),
+                        dtype=np.int64, count=2 * sum(sizes)).reshape(-1, 2)
+    ok = pairs[:, 1] > 0
+    if ok.any():
+        rows = np.repeat(np.arange(len(ids)), sizes)[ok]
+        keys, col = np.unique(pairs[ok, 0], return_inverse=True)
+        # integer counts summed in float64: exact, in any order
+        mat = np.bincount(rows * len(keys) + col, weights=pairs[ok, 1],
+                          minlength=len(ids) * len(keys)).reshape(len(ids), len(keys))
+    else:
+        keys, mat = np.zeros(0, dtype=np.int64), np.zeros((len(ids), 0))
+    idx = keys.astype(float)
     return ids, (idx - 0.5) * lg, mat, lg, idx
 
 
-def _positive_count(replica: Mapping[str, Any]) -> int:
-    """A replica's requests as ``_matrix`` counts them (its sketch's positive bins)."""
+def _counts_at_least(replica: Mapping[str, Any], least: int) -> bool:
+    """Whether a replica has ``least`` requests as ``_matrix`` counts them (its sketch's positive bins)."""
     n = 0
     for _, c in (replica.get("latency_hist") or {}).get("bins", []):
         c = int(c)
         if c > 0:
             n += c
-    return n
+            if n >= least:
+                return True
+    return False
 
 
 def _mean_rows(x: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -173,7 +185,7 @@ def clean_side(replicas: Mapping[str, Any] | None, opts: FleetOptions) -> list[s
     """The replica ids of one precision's window to leave out (upward outliers; see the module)."""
     if not replicas or len(replicas) < 2:
         return []
-    if not any(i not in _POOLED_IDS and _positive_count(r) >= 20 for i, r in replicas.items()):
+    if not any(i not in _POOLED_IDS and _counts_at_least(r, 20) for i, r in replicas.items()):
         return []  # nobody may be left out (thin windows): the loop below would find the same
     ids, x, mat, _, _ = _matrix(replicas)
     n = mat.sum(axis=1)

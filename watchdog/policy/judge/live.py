@@ -29,6 +29,7 @@ import numpy as np
 
 from watchdog.core.signals import VerdictStatus
 from watchdog.policy.judge import stats as st
+from watchdog.policy.judge.memo import cached
 from watchdog.policy.judge.pooled import zero_bucket_index
 from watchdog.policy.judge.verdict import Judgement, verdict
 
@@ -63,7 +64,12 @@ def sketch_log_quantile(sketch: Mapping[str, Any], q: float, alpha: float = 0.05
 
 
 def _log_buckets(sketch: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
-    """(log midpoints, counts) of a sketch's non-empty buckets, ascending; None when empty."""
+    """(log midpoints, counts) of a sketch's non-empty buckets, ascending; None when empty. Inside
+    ``memo.window_memo`` once per sketch (the rules reading one window's sketch share them, read-only)."""
+    return cached("log_buckets", (sketch,), (), lambda: _log_buckets_now(sketch))
+
+
+def _log_buckets_now(sketch: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
     acc = float(sketch["relative_accuracy"])
     lg = math.log((1.0 + acc) / (1.0 - acc))
     arr = np.asarray(sketch.get("bins", []), dtype=float).reshape(-1, 2)
@@ -71,7 +77,9 @@ def _log_buckets(sketch: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray] | N
     if not arr.size:
         return None
     arr = arr[np.argsort(arr[:, 0], kind="stable")]
-    return (np.floor(arr[:, 0]) - 0.5) * lg, np.floor(arr[:, 1])
+    x, c = (np.floor(arr[:, 0]) - 0.5) * lg, np.floor(arr[:, 1])
+    x.flags.writeable = c.flags.writeable = False
+    return x, c
 
 
 def sketch_log_tail_mean(sketch: Mapping[str, Any], p: float) -> tuple[float, float] | None:

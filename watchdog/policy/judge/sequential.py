@@ -34,6 +34,7 @@ The state is a JSON-able dict kept in the engine state (``RuleState.horizon["seq
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from statistics import NormalDist
@@ -71,7 +72,10 @@ def boundary(info: float, alpha: float, gamma: float) -> float:
     base = 2.0 * (math.log(1.0 / alpha) - math.log(2.0) + 0.5 * math.log1p(gamma * gamma * info))
     z = math.sqrt(max(base, 1e-12))
     for _ in range(8):
-        z = math.sqrt(max(base - 2.0 * _log_phi(z), 1e-12))
+        nz = math.sqrt(max(base - 2.0 * _log_phi(z), 1e-12))
+        if nz == z:  # a fixed point: the remaining steps would give z again
+            break
+        z = nz
     return z * math.sqrt(1.0 / (gamma * gamma) + info) / info
 
 
@@ -82,7 +86,12 @@ def mde(info: float, alpha: float, gamma: float, tolerance: float, power: float 
     also had every earlier look, so the real power is a little higher."""
     if info <= 0:
         return math.inf
-    return tolerance + boundary(info, alpha, gamma) + NormalDist().inv_cdf(power) / math.sqrt(info)
+    return tolerance + boundary(info, alpha, gamma) + _z(power) / math.sqrt(info)
+
+
+@functools.lru_cache(maxsize=64)
+def _z(power: float) -> float:
+    return NormalDist().inv_cdf(power)
 
 
 def new_state() -> dict[str, Any]:

@@ -10,6 +10,7 @@ oriented so that positive means worse (the caller flips the sign for higher-is-b
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from statistics import NormalDist
@@ -33,6 +34,7 @@ REASONS = {
 }
 
 
+@functools.lru_cache(maxsize=1024)  # called with a few per-rule levels, once per rule and window
 def z_quantile(p: float) -> float:
     """Standard normal quantile."""
     return NormalDist().inv_cdf(p)
