@@ -53,6 +53,11 @@ class FleetOptions:
 
 
 def _cells(rows: Any) -> dict[tuple[int, int], tuple[float, float, float]]:
+    """Mix cell rows by cell (read-only: inside ``memo.window_memo`` shared by the rules)."""
+    return cached("cells", (rows,), (), lambda: _cells_now(rows))
+
+
+def _cells_now(rows: Any) -> dict[tuple[int, int], tuple[float, float, float]]:
     out: dict[tuple[int, int], tuple[float, float, float]] = {}
     for r in rows or []:
         n = float(r[2])
@@ -193,14 +198,24 @@ def clean_side(replicas: Mapping[str, Any] | None, opts: FleetOptions) -> list[s
     dropped: list[str] = []
     limit = max(1, len(ids) // 8)
     eligible = np.array([i not in _POOLED_IDS for i in ids]) & (n >= 20)
+    own: tuple[np.ndarray, ...] | None = None
+    k = len(ids)
     while len(dropped) < limit and keep.sum() > 1:
         total = (mat * keep[:, None]).sum(axis=0)
         rest = total[None, :] - mat
         rest_ok = rest.sum(axis=1) >= 20
-        m_r, vm_r = _mean_rows(x, mat)
-        m_o, vm_o = _mean_rows(x, rest)
-        c_r, vc_r = _contrast_rows(x, mat, opts.p)
-        c_o, vc_o = _contrast_rows(x, rest, opts.p)
+        if own is None:
+            # the replicas and the rests as rows of one matrix: the statistics are per row, so
+            # each row's numbers are those of separate calls (test_judge_fleet checks the bits)
+            both = np.concatenate((mat, rest))
+            mb, vmb = _mean_rows(x, both)
+            cb, vcb = _contrast_rows(x, both, opts.p)
+            own = mb[:k], vmb[:k], cb[:k], vcb[:k]
+            m_o, vm_o, c_o, vc_o = mb[k:], vmb[k:], cb[k:], vcb[k:]
+        else:  # a replica's own statistics do not change when another is left out
+            m_o, vm_o = _mean_rows(x, rest)
+            c_o, vc_o = _contrast_rows(x, rest, opts.p)
+        m_r, vm_r, c_r, vc_r = own
         d_loc, d_tail = m_r - m_o, c_r - c_o
         z_loc = d_loc / np.sqrt(np.maximum(vm_r + vm_o, 1e-18))
         z_tail = d_tail / np.sqrt(np.maximum(vc_r + vc_o, 1e-18))
