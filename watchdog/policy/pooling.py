@@ -170,10 +170,14 @@ def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
         return (f"too few samples in a window of the pool: {n_cand}/{n_base} "
                 f"< {max(rule.min_samples, j.min_n)}")
     first = float(pool[0]["start"])
-    past = [x for x in (null or []) if float(x.get("end", math.inf)) <= first] if j.learn is not None else []
-    hist = [float(x["e"]) for x in past]
+    hist: list[float] = []
     # stated sampling variances of the history (states saved before they were kept have none)
-    hist_v = [float(x.get("v", math.nan)) for x in past]
+    hist_v: list[float] = []
+    if j.learn is not None:  # one pass over a null of up to ``learn`` windows, every window
+        for x in null or []:
+            if float(x.get("end", math.inf)) <= first:
+                hist.append(float(x["e"]))
+                hist_v.append(float(x.get("v", math.nan)))
     unit = " (log ratio)" if j.test != "rate" else " pts"
     out = judge_learned([(float(e["e"]), float(e["v"])) for e in pool], hist, effect_threshold=j.effect,
                         level_cap=j.level_cap if level_cap is None else level_cap,
