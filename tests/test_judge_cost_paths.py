@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import math
 import random
+from statistics import NormalDist
 
 import numpy as np
 import pytest
 
 from watchdog.policy.judge import fleet
+from watchdog.policy.judge import sequential as seq
 from watchdog.policy.judge import stats as st
 from watchdog.policy.judge.memo import cached, window_memo
 
@@ -151,3 +153,53 @@ def test_memo_keeps_results_only_inside_a_window() -> None:
             assert cached("k", (obj,), (), compute) == 6  # a nested window starts empty
         assert cached("k", (obj,), (), compute) == 3
     assert cached("k", (obj,), (), compute) == 7
+
+
+def _evaluate_reference(state, *, alpha, gamma, tolerance, windows, power=0.8):
+    """``sequential.evaluate`` as it was (d6eacdb): one log LR per test in ``max``, then again."""
+    tests = [[t[0], t[1], float(t[2]) - tolerance * float(t[3]), float(t[3])]
+             for t in state.get("tests", []) if float(t[3]) > 0]
+    out = {"reject": False, "log_lr": 0.0, "threshold": math.log(1.0 / alpha), "tests": len(tests),
+           "windows": 0, "estimate": None, "se": None, "mde_now": math.inf, "mde_horizon": math.inf}
+    w = state.get("w")
+    if w is not None and float(w) > 0:
+        out["mde_horizon"] = _mde_reference(windows / float(w), alpha, gamma, tolerance, power)
+    if not tests:
+        return out
+    best = max(tests, key=lambda t: seq.log_mixture_lr(float(t[2]), float(t[3]), gamma))
+    llr = seq.log_mixture_lr(float(best[2]), float(best[3]), gamma)
+    oldest = max(tests, key=lambda t: float(t[3]))
+    out.update(reject=llr >= out["threshold"], log_lr=llr, windows=int(best[1]),
+               estimate=tolerance + float(best[2]) / float(best[3]), se=1.0 / math.sqrt(float(best[3])),
+               mde_now=_mde_reference(float(oldest[3]), alpha, gamma, tolerance, power), oldest_windows=int(oldest[1]))
+    return out
+
+
+def _mde_reference(info, alpha, gamma, tolerance, power):
+    """``sequential.mde`` as it was: ``boundary`` with all 8 fixed-point steps."""
+    if info <= 0:
+        return math.inf
+    base = 2.0 * (math.log(1.0 / alpha) - math.log(2.0) + 0.5 * math.log1p(gamma * gamma * info))
+    z = math.sqrt(max(base, 1e-12))
+    for _ in range(8):
+        z = math.sqrt(max(base - 2.0 * seq._log_phi(z), 1e-12))
+    b = z * math.sqrt(1.0 / (gamma * gamma) + info) / info if gamma > 0 else math.inf
+    return tolerance + b + NormalDist().inv_cdf(power) / math.sqrt(info)
+
+
+def test_horizon_evaluation_has_the_bits_of_the_plain_one() -> None:
+    rng = random.Random(6)
+    for _ in range(500):
+        state = seq.new_state()
+        between = rng.choice([0.0, 0.01, 0.02])
+        shift = rng.choice([0.0, 0.02, 0.08, -0.05])
+        for i in range(rng.randint(0, 120)):
+            v = rng.choice([1e-5, 1e-3, 0.05, 2.0]) * rng.random()
+            seq.update(state, shift + rng.gauss(0, math.sqrt(v + between**2)), v, end=float(i),
+                       between_sd=between, restart=rng.choice([1, 6]), windows=rng.choice([12, 48, 288]))
+        kw = dict(alpha=rng.choice([0.0005, 0.005]), gamma=rng.choice([0.03, 0.05, 0.01]),
+                  tolerance=rng.choice([0.0, 0.005, 0.05]), windows=48)
+        new, ref = seq.evaluate(state, **kw), _evaluate_reference(state, **kw)
+        assert new.keys() == ref.keys()
+        for k in ref:
+            assert repr(new[k]) == repr(ref[k]), (k, new[k], ref[k])
