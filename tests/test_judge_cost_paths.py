@@ -203,3 +203,28 @@ def test_horizon_evaluation_has_the_bits_of_the_plain_one() -> None:
         assert new.keys() == ref.keys()
         for k in ref:
             assert repr(new[k]) == repr(ref[k]), (k, new[k], ref[k])
+
+
+def test_null_before_the_pool_is_the_plain_selection() -> None:
+    from watchdog.policy.pooling import _null_before
+
+    def plain(null, first):
+        past = [x for x in null if float(x.get("end", math.inf)) <= first]
+        return [float(x["e"]) for x in past], [float(x.get("v", math.nan)) for x in past]
+
+    rng = random.Random(7)
+    for _ in range(500):
+        null = [{"end": float(i * 10), "e": rng.gauss(0, 0.02), "v": rng.random() * 1e-4} for i in range(rng.randint(0, 300))]
+        if null and rng.random() < 0.3:
+            del rng.choice(null)["v"]  # states saved before ``v`` was kept
+        if null and rng.random() < 0.2:
+            del rng.choice(null)["end"]
+        if null and rng.random() < 0.1:
+            rng.shuffle(null)
+        if null and rng.random() < 0.1:
+            rng.choice(null)["e"] = 1  # an int from an old JSON state
+        first = rng.choice([0.0, 5.0, 1000.0, 2990.0, 1e9, math.nan])
+        assert repr(_null_before(null, first)) == repr(plain(null, first))
+    with pytest.raises(KeyError):  # a selected window without a difference is an error, as before
+        _null_before([{"end": 1.0}], 5.0)
+    assert _null_before([{"end": 9.0}], 5.0) == ([], [])  # ... an unselected one is not

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from itertools import compress
+from operator import itemgetter, methodcaller
 from typing import Any
 
 from watchdog.core.signals import Signal
@@ -170,14 +172,9 @@ def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
         return (f"too few samples in a window of the pool: {n_cand}/{n_base} "
                 f"< {max(rule.min_samples, j.min_n)}")
     first = float(pool[0]["start"])
-    hist: list[float] = []
-    # stated sampling variances of the history (states saved before they were kept have none)
-    hist_v: list[float] = []
-    if j.learn is not None:  # one pass over a null of up to ``learn`` windows, every window
-        for x in null or []:
-            if float(x.get("end", math.inf)) <= first:
-                hist.append(float(x["e"]))
-                hist_v.append(float(x.get("v", math.nan)))
+    # the history before the pool, and its stated sampling variances (states saved before they
+    # were kept have none)
+    hist, hist_v = _null_before(null or [], first) if j.learn is not None else ([], [])
     unit = " (log ratio)" if j.test != "rate" else " pts"
     out = judge_learned([(float(e["e"]), float(e["v"])) for e in pool], hist, effect_threshold=j.effect,
                         level_cap=j.level_cap if level_cap is None else level_cap,
@@ -185,6 +182,23 @@ def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
                         metric=rule.metric, unit=unit, null_v=hist_v, null_model=j.null_model, level_sd=j.level_sd)
     out.detail["pool_size"] = len(pool)
     return out
+
+
+_END, _E, _V = itemgetter("end"), itemgetter("e"), methodcaller("get", "v", math.nan)
+
+
+def _null_before(null: list[dict[str, Any]], first: float) -> tuple[list[float], list[float]]:
+    """(e, v) of the null's windows that ended by ``first``: ``[float(x["e"]) for x in null if
+    float(x.get("end", inf)) <= first]`` and the same of ``v`` (NaN where missing), with C-level
+    loops (a null holds up to ``learn`` windows, read every window); entries without ``end`` or
+    ``e`` (or unreadable ones) take the plain loop, which raises where it raised."""
+    try:
+        keep = list(map(first.__ge__, map(float, map(_END, null))))
+        es = list(map(float, map(_E, null)))
+    except (KeyError, TypeError, ValueError):
+        past = [x for x in null if float(x.get("end", math.inf)) <= first]
+        return [float(x["e"]) for x in past], [float(x.get("v", math.nan)) for x in past]
+    return list(compress(es, keep)), list(map(float, map(_V, compress(null, keep))))
 
 
 #: share of items whose baseline answer moved (by more than ``MOVED``) in the A/A pass from which a
