@@ -142,11 +142,13 @@ class PolicyEngine:
     def _group(self, signals: list[Signal], flags: Mapping[tuple[str, str], str]) -> dict[tuple[str, str], list[Signal]]:
         """Signals by (model, route); a ``*`` model or route (e.g. GPU health) applies to every
         known pair that matches (known = in flags, in these signals, or seen before)."""
-        known = set(flags) | {(s.model, s.route) for s in signals if "*" not in (s.model, s.route)}
-        known |= {(m, r) for (_, m, r) in self.states}
+        known: set[tuple[str, str]] | None = None  # built only for a "*" signal: it is every route's
         out: dict[tuple[str, str], list[Signal]] = {}
         for s in signals:
             if s.model == "*" or s.route == "*":
+                if known is None:
+                    known = set(flags) | {(x.model, x.route) for x in signals if "*" not in (x.model, x.route)}
+                    known |= {(m, r) for (_, m, r) in self.states}
                 for m, r in sorted(known):
                     if s.model in ("*", m) and s.route in ("*", r):
                         out.setdefault((m, r), []).append(s)
