@@ -135,6 +135,7 @@ def _matrix(replicas: Mapping[str, Any]) -> tuple[list[str], np.ndarray, np.ndar
     pairs = np.fromiter(chain.from_iterable(chain.from_iterable(h.get("bins") or () for h in hists)),
                         dtype=np.int64, count=2 * sum(sizes)).reshape(-1, 2)
     ok = pairs[:, 1] > 0
+    mat: np.ndarray
     if ok.any():
         rows = np.repeat(np.arange(len(ids)), sizes)[ok]
         keys, col = np.unique(pairs[ok, 0], return_inverse=True)

@@ -42,7 +42,7 @@ def cached(kind: str, objs: tuple[Any, ...], params: tuple[Any, ...], compute: C
     key = (kind, *map(id, objs), *params)
     hit = memo.get(key)
     if hit is not None:
-        return hit[1]  # type: ignore[no-any-return]
+        return hit[1]
     out = compute()
     memo[key] = (objs, out)
     return out

@@ -419,11 +419,10 @@ def rate_diff_ci_one(k1: float, n1: float, k2: float, n2: float, alpha: float) -
         pool = (k1 + k2) / (n1 + n2)
         se = math.sqrt(pool * (1 - pool) * (1 / n1 + 1 / n2))
     except (ValueError, ZeroDivisionError):
-        d, low, high, p = rate_diff_ci(k1, n1, k2, n2, alpha)
-        return float(d), float(low), float(high), float(p)
+        return tuple(float(v) for v in rate_diff_ci(k1, n1, k2, n2, alpha))  # type: ignore[return-value]
     zs = d / se if se > 0 else 0.0
-    p = 2.0 * (math.erfc(abs(zs) / math.sqrt(2.0)) * 0.5)
-    return d, low, high, (1.0 if p >= 1.0 else p)  # np.minimum(1.0, p), NaN kept
+    p_two = 2.0 * (math.erfc(abs(zs) / math.sqrt(2.0)) * 0.5)
+    return d, low, high, (1.0 if p_two >= 1.0 else p_two)  # np.minimum(1.0, p), NaN kept
 
 
 def _wilson_one(k: float, n: float, z: float) -> tuple[float, float]:
