@@ -21,6 +21,7 @@ from watchdog.policy.causes import gpu_reading
 from watchdog.policy.decide import decide, utc_day
 from watchdog.policy.evaluate import MAX_AA_NULL, Verdict, combine_window, evaluate_rule
 from watchdog.policy.horizon import learn_anchor
+from watchdog.policy.judge.memo import window_memo
 from watchdog.policy.loader import PolicySet
 from watchdog.policy.pooling import learn_items
 from watchdog.policy.schema import MAX_POOL_WINDOWS, Policy, Rule
@@ -141,11 +142,13 @@ class PolicyEngine:
     def _group(self, signals: list[Signal], flags: Mapping[tuple[str, str], str]) -> dict[tuple[str, str], list[Signal]]:
         """Signals by (model, route); a ``*`` model or route (e.g. GPU health) applies to every
         known pair that matches (known = in flags, in these signals, or seen before)."""
-        known = set(flags) | {(s.model, s.route) for s in signals if "*" not in (s.model, s.route)}
-        known |= {(m, r) for (_, m, r) in self.states}
+        known: set[tuple[str, str]] | None = None  # built only for a "*" signal: it is every route's
         out: dict[tuple[str, str], list[Signal]] = {}
         for s in signals:
             if s.model == "*" or s.route == "*":
+                if known is None:
+                    known = set(flags) | {(x.model, x.route) for x in signals if "*" not in (x.model, x.route)}
+                    known |= {(m, r) for (_, m, r) in self.states}
                 for m, r in sorted(known):
                     if s.model in ("*", m) and s.route in ("*", r):
                         out.setdefault((m, r), []).append(s)
@@ -181,9 +184,10 @@ class PolicyEngine:
             if cand is None:
                 cand = next((s for s in group if s.precision is None), None)
             base = next((s for s in group if s.precision == policy.baseline), None)
-            judged = [(rule, evaluate_rule(rule, cand, base, st.rules[rule.name].pool, st.rules[rule.name].null,
-                                           st.rules[rule.name].horizon))
-                      for rule in policy.rules if rule.source == source]
+            with window_memo():  # the rules of this window share what they read alike
+                judged = [(rule, evaluate_rule(rule, cand, base, st.rules[rule.name].pool, st.rules[rule.name].null,
+                                               st.rules[rule.name].horizon))
+                          for rule in policy.rules if rule.source == source]
             combine_window(policy, judged)
             window = [self._apply(rule, st, v) for rule, v in judged]
             self._count_healthy(policy, st, source, window)

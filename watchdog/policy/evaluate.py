@@ -267,10 +267,11 @@ def _plain(x: Any) -> Any:
     t = type(x)
     if t in _SCALARS:  # the common case, and none of them has ``item``
         return x
+    # scalars are kept inline below (no call each): a judgement has dozens of them per window
     if isinstance(x, dict):
-        return {str(k): _plain(v) for k, v in x.items()}
+        return {k if type(k) is str else str(k): v if type(v) in _SCALARS else _plain(v) for k, v in x.items()}
     if isinstance(x, list | tuple):
-        return [_plain(v) for v in x]
+        return [v if type(v) in _SCALARS else _plain(v) for v in x]
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
         return _plain(dataclasses.asdict(x))
     if hasattr(x, "item") and callable(x.item):

@@ -49,7 +49,8 @@ def learn_anchor(rule: Rule, horizon: dict[str, Any], null: list[dict[str, Any]]
     j = rule.judge
     if j is None or j.anchor is None:
         return
-    hist = [float(x["e"]) for x in null if "e" in x]
+    # the history only sets a new anchor; once set, it moves with ``e`` alone
+    hist = [float(x["e"]) for x in null if "e" in x] if not horizon.get("anchor") else []
     anchor = update_anchor(horizon.get("anchor"), hist, e, learn_min=j.learn_min, halflife=j.anchor.halflife,
                            tolerance=j.anchor.tolerance)
     if anchor is not None:

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from itertools import compress
+from operator import itemgetter, methodcaller
 from typing import Any
 
 from watchdog.core.signals import Signal
 from watchdog.policy.changes import change_entry
 from watchdog.policy.judge.fleet import FleetOptions, fleet_inputs, mix_log_diff, mix_shift
 from watchdog.policy.judge.live import judge_learned, quantile_log_diff, rate_diff_estimate
+from watchdog.policy.judge.memo import cached
 from watchdog.policy.judge.paired import judge_paired_replays
 from watchdog.policy.judge.pooled import judge_rate_pooled, judge_unpaired_pooled
 from watchdog.policy.judge.verdict import Judgement
@@ -79,7 +82,12 @@ def learned(rule: Rule) -> bool:
 
 def window_difference(rule: Rule, cand: Signal, base: Signal) -> tuple[float, float] | str:
     """One live window's FP8 - FP16 difference in harm units and its sampling variance: log
-    ratio of the judged latency quantile (p50 for mann_whitney), or the rate difference."""
+    ratio of the judged latency quantile (p50 for mann_whitney), or the rate difference. Inside
+    ``memo.window_memo`` computed once per rule and window (the judge's and the horizon's)."""
+    return cached("window_difference", (rule, cand, base), (), lambda: _window_difference(rule, cand, base))
+
+
+def _window_difference(rule: Rule, cand: Signal, base: Signal) -> tuple[float, float] | str:
     j = rule.judge
     assert j is not None
     sign = 1.0 if j.harm_direction == "lower_is_better" else -1.0
@@ -164,10 +172,9 @@ def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
         return (f"too few samples in a window of the pool: {n_cand}/{n_base} "
                 f"< {max(rule.min_samples, j.min_n)}")
     first = float(pool[0]["start"])
-    past = [x for x in (null or []) if float(x.get("end", math.inf)) <= first] if j.learn is not None else []
-    hist = [float(x["e"]) for x in past]
-    # stated sampling variances of the history (states saved before they were kept have none)
-    hist_v = [float(x.get("v", math.nan)) for x in past]
+    # the history before the pool, and its stated sampling variances (states saved before they
+    # were kept have none)
+    hist, hist_v = _null_before(null or [], first) if j.learn is not None else ([], [])
     unit = " (log ratio)" if j.test != "rate" else " pts"
     out = judge_learned([(float(e["e"]), float(e["v"])) for e in pool], hist, effect_threshold=j.effect,
                         level_cap=j.level_cap if level_cap is None else level_cap,
@@ -175,6 +182,23 @@ def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
                         metric=rule.metric, unit=unit, null_v=hist_v, null_model=j.null_model, level_sd=j.level_sd)
     out.detail["pool_size"] = len(pool)
     return out
+
+
+_END, _E, _V = itemgetter("end"), itemgetter("e"), methodcaller("get", "v", math.nan)
+
+
+def _null_before(null: list[dict[str, Any]], first: float) -> tuple[list[float], list[float]]:
+    """(e, v) of the null's windows that ended by ``first``: ``[float(x["e"]) for x in null if
+    float(x.get("end", inf)) <= first]`` and the same of ``v`` (NaN where missing), with C-level
+    loops (a null holds up to ``learn`` windows, read every window); entries without ``end`` or
+    ``e`` (or unreadable ones) take the plain loop, which raises where it raised."""
+    try:
+        keep = list(map(first.__ge__, map(float, map(_END, null))))
+        es = list(map(float, map(_E, null)))
+    except (KeyError, TypeError, ValueError):
+        past = [x for x in null if float(x.get("end", math.inf)) <= first]
+        return [float(x["e"]) for x in past], [float(x.get("v", math.nan)) for x in past]
+    return list(compress(es, keep)), list(map(float, map(_V, compress(null, keep))))
 
 
 #: share of items whose baseline answer moved (by more than ``MOVED``) in the A/A pass from which a

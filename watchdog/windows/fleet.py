@@ -151,10 +151,24 @@ class FleetStats:
                 lats = by_rep[key] = []
             lats.append(lat)
             if lat > 0.0:
+                # ``_fold`` into the window's and the replica's cells, inlined (once per request)
                 y = _log(lat)
+                yy = y * y
                 cell = (pt.bit_length() << 6) | ct.bit_length()
-                _fold(cells, cell, y)
-                _fold(r.cells, cell, y)
+                c = cells.get(cell)
+                if c is None:
+                    cells[cell] = [1.0, y, yy]
+                else:
+                    c[0] += 1.0
+                    c[1] += y
+                    c[2] += yy
+                c = r.cells.get(cell)
+                if c is None:
+                    r.cells[cell] = [1.0, y, yy]
+                else:
+                    c[0] += 1.0
+                    c[1] += y
+                    c[2] += yy
         for key, lats in by_rep.items():
             reps[key].sketch.add_many(lats)
 

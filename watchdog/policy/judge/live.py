@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from itertools import chain
 from typing import Any
 
 import numpy as np
 
 from watchdog.core.signals import VerdictStatus
 from watchdog.policy.judge import stats as st
+from watchdog.policy.judge.memo import cached
 from watchdog.policy.judge.pooled import zero_bucket_index
 from watchdog.policy.judge.verdict import Judgement, verdict
 
@@ -63,15 +65,26 @@ def sketch_log_quantile(sketch: Mapping[str, Any], q: float, alpha: float = 0.05
 
 
 def _log_buckets(sketch: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
-    """(log midpoints, counts) of a sketch's non-empty buckets, ascending; None when empty."""
+    """(log midpoints, counts) of a sketch's non-empty buckets, ascending; None when empty. Inside
+    ``memo.window_memo`` once per sketch (the rules reading one window's sketch share them, read-only)."""
+    return cached("log_buckets", (sketch,), (), lambda: _log_buckets_now(sketch))
+
+
+def _log_buckets_now(sketch: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
     acc = float(sketch["relative_accuracy"])
     lg = math.log((1.0 + acc) / (1.0 - acc))
-    arr = np.asarray(sketch.get("bins", []), dtype=float).reshape(-1, 2)
+    bins = sketch.get("bins", [])
+    try:  # fromiter: a third of asarray's time on a list of pairs, the same floats
+        arr = np.fromiter(chain.from_iterable(bins), dtype=float).reshape(-1, 2)
+    except (TypeError, ValueError):
+        arr = np.asarray(bins, dtype=float).reshape(-1, 2)
     arr = arr[arr[:, 1] > 0]
     if not arr.size:
         return None
     arr = arr[np.argsort(arr[:, 0], kind="stable")]
-    return (np.floor(arr[:, 0]) - 0.5) * lg, np.floor(arr[:, 1])
+    x, c = (np.floor(arr[:, 0]) - 0.5) * lg, np.floor(arr[:, 1])
+    x.flags.writeable = c.flags.writeable = False
+    return x, c
 
 
 def sketch_log_tail_mean(sketch: Mapping[str, Any], p: float) -> tuple[float, float] | None:
@@ -80,6 +93,9 @@ def sketch_log_tail_mean(sketch: Mapping[str, Any], p: float) -> tuple[float, fl
     noise than the p99 point itself (it averages the top ``1 - p`` of the requests). Variance:
     the CVaR estimator's asymptotic variance (Var(X | X > q) + p (E[X | X > q] - q)^2) /
     (n (1 - p)). Bucket values are their log midpoints (error below the sketch's accuracy)."""
+    small = _small_buckets(sketch)
+    if small is not None:
+        return _tail_mean_small(small[0], small[1], float(sum_seq(small[1])) + int(sketch.get("zero_count", 0)), p)
     b = _log_buckets(sketch)
     if b is None:
         return None
@@ -109,6 +125,9 @@ def sketch_log_tail_contrast(sketch: Mapping[str, Any], p: float) -> tuple[float
     buckets and divided by n (for a normal log latency: 2.71 sigma^2 / n, less than the tail
     mean alone, 3.71 sigma^2 / n). The sketch's zero bucket is left out (sub-millisecond
     latencies have no log-scale position)."""
+    small = _small_buckets(sketch)
+    if small is not None:
+        return _tail_contrast_small(small[0], small[1], p)
     b = _log_buckets(sketch)
     if b is None:
         return None
@@ -124,6 +143,90 @@ def sketch_log_tail_contrast(sketch: Mapping[str, Any], p: float) -> tuple[float
     mean = float((c * x).sum() / n)
     infl = (w / c) * (x - q) / (1.0 - p) + q - tail - (x - mean)
     return tail - mean, float((c * infl * infl).sum()) / (n * n)
+
+
+# --- the same statistics for sketches of fewer than SMALL buckets, without numpy ------------------
+# A thin window (a few requests) has a handful of buckets, where numpy's per-call overhead is most
+# of the cost. numpy sums fewer than 8 values left to right (pairwise summation starts at 8), so
+# these loops, doing the same float operations in the same order, give the same bits
+# (tests/test_judge_small_sketches.py compares them with the numpy path).
+
+#: most raw bins a sketch may have for the plain-Python path
+SMALL = 7
+
+
+def sum_seq(xs: Sequence[float]) -> float:
+    """Sum left to right, as numpy's ``sum`` of fewer than 8 values."""
+    s = 0.0
+    for x in xs:
+        s += x
+    return s
+
+
+def _small_buckets(sketch: Mapping[str, Any]) -> tuple[list[float], list[float]] | None:
+    """``_log_buckets`` as two lists for a sketch of at most ``SMALL`` bins (empty lists when it has
+    none), or None for the numpy path (more bins, or bins it would not read the same way)."""
+    return cached("small_buckets", (sketch,), (), lambda: _small_buckets_now(sketch))
+
+
+def _small_buckets_now(sketch: Mapping[str, Any]) -> tuple[list[float], list[float]] | None:
+    bins = sketch.get("bins", [])
+    if not isinstance(bins, list | tuple) or len(bins) > SMALL:
+        return None
+    try:
+        pairs = [(float(k), float(c)) for k, c in bins]
+    except (TypeError, ValueError):
+        return None
+    if not all(math.isfinite(k) and math.isfinite(c) for k, c in pairs):
+        return None
+    acc = float(sketch["relative_accuracy"])
+    lg = math.log((1.0 + acc) / (1.0 - acc))
+    kept = sorted((kc for kc in pairs if kc[1] > 0), key=lambda kc: kc[0])  # stable, as argsort's
+    return [(math.floor(k) - 0.5) * lg for k, _ in kept], [float(math.floor(c)) for _, c in kept]
+
+
+def _tail_weights(c: list[float], need: float) -> list[float]:
+    """``np.clip(need - (above - c), 0, c)`` with ``above`` the mass at or above each bucket."""
+    above = [0.0] * len(c)
+    acc = 0.0
+    for i in range(len(c) - 1, -1, -1):
+        acc = c[i] if i == len(c) - 1 else acc + c[i]
+        above[i] = acc
+    out = []
+    for a, ci in zip(above, c, strict=True):
+        t = need - (a - ci)
+        t = t if t > 0.0 or t != t else 0.0  # numpy's clip: max then min, NaN kept, +0.0 for -0.0
+        out.append(t if t < ci or t != t else ci)
+    return out
+
+
+def _tail_mean_small(x: list[float], c: list[float], n: float, p: float) -> tuple[float, float] | None:
+    if not c:
+        return None
+    w = _tail_weights(c, n * (1 - p))
+    total = float(sum_seq(w))
+    if total <= 0:
+        return None
+    mu = sum_seq([wi * xi for wi, xi in zip(w, x, strict=True)]) / total
+    var_t = sum_seq([wi * ((xi - mu) * (xi - mu)) for wi, xi in zip(w, x, strict=True)]) / total
+    q = next(xi for wi, xi in zip(w, x, strict=True) if wi > 0)
+    return mu, (var_t + p * (mu - q) ** 2) / (n * (1 - p))
+
+
+def _tail_contrast_small(x: list[float], c: list[float], p: float) -> tuple[float, float] | None:
+    if not c:
+        return None
+    n = sum_seq(c)
+    need = n * (1.0 - p)
+    w = _tail_weights(c, need)
+    ws = sum_seq(w)
+    if need <= 0 or ws <= 0:
+        return None
+    tail = sum_seq([wi * xi for wi, xi in zip(w, x, strict=True)]) / ws
+    q = next(xi for wi, xi in zip(w, x, strict=True) if wi > 0)
+    mean = sum_seq([ci * xi for ci, xi in zip(c, x, strict=True)]) / n
+    infl = [(wi / ci) * (xi - q) / (1.0 - p) + q - tail - (xi - mean) for wi, ci, xi in zip(w, c, x, strict=True)]
+    return tail - mean, sum_seq([ci * f * f for ci, f in zip(c, infl, strict=True)]) / (n * n)
 
 
 def quantile_log_diff(cand: Mapping[str, Any], base: Mapping[str, Any], q: float,

@@ -34,6 +34,7 @@ The state is a JSON-able dict kept in the engine state (``RuleState.horizon["seq
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from statistics import NormalDist
@@ -61,6 +62,31 @@ def log_mixture_lr(a: float, info: float, gamma: float) -> float:
     return math.log(2.0) - 0.5 * math.log1p(gamma * gamma * info) + 0.5 * z * z + _log_phi(z)
 
 
+_LOG2 = math.log(2.0)
+_HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
+
+
+def _log_mixture_lrs(tests: list[list[Any]], gamma: float) -> list[float]:
+    """``log_mixture_lr`` of every test ``[.., .., a, info]``, with the per-call work inlined: a
+    route's horizon runs dozens of tests, each looked at every window. The same float operations
+    in the same order, so the same values (tests/test_judge_cost_paths.py)."""
+    if gamma <= 0:
+        return [0.0] * len(tests)
+    g2 = gamma * gamma
+    inv_g2 = 1.0 / g2
+    sqrt, log, log1p, erfc = math.sqrt, math.log, math.log1p, math.erfc
+    out = []
+    for t in tests:
+        a, info = float(t[2]), float(t[3])
+        if info <= 0:
+            out.append(0.0)
+            continue
+        z = a / sqrt(inv_g2 + info)
+        lp = log(max(0.5 * erfc(-z / _SQRT2), 1e-300)) if z > -30 else -0.5 * z * z - log(-z) - _HALF_LOG_2PI
+        out.append(_LOG2 - 0.5 * log1p(g2 * info) + 0.5 * z * z + lp)
+    return out
+
+
 def boundary(info: float, alpha: float, gamma: float) -> float:
     """The mean excess over the tolerance, ``a / info``, at which the test rejects with
     information ``info`` (log Lambda = log(1 / alpha)); inf without information. In z =
@@ -71,7 +97,10 @@ def boundary(info: float, alpha: float, gamma: float) -> float:
     base = 2.0 * (math.log(1.0 / alpha) - math.log(2.0) + 0.5 * math.log1p(gamma * gamma * info))
     z = math.sqrt(max(base, 1e-12))
     for _ in range(8):
-        z = math.sqrt(max(base - 2.0 * _log_phi(z), 1e-12))
+        nz = math.sqrt(max(base - 2.0 * _log_phi(z), 1e-12))
+        if nz == z:  # a fixed point: the remaining steps would give z again
+            break
+        z = nz
     return z * math.sqrt(1.0 / (gamma * gamma) + info) / info
 
 
@@ -82,7 +111,12 @@ def mde(info: float, alpha: float, gamma: float, tolerance: float, power: float 
     also had every earlier look, so the real power is a little higher."""
     if info <= 0:
         return math.inf
-    return tolerance + boundary(info, alpha, gamma) + NormalDist().inv_cdf(power) / math.sqrt(info)
+    return tolerance + boundary(info, alpha, gamma) + _z(power) / math.sqrt(info)
+
+
+@functools.lru_cache(maxsize=64)
+def _z(power: float) -> float:
+    return NormalDist().inv_cdf(power)
 
 
 def new_state() -> dict[str, Any]:
@@ -137,8 +171,9 @@ def evaluate(state: Mapping[str, Any], *, alpha: float, gamma: float, tolerance:
         out["mde_horizon"] = mde(windows / float(w), alpha, gamma, tolerance, power)
     if not tests:
         return out
-    best = max(tests, key=lambda t: log_mixture_lr(float(t[2]), float(t[3]), gamma))
-    llr = log_mixture_lr(float(best[2]), float(best[3]), gamma)
+    llrs = _log_mixture_lrs(tests, gamma)
+    first_best = max(range(len(tests)), key=llrs.__getitem__)  # the first of the strongest, as max(tests)
+    best, llr = tests[first_best], llrs[first_best]
     oldest = max(tests, key=lambda t: float(t[3]))
     out.update(reject=llr >= out["threshold"], log_lr=llr, windows=int(best[1]),
                estimate=tolerance + float(best[2]) / float(best[3]), se=1.0 / math.sqrt(float(best[3])),

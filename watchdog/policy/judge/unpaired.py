@@ -219,8 +219,7 @@ def judge_rate(
     if n < max(min_samples, 1):
         return inconclusive(metric, method, "too_few_items", f"n={candidate_n}/{baseline_n} < {min_samples}",
                              n, effect_threshold)
-    d, lo, hi, p = (float(v) for v in st.rate_diff_ci(candidate_errors, candidate_n, baseline_errors,
-                                                        baseline_n, alpha))
+    d, lo, hi, p = st.rate_diff_ci_one(candidate_errors, candidate_n, baseline_errors, baseline_n, alpha)
     status, reason = verdict(metric, method, lo, hi, n, effect_threshold=effect_threshold,
                               harm_threshold=effect_threshold, harm_marginal=marginal_threshold,
                               min_n=min_samples, max_ci_width=max_ci_width)

@@ -61,12 +61,12 @@ def verdict(
     metric: str, method: str, harm_lo: float, harm_hi: float, n: int, *, effect_threshold: float,
     harm_threshold: float, harm_marginal: float | None, min_n: int, max_ci_width: float | None,
 ) -> tuple[VerdictStatus, str]:
-    code, reason = st.classify(
-        np.array([harm_lo]), np.array([harm_hi]), np.array([n]), effect_threshold=harm_threshold,
+    code, reason = st.classify_one(
+        float(harm_lo), float(harm_hi), n, effect_threshold=harm_threshold,
         marginal_threshold=harm_marginal, min_n=min_n, max_ci_width=max_ci_width,
     )
-    status: VerdictStatus = st.STATUS_NAMES[int(code[0])]  # type: ignore[assignment]
-    return status, st.REASONS[str(reason[0])]
+    status: VerdictStatus = st.STATUS_NAMES[code]  # type: ignore[assignment]
+    return status, st.REASONS[reason]
 
 def message(metric: str, status: str, reason: str, est: float, lo: float, hi: float, n: int,
              thr: float, unit: str = "") -> str:
