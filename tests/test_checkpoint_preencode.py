@@ -159,3 +159,25 @@ def test_a_save_waits_while_many_judged_routes_are_not_encoded(redis_client, mon
     ck.checkpoint(t + 4.6 * every)  # due and nothing left to encode: saved at once
     ck.drain()
     assert len(sent) == 2 and sent[1].engines == _fresh(ck, part.routes)
+
+
+def test_a_full_save_has_its_engine_states_encoded_ahead(redis_client, monkeypatch) -> None:
+    """A first save (or one after ``RESYNC``) writes every route's engine state: ``preencode`` takes
+    them a slice per iteration, the save waits for it, then writes them all, a route without state
+    left out as before."""
+    monkeypatch.setattr(C, "PREENCODE_MAX_LEFT", 5)
+    ck, part, ingest, _own = _rig(redis_client)
+    for k in range(30):
+        _fold(ck, part, ingest, f"r{k}", 100.0)
+    _fold(ck, part, ingest, "stateless", 100.0)
+    del ck.engine.states[(POLICY, "m", "stateless")]
+    part.dirty_routes.clear()  # nothing judged: only the full save wants the states
+    sent = _capture(ck)
+    t = 1000.0
+    part.last_save = t - 1.5 * ck.cfg.redis.checkpoint_every_s
+    ck.checkpoint(t)
+    assert sent == [] and not part.dirty_routes and part.full  # waited; preencode took all 31
+    ck.checkpoint(t + 0.01)
+    ck.drain()
+    (save,) = sent
+    assert not save.incremental and save.engines == _fresh(ck, part.routes) and len(save.engines) == 30

@@ -91,7 +91,7 @@ class Checkpointer:
         #: per partition: (the partition, the policy set, route -> engine-state JSON) encoded ahead of
         #: its next save (``preencode``); the routes in it are out of ``part.dirty_routes`` until they
         #: change again
-        self._encoded: dict[P.PartitionKey, tuple[P.Partition, Any, dict[P.Route, str]]] = {}
+        self._encoded: dict[P.PartitionKey, tuple[P.Partition, Any, dict[P.Route, str | None]]] = {}
 
     def attach(self, ingest: Ingest) -> None:
         self.ingest = ingest
@@ -109,6 +109,9 @@ class Checkpointer:
             if part.inflight is None and not part.dirty:
                 continue
             if not force:
+                if part.full and part.inflight is None:
+                    # a full save writes every route's engine state: encoded ahead too, a slice at a time
+                    part.dirty_routes |= part.routes - self._encoded_of(part).keys()
                 spacing = max(every, 10 * part.last_cost_s)
                 if self.writer.busy(part.pk) or now - part.last_save < spacing:
                     continue
@@ -147,17 +150,15 @@ class Checkpointer:
                 by_route = P.engine_states_by_route(self.engine, set(chunk))
                 for route in chunk:
                     scopes = by_route.get(route)
-                    if scopes is not None:
-                        encoded[route] = P.engine_json(scopes)
-                    else:
-                        encoded.pop(route, None)  # no state (yet): the save leaves its key alone, as before
+                    # None: no state (yet); the save leaves its key alone, as it did before
+                    encoded[route] = P.engine_json(scopes) if scopes is not None else None
                     part.dirty_routes.discard(route)
                 done += len(chunk)
                 if time.perf_counter() - t0 > budget_s:
                     return done
         return done
 
-    def _encoded_of(self, part: P.Partition) -> dict[P.Route, str]:
+    def _encoded_of(self, part: P.Partition) -> dict[P.Route, str | None]:
         """The engine states encoded ahead for ``part`` (empty for a partition assigned anew, or after
         the policies changed: ``set_policy_set`` rewrites states without marking routes dirty)."""
         entry = self._encoded.get(part.pk)
@@ -166,11 +167,11 @@ class Checkpointer:
             return entry[2]
         if entry is not None and entry[0] is part:
             part.dirty_routes |= entry[2].keys()  # encode them again, under the new policies
-        encoded: dict[P.Route, str] = {}
+        encoded: dict[P.Route, str | None] = {}
         self._encoded[part.pk] = (part, policy_set, encoded)
         return encoded
 
-    def _take_encoded(self, part: P.Partition) -> dict[P.Route, str]:
+    def _take_encoded(self, part: P.Partition) -> dict[P.Route, str | None]:
         """The engine states encoded ahead for ``part``, for the save being built (the cache empties)."""
         entry = self._encoded.pop(part.pk, None)
         if entry is None or entry[0] is not part:
@@ -346,7 +347,8 @@ class Checkpointer:
         by_route = P.engine_states_by_route(self.engine, routes) if routes else {}
         group = self.cfg.kafka.group_id
         engines = {self.keys.engine(group, m, r): doc for (m, r), doc in sorted(ahead.items())
-                   if (m, r) in part.routes and (m, r) not in routes and (m, r) not in part.evicted}
+                   if doc is not None and (m, r) in part.routes and (m, r) not in routes
+                   and (m, r) not in part.evicted}
         engines.update((self.keys.engine(group, m, r), P.engine_json(by_route[(m, r)]))
                        for m, r in sorted(routes) if (m, r) in by_route)
         for m, r in sorted(part.evicted - part.routes):  # forgotten as idle: '' deletes the key
