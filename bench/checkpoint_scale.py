@@ -16,7 +16,11 @@ Measured, in one run, per size:
   built on the loop, encoded and written by the writer thread;
 * **steady**: ``--rounds`` saves while ``--active`` (1 %) of the routes take events and are judged
   between two saves: bytes, loop time per partition save (p50/p99), wall time until Redis has them;
-* the Redis memory of the checkpoints (``MEMORY USAGE`` of the hashes and engine keys).
+* the Redis memory of the checkpoints (``MEMORY USAGE`` of the hashes and engine keys);
+* **after a close**: every route's open window closed and judged at once (what a window boundary does
+  to a replica: every route's engine state changed), then the loop's ``Checkpointer.checkpoint`` called
+  as the loop calls it (every ~10 ms of poll) until every partition is saved: the loop time of each
+  call (p99 / largest), the calls and the wall time it took.
 
     .venv/bin/python bench/checkpoint_scale.py [--sizes 100,1000,10000] [--rounds 20]
     .venv/bin/python bench/checkpoint_scale.py --code /path/to/other/checkout      # the old code
@@ -244,6 +248,20 @@ def run_size(n_routes: int, url: str, prefix: str) -> dict[str, Any]:
         steady_loop.extend(loop)
         steady_wall.append(wall)
     steady_cpu = (server_cpu(client, keys.audit) - cpu0) / args.rounds
+    # a window boundary: every route's window closes and is judged, then the loop's own calls
+    if offload:
+        ck.offload = True
+    close_and_judge(current)
+    calls: list[float] = []
+    c0 = time.perf_counter()
+    while any(p.dirty or p.inflight is not None for p in parts.values()) or (offload and ck.writer.any_busy()):
+        s = time.perf_counter()
+        ck.checkpoint(time.time())
+        calls.append(time.perf_counter() - s)
+        if time.perf_counter() - c0 > 120:
+            raise RuntimeError("the saves after a close did not finish in 120 s")
+        time.sleep(0.01)  # the consumer's poll
+    out.update(close_calls=calls, close_wall=time.perf_counter() - c0)
     mem = sum(client.memory_usage(k) or 0 for k in client.scan_iter(match=f"{cfg.redis.prefix}:ckpt:*"))
     mem += sum(client.memory_usage(k) or 0 for k in client.scan_iter(match=f"{cfg.redis.prefix}:engine:*",
                                                                         count=1000))
@@ -287,6 +305,9 @@ def main() -> int:
             f"{r['steady_wall'] * 1e3:,.1f}",
             f"{r['redis_bytes'] / 1e6:.1f} MB",
             f"{r['steady_cpu'] * 1e3:.1f}",
+            f"{pct(r['close_calls'], 0.99) * 1e3:,.0f} / {max(r['close_calls']) * 1e3:,.0f} / "
+            f"{sum(r['close_calls']) * 1e3:,.0f}",
+            f"{len(r['close_calls'])} / {r['close_wall'] * 1e3:,.0f}",
         ])
     print(f"\ncheckpoint scale: {args.parts} partitions, {args.events} events per window and precision, "
           f"{args.judged} windows judged, {args.active:.0%} active, {args.rounds} steady rounds; "
@@ -294,7 +315,9 @@ def main() -> int:
     print(table(["routes", "full bytes", "full on the loop: loop ms all / max part / wall ms",
                  "full, writer thread: loop ms all / max part / wall ms", "steady bytes", "steady / full",
                  "steady loop ms per part save p50 / p99", "steady wall ms", "Redis memory",
-                 "Redis CPU ms per steady round"], rows))
+                 "Redis CPU ms per steady round",
+                 "after a close: loop ms per checkpoint call p99 / max / sum", "calls / wall ms until all saved"],
+                rows))
     for r in results:
         if r["per_node"]:
             print(f"{r['routes']:,} routes, per master (keys, used_memory): "
