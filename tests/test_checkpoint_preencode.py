@@ -181,3 +181,15 @@ def test_a_full_save_has_its_engine_states_encoded_ahead(redis_client, monkeypat
     ck.drain()
     (save,) = sent
     assert not save.incremental and save.engines == _fresh(ck, part.routes) and len(save.engines) == 30
+
+
+def test_nothing_is_encoded_ahead_while_a_save_waits_to_be_resent(redis_client) -> None:
+    """Redis did not take a save (it stays in ``part.inflight`` for a resend): no build comes before
+    Redis answers, so judged routes stay in ``dirty_routes`` rather than as copies in memory."""
+    ck, part, ingest, _own = _rig(redis_client)
+    _fold(ck, part, ingest, "a", 100.0)
+    part.inflight = ck.build_save(part, 1.0, [], [])  # built, not taken by Redis (the write failed)
+    _fold(ck, part, ingest, "b", 101.0)
+    assert ck.preencode(10.0) == 0 and part.dirty_routes == {("m", "b")}
+    part.inflight = None
+    assert ck.preencode(10.0) == 1 and not part.dirty_routes

@@ -141,8 +141,8 @@ class Checkpointer:
         t0 = time.perf_counter()
         done = 0
         for part in self.ownership.parts.values():
-            if not part.dirty_routes:
-                continue
+            if not part.dirty_routes or (part.inflight is not None and not self.writer.busy(part.pk)):
+                continue  # a save Redis did not take waits to be resent: no build soon, keep no copies
             encoded = self._encoded_of(part)
             todo = [r for r in part.dirty_routes if r in part.routes]
             for i in range(0, len(todo), 32):
