@@ -17,10 +17,11 @@ Measured, in one run, per size:
 * **steady**: ``--rounds`` saves while ``--active`` (1 %) of the routes take events and are judged
   between two saves: bytes, loop time per partition save (p50/p99), wall time until Redis has them;
 * the Redis memory of the checkpoints (``MEMORY USAGE`` of the hashes and engine keys);
-* **after a close**: every route's open window closed and judged at once (what a window boundary does
-  to a replica: every route's engine state changed), then the loop's ``Checkpointer.checkpoint`` called
-  as the loop calls it (every ~10 ms of poll) until every partition is saved: the loop time of each
-  call (p99 / largest), the calls and the wall time it took.
+* **after a close**: every route's open window closed (what a window boundary does to a replica), then
+  loop iterations as the daemon's: judge for up to ``DECIDE_BUDGET_S`` (0.3 s) in chunks of 100
+  routes (``PolicyEngine.observe``, the judged routes marked dirty, as ``Decisions`` does), then
+  ``Checkpointer.checkpoint``, then ~10 ms of poll, until every route is judged and every partition
+  saved: the loop time of each checkpoint call (p99 / largest / sum), the calls and the wall time.
 
     .venv/bin/python bench/checkpoint_scale.py [--sizes 100,1000,10000] [--rounds 20]
     .venv/bin/python bench/checkpoint_scale.py --code /path/to/other/checkout      # the old code
@@ -251,15 +252,27 @@ def run_size(n_routes: int, url: str, prefix: str) -> dict[str, Any]:
     # a window boundary: every route's window closes and is judged, then the loop's own calls
     if offload:
         ck.offload = True
-    close_and_judge(current)
+    closing_at = t_base + (current + 1) * L + 2.0
+    flags = {(MODEL, r): "fp8" for r in routes}
+    to_judge = [(part, part.agg.close_due(closing_at)) for part in parts.values()]
+    pending = [(part, [s for s in sigs if s.route == r]) for part, sigs in to_judge
+               for r in sorted({s.route for s in sigs})]
     calls: list[float] = []
     c0 = time.perf_counter()
-    while any(p.dirty or p.inflight is not None for p in parts.values()) or (offload and ck.writer.any_busy()):
+    while (pending or any(p.dirty or p.inflight is not None for p in parts.values())
+           or (offload and ck.writer.any_busy())):
+        until = time.perf_counter() + 0.3  # decisions.DECIDE_BUDGET_S
+        while pending and time.perf_counter() < until:
+            chunk, pending = pending[:100], pending[100:]  # decisions.DECIDE_CHUNK_ROUTES
+            engine.observe([s for _p, sigs in chunk for s in sigs], closing_at, flags, "fp8")
+            for part, sigs in chunk:
+                part.dirty_routes.add((MODEL, sigs[0].route))
+                part.dirty = True
         s = time.perf_counter()
         ck.checkpoint(time.time())
         calls.append(time.perf_counter() - s)
-        if time.perf_counter() - c0 > 120:
-            raise RuntimeError("the saves after a close did not finish in 120 s")
+        if time.perf_counter() - c0 > 300:
+            raise RuntimeError("the saves after a close did not finish in 300 s")
         time.sleep(0.01)  # the consumer's poll
     out.update(close_calls=calls, close_wall=time.perf_counter() - c0)
     mem = sum(client.memory_usage(k) or 0 for k in client.scan_iter(match=f"{cfg.redis.prefix}:ckpt:*"))
