@@ -16,7 +16,12 @@ Measured, in one run, per size:
   built on the loop, encoded and written by the writer thread;
 * **steady**: ``--rounds`` saves while ``--active`` (1 %) of the routes take events and are judged
   between two saves: bytes, loop time per partition save (p50/p99), wall time until Redis has them;
-* the Redis memory of the checkpoints (``MEMORY USAGE`` of the hashes and engine keys).
+* the Redis memory of the checkpoints (``MEMORY USAGE`` of the hashes and engine keys);
+* **after a close**: every route's open window closed (what a window boundary does to a replica), then
+  loop iterations as the daemon's: judge for up to ``DECIDE_BUDGET_S`` (0.3 s) in chunks of 100
+  routes (``PolicyEngine.observe``, the judged routes marked dirty, as ``Decisions`` does), then
+  ``Checkpointer.checkpoint``, then ~10 ms of poll, until every route is judged and every partition
+  saved: the loop time of each checkpoint call (p99 / largest / sum), the calls and the wall time.
 
     .venv/bin/python bench/checkpoint_scale.py [--sizes 100,1000,10000] [--rounds 20]
     .venv/bin/python bench/checkpoint_scale.py --code /path/to/other/checkout      # the old code
@@ -244,6 +249,32 @@ def run_size(n_routes: int, url: str, prefix: str) -> dict[str, Any]:
         steady_loop.extend(loop)
         steady_wall.append(wall)
     steady_cpu = (server_cpu(client, keys.audit) - cpu0) / args.rounds
+    # a window boundary: every route's window closes and is judged, then the loop's own calls
+    if offload:
+        ck.offload = True
+    closing_at = t_base + (current + 1) * L + 2.0
+    flags = {(MODEL, r): "fp8" for r in routes}
+    to_judge = [(part, part.agg.close_due(closing_at)) for part in parts.values()]
+    pending = [(part, [s for s in sigs if s.route == r]) for part, sigs in to_judge
+               for r in sorted({s.route for s in sigs})]
+    calls: list[float] = []
+    c0 = time.perf_counter()
+    while (pending or any(p.dirty or p.inflight is not None for p in parts.values())
+           or (offload and ck.writer.any_busy())):
+        until = time.perf_counter() + 0.3  # decisions.DECIDE_BUDGET_S
+        while pending and time.perf_counter() < until:
+            chunk, pending = pending[:100], pending[100:]  # decisions.DECIDE_CHUNK_ROUTES
+            engine.observe([s for _p, sigs in chunk for s in sigs], closing_at, flags, "fp8")
+            for part, sigs in chunk:
+                part.dirty_routes.add((MODEL, sigs[0].route))
+                part.dirty = True
+        s = time.perf_counter()
+        ck.checkpoint(time.time())
+        calls.append(time.perf_counter() - s)
+        if time.perf_counter() - c0 > 300:
+            raise RuntimeError("the saves after a close did not finish in 300 s")
+        time.sleep(0.01)  # the consumer's poll
+    out.update(close_calls=calls, close_wall=time.perf_counter() - c0)
     mem = sum(client.memory_usage(k) or 0 for k in client.scan_iter(match=f"{cfg.redis.prefix}:ckpt:*"))
     mem += sum(client.memory_usage(k) or 0 for k in client.scan_iter(match=f"{cfg.redis.prefix}:engine:*",
                                                                         count=1000))
@@ -287,6 +318,9 @@ def main() -> int:
             f"{r['steady_wall'] * 1e3:,.1f}",
             f"{r['redis_bytes'] / 1e6:.1f} MB",
             f"{r['steady_cpu'] * 1e3:.1f}",
+            f"{pct(r['close_calls'], 0.99) * 1e3:,.0f} / {max(r['close_calls']) * 1e3:,.0f} / "
+            f"{sum(r['close_calls']) * 1e3:,.0f}",
+            f"{len(r['close_calls'])} / {r['close_wall'] * 1e3:,.0f}",
         ])
     print(f"\ncheckpoint scale: {args.parts} partitions, {args.events} events per window and precision, "
           f"{args.judged} windows judged, {args.active:.0%} active, {args.rounds} steady rounds; "
@@ -294,7 +328,9 @@ def main() -> int:
     print(table(["routes", "full bytes", "full on the loop: loop ms all / max part / wall ms",
                  "full, writer thread: loop ms all / max part / wall ms", "steady bytes", "steady / full",
                  "steady loop ms per part save p50 / p99", "steady wall ms", "Redis memory",
-                 "Redis CPU ms per steady round"], rows))
+                 "Redis CPU ms per steady round",
+                 "after a close: loop ms per checkpoint call p99 / max / sum", "calls / wall ms until all saved"],
+                rows))
     for r in results:
         if r["per_node"]:
             print(f"{r['routes']:,} routes, per master (keys, used_memory): "

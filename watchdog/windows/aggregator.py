@@ -30,6 +30,8 @@ import math
 import zlib
 from typing import Any
 
+import orjson
+
 from watchdog.core.events import NOT_JUDGED, InferenceEvent
 from watchdog.core.signals import Signal
 from watchdog.windows.shadow import pair_scores
@@ -267,7 +269,7 @@ class WindowAggregator:
         changed = {}
         for key, w in self._open.items():
             if w.dirty or everything:
-                changed[window_field(key)] = json.dumps(w.export(key), check_circular=False)
+                changed[window_field(key)] = encode_window(w, key)
                 w.dirty = False
         closed = [window_field(k) for k in self._closed_keys]
         self._closed_keys = []
@@ -326,7 +328,19 @@ class WindowAggregator:
 
 def encode_snapshots(snapshots: list[tuple[WindowKey, Window]]) -> dict[str, str]:
     """Checkpoint fields (hash field -> JSON) of window snapshots; safe on any thread (they are copies)."""
-    return {window_field(key): json.dumps(w.export(key), check_circular=False) for key, w in snapshots}
+    return {window_field(key): encode_window(w, key) for key, w in snapshots}
+
+
+def encode_window(w: Window, key: WindowKey) -> str:
+    """One open window's checkpoint field value (JSON). orjson, ~1.5x faster than ``json.dumps``,
+    writes a non-finite float as null, which would not restore: the two running float sums are the
+    only floats that can overflow (events carry finite numbers), so such a window goes through
+    ``json.dumps`` (``Infinity``, which ``json.loads`` reads back)."""
+    d = w.export(key)
+    f = d["f"]
+    if math.isfinite(f[0]) and math.isfinite(f[1]):
+        return orjson.dumps(d).decode()
+    return json.dumps(d, check_circular=False)
 
 
 def window_field(key: tuple[int, str, str, str]) -> str:

@@ -175,10 +175,12 @@ class FleetStats:
     def copy(self) -> FleetStats:
         """An independent copy, buffer folded first (a checkpoint snapshot)."""
         self.flush()
-        f = FleetStats()
+        f = FleetStats.__new__(FleetStats)
+        f.buf = []
         f.cells = {k: v[:] for k, v in self.cells.items()}
+        reps = f.replicas = {}
         for k, r in self.replicas.items():
-            rep = f.replicas[k] = _Replica()
+            rep = reps[k] = _Replica.__new__(_Replica)  # not __init__: its empty sketch would be replaced
             rep.sketch = r.sketch.copy()
             rep.cells = {c: v[:] for c, v in r.cells.items()}
         f.builds = dict(self.builds)

@@ -1,0 +1,195 @@
+"""Engine states encoded ahead of their partition's save (``Checkpointer.preencode``): a save writes
+exactly the states a save built in one go would, a route judged again after it was encoded is encoded
+anew, a policy reload or a new owner of the partition drops what was encoded, and a save waits (a
+bounded number of spacings) while many judged routes are not encoded yet."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from tests.test_checkpoint_incremental import POLICY, _fold, _restored, _rig
+from watchdog.runtime import checkpointer as C
+from watchdog.state import partitions as P
+from watchdog.state.checkpoint import SCHEMA, PendingSave
+
+pytestmark = pytest.mark.services
+
+
+def _judge(ck: C.Checkpointer, part: P.Partition, now: float) -> set[P.Route]:
+    """Close the due windows and judge them as ``Decisions._decide_now`` does (the engine's own
+    ``observe``, then the judged routes marked dirty)."""
+    signals = part.agg.close_due(now)
+    ck.engine.observe(signals, now, {}, "fp8")
+    touched = {(s.model, s.route) for s in signals}
+    part.dirty_routes |= touched & part.routes
+    part.dirty = True
+    return touched
+
+
+def _capture(ck: C.Checkpointer) -> list[PendingSave]:
+    sent: list[PendingSave] = []
+    real = ck.writer.submit
+
+    def submit(pk: Any, token: str, save: PendingSave, built_s: float, at: float) -> None:
+        sent.append(save)
+        real(pk, token, save, built_s, at)
+
+    ck.writer.submit = submit  # type: ignore[method-assign]
+    return sent
+
+
+def _fresh(ck: C.Checkpointer, routes: set[P.Route]) -> dict[str, str]:
+    """The engine-state values a save built now, in one go, writes for ``routes``."""
+    by_route = P.engine_states_by_route(ck.engine, routes)
+    return {ck.keys.engine("g", m, r): P.engine_json(by_route[(m, r)]) for m, r in routes if (m, r) in by_route}
+
+
+def test_a_save_writes_what_a_save_built_in_one_go_would(redis_client) -> None:
+    ck, part, ingest, _own = _rig(redis_client)
+    routes = [f"r{k}" for k in range(60)]
+    for r in routes:
+        _fold(ck, part, ingest, r, 100.0)
+    ck.checkpoint(1.0)
+    ck.drain()
+    sent = _capture(ck)
+    for r in routes:
+        _fold(ck, part, ingest, r, 110.0)
+    judged = _judge(ck, part, 121.0)
+    assert len(judged) == 60 and len(part.dirty_routes) == 60
+    assert ck.preencode(10.0) == 60 and not part.dirty_routes
+    # a third of the routes are judged again after their state was encoded: their encoding is stale
+    for r in routes[:20]:
+        _fold(ck, part, ingest, r, 120.0)
+    for r in routes[40:]:
+        _fold(ck, part, ingest, r, 130.0)
+    again = _judge(ck, part, 131.0)
+    assert {r for _m, r in again} == set(routes[:20])
+    ck.checkpoint(1000.0)
+    ck.drain()
+    (save,) = sent
+    assert save.engines == _fresh(ck, part.routes)
+    _data, _windows, engines = _restored(redis_client)
+    assert engines == {r: {"schema": SCHEMA, "scopes": {POLICY: ck.engine.states[(POLICY, *r)].to_json()}}
+                       for r in sorted(part.routes)}
+
+
+def test_a_full_save_takes_the_encoded_states_and_encodes_the_rest(redis_client) -> None:
+    ck, part, ingest, _own = _rig(redis_client)
+    for k in range(10):
+        _fold(ck, part, ingest, f"r{k}", 100.0)
+    ck.preencode(10.0)
+    ck.engine.states[(POLICY, "m", "r0")].healthy = 99  # changed: Decisions marks it dirty
+    part.dirty_routes.add(("m", "r0"))
+    sent = _capture(ck)
+    assert part.full
+    ck.checkpoint(1.0)
+    ck.drain()
+    (save,) = sent
+    assert not save.incremental and save.engines == _fresh(ck, part.routes)
+    assert '"healthy": 99' in save.engines[ck.keys.engine("g", "m", "r0")]
+
+
+def test_a_policy_reload_or_a_new_owner_drops_what_was_encoded(redis_client) -> None:
+    ck, part, ingest, own = _rig(redis_client)
+    for k in range(5):
+        _fold(ck, part, ingest, f"r{k}", 100.0)
+    ck.checkpoint(1.0)
+    ck.drain()
+    _fold(ck, part, ingest, "r1", 101.0)
+    _fold(ck, part, ingest, "r2", 101.0)
+    ck.preencode(10.0)
+    assert not part.dirty_routes
+    # a reload rewrites states without marking their routes dirty (set_policy_set drops changed rules)
+    ck.engine.set_policy_set(dataclasses.replace(ck.engine.policy_set))
+    ck.engine.states[(POLICY, "m", "r1")].healthy = 42
+    sent = _capture(ck)
+    ck.checkpoint(1000.0)
+    ck.drain()
+    (save,) = sent
+    assert save.engines == _fresh(ck, {("m", "r1"), ("m", "r2")})
+    # the partition revoked and assigned again: a new Partition, nothing encoded for the old one is used
+    _fold(ck, part, ingest, "r3", 102.0)
+    ck.preencode(10.0)
+    ck.engine.states[(POLICY, "m", "r3")].healthy = 7
+    again = P.Partition(part.pk, part.token, part.seq, part.agg, routes=set(part.routes), full=False)
+    own.parts[part.pk] = again
+    again.dirty = True
+    ck.checkpoint(2000.0)
+    ck.drain()
+    assert len(sent) == 2 and sent[1].engines == {}
+
+
+def test_a_save_waits_while_many_judged_routes_are_not_encoded(redis_client, monkeypatch) -> None:
+    monkeypatch.setattr(C, "PREENCODE_MAX_LEFT", 5)
+    monkeypatch.setattr(C, "PREENCODE_WAIT_SAVES", 2)
+    ck, part, ingest, _own = _rig(redis_client)
+    for k in range(30):
+        _fold(ck, part, ingest, f"r{k}", 100.0)
+    t = 1000.0
+    ck.checkpoint(t)  # last saved long ago: no wait
+    ck.drain()
+    assert part.seq == 1
+    part.last_cost_s = 0.0  # the spacing is checkpoint_every_s, however slow this machine is
+    sent = _capture(ck)
+    for k in range(30):
+        _fold(ck, part, ingest, f"r{k}", 101.0)
+    calls: list[float] = []
+    real = ck.preencode
+
+    def encode_nothing(budget_s: float) -> int:
+        calls.append(budget_s)
+        return 0
+
+    monkeypatch.setattr(ck, "preencode", encode_nothing)
+    every = ck.cfg.redis.checkpoint_every_s
+    ck.checkpoint(t + 1.5 * every)  # due, but 30 routes wait: preencode goes first
+    assert sent == [] and calls == [C.PREENCODE_BUDGET_S]
+    ck.checkpoint(t + 3.5 * every)  # waited (1 + 2) spacings: saved anyway, every route encoded here
+    ck.drain()
+    part.last_cost_s = 0.0
+    assert len(sent) == 1 and sent[0].engines == _fresh(ck, part.routes)
+    for k in range(30):
+        _fold(ck, part, ingest, f"r{k}", 102.0)
+    monkeypatch.setattr(ck, "preencode", real)
+    ck.checkpoint(t + 4.0 * every)  # not due yet: this call only encodes
+    assert len(sent) == 1 and len(part.dirty_routes) == 0
+    ck.checkpoint(t + 4.6 * every)  # due and nothing left to encode: saved at once
+    ck.drain()
+    assert len(sent) == 2 and sent[1].engines == _fresh(ck, part.routes)
+
+
+def test_a_full_save_has_its_engine_states_encoded_ahead(redis_client, monkeypatch) -> None:
+    """A first save (or one after ``RESYNC``) writes every route's engine state: ``preencode`` takes
+    them a slice per iteration, the save waits for it, then writes them all, a route without state
+    left out as before."""
+    monkeypatch.setattr(C, "PREENCODE_MAX_LEFT", 5)
+    ck, part, ingest, _own = _rig(redis_client)
+    for k in range(30):
+        _fold(ck, part, ingest, f"r{k}", 100.0)
+    _fold(ck, part, ingest, "stateless", 100.0)
+    del ck.engine.states[(POLICY, "m", "stateless")]
+    part.dirty_routes.clear()  # nothing judged: only the full save wants the states
+    sent = _capture(ck)
+    t = 1000.0
+    part.last_save = t - 1.5 * ck.cfg.redis.checkpoint_every_s
+    ck.checkpoint(t)
+    assert sent == [] and not part.dirty_routes and part.full  # waited; preencode took all 31
+    ck.checkpoint(t + 0.01)
+    ck.drain()
+    (save,) = sent
+    assert not save.incremental and save.engines == _fresh(ck, part.routes) and len(save.engines) == 30
+
+
+def test_nothing_is_encoded_ahead_while_a_save_waits_to_be_resent(redis_client) -> None:
+    """Redis did not take a save (it stays in ``part.inflight`` for a resend): no build comes before
+    Redis answers, so judged routes stay in ``dirty_routes`` rather than as copies in memory."""
+    ck, part, ingest, _own = _rig(redis_client)
+    _fold(ck, part, ingest, "a", 100.0)
+    part.inflight = ck.build_save(part, 1.0, [], [])  # built, not taken by Redis (the write failed)
+    _fold(ck, part, ingest, "b", 101.0)
+    assert ck.preencode(10.0) == 0 and part.dirty_routes == {("m", "b")}
+    part.inflight = None
+    assert ck.preencode(10.0) == 1 and not part.dirty_routes
