@@ -309,3 +309,49 @@ def test_state_judgeability_rows_equal_the_snapshot_rows(shipped: PolicySet) -> 
     _run(eng, "chat/big", 4, 800.0, 2000, 1000, 6)
     rows = state_judgeability_rows(eng.policy_set, eng.states)
     assert rows and rows == judgeability_rows(eng.snapshot())
+
+
+def _burst_then_normal(cap: tuple[float, float] | None) -> bool:
+    """One window 4.5 points above FP16 (a replica restarting), then normal windows 0.3 points
+    above, on a 1-point tolerance: whether any look rejects."""
+    st = sq.new_state()
+    v = 0.003 ** 2
+    for t, x in enumerate([0.045] + [0.003] * 20):
+        sq.update(st, x, v, end=float(t + 1), between_sd=0.0, restart=6, windows=288, cap=cap)
+        if sq.evaluate(st, alpha=0.0005, gamma=0.03, tolerance=0.01, windows=288)["reject"]:
+            return True
+    return False
+
+
+def test_one_window_burst_does_not_reject_with_bounded_influence() -> None:
+    """The bound on one window's influence is what keeps a one-window burst (which a rule's ``for``
+    dismisses) from rolling back through the horizon; without it the same windows reject."""
+    assert _burst_then_normal(None)
+    assert not _burst_then_normal((0.01, 3.0))
+
+
+def test_bounded_influence_keeps_a_lasting_excess_and_the_size() -> None:
+    """A lasting excess of 2 sd beyond the tolerance is still caught, and at the tolerance the capped
+    test stays below alpha over many looks (capping only lowers the evidence)."""
+    rng = np.random.default_rng(5)
+    tol, v, alpha = 0.01, 0.003 ** 2, 0.05
+    caught = 0
+    for _ in range(40):
+        st = sq.new_state()
+        for t in range(30):
+            sq.update(st, tol + 0.006 + rng.normal(0, 0.003), v, end=float(t + 1), between_sd=0.0, restart=6,
+                      windows=288, cap=(tol, 3.0))
+            if sq.evaluate(st, alpha=alpha, gamma=0.01, tolerance=tol, windows=288)["reject"]:
+                caught += 1
+                break
+    assert caught == 40
+    alarms = 0
+    for _ in range(300):
+        st = sq.new_state()
+        for t in range(200):
+            sq.update(st, tol + rng.normal(0, 0.003), v, end=float(t + 1), between_sd=0.0, restart=1000,
+                      windows=1000, cap=(tol, 3.0))
+            if sq.evaluate(st, alpha=alpha, gamma=0.01, tolerance=tol, windows=1000)["reject"]:
+                alarms += 1
+                break
+    assert alarms / 300 <= alpha

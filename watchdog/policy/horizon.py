@@ -134,7 +134,7 @@ def apply_horizon(rule: Rule, cand: Signal | None, base: Signal | None, v: Any,
     diff = None if settling(rule, cand, pool) else _difference(rule, cand, base, v.judgement)
     if diff is not None:
         sequential.update(seq, diff[0], diff[1], end=v.end, between_sd=j.horizon_between_sd,
-                          restart=h.restart, windows=h.windows)
+                          restart=h.restart, windows=h.windows, cap=(tol, h.max_step_sd) if h.max_step_sd else None)
     ev = sequential.evaluate(seq, alpha=h.alpha, gamma=gamma, tolerance=tol, windows=h.windows, power=MDE_POWER)
     v.extra.update({"horizon_windows": float(ev["windows"]), "horizon_log_lr": float(ev["log_lr"]),
                     "horizon_mde": float(ev["mde_now"]), "horizon_mde_full": float(ev["mde_horizon"])})

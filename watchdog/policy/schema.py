@@ -218,6 +218,9 @@ class Horizon(_Strict):
     restart: Annotated[int, Field(ge=1, le=288)] = 12
     #: a test is dropped after this many windows (its horizon)
     windows: Annotated[int, Field(ge=2, le=2016)] = 288
+    #: one window counts at most this many sd beyond the tolerance (bounded influence: a
+    #: one-window burst that ``for`` dismisses cannot roll back through the horizon); 0: no bound
+    max_step_sd: Annotated[float, Field(ge=0)] = 3.0
 
 
 class Anchor(_Strict):

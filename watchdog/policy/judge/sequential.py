@@ -128,10 +128,16 @@ def new_state() -> dict[str, Any]:
 
 
 def update(state: dict[str, Any], x: float, v: float, *, end: float, between_sd: float,
-           restart: int, windows: int) -> None:
+           restart: int, windows: int, cap: tuple[float, float] | None = None) -> None:
     """Add one window's difference ``x`` (variance ``v``) to every running test; a new test
     starts every ``restart`` windows and a test is dropped after ``windows`` windows. A window
-    whose end is not after the last one is ignored (replays count once)."""
+    whose end is not after the last one is ignored (replays count once).
+
+    ``cap = (tolerance, k)`` bounds one window's influence: ``x`` counts at most ``k`` sd
+    (``sqrt(w)``) beyond the tolerance. A one-window burst (a replica restarting, which a rule's
+    ``for`` dismisses) then cannot carry the tests past their boundary with the normal windows
+    after it, while a lasting excess still adds up window by window. Lowering ``x`` keeps every
+    mixture component a supermartingale under H0, so the test stays always valid."""
     if not (math.isfinite(x) and math.isfinite(v)) or v < 0:
         return
     last = state.get("end")
@@ -140,6 +146,8 @@ def update(state: dict[str, Any], x: float, v: float, *, end: float, between_sd:
     w = v + between_sd * between_sd
     if w <= 0:
         return
+    if cap is not None:
+        x = min(x, cap[0] + cap[1] * math.sqrt(w))
     tests: list[list[float]] = state.setdefault("tests", [])
     count = int(state.get("count", 0))
     if count % max(restart, 1) == 0:
