@@ -18,5 +18,5 @@ lint:
 bench: setup
 	$(PY) bench/ingest.py
 	$(PY) bench/reaction.py
-	$(PY) bench/decisions.py
+	$(PY) bench/decisions.py --jobs 2
 	$(PY) bench/scoring.py
