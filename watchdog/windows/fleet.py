@@ -42,16 +42,6 @@ _log = math.log
 Cells = dict[int, list[float]]
 
 
-def _fold(cells: Cells, key: int, y: float) -> None:
-    c = cells.get(key)
-    if c is None:
-        cells[key] = [1.0, y, y * y]
-    else:
-        c[0] += 1.0
-        c[1] += y
-        c[2] += y * y
-
-
 def cell_list(cells: Cells) -> list[list[float]]:
     """Cells as ``[[prompt octave, completion octave, n, sum y, sum y^2], ...]``, sorted."""
     return [[k >> 6, k & 63, *v] for k, v in sorted(cells.items())]
@@ -151,24 +141,18 @@ class FleetStats:
                 lats = by_rep[key] = []
             lats.append(lat)
             if lat > 0.0:
-                # ``_fold`` into the window's and the replica's cells, inlined (once per request)
+                # folded into the window's and the replica's cells inline: no call per request
                 y = _log(lat)
                 yy = y * y
                 cell = (pt.bit_length() << 6) | ct.bit_length()
-                c = cells.get(cell)
-                if c is None:
-                    cells[cell] = [1.0, y, yy]
-                else:
-                    c[0] += 1.0
-                    c[1] += y
-                    c[2] += yy
-                c = r.cells.get(cell)
-                if c is None:
-                    r.cells[cell] = [1.0, y, yy]
-                else:
-                    c[0] += 1.0
-                    c[1] += y
-                    c[2] += yy
+                for into in (cells, r.cells):
+                    c = into.get(cell)
+                    if c is None:
+                        into[cell] = [1.0, y, yy]
+                    else:
+                        c[0] += 1.0
+                        c[1] += y
+                        c[2] += yy
         for key, lats in by_rep.items():
             reps[key].sketch.add_many(lats)
 
