@@ -550,21 +550,24 @@ def compare_baselines(res: dict[str, Any], args: argparse.Namespace, n_pow: int,
 
 class Units:
     """The units of a run (``take`` in the order they come) that this process runs: all of them, or
-    with ``--shard K/N`` every N-th from K. Rows a unit adds carry its index (``unit``) for the merge."""
+    with ``--shard K/N`` every N-th from K. The rows a unit adds to ``res`` get its index (``unit``),
+    for the merge, when the next unit is taken or at ``close``."""
 
-    def __init__(self, shard: str | None) -> None:
+    def __init__(self, shard: str | None, res: dict[str, Any]) -> None:
         k, n = (int(x) for x in shard.split("/")) if shard else (0, 1)
         if not 0 <= k < n:
             raise SystemExit(f"--shard {shard}: want K/N with 0 <= K < N")
-        self.k, self.n, self.index = k, n, -1
+        self.k, self.n, self.index, self.res = k, n, -1, res
 
     def take(self) -> bool:
+        self.close()
         self.index += 1
         return self.index % self.n == self.k
 
-    def stamp(self, rows: list[dict[str, Any]], start: int) -> None:
-        for row in rows[start:]:
-            row.setdefault("unit", self.index)
+    def close(self) -> None:
+        for key in LISTS:
+            for row in self.res.get(key, []):
+                row.setdefault("unit", self.index)
 
 
 LISTS = ("live", "golden", "power", "baselines", "fleet", "fleet_healthy", "fleet_power")
@@ -628,13 +631,13 @@ def main(argv: list[str] | None = None) -> int:
         rest = [a for i, a in enumerate(rest) if not (a.startswith("--jobs") or a.startswith("--json")
                                                       or (i and rest[i - 1] in ("--jobs", "--json")))]
         return run_jobs(rest, args.jobs, args.json)
-    units = Units(args.shard)
     if args.quick:
         args.routes, args.windows, args.replays, args.golden_routes = 4, 30, 12, 4
     t_start = time.perf_counter()
     ps = load_policy_files(args.policies)
     res: dict[str, Any] = {"policies": [p.name for p in ps.policies], "quick": args.quick, "live": [], "golden": [],
                            "power": [], "baselines": []}
+    units = Units(args.shard, res)
     # a route per policy: "legal/*" is covered by both shipped policies, "chat/*" only by the default
     prefixes = {"legal": "legal", "chat": "chat"}
     # healthy runs: the two route sets draw their own traffic, so the default policy (on both)
@@ -652,8 +655,7 @@ def main(argv: list[str] | None = None) -> int:
             tl = run_live(ps, model, args.routes, args.windows, args.seed + i + set_seed[label], prefix)
             row = {"model": model.name, "routes": label, "windows": tl.windows, "rollbacks": tl.rollbacks,
                    "per_10k": 1e4 * tl.rollbacks / tl.windows, "upper95_per_10k": 1e4 * upper95(tl.rollbacks, tl.windows),
-                   "by_rule": tl.by_rule, "target": model.target, "margins": margin_summary(tl.margins),
-                   "unit": units.index}
+                   "by_rule": tl.by_rule, "target": model.target, "margins": margin_summary(tl.margins)}
             res["live"].append(row)
             print(f"{model.name:28s} {label:>6s} {tl.windows:8d} {tl.rollbacks:9d} {row['per_10k']:8.2f} "
                   f"{row['upper95_per_10k']:8.2f}  {tl.by_rule}")
@@ -672,7 +674,7 @@ def main(argv: list[str] | None = None) -> int:
             tg = run_golden(ps, g, args.golden_routes, args.replays, args.seed + 100 + i + set_seed[label], prefix)[0]
             row = {"model": g.name, "routes": label, "replays": tg.windows, "rollbacks": tg.rollbacks,
                    "per_10k": 1e4 * tg.rollbacks / tg.windows, "upper95_per_10k": 1e4 * upper95(tg.rollbacks, tg.windows),
-                   "by_rule": tg.by_rule, "unit": units.index}
+                   "by_rule": tg.by_rule}
             res["golden"].append(row)
             print(f"{g.name:28s} {label:>6s} {tg.windows:8d} {tg.rollbacks:9d} {row['per_10k']:8.2f} "
                   f"{row['upper95_per_10k']:8.2f}  {tg.by_rule}")
@@ -696,8 +698,7 @@ def main(argv: list[str] | None = None) -> int:
             for damage, tg in zip(("diffuse", "concentrated"), tgs, strict=True):
                 p = power(tg, g_onset, 2)
                 res["power"].append({"scenario": f"golden -0.03 {damage} ({g.name})", "routes": label,
-                                     "within": "2 replays", "power": p, "n": n_gpow, "by_rule": tg.by_rule,
-                                     "unit": units.index})
+                                     "within": "2 replays", "power": p, "n": n_gpow, "by_rule": tg.by_rule})
                 print(f"power {label:6s} {g.name:20s} -0.03 {damage:12s} within 2 replays: {p:.3f} "
                       f"({n_gpow} routes) {tg.by_rule}")
         for g in (golden_power[:2] + (GOLDEN_MODELS[2], GOLDEN_MODELS[4])) if "power" in parts else ():
@@ -708,8 +709,7 @@ def main(argv: list[str] | None = None) -> int:
             tg = run_golden(ps, g, n_first, 2, args.seed + 350, prefix, damages=("concentrated",), onset=0)[0]
             p = power(tg, 0, 2)
             res["power"].append({"scenario": f"golden -0.03 concentrated from the first replay ({g.name})",
-                                 "routes": label, "within": "2 replays", "power": p, "n": n_first, "by_rule": tg.by_rule,
-                                 "unit": units.index})
+                                 "routes": label, "within": "2 replays", "power": p, "n": n_first, "by_rule": tg.by_rule})
             print(f"power {label:6s} {g.name:20s} -0.03 concentrated from replay 0 within 2 replays: {p:.3f} "
                   f"({n_first} routes) {tg.by_rule}")
         # the latency rules are the default policy's (the strict one has none that rolls back): their
@@ -721,18 +721,15 @@ def main(argv: list[str] | None = None) -> int:
         for model in (LIVE_MODELS[0], LIVE_MODELS[2]):
             if not units.take():
                 continue
-            start = len(res["baselines"])
             tls = run_live_branches(ps, model, n_pow, onset + 5, args.seed + 400, prefix, [r for r, _ in regs.values()])
             for (name, (_, within)), tl in zip(regs.items(), tls, strict=True):
                 p = power(tl, onset, within)
                 res["power"].append({"scenario": f"{name} ({model.name})", "routes": label, "n": n_pow,
-                                     "within": f"{within} windows", "power": p, "by_rule": tl.by_rule,
-                                     "unit": units.index})
+                                     "within": f"{within} windows", "power": p, "by_rule": tl.by_rule})
                 print(f"power {label:6s} {model.name:20s} {name:24s} within {within} windows: {p:.3f} "
                       f"({n_pow} routes) {tl.by_rule}")
             if label == "chat":  # the baselines are matched to our power on the chat routes
                 compare_baselines(res, args, n_pow, onset, model)
-                units.stamp(res["baselines"], start)
         print(f"  ({time.perf_counter() - t_start:.0f} s)")
     if ("confounders" in parts or args.quick) and units.take():
         # single-replica stalls, staggered deploys, router bias (bench/fleet_confounders.py; its own
@@ -742,15 +739,13 @@ def main(argv: list[str] | None = None) -> int:
         quick = FLEET_MODELS[:2] if args.quick else None
         res["fleet"] = healthy_rows(ps, 1 if args.quick else args.routes, 30 if args.quick else args.windows, args.seed,
                                     quick)
-        units.stamp(res["fleet"], 0)
     if ("traffic" in parts or args.quick) and units.take():
         from bench.fleet_traffic import run_all
 
         run_all(ps, res, quick=args.quick, seed=args.seed, routes=args.routes, windows=args.windows,
                 power_routes=args.fleet_power_routes)
-        units.stamp(res["fleet_healthy"], 0)
-        units.stamp(res["fleet_power"], 0)
         print(f"  ({time.perf_counter() - t_start:.0f} s)")
+    units.close()
     res["seconds"] = time.perf_counter() - t_start
     print(f"total {res['seconds']:.1f} s")
     if args.json:
