@@ -55,11 +55,7 @@ def _log_phi(z: float) -> float:
 def log_mixture_lr(a: float, info: float, gamma: float) -> float:
     """log Lambda of the half-normal mixture SPRT from ``a = sum (x - tolerance) / w`` and
     ``info = sum 1 / w`` with mixture scale ``gamma`` (harm units). 0 with no information."""
-    if info <= 0 or gamma <= 0:
-        return 0.0
-    p = 1.0 / (gamma * gamma) + info
-    z = a / math.sqrt(p)
-    return math.log(2.0) - 0.5 * math.log1p(gamma * gamma * info) + 0.5 * z * z + _log_phi(z)
+    return _log_mixture_lrs([[0.0, 0, a, info]], gamma)[0]
 
 
 _LOG2 = math.log(2.0)
@@ -67,9 +63,9 @@ _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 
 
 def _log_mixture_lrs(tests: list[list[Any]], gamma: float) -> list[float]:
-    """``log_mixture_lr`` of every test ``[.., .., a, info]``, with the per-call work inlined: a
-    route's horizon runs dozens of tests, each looked at every window. The same float operations
-    in the same order, so the same values (tests/test_judge_cost_paths.py)."""
+    """``log_mixture_lr`` of every test ``[.., .., a, info]``: ``p = 1 / g^2 + info``, ``z = a / sqrt(p)``,
+    ``log 2 - log(1 + g^2 info) / 2 + z^2 / 2 + log Phi(z)``, with ``_log_phi`` inlined (a route's
+    horizon runs dozens of tests, each looked at every window)."""
     if gamma <= 0:
         return [0.0] * len(tests)
     g2 = gamma * gamma
