@@ -173,13 +173,9 @@ class Checkpointer:
 
     def _take_encoded(self, part: P.Partition) -> dict[P.Route, str | None]:
         """The engine states encoded ahead for ``part``, for the save being built (the cache empties)."""
-        entry = self._encoded.pop(part.pk, None)
-        if entry is None or entry[0] is not part:
-            return {}
-        if entry[1] is not self.engine.policy_set:
-            part.dirty_routes |= entry[2].keys()
-            return {}
-        return entry[2]
+        encoded = self._encoded_of(part)
+        del self._encoded[part.pk]
+        return encoded
 
     def save(self, part: P.Partition, now: float, force: bool = False, mirror: bool = True) -> bool:
         """Save one partition's checkpoint; True when Redis holds it (saved, or a retry found it saved).
