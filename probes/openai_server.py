@@ -20,8 +20,10 @@ import logging
 import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from watchdog.core.httpserver import QuietHTTPServer
 
 log = logging.getLogger(__name__)
 
@@ -223,8 +225,7 @@ class OpenAIServer:
     def __init__(self, engine: Any, model_name: str = "tiny", host: str = "127.0.0.1", port: int = 0,
                  delay_s: float = 0.0, prompt_logprobs: bool = True) -> None:
         self.backend = CompletionBackend(engine, model_name, delay_s, prompt_logprobs)
-        self.httpd = ThreadingHTTPServer((host, port), _handler_for(self.backend))
-        self.httpd.daemon_threads = True
+        self.httpd = QuietHTTPServer((host, port), _handler_for(self.backend))
         self._thread: threading.Thread | None = None
 
     @property

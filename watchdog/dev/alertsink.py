@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from watchdog.core.httpserver import QuietHTTPServer
 
 log = logging.getLogger(__name__)
 
@@ -56,13 +57,6 @@ def summarize(path: str, body: Any) -> str:
     return f"{path}: {json.dumps(body)[:160]}"
 
 
-class _Server(ThreadingHTTPServer):
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        if isinstance(sys.exc_info()[1], BrokenPipeError | ConnectionResetError):
-            return  # the client went away before the answer (timed out, or was killed): nothing to report
-        super().handle_error(request, client_address)
-
-
 class AlertSink:
     """``url = AlertSink().start()``; POST alerts to it; read ``.received``; ``.stop()``."""
 
@@ -76,7 +70,7 @@ class AlertSink:
         self._fail_next = 0
         self._fail_status = 500
         self._cond = threading.Condition()
-        self._server: ThreadingHTTPServer | None = None
+        self._server: QuietHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self.url = ""
 
@@ -106,7 +100,7 @@ class AlertSink:
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - signature of the base
                 log.debug("alertsink: " + format, *args)
 
-        self._server = _Server(("127.0.0.1", self.port), Handler)
+        self._server = QuietHTTPServer(("127.0.0.1", self.port), Handler)
         self._server.daemon_threads = True
         port = self._server.server_address[1]
         self.url = f"http://127.0.0.1:{port}"

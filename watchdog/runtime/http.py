@@ -9,11 +9,13 @@ import json
 import logging
 import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qsl
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from watchdog.core.httpserver import QuietHTTPServer
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +90,7 @@ class StatusServer:
         self.ready = ready
         self.alive = alive
         self.pages = pages
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
-        self.httpd.daemon_threads = True
+        self.httpd = QuietHTTPServer((host, port), Handler)
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="llmwd-http", daemon=True)
 
     def status_document(self, query: dict[str, str]) -> dict[str, Any]:
