@@ -79,9 +79,11 @@ def test_make_demo_runs_all_four_parts(tmp_path: Path, capsys: pytest.CaptureFix
 
     monkeypatch.setattr(demo, "_golden_probe", keep_probe)
     code = demo.run_demo(workdir=tmp_path)
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert code == 0, out
     assert "demo finished" in out
+    assert "Traceback" not in captured.err, captured.err  # a stranger's first command prints none
 
     # 1. healthy traffic: every route on FP8, the gateway answering
     assert re.search(r"gateway: [1-9]\d* client requests answered", out), out
