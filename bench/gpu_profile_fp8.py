@@ -75,7 +75,8 @@ VARIANTS = {"old": (False, 0), "own": (True, 0), "new": (True, 128)}  # (own_for
 #: options added to a variant with "+" (without one: off): q1 = one quantised input for q/k/v and gate/up
 #: in prefill/scoring (``share_quant``), gqa = decode attention ``attend_gqa`` (else ``attend``), head8 =
 #: FP8 lm_head (FP8 engine only), nocount = no saturation count (a bound on what counting costs)
-OPTIONS = ("q1", "gqa", "head8", "nocount")
+#: s8 = saturation counted on every 8th position (``saturation_stride``; else every token)
+OPTIONS = ("q1", "gqa", "head8", "nocount", "s8")
 HEADS: dict[int, tuple[Any, Any]] = {}  # id(engine) -> (its own lm_head module, the FP8 one)
 
 
@@ -91,6 +92,7 @@ def set_variant(engines: list[Any], name: str) -> None:
             continue
         fd.own_forward, fd.live_window = own, window
         fd.count_saturation = "nocount" not in opts
+        fd.saturation_stride = 8 if "s8" in opts else 1
         # every option set explicitly: a variant does not inherit the previous one's
         fd.set_options(share_quant="q1" in opts, attention="gqa" if "gqa" in opts else "sdpa")
         if id(eng) in HEADS:
