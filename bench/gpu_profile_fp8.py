@@ -75,7 +75,8 @@ VARIANTS = {"old": (False, 0), "own": (True, 0), "new": (True, 128)}  # (own_for
 #: options added to a variant with "+" (without one: off): q1 = one quantised input for q/k/v and gate/up
 #: in prefill/scoring (``share_quant``), gqa = decode attention ``attend_gqa`` (else ``attend``), head8 =
 #: FP8 lm_head (FP8 engine only), nocount = no saturation count (a bound on what counting costs)
-OPTIONS = ("q1", "gqa", "head8", "nocount")
+#: s8 = saturation counted on every 8th position (``saturation_stride``; else every token)
+OPTIONS = ("q1", "gqa", "head8", "nocount", "s8")
 HEADS: dict[int, tuple[Any, Any]] = {}  # id(engine) -> (its own lm_head module, the FP8 one)
 
 
@@ -91,6 +92,7 @@ def set_variant(engines: list[Any], name: str) -> None:
             continue
         fd.own_forward, fd.live_window = own, window
         fd.count_saturation = "nocount" not in opts
+        fd.saturation_stride = 8 if "s8" in opts else 1
         # every option set explicitly: a variant does not inherit the previous one's
         fd.set_options(share_quant="q1" in opts, attention="gqa" if "gqa" in opts else "sdpa")
         if id(eng) in HEADS:
@@ -194,6 +196,54 @@ def profile_round(engine: Any, prompts: list[str], refs: list[str], new_tokens: 
     return wall, dict(by_cls), top
 
 
+def _kernels(fn: Any) -> tuple[float, dict[str, list[float]]]:
+    """(wall s, {kernel name: [calls, s]}) of ``fn()`` under torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    out: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for ev in prof.events():
+        dev = getattr(ev, "device_type", None)
+        if dev is None or "CUDA" not in str(dev):
+            continue
+        out[ev.name][0] += 1
+        out[ev.name][1] += float(ev.time_range.elapsed_us()) / 1e6
+    return wall, dict(out)
+
+
+def phase_kernels(eng: Any, label: str, prompts: list[str], refs: list[str], new_tokens: int, b: int,
+                  top: int = 22) -> None:
+    """Kernels of one batch per phase: prefill (generate 1 token), decode (generate ``new_tokens`` minus
+    that, per step), scoring; each kernel's calls and ms; host time = wall - kernel time. Also the
+    prefill's host time alone (the loop returning before the GPU is done)."""
+    ps, rs = prompts[:b], refs[:b]
+    eng.generate(ps, 1)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    eng.generate(ps, 1)
+    t_host = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    t_all = time.perf_counter() - t0
+    w1, k1 = _kernels(lambda: eng.generate(ps, 1))
+    wn, kn = _kernels(lambda: eng.generate(ps, new_tokens))
+    ws, ks = _kernels(lambda: eng.score(ps, rs))
+    steps = max(1, new_tokens - 1)
+    dec = {k: [v[0] - k1.get(k, [0, 0])[0], v[1] - k1.get(k, [0, 0])[1]] for k, v in kn.items()}
+    for phase, wall, ks_, per in (("prefill", w1, k1, 1), ("decode per step", (wn - w1) / steps, dec, steps),
+                                  ("scoring", ws, ks, 1)):
+        tot = sum(v[1] for v in ks_.values()) / per
+        say(f"{label} batch {b} {phase}: wall {wall * 1e3:.2f} ms, kernels {tot * 1e3:.2f} ms, "
+            f"{sum(v[0] for v in ks_.values()) / per:.0f} launches"
+            + (f"; prefill alone: host loop {t_host * 1e3:.1f} ms of {t_all * 1e3:.1f} ms" if phase == "prefill" else ""))
+        for name, (calls, sec) in sorted(ks_.items(), key=lambda kv: -kv[1][1])[:top]:
+            say(f"    {sec / per * 1e3:8.3f} ms {calls / per:6.0f}x  {name[:110]}")
+
+
 def lm_head_ms(head: torch.Tensor, batch: int, reps: int = 20) -> float:
     """ms of the FP16 lm_head GEMM for ``batch`` rows (CUDA graph of ``reps`` products)."""
     if not torch.cuda.is_available():
@@ -246,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default="new", help="comma-separated: old, own, new (see the docstring)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--gemm", action="store_true", help="first, each decode GEMM alone (FP16 vs FP8)")
+    ap.add_argument("--kernels", default="", help="per-phase kernel lists at these batches (last variant)")
     args = ap.parse_args(argv)
     global OUT_FILE
     OUT_FILE = Path(args.out) if args.out else None
@@ -315,6 +366,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"{', '.join(f'{x:.3f}' for x in ratios)}; decode ms/step {ms_step['fp16']:.2f} / "
                 f"{ms_step['fp8']:.2f}; warm-up round {t_w:.1f} s")
             summary.append((b, n, variant, eng16, eng8, ms_step, ratios))
+        if device == "cuda" and str(b) in args.kernels.split(","):
+            for label, eng in (("FP16", fp16), ("FP8", fp8)):
+                phase_kernels(eng, label, prompts, refs, args.new_tokens, b)
         if b == batches[0]:  # the same 16 prompts at every batch: checked once
             for label, eng in (("FP16", fp16), ("FP8", fp8)):
                 check_against_eager(eng, label, prompts, refs, variants[-1])

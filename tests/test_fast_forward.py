@@ -110,6 +110,19 @@ def test_own_forward_counts_fp8_saturation_on_valid_tokens() -> None:
     n_tokens = len(fast.encode_prompt(prompt)) + 2 + len(fast.encode_prompt("a")) + 2
     per_token = s_fast.n_values / len(fast.encode_prompt(prompt))
     assert fast.saturation().n_values == pytest.approx(n_tokens * per_token)
+    # sampled (``saturation_stride``): every 2nd position of the left-padded batch, valid ones only
+    fast.reset_saturation()
+    assert fast.saturation().n_values == 0
+    fast.fast_decoder.saturation_stride = 2
+    ids = [fast.encode_prompt(p) + fast.encode_prompt(r) for p, r in ((prompt, " b"), ("a", " c"))]
+    width = max(len(r) for r in ids)
+    sampled = sum(1 for r in ids for pos in range(0, width, 2) if pos >= width - len(r))
+    fast.score([prompt, "a"], [" b", " c"])
+    assert fast.saturation().n_values == pytest.approx(sampled * per_token)
+    fast.reset_saturation()
+    fast.fast_decoder.saturation_stride = 1
+    fast.prompt_logprobs(prompt)
+    assert fast.saturation().n_saturated == s_fast.n_saturated
 
 
 def test_merged_linears_give_the_separate_products_and_keep_the_weights_shared() -> None:

@@ -65,12 +65,13 @@ def forward_layer(
     sin: torch.Tensor,
     amask: torch.Tensor,
     eps: float,
-    count: bool,
+    count: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """One Llama layer over whole sequences. x [B, L, hidden]; cos, sin [B, L, D] of each position;
     amask [B, 1, L, L] (True: may attend). Returns (x, k, v, clipped) with k, v [B, KVH, L, D] after
-    rotary and, when ``count``, the clipped values per token [len(p["counts"]), B, L]: one count per
-    (input, linear) of ``p["counts"]`` (a merged q/k/v or gate/up is counted once)."""
+    rotary and, when ``count`` > 0, the clipped values per counted token [len(p["counts"]), B, L']:
+    one count per (input, linear) of ``p["counts"]`` (a merged q/k/v or gate/up is counted once), on
+    every ``count``-th position (``[:, ::count]``, L' of them; 1: every token)."""
     b, n = x.shape[0], x.shape[1]
     d = cos.shape[-1]
     h = rms_norm(x, p["ln1"], eps)
@@ -89,9 +90,9 @@ def forward_layer(
     m = F.silu(gate) * up
     x = x + linear(m, p["down"])
     sat = None
-    if count:
+    if count > 0:
         inputs = {"h": h, "a": a, "h2": h2, "m": m}
-        sat = torch.stack([clipped(inputs[src], p[key]) for src, key in p["counts"]])
+        sat = torch.stack([clipped(inputs[src][:, ::count], p[key]) for src, key in p["counts"]])
     return x, k, v, sat
 
 
