@@ -619,3 +619,40 @@ def test_a_snapshot_exports_like_its_window_and_does_not_follow_it() -> None:
     w.flush()
     assert orjson.dumps(snap.export(key)) == before
     assert orjson.dumps(w.export(key)) != before
+
+
+def _close_due_reference(agg: WindowAggregator, now: float, limit: int) -> list[tuple[int, str, str, str]]:
+    """The keys ``close_due(now, limit)`` closed before its due keys were kept sorted between calls."""
+    upto = math.floor((now - agg.grace_s) / agg.length_s)
+    closed_end = upto if agg.closed_end is None else max(agg.closed_end, upto)
+    due = sorted(k for k in agg._open if k[0] + 1 <= closed_end)
+    if len(due) > limit:
+        cut = max(limit, 1)
+        while cut < len(due) and due[cut][:3] == due[cut - 1][:3]:
+            cut += 1
+        due = due[:cut]
+    return due
+
+
+@pytest.mark.parametrize("limit", [0, 1, 3, 7, 50])
+def test_close_due_in_chunks_closes_what_sorting_every_call_closed(limit: int) -> None:
+    import random
+
+    rng = random.Random(limit)
+    agg = WindowAggregator(length_s=10.0, grace_s=0.0)
+    now = 0.0
+    for step in range(40):
+        for _ in range(rng.randrange(0, 30)):  # events for this window and the next (and some late)
+            t = now + rng.uniform(-5.0, 15.0)
+            agg.add(InferenceEvent(request_id=f"q{step}-{_}", ts=t, model="m", route=f"r{rng.randrange(12)}",
+                                   precision=rng.choice(["fp8", "fp16"]), status="ok", latency_ms=100.0))
+        if step % 9 == 8:  # a checkpoint restore in between
+            data = agg.export_open()
+            agg._open.clear()
+            agg.import_open(data)
+        now += rng.choice([0.0, 2.5, 10.0, 20.0])
+        for _ in range(rng.randrange(1, 4)):
+            want = _close_due_reference(agg, now, limit)
+            got = agg.close_due(now, limit=limit)
+            assert [(int(s.start // 10), s.model, s.route, s.precision) for s in got] == want
+    agg.close_all()
