@@ -105,7 +105,10 @@ class PolicyEngine:
     def knows(self, model: str, route: str) -> bool:
         """Whether any policy holds state for this route (it has been judged before)."""
         states = self.states
-        return any((p.name, model, route) in states for p in self.policy_set.policies)
+        for p in self.policy_set.policies:  # a loop, not any(genexpr): asked for every route pending
+            if (p.name, model, route) in states:
+                return True
+        return False
 
     def _state(self, policy: Policy, model: str, route: str) -> ScopeState:
         st = self.states.get((policy.name, model, route))

@@ -77,14 +77,16 @@ def known_first(signals: list[Signal], known: Callable[[str, str], bool]) -> lis
     new routes (stable: a route's windows keep their order). A flood of new route names waits
     behind the routes being judged, which keep their reaction time."""
     ranks: dict[P.Route, int] = {}  # asked once per route, not per signal
-
-    def rank(s: Signal) -> int:
+    keys: list[int] = []
+    for s in signals:
         route = (s.model, s.route)
         r = ranks.get(route)
         if r is None:
             r = ranks[route] = 0 if "*" in route else 1 if known(s.model, s.route) else 2
-        return r
-    return sorted(signals, key=rank)
+        keys.append(r)
+    if len(set(ranks.values())) <= 1:
+        return list(signals)  # one rank: already in order
+    return [signals[i] for i in sorted(range(len(signals)), key=keys.__getitem__)]  # stable, as sorted(key=rank)
 
 
 def split_by_route(signals: list[Signal], max_routes: int) -> tuple[list[Signal], list[Signal]]:
