@@ -156,4 +156,5 @@ def test_route_chunks_take_what_splitting_again_and_again_took(seed: int) -> Non
         want, pending = split_by_route(pending, n)
         assert chunks.take(n) == want
         assert chunks.rest() == pending
+        assert chunks.rest_routes() == {(s.model, s.route) for s in pending}
         assert bool(chunks) == bool(pending)

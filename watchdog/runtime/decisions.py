@@ -141,6 +141,12 @@ class RouteChunks:
         at.sort()
         return [self.signals[i] for i in at]
 
+    def rest_routes(self) -> set[P.Route]:
+        """The routes of ``rest()``."""
+        out = set(self.order[self.next:])
+        out.update((self.signals[i].model, self.signals[i].route) for i in self.stars)
+        return out
+
     def rest(self) -> list[Signal]:
         at = list(self.stars)
         for route in self.order[self.next:]:
@@ -255,9 +261,8 @@ class Decisions:
             self._decide_now(chunk, touched, flags, now)
             if time.monotonic() >= until:
                 break
-        pending = chunks.rest()
-        self.deferred = pending
-        self.deferred_routes = {(s.model, s.route) for s in pending}
+        self.deferred = chunks.rest()
+        self.deferred_routes = chunks.rest_routes()
 
     def _decide_now(self, signals: list[Signal], touched: set[P.Route], flags: dict[P.Route, str],
                     now: float) -> None:
