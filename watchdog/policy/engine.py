@@ -187,10 +187,10 @@ class PolicyEngine:
             if cand is None:
                 cand = next((s for s in group if s.precision is None), None)
             base = next((s for s in group if s.precision == policy.baseline), None)
+            rules = st.rules
             with window_memo():  # the rules of this window share what they read alike
-                judged = [(rule, evaluate_rule(rule, cand, base, st.rules[rule.name].pool, st.rules[rule.name].null,
-                                               st.rules[rule.name].horizon))
-                          for rule in policy.rules if rule.source == source]
+                judged = [(rule, evaluate_rule(rule, cand, base, rs.pool, rs.null, rs.horizon, rs.seq_memo))
+                          for rule in policy.rules if rule.source == source for rs in (rules[rule.name],)]
             combine_window(policy, judged)
             window = [self._apply(rule, st, v) for rule, v in judged]
             self._count_healthy(policy, st, source, window)
