@@ -656,3 +656,28 @@ def test_close_due_in_chunks_closes_what_sorting_every_call_closed(limit: int) -
             got = agg.close_due(now, limit=limit)
             assert [(int(s.start // 10), s.model, s.route, s.precision) for s in got] == want
     agg.close_all()
+
+
+@pytest.mark.parametrize("n", [1, 2, 255, 256, 1000])
+def test_a_one_bucket_sketch_and_a_one_cell_mix_pack_to_the_general_layout(n: int) -> None:
+    """The short paths of ``QuantileSketch.pack`` and ``pack_cells`` (a near-empty window) give the bytes
+    of the general layout: typecodes + base64 of little-endian gaps and counts / uint16 keys + float64."""
+    import base64
+    from array import array
+
+    from watchdog.windows.fleet import pack_cells, unpack_cells
+
+    sk = QuantileSketch()
+    for _ in range(n):
+        sk.add(123.4)
+    (key, count), = sk.buckets.items()
+    tc = "B" if count < 0x100 else "H"
+    packed = sk.pack()
+    assert packed[7] == key
+    assert packed[8] == "B" + tc + base64.b64encode(array(tc, [count]).tobytes()).decode("ascii")
+    back = QuantileSketch.unpack(packed)
+    assert (back.buckets, back.count, back.sum, back.min, back.max) == (sk.buckets, sk.count, sk.sum, sk.min, sk.max)
+    cells = {(3 << 6) | 7: [float(n), 4.81 * n, 23.2 * n]}
+    raw = array("H", list(cells)).tobytes() + array("d", cells[(3 << 6) | 7]).tobytes()
+    assert pack_cells(cells) == base64.b64encode(raw).decode("ascii")
+    assert unpack_cells(pack_cells(cells)) == cells

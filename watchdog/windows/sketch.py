@@ -29,6 +29,9 @@ _INF = math.inf
 _ceil = math.ceil
 _log = math.log
 _LITTLE = sys.byteorder == "little"
+#: ``pack``'s body of a sketch with one bucket whose count is below 256 (most windows of a thin
+#: route): no gaps, one unsigned byte - "BB" + base64 of that byte
+_ONE_BUCKET = ["BB" + base64.b64encode(bytes((c,))).decode("ascii") for c in range(256)]
 
 
 def _typecode(values: list[int]) -> str:
@@ -247,8 +250,13 @@ class QuantileSketch:
         first bucket index, "<t><t>" + base64(index gaps + counts)]``, the gaps between consecutive
         bucket indices and the counts each as little-endian unsigned integers of the narrowest width
         that holds them (``t``: an ``array`` type code, B/H/I/Q)."""
-        keys = sorted(self.buckets)
         b = self.buckets
+        if len(b) == 1:
+            ((first, c),) = b.items()
+            if 0 <= c < 0x100:  # the general path's bytes, without arrays (a near-empty window's sketch)
+                return [self.relative_accuracy, self.min_value, self.count, self.sum, self.min if self.count else None,
+                        self.max if self.count else None, self.zero_count, first, _ONE_BUCKET[c]]
+        keys = sorted(b)
         counts = [b[k] for k in keys]
         gaps = [k - j for j, k in zip(keys, keys[1:], strict=False)]
         tg, tc = _typecode(gaps), _typecode(counts)
