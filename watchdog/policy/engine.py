@@ -105,7 +105,7 @@ class PolicyEngine:
     def knows(self, model: str, route: str) -> bool:
         """Whether any policy holds state for this route (it has been judged before)."""
         states = self.states
-        for p in self.policy_set.policies:  # a loop, not any(genexpr): asked for every route pending
+        for p in self.policy_set.policies:  # noqa: SIM110 - a loop, not any(genexpr): asked per route pending
             if (p.name, model, route) in states:
                 return True
         return False
