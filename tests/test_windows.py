@@ -681,3 +681,18 @@ def test_a_one_bucket_sketch_and_a_one_cell_mix_pack_to_the_general_layout(n: in
     raw = array("H", list(cells)).tobytes() + array("d", cells[(3 << 6) | 7]).tobytes()
     assert pack_cells(cells) == base64.b64encode(raw).decode("ascii")
     assert unpack_cells(pack_cells(cells)) == cells
+
+
+@pytest.mark.parametrize("values", [[120.0], [100.0, 100.4], [100.0, 100.4, 100.2, 100.1], [5.0] * 300])
+def test_quantiles_of_a_one_bucket_sketch_are_its_clamped_bucket_value(values: list[float]) -> None:
+    sk = QuantileSketch()
+    for v in values:
+        sk.add(v)
+    assert len(sk.buckets) == 1 and not sk.zero_count
+    (key,) = sk.buckets
+    want = min(max(sk.bucket_value(key), min(values)), max(values))
+    assert sk.quantiles([0.5, 0.0, 1.0, 0.99]) == [want] * 4
+    if len(set(values)) == 1:
+        assert sk.quantile(0.99) == values[0]
+    with pytest.raises(ValueError):
+        sk.quantiles([1.5])

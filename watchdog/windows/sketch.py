@@ -183,6 +183,11 @@ class QuantileSketch:
                 raise ValueError(f"quantile must be in [0, 1], got {q!r}")
         if self.count == 0:
             return [None for _ in qs]
+        if not self.zero_count and len(self.buckets) == 1:
+            # one bucket (a near-empty window): every rank falls in it, as the loop below finds
+            (key,) = self.buckets
+            one = min(max(self.bucket_value(key), self.min), self.max)
+            return [one for _ in qs]
         order = sorted(range(len(qs)), key=lambda k: qs[k])
         out: list[float | None] = [None] * len(qs)
         keys = sorted(self.buckets)
