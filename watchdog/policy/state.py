@@ -58,7 +58,7 @@ class RuleState:
     judged: int = 0
     #: what the horizon test remembers between two looks (``sequential.evaluate``'s MDEs with their
     #: inputs); not saved: a cache of numbers the state gives again
-    seq_memo: list[Any] = field(default_factory=list, repr=False, compare=False)
+    seq_memo: list[Any] | None = field(default=None, repr=False, compare=False)
 
     def tripped(self, rule: Rule) -> bool:
         if self.fails >= rule.for_:

@@ -162,20 +162,21 @@ def update(state: dict[str, Any], x: float, v: float, *, end: float, between_sd:
 
 def _mde_memo(memo: list[Any] | None, slot: int, info: float, alpha: float, gamma: float, tolerance: float,
               power: float) -> float:
-    """``mde(info, alpha, gamma, tolerance, power)``, taken from ``memo[slot]`` (a [inputs, result]
-    pair a caller keeps between looks) when the inputs are the same numbers: a pure function of them.
-    A window that does not move the tests (one precision without traffic, a settling window) looks
-    at the same MDEs again; each costs a fixed-point iteration."""
+    """``mde(info, alpha, gamma, tolerance, power)``, taken from ``memo`` (a flat list a caller keeps
+    between looks: per slot its inputs and its result, six entries) when the inputs are the same
+    numbers: a pure function of them. A window that does not move the tests (one precision without
+    traffic, a settling window) looks at the same MDEs again; each costs a fixed-point iteration.
+    Flat, not tuples: one list per horizon rule and route (10,000 routes: 30,000 of them)."""
     if memo is None:
         return mde(info, alpha, gamma, tolerance, power)
-    key = (info, alpha, gamma, tolerance, power)
-    hit = memo[slot] if len(memo) > slot else None
-    if hit is not None and hit[0] == key:
-        return float(hit[1])
+    at = 6 * slot
+    if len(memo) >= at + 6 and memo[at] == info and memo[at + 1] == alpha and memo[at + 2] == gamma \
+            and memo[at + 3] == tolerance and memo[at + 4] == power:
+        return float(memo[at + 5])
     out = mde(info, alpha, gamma, tolerance, power)
-    while len(memo) <= slot:
-        memo.append(None)
-    memo[slot] = (key, out)
+    if len(memo) < at + 6:
+        memo.extend([None] * (at + 6 - len(memo)))
+    memo[at:at + 6] = [info, alpha, gamma, tolerance, power, out]
     return out
 
 
