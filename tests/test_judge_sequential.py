@@ -355,3 +355,23 @@ def test_bounded_influence_keeps_a_lasting_excess_and_the_size() -> None:
                 alarms += 1
                 break
     assert alarms / 300 <= alpha
+
+
+def test_evaluate_with_a_memo_gives_the_same_numbers() -> None:
+    """``memo`` (``RuleState.seq_memo``) remembers the two MDEs with their inputs: every look gives the
+    numbers a look without it gives, bit for bit, whether the tests moved in between or not."""
+    import random
+
+    from watchdog.policy.judge import sequential as seq_mod
+
+    rng = random.Random(5)
+    state = seq_mod.new_state()
+    memo: list[object] = []
+    for k in range(300):
+        if rng.random() < 0.6:  # a window that feeds the tests; else one that does not (one side empty)
+            seq_mod.update(state, rng.gauss(0.01, 0.05), rng.uniform(1e-4, 1e-2), end=float(k), between_sd=0.02,
+                           restart=6, windows=48)
+        tol = rng.choice([0.05, 0.05, 0.10])
+        plain = seq_mod.evaluate(state, alpha=0.0005, gamma=0.03, tolerance=tol, windows=48)
+        kept = seq_mod.evaluate(state, alpha=0.0005, gamma=0.03, tolerance=tol, windows=48, memo=memo)
+        assert repr(kept) == repr(plain)

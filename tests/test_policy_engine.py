@@ -327,3 +327,51 @@ def test_verdict_numbers_visible(cand: float, samples: int, status: str) -> None
     assert v["verdict"]["samples"] == samples
     if status != "inconclusive":
         assert v["verdict"]["candidate"] == cand and v["verdict"]["baseline"] == 0.01
+
+
+def _thin_windows(k: int, routes: int, seed: int) -> list[Signal]:
+    """Window ``k`` of ``routes`` thin routes (shipped policy): 0-3 events per precision, one side often empty,
+    every 7th route slower on FP8 (its horizon test accumulates across windows)."""
+    import random
+
+    from watchdog.core.events import InferenceEvent
+    from watchdog.windows.aggregator import WindowAggregator
+
+    rng = random.Random(seed * 1000 + k)
+    agg = WindowAggregator(length_s=10.0, grace_s=0.0)
+    for r in range(routes):
+        for prec in ("fp8", "fp16"):
+            slow = 1.6 if prec == "fp8" and r % 7 == 0 else 1.0
+            for i in range(rng.choice([0, 0, 1, 1, 2, 3])):
+                status = "error" if rng.random() < 0.02 else "ok"
+                agg.add(InferenceEvent(request_id=f"{r}-{k}-{prec}-{i}", ts=k * 10.0 + rng.uniform(0, 10), model="m",
+                                       route=f"r{r}", precision=prec, status=status,
+                                       latency_ms=100.0 * slow * rng.lognormvariate(0, 0.2), prompt_tokens=300,
+                                       completion_tokens=150, ttft_ms=20.0, replica=f"{prec}-{rng.randrange(3)}"))
+    return agg.close_due((k + 1) * 10.0)
+
+
+def test_thin_routes_restarted_from_a_checkpoint_decide_as_without_the_restart() -> None:
+    """Thin routes (every rule below min_samples, the horizon tests fed): an engine restored from its
+    exported state (what a checkpoint holds; ``RuleState.seq_memo`` is not in it) gives the same actions,
+    verdicts and state, bit for bit, as one that kept running."""
+    from pathlib import Path
+
+    from watchdog.policy.loader import load_policy_files
+
+    ps = load_policy_files([str(Path(__file__).resolve().parent.parent / "policies" / "default.yaml")])
+    kept, restarted = PolicyEngine(ps), PolicyEngine(ps)
+    acts: dict[str, list[str]] = {"kept": [], "restarted": []}
+    for k in range(40):
+        sigs = _thin_windows(k, 30, seed=1)
+        if k % 9 == 4:  # a restart: the state as saved, into a new engine
+            state = json.loads(json.dumps(restarted.export_state()))
+            restarted = PolicyEngine(ps)
+            restarted.import_state(state)
+        for name, eng in (("kept", kept), ("restarted", restarted)):
+            acts[name] += [repr((a.kind, a.route, a.reason)) for a in eng.observe(sigs, (k + 1) * 10.0, {}, "fp8")]
+    assert acts["kept"] == acts["restarted"]
+    assert json.dumps(kept.verdicts(), sort_keys=True) == json.dumps(restarted.verdicts(), sort_keys=True)
+    assert json.dumps(kept.export_state(), sort_keys=True) == json.dumps(restarted.export_state(), sort_keys=True)
+    horizons = [rs.horizon.get("seq", {}).get("count", 0) for st in kept.states.values() for rs in st.rules.values()]
+    assert max(horizons) >= 10  # the thin routes' horizon tests were fed across the windows

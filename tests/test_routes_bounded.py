@@ -137,3 +137,24 @@ def test_routes_already_judged_go_before_new_ones() -> None:
     assert [s.route for s in ordered[3:]] == [s.route for s in flood]  # stable
     now, _later = split_by_route(ordered, 100)
     assert {("real", 10), ("real", 20)} <= {(s.route, s.end) for s in now}
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_route_chunks_take_what_splitting_again_and_again_took(seed: int) -> None:
+    import random
+
+    from watchdog.core.signals import Signal
+    from watchdog.runtime.decisions import RouteChunks, split_by_route
+
+    rng = random.Random(seed)
+    signals = [Signal(source="live", model="*" if rng.random() < 0.03 else "m",
+                      route=f"r{rng.randrange(40)}", precision=rng.choice(["fp8", "fp16"]), start=0.0,
+                      end=float(i), samples=1) for i in range(rng.randrange(0, 300))]
+    chunks, pending = RouteChunks(signals), signals
+    while pending:
+        n = rng.randrange(0, 9)
+        want, pending = split_by_route(pending, n)
+        assert chunks.take(n) == want
+        assert chunks.rest() == pending
+        assert chunks.rest_routes() == {(s.model, s.route) for s in pending}
+        assert bool(chunks) == bool(pending)

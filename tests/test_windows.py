@@ -619,3 +619,80 @@ def test_a_snapshot_exports_like_its_window_and_does_not_follow_it() -> None:
     w.flush()
     assert orjson.dumps(snap.export(key)) == before
     assert orjson.dumps(w.export(key)) != before
+
+
+def _close_due_reference(agg: WindowAggregator, now: float, limit: int) -> list[tuple[int, str, str, str]]:
+    """The keys ``close_due(now, limit)`` closed before its due keys were kept sorted between calls."""
+    upto = math.floor((now - agg.grace_s) / agg.length_s)
+    closed_end = upto if agg.closed_end is None else max(agg.closed_end, upto)
+    due = sorted(k for k in agg._open if k[0] + 1 <= closed_end)
+    if len(due) > limit:
+        cut = max(limit, 1)
+        while cut < len(due) and due[cut][:3] == due[cut - 1][:3]:
+            cut += 1
+        due = due[:cut]
+    return due
+
+
+@pytest.mark.parametrize("limit", [0, 1, 3, 7, 50])
+def test_close_due_in_chunks_closes_what_sorting_every_call_closed(limit: int) -> None:
+    import random
+
+    rng = random.Random(limit)
+    agg = WindowAggregator(length_s=10.0, grace_s=0.0)
+    now = 0.0
+    for step in range(40):
+        for _ in range(rng.randrange(0, 30)):  # events for this window and the next (and some late)
+            t = now + rng.uniform(-5.0, 15.0)
+            agg.add(InferenceEvent(request_id=f"q{step}-{_}", ts=t, model="m", route=f"r{rng.randrange(12)}",
+                                   precision=rng.choice(["fp8", "fp16"]), status="ok", latency_ms=100.0))
+        if step % 9 == 8:  # a checkpoint restore in between
+            data = agg.export_open()
+            agg._open.clear()
+            agg.import_open(data)
+        now += rng.choice([0.0, 2.5, 10.0, 20.0])
+        for _ in range(rng.randrange(1, 4)):
+            want = _close_due_reference(agg, now, limit)
+            got = agg.close_due(now, limit=limit)
+            assert [(int(s.start // 10), s.model, s.route, s.precision) for s in got] == want
+    agg.close_all()
+
+
+@pytest.mark.parametrize("n", [1, 2, 255, 256, 1000])
+def test_a_one_bucket_sketch_and_a_one_cell_mix_pack_to_the_general_layout(n: int) -> None:
+    """The short paths of ``QuantileSketch.pack`` and ``pack_cells`` (a near-empty window) give the bytes
+    of the general layout: typecodes + base64 of little-endian gaps and counts / uint16 keys + float64."""
+    import base64
+    from array import array
+
+    from watchdog.windows.fleet import pack_cells, unpack_cells
+
+    sk = QuantileSketch()
+    for _ in range(n):
+        sk.add(123.4)
+    (key, count), = sk.buckets.items()
+    tc = "B" if count < 0x100 else "H"
+    packed = sk.pack()
+    assert packed[7] == key
+    assert packed[8] == "B" + tc + base64.b64encode(array(tc, [count]).tobytes()).decode("ascii")
+    back = QuantileSketch.unpack(packed)
+    assert (back.buckets, back.count, back.sum, back.min, back.max) == (sk.buckets, sk.count, sk.sum, sk.min, sk.max)
+    cells = {(3 << 6) | 7: [float(n), 4.81 * n, 23.2 * n]}
+    raw = array("H", list(cells)).tobytes() + array("d", cells[(3 << 6) | 7]).tobytes()
+    assert pack_cells(cells) == base64.b64encode(raw).decode("ascii")
+    assert unpack_cells(pack_cells(cells)) == cells
+
+
+@pytest.mark.parametrize("values", [[120.0], [100.0, 100.4], [100.0, 100.4, 100.2, 100.1], [5.0] * 300])
+def test_quantiles_of_a_one_bucket_sketch_are_its_clamped_bucket_value(values: list[float]) -> None:
+    sk = QuantileSketch()
+    for v in values:
+        sk.add(v)
+    assert len(sk.buckets) == 1 and not sk.zero_count
+    (key,) = sk.buckets
+    want = min(max(sk.bucket_value(key), min(values)), max(values))
+    assert sk.quantiles([0.5, 0.0, 1.0, 0.99]) == [want] * 4
+    if len(set(values)) == 1:
+        assert sk.quantile(0.99) == values[0]
+    with pytest.raises(ValueError):
+        sk.quantiles([1.5])

@@ -35,6 +35,15 @@ log = logging.getLogger(__name__)
 ScopeKey = tuple[str, str, str]  # (policy, model, route)
 
 
+def _seq_memo(rule: Rule, rs: RuleState) -> list[Any] | None:
+    """The rule's ``RuleState.seq_memo``, made for a rule with a horizon test on first use (none for
+    the other rules: one list per rule and route adds up at 10,000 routes)."""
+    memo = rs.seq_memo
+    if memo is None and rule.judge is not None and rule.judge.horizon is not None:
+        memo = rs.seq_memo = []
+    return memo
+
+
 def _learn(rule: Rule, rs: RuleState, v: Verdict) -> None:
     """A passing window or replay feeds the rule's learned null (bounded): the window's FP8 -
     FP16 difference or the replay's per-item levels (``judge.learn``)."""
@@ -105,7 +114,10 @@ class PolicyEngine:
     def knows(self, model: str, route: str) -> bool:
         """Whether any policy holds state for this route (it has been judged before)."""
         states = self.states
-        return any((p.name, model, route) in states for p in self.policy_set.policies)
+        for p in self.policy_set.policies:  # noqa: SIM110 - a loop, not any(genexpr): asked per route pending
+            if (p.name, model, route) in states:
+                return True
+        return False
 
     def _state(self, policy: Policy, model: str, route: str) -> ScopeState:
         st = self.states.get((policy.name, model, route))
@@ -184,10 +196,10 @@ class PolicyEngine:
             if cand is None:
                 cand = next((s for s in group if s.precision is None), None)
             base = next((s for s in group if s.precision == policy.baseline), None)
+            rules = st.rules
             with window_memo():  # the rules of this window share what they read alike
-                judged = [(rule, evaluate_rule(rule, cand, base, st.rules[rule.name].pool, st.rules[rule.name].null,
-                                               st.rules[rule.name].horizon))
-                          for rule in policy.rules if rule.source == source]
+                judged = [(rule, evaluate_rule(rule, cand, base, rs.pool, rs.null, rs.horizon, _seq_memo(rule, rs)))
+                          for rule in policy.rules if rule.source == source for rs in (rules[rule.name],)]
             combine_window(policy, judged)
             window = [self._apply(rule, st, v) for rule, v in judged]
             self._count_healthy(policy, st, source, window)

@@ -112,7 +112,7 @@ def sample_count(rule: Rule, sig: Signal) -> int:
 
 def evaluate_rule(rule: Rule, candidate: Signal | None, baseline: Signal | None,
                   pool: Pool | None = None, null: list[dict[str, Any]] | None = None,
-                  horizon: dict[str, Any] | None = None) -> Verdict:
+                  horizon: dict[str, Any] | None = None, memo: list[Any] | None = None) -> Verdict:
     """The verdict of ``rule`` for one window: a plain ``fail_if`` threshold, a judge, or both.
 
     ``pool`` is the rule's history for a pooled judge (``judge.pool`` / ``judge.replays`` > 1):
@@ -120,7 +120,8 @@ def evaluate_rule(rule: Rule, candidate: Signal | None, baseline: Signal | None,
     the judge sees the whole pool. Without it a pooled rule judges this window alone.
 
     ``horizon`` is the rule's longer-horizon state (``RuleState.horizon``: sequential tests and
-    long-term anchor, watchdog/policy/horizon.py); without it a ``judge.horizon`` is not run."""
+    long-term anchor, watchdog/policy/horizon.py); without it a ``judge.horizon`` is not run.
+    ``memo``: the rule's ``RuleState.seq_memo`` (what the horizon test remembers between looks)."""
     ref = candidate or baseline
     v = Verdict(rule.name, "inconclusive", "", rule.source, rule.metric,
                 start=ref.start if ref else 0.0, end=ref.end if ref else 0.0)
@@ -132,7 +133,7 @@ def evaluate_rule(rule: Rule, candidate: Signal | None, baseline: Signal | None,
     if rule.judge is not None:
         v = _evaluate_judged(rule, candidate, baseline, v, pool, null, level_cap(rule, horizon))
         if v.status != "error":
-            apply_horizon(rule, candidate, baseline, v, horizon, null, pool)
+            apply_horizon(rule, candidate, baseline, v, horizon, null, pool, memo)
         return v
     return _evaluate_condition(rule, candidate, baseline, v)
 

@@ -112,13 +112,14 @@ def settling(rule: Rule, cand: Signal | None, pool: list[dict[str, Any]] | None)
 
 def apply_horizon(rule: Rule, cand: Signal | None, base: Signal | None, v: Any,
                   horizon: dict[str, Any] | None, null: list[dict[str, Any]] | None = None,
-                  pool: list[dict[str, Any]] | None = None) -> None:
+                  pool: list[dict[str, Any]] | None = None, memo: list[Any] | None = None) -> None:
     """Feed this window to the rule's sequential tests and fold their result into the verdict
     ``v`` (an ``evaluate.Verdict``): a rejection is a fail (reason ``horizon_regression``); the
     per-window and horizon MDEs go to ``v.extra``. The tolerance is ``horizon.tolerance`` until
     the rule's learned null (``null``) knows the route's level, ``learned_tolerance`` after.
     A window in a deploy's settling time (``settling``; ``pool`` is the rule's pool with this
-    window's entry) is not fed: the tests see the same windows the per-window judge does."""
+    window's entry) is not fed: the tests see the same windows the per-window judge does. ``memo``:
+    the rule's ``RuleState.seq_memo`` (``sequential.evaluate``)."""
     j = rule.judge
     if j is None:
         return
@@ -135,7 +136,8 @@ def apply_horizon(rule: Rule, cand: Signal | None, base: Signal | None, v: Any,
     if diff is not None:
         sequential.update(seq, diff[0], diff[1], end=v.end, between_sd=j.horizon_between_sd,
                           restart=h.restart, windows=h.windows, cap=(tol, h.max_step_sd) if h.max_step_sd else None)
-    ev = sequential.evaluate(seq, alpha=h.alpha, gamma=gamma, tolerance=tol, windows=h.windows, power=MDE_POWER)
+    ev = sequential.evaluate(seq, alpha=h.alpha, gamma=gamma, tolerance=tol, windows=h.windows, power=MDE_POWER,
+                             memo=memo)
     v.extra.update({"horizon_windows": float(ev["windows"]), "horizon_log_lr": float(ev["log_lr"]),
                     "horizon_mde": float(ev["mde_now"]), "horizon_mde_full": float(ev["mde_horizon"])})
     summary = {k: ev[k] for k in ("reject", "log_lr", "threshold", "windows", "estimate", "se", "tests",

@@ -56,6 +56,9 @@ class RuleState:
     #: windows judged by this process (a restored state with a verdict counts one); not saved: the
     #: evidence recorder compares it with the windows it kept to say when a record's history is cut
     judged: int = 0
+    #: what the horizon test remembers between two looks (``sequential.evaluate``'s MDEs with their
+    #: inputs); not saved: a cache of numbers the state gives again
+    seq_memo: list[Any] | None = field(default=None, repr=False, compare=False)
 
     def tripped(self, rule: Rule) -> bool:
         if self.fails >= rule.for_:

@@ -17,6 +17,7 @@ from typing import Any
 
 from watchdog.policy.horizon import judgeability
 from watchdog.policy.loader import PolicySet
+from watchdog.policy.schema import Rule
 from watchdog.policy.state import ScopeState
 
 __all__ = ["judgeability_rows", "rule_verdicts", "state_judgeability_rows", "status_snapshot"]
@@ -93,15 +94,25 @@ def state_judgeability_rows(policy_set: PolicySet,
     """``judgeability_rows(status_snapshot(policy_set, states))`` without building the snapshot (no
     state is serialised): what the daemon exports every few seconds over every route it holds."""
     rows = []
+    # each policy's rules by name, looked up once per call rather than per (scope, rule)
+    rules: dict[str, dict[str, Rule] | None] = {}
     for (pname, model, route), st in sorted(list(states.items()), key=lambda kv: kv[0]):
-        policy = policy_set.get(pname)
-        if policy is None:
+        if pname not in rules:
+            policy = policy_set.get(pname)
+            found: dict[str, Rule] | None = None
+            if policy is not None:
+                found = {}
+                for r in policy.rules:
+                    found.setdefault(r.name, r)  # the first of a name, as Policy.rule
+            rules[pname] = found
+        by_name = rules[pname]
+        if by_name is None:
             continue
         for name, rs in st.rules.items():
-            rule = policy.rule(name)
+            rule = by_name.get(name)
             if rule is None:
                 continue
-            jb = judgeability(rule, rs.last, dict(rs.horizon))
+            jb = judgeability(rule, rs.last, rs.horizon)  # read only
             if not jb:
                 continue
             rows.append({"policy": pname, "model": model, "route": route, "rule": name,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import math
+import struct
 import sys
 from array import array
 from typing import Any
@@ -54,9 +55,17 @@ def cells_from_list(rows: Any) -> Cells:
     return out
 
 
+#: one cell as ``pack_cells`` lays it out: uint16 key, then n, sum y, sum y^2 (float64), little-endian
+_ONE_CELL = struct.Struct("<H3d")
+
+
 def pack_cells(cells: Cells) -> str:
     """Cells in a checkpoint: base64 of the sorted cell keys (uint16, ``prompt octave << 6 | completion
     octave``) then their ``n, sum y, sum y^2`` (float64), little-endian: exact, about half of ``cell_list``."""
+    if len(cells) == 1:  # one cell (a near-empty window): one struct call, the same bytes
+        ((k, v),) = cells.items()
+        if 0 <= k < 0x10000 and len(v) == 3:
+            return base64.b64encode(_ONE_CELL.pack(k, *v)).decode("ascii")
     ks = sorted(cells)
     keys = array("H", ks)
     vals = array("d", [x for k in ks for x in cells[k]])

@@ -29,6 +29,9 @@ _INF = math.inf
 _ceil = math.ceil
 _log = math.log
 _LITTLE = sys.byteorder == "little"
+#: ``pack``'s body of a sketch with one bucket whose count is below 256 (most windows of a thin
+#: route): no gaps, one unsigned byte - "BB" + base64 of that byte
+_ONE_BUCKET = ["BB" + base64.b64encode(bytes((c,))).decode("ascii") for c in range(256)]
 
 
 def _typecode(values: list[int]) -> str:
@@ -180,6 +183,11 @@ class QuantileSketch:
                 raise ValueError(f"quantile must be in [0, 1], got {q!r}")
         if self.count == 0:
             return [None for _ in qs]
+        if not self.zero_count and len(self.buckets) == 1:
+            # one bucket (a near-empty window): every rank falls in it, as the loop below finds
+            (key,) = self.buckets
+            one = min(max(self.bucket_value(key), self.min), self.max)
+            return [one for _ in qs]
         order = sorted(range(len(qs)), key=lambda k: qs[k])
         out: list[float | None] = [None] * len(qs)
         keys = sorted(self.buckets)
@@ -247,8 +255,13 @@ class QuantileSketch:
         first bucket index, "<t><t>" + base64(index gaps + counts)]``, the gaps between consecutive
         bucket indices and the counts each as little-endian unsigned integers of the narrowest width
         that holds them (``t``: an ``array`` type code, B/H/I/Q)."""
-        keys = sorted(self.buckets)
         b = self.buckets
+        if len(b) == 1:
+            ((first, c),) = b.items()
+            if 0 <= c < 0x100:  # the general path's bytes, without arrays (a near-empty window's sketch)
+                return [self.relative_accuracy, self.min_value, self.count, self.sum, self.min if self.count else None,
+                        self.max if self.count else None, self.zero_count, first, _ONE_BUCKET[c]]
+        keys = sorted(b)
         counts = [b[k] for k in keys]
         gaps = [k - j for j, k in zip(keys, keys[1:], strict=False)]
         tg, tc = _typecode(gaps), _typecode(counts)

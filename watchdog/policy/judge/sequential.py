@@ -160,19 +160,41 @@ def update(state: dict[str, Any], x: float, v: float, *, end: float, between_sd:
     state["w"] = w if prev is None else 0.9 * float(prev) + 0.1 * w
 
 
+def _mde_memo(memo: list[Any] | None, slot: int, info: float, alpha: float, gamma: float, tolerance: float,
+              power: float) -> float:
+    """``mde(info, alpha, gamma, tolerance, power)``, taken from ``memo`` (a flat list a caller keeps
+    between looks: per slot its inputs and its result, six entries) when the inputs are the same
+    numbers: a pure function of them. A window that does not move the tests (one precision without
+    traffic, a settling window) looks at the same MDEs again; each costs a fixed-point iteration.
+    Flat, not tuples: one list per horizon rule and route (10,000 routes: 30,000 of them)."""
+    if memo is None:
+        return mde(info, alpha, gamma, tolerance, power)
+    at = 6 * slot
+    if len(memo) >= at + 6 and memo[at] == info and memo[at + 1] == alpha and memo[at + 2] == gamma \
+            and memo[at + 3] == tolerance and memo[at + 4] == power:
+        return float(memo[at + 5])
+    out = mde(info, alpha, gamma, tolerance, power)
+    if len(memo) < at + 6:
+        memo.extend([None] * (at + 6 - len(memo)))
+    memo[at:at + 6] = [info, alpha, gamma, tolerance, power, out]
+    return out
+
+
 def evaluate(state: Mapping[str, Any], *, alpha: float, gamma: float, tolerance: float,
-             windows: int, power: float = 0.8) -> dict[str, Any]:
+             windows: int, power: float = 0.8, memo: list[Any] | None = None) -> dict[str, Any]:
     """The staggered test's state in plain numbers: ``reject`` (some running test crossed
     1 / alpha), the strongest test's ``log_lr``, ``estimate`` (its mean difference, harm units),
     ``se``, ``windows`` (its length), the longest-running test's information, the MDE now and
-    after ``windows`` windows of the current traffic (``mde_now``, ``mde_horizon``)."""
+    after ``windows`` windows of the current traffic (``mde_now``, ``mde_horizon``). ``memo``: a
+    list the caller keeps for this test (``RuleState.seq_memo``, not saved) in which the two MDEs
+    are remembered with their inputs (the same numbers either way)."""
     tests = [[t[0], t[1], float(t[2]) - tolerance * float(t[3]), float(t[3])]
              for t in state.get("tests", []) if float(t[3]) > 0]
     out: dict[str, Any] = {"reject": False, "log_lr": 0.0, "threshold": math.log(1.0 / alpha), "tests": len(tests),
                            "windows": 0, "estimate": None, "se": None, "mde_now": math.inf, "mde_horizon": math.inf}
     w = state.get("w")
     if w is not None and float(w) > 0:
-        out["mde_horizon"] = mde(windows / float(w), alpha, gamma, tolerance, power)
+        out["mde_horizon"] = _mde_memo(memo, 0, windows / float(w), alpha, gamma, tolerance, power)
     if not tests:
         return out
     llrs = _log_mixture_lrs(tests, gamma)
@@ -181,5 +203,6 @@ def evaluate(state: Mapping[str, Any], *, alpha: float, gamma: float, tolerance:
     oldest = max(tests, key=lambda t: float(t[3]))
     out.update(reject=llr >= out["threshold"], log_lr=llr, windows=int(best[1]),
                estimate=tolerance + float(best[2]) / float(best[3]), se=1.0 / math.sqrt(float(best[3])),
-               mde_now=mde(float(oldest[3]), alpha, gamma, tolerance, power), oldest_windows=int(oldest[1]))
+               mde_now=_mde_memo(memo, 1, float(oldest[3]), alpha, gamma, tolerance, power),
+               oldest_windows=int(oldest[1]))
     return out
