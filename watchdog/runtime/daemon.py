@@ -82,43 +82,17 @@ OWN_THREADS = ("readiness", "alerts-", "gpu-monitor", "llmwd-routing-flags", "ch
 #: the older ones re-walked every open window, route and engine history; at 1,000 routes that was
 #: 15-20 % of the loop's time (docs/BENCHMARKS.md, "Ingest through fp8-watchdog run")
 LOOP_GC_THRESHOLDS = (50_000, 20, 20)
-#: a full collection's survivors are frozen (moved out of the collector's reach) after it, so the next
-#: full collections walk only what the loop allocated since, not every route's engine state and open
-#: windows again (10,000 routes: 0.5-1 s of loop per full collection); every this many seconds the
-#: frozen heap is handed back once, so that a reference cycle that became garbage after it was
-#: frozen is collected by the next full collection (it would otherwise be kept until shutdown)
-REFREEZE_EVERY_S = 1800.0
 
 
 class _LoopGC:
     """The collector's settings are the process's: the first running loop freezes the start-up heap
     and sets ``LOOP_GC_THRESHOLDS``, the last one to stop puts both back (tests and the demo run
-    several daemons in one process; one stopping must not undo another's settings). While a loop
-    runs, the survivors of each full collection are frozen too (``REFREEZE_EVERY_S``)."""
+    several daemons in one process; one stopping must not undo another's settings)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._users = 0
         self._saved: tuple[int, int, int] | None = None
-        #: when the frozen heap was last handed back to the collector (monotonic)
-        self._thawed = 0.0
-        #: full collections after which the survivors were frozen, and the frozen heap handed back
-        self.frozen = 0
-        self.thawed = 0
-
-    def after_collection(self, phase: str, info: dict[str, int]) -> None:
-        """``gc.callbacks`` hook: after a full collection, freeze its survivors (or, every
-        ``REFREEZE_EVERY_S``, hand the frozen heap back instead: the next full collection walks it all)."""
-        if phase != "stop" or info.get("generation") != 2:
-            return
-        now = time.monotonic()
-        if now - self._thawed >= REFREEZE_EVERY_S:
-            self._thawed = now
-            self.thawed += 1
-            gc.unfreeze()
-        else:
-            self.frozen += 1
-            gc.freeze()
 
     def enter(self) -> None:
         with self._lock:
@@ -127,16 +101,12 @@ class _LoopGC:
             if self._users == 0:
                 self._saved = gc.get_threshold()
                 gc.set_threshold(*LOOP_GC_THRESHOLDS)
-                self._thawed = time.monotonic()
-                gc.callbacks.append(self.after_collection)
             self._users += 1
 
     def exit(self) -> None:
         with self._lock:
             self._users -= 1
             if self._users == 0:
-                if self.after_collection in gc.callbacks:
-                    gc.callbacks.remove(self.after_collection)
                 gc.unfreeze()  # let whatever the daemons held be collected
                 if self._saved is not None:
                     gc.set_threshold(*self._saved)
