@@ -18,7 +18,7 @@ from typing import Any
 
 from watchdog.core.signals import Signal
 from watchdog.policy.changes import change_entry
-from watchdog.policy.judge.fleet import FleetOptions, fleet_inputs, mix_log_diff, mix_shift
+from watchdog.policy.judge.fleet import FleetOptions, fleet_side, mix_log_diff, mix_shift
 from watchdog.policy.judge.live import judge_learned, quantile_log_diff, rate_diff_estimate
 from watchdog.policy.judge.memo import cached
 from watchdog.policy.judge.paired import judge_paired_replays
@@ -119,7 +119,13 @@ def _fleet_difference(rule: Rule, cand: Signal, base: Signal, sign: float) -> tu
     j = rule.judge
     assert j is not None
     opts = FleetOptions(j.adjust, j.replicas)
-    (hc, rc, dc), (hb, rb, db) = fleet_inputs(cand.detail, opts), fleet_inputs(base.detail, opts)
+    (hc, rc, dc, xc), (hb, rb, db, xb) = fleet_side(cand.detail, opts), fleet_side(base.detail, opts)
+    if xc or xb:
+        # a share of one precision's replicas stall together (more than the 1 in 8 that may be left
+        # out): what is left is not that precision's typical serving, judging it would blame FP8 (or
+        # FP16) for a pause, and learning it would shift the level
+        return (f"more {'candidate' if xc else 'baseline'} replicas stand out than may be left out "
+                f"(left out: {len(dc if xc else db)}): not comparable like with like in this window")
     out: tuple[float, float] | None = None
     if j.max_mix_shift is not None and rc and rb:
         moved = mix_shift(rc, rb)
