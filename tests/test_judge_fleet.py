@@ -334,3 +334,21 @@ def test_more_stalled_replicas_than_may_be_left_out_make_the_window_not_comparab
     assert sum(outlier_replicas(_side(rng, 6000, 8)["replicas"], opts)[1] for _ in range(100)) == 0
     assert sum(outlier_replicas(_side(rng, 6000, 8, p99=0.3)["replicas"], opts)[1] for _ in range(100)) == 0
 
+
+def test_after_settling_the_level_is_compared_at_its_distance():
+    """The windows judged after a deploy's settling time lie several windows after the level learned
+    before the change: the judgement says how far (``gap``, the residual model's lag); between
+    deploys the pool follows the learned windows directly (gap 0)."""
+    rule = _rule(3)
+    pool: list[dict] = []
+    null: list[dict] = []
+    gaps = []
+    for t in range(40):
+        b = {"a": 3000} if t < 30 else {"b": 3000}
+        v = evaluate_rule(rule, _sig("fp8", t, b), _sig("fp16", t, b), pool, null)
+        est = (v.judgement or {}).get("detail", {}).get("window_estimate")
+        if isinstance(est, list) and v.status in ("pass", "inconclusive") and t < 30:
+            null.append({"end": v.end, "e": est[0], "v": est[1]})
+        gaps.append((v.judgement or {}).get("detail", {}).get("gap"))
+    assert gaps[29] == 0
+    assert gaps[34] is not None and gaps[34] >= 3  # change at 30, settled at 33, pool from 32-33

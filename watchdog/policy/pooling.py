@@ -182,15 +182,29 @@ def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
     # were kept have none)
     hist, hist_v = _null_before(null or [], first) if j.learn is not None else ([], [])
     unit = " (log ratio)" if j.test != "rate" else " pts"
+    gap = _gap(null or [], first, cand.end - cand.start) if hist else 0
     out = judge_learned([(float(e["e"]), float(e["v"])) for e in pool], hist, effect_threshold=j.effect,
                         level_cap=j.level_cap if level_cap is None else level_cap,
                         alpha=j.alpha, prior_sd=j.prior_sd, learn_min=j.learn_min, recent=j.recent,
-                        metric=rule.metric, unit=unit, null_v=hist_v, null_model=j.null_model, level_sd=j.level_sd)
+                        metric=rule.metric, unit=unit, null_v=hist_v, null_model=j.null_model, level_sd=j.level_sd,
+                        gap=gap)
     out.detail["pool_size"] = len(pool)
     return out
 
 
 _END, _E, _V = itemgetter("end"), itemgetter("e"), methodcaller("get", "v", math.nan)
+
+
+def _gap(null: list[dict[str, Any]], first: float, window: float) -> int:
+    """Whole windows between the last learned window that ended by ``first`` and ``first`` (0 when
+    the pool follows the learned windows directly, as it does between deploys)."""
+    if not window > 0:
+        return 0
+    try:
+        last = max((e for e in map(float, map(_END, null)) if e <= first), default=None)
+    except (KeyError, TypeError, ValueError):
+        return 0
+    return 0 if last is None else max(0, int(round((first - last) / window)))
 
 
 def _null_before(null: list[dict[str, Any]], first: float) -> tuple[list[float], list[float]]:
