@@ -296,3 +296,59 @@ def test_shape_rule_is_not_judged_across_different_mixes():
     assert v.status == "inconclusive" and "request mixes differ" in v.reason
     v = evaluate_rule(rule, sig("fp8", 0.3), sig("fp16", 0.3), [], [])
     assert "request mixes" not in v.reason
+
+
+def _side_multi(rng, n: int, replicas: int, stalled: int, share: float, mult: float = 20.0):
+    """As ``_side``, with ``stalled`` replicas (r0, r1, ...) each stalling ``share`` of the side's requests."""
+    rep = rng.integers(0, replicas, n)
+    y = math.log(800) + 0.35 * rng.normal(size=n)
+    for k in range(stalled):
+        y[np.flatnonzero(rep == k)[: int(share * n)]] += math.log(mult)
+    reps = {f"r{i}": {"latency_hist": _hist(y[rep == i]), "cells": []} for i in range(replicas)}
+    return {"latency_hist": _hist(y), "replicas": reps}
+
+
+def test_more_stalled_replicas_than_may_be_left_out_make_the_window_not_comparable():
+    """Two of 8 FP8 replicas stalling together (GC pauses, x20, 2 % of the side's requests each): one may
+    be left out, the other would carry the tail contrast to a rollback-sized shift (bench/outside_check.py
+    ``stall-2of8``: 3 false rollbacks through latency-p99 in 240 windows). The window is not judged."""
+    rng = np.random.default_rng(11)
+    rule = Rule(name="p99", metric="latency_p99_ms", min_samples=100,
+                judge=Judge(test="quantile", tail=0.95, relative_to="mean", null_model="sampling", effect=0.0,
+                            alpha=0.001, min_items=100, pool=1, learn=96, replicas="robust"))
+
+    def sig(prec: str, side: dict) -> Signal:
+        return Signal("live", "m", "r", prec, 0.0, 300.0, side["latency_hist"]["count"], {}, None, None, side)
+
+    v = evaluate_rule(rule, sig("fp8", _side_multi(rng, 6000, 8, 2, 0.02)), sig("fp16", _side(rng, 1050, 2)), [], [])
+    assert v.status == "inconclusive" and "replicas stand out" in v.reason
+    v = evaluate_rule(rule, sig("fp8", _side_multi(rng, 6000, 8, 1, 0.02)), sig("fp16", _side(rng, 1050, 2)), [], [])
+    assert "replicas stand out" not in v.reason
+    from watchdog.policy.judge.fleet import outlier_replicas
+
+    opts = FleetOptions(replicas="robust")
+    dropped, excess = outlier_replicas(_side_multi(rng, 6000, 8, 2, 0.02)["replicas"], opts)
+    assert len(dropped) == 1 and excess
+    assert outlier_replicas(_side_multi(rng, 6000, 8, 1, 0.02)["replicas"], opts) == (["r0"], False)
+    # healthy windows and a tail regression on every replica never make a window "not comparable"
+    assert sum(outlier_replicas(_side(rng, 6000, 8)["replicas"], opts)[1] for _ in range(100)) == 0
+    assert sum(outlier_replicas(_side(rng, 6000, 8, p99=0.3)["replicas"], opts)[1] for _ in range(100)) == 0
+
+
+def test_after_settling_the_level_is_compared_at_its_distance():
+    """The windows judged after a deploy's settling time lie several windows after the level learned
+    before the change: the judgement says how far (``gap``, the residual model's lag); between
+    deploys the pool follows the learned windows directly (gap 0)."""
+    rule = _rule(3)
+    pool: list[dict] = []
+    null: list[dict] = []
+    gaps = []
+    for t in range(40):
+        b = {"a": 3000} if t < 30 else {"b": 3000}
+        v = evaluate_rule(rule, _sig("fp8", t, b), _sig("fp16", t, b), pool, null)
+        est = (v.judgement or {}).get("detail", {}).get("window_estimate")
+        if isinstance(est, list) and v.status in ("pass", "inconclusive") and t < 30:
+            null.append({"end": v.end, "e": est[0], "v": est[1]})
+        gaps.append((v.judgement or {}).get("detail", {}).get("gap"))
+    assert gaps[29] == 0
+    assert gaps[34] is not None and gaps[34] >= 3  # change at 30, settled at 33, pool from 32-33

@@ -286,3 +286,31 @@ def test_sampling_null_false_alarm_rate_is_near_nominal(excess_ratio: float) -> 
                           effect_threshold=0.0, alpha=0.02, prior_sd=0.01, recent=24)
         hits += j.ci_low > 0
     assert 0.3 * 0.01 * trials <= hits <= 1.6 * 0.01 * trials, hits
+
+
+def test_a_level_learned_before_a_gap_is_judged_at_the_gaps_distance() -> None:
+    """After a deploy's settling time (bench/outside_check.py ``maint-one-side``: 2 false rollbacks in
+    2,500 windows) the pool is compared with a level learned 4-7 windows earlier (simulated here:
+    AR(1) difference, sd 2 %, rho 0.9, 6 windows apart: harmful tail 7.8x nominal without the gap,
+    1.0x with it; 1.0x at gap 0 either way); a wandering level
+    (AR(1) pool offsets) predicts worse there than right before the pool. The residual model measures
+    the history's residuals at that distance: the harmful tail is near nominal with the gap, several
+    times nominal without it."""
+    rng = np.random.default_rng(17)
+    gap, k, alpha = 6, 3, 0.02
+    fails = {0: 0, gap: 0}
+    sims = 1500
+    for _ in range(sims):
+        x = _ar1(rng, 200 + gap + k, 0.02, rho=0.9) + rng.normal(0, 0.004, 200 + gap + k)
+        hist, pool = list(x[:200]), [(float(e), 0.004**2) for e in x[200 + gap:]]
+        for g in fails:
+            j = judge_learned(pool, hist, effect_threshold=0.0, alpha=alpha, prior_sd=0.015, learn_min=24, recent=3,
+                              level_cap=1.0, gap=g)
+            fails[g] += j.status == "fail"
+    assert fails[0] / sims > 4 * alpha / 2          # the adjacent-window residual is too narrow (~8x)
+    assert fails[gap] / sims < 1.5 * alpha / 2      # measured at the gap: about nominal (~1.0x)
+    # no gap: exactly the statistic as before
+    x = list(_ar1(rng, 100, 0.02))
+    a = judge_learned([(0.01, 1e-5)] * 3, x, effect_threshold=0.0, alpha=0.01, prior_sd=0.015, recent=3)
+    b = judge_learned([(0.01, 1e-5)] * 3, x, effect_threshold=0.0, alpha=0.01, prior_sd=0.015, recent=3, gap=0)
+    assert a.ci_low == b.ci_low and a.detail["gap"] == 0

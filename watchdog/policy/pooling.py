@@ -18,7 +18,7 @@ from typing import Any
 
 from watchdog.core.signals import Signal
 from watchdog.policy.changes import change_entry
-from watchdog.policy.judge.fleet import FleetOptions, fleet_inputs, mix_log_diff, mix_shift
+from watchdog.policy.judge.fleet import FleetOptions, fleet_side, mix_log_diff, mix_shift
 from watchdog.policy.judge.live import judge_learned, quantile_log_diff, rate_diff_estimate
 from watchdog.policy.judge.memo import cached
 from watchdog.policy.judge.paired import judge_paired_replays
@@ -119,7 +119,13 @@ def _fleet_difference(rule: Rule, cand: Signal, base: Signal, sign: float) -> tu
     j = rule.judge
     assert j is not None
     opts = FleetOptions(j.adjust, j.replicas)
-    (hc, rc, dc), (hb, rb, db) = fleet_inputs(cand.detail, opts), fleet_inputs(base.detail, opts)
+    (hc, rc, dc, xc), (hb, rb, db, xb) = fleet_side(cand.detail, opts), fleet_side(base.detail, opts)
+    if xc or xb:
+        # a share of one precision's replicas stall together (more than the 1 in 8 that may be left
+        # out): what is left is not that precision's typical serving, judging it would blame FP8 (or
+        # FP16) for a pause, and learning it would shift the level
+        return (f"more {'candidate' if xc else 'baseline'} replicas stand out than may be left out "
+                f"(left out: {len(dc if xc else db)}): not comparable like with like in this window")
     out: tuple[float, float] | None = None
     if j.max_mix_shift is not None and rc and rb:
         moved = mix_shift(rc, rb)
@@ -176,15 +182,29 @@ def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
     # were kept have none)
     hist, hist_v = _null_before(null or [], first) if j.learn is not None else ([], [])
     unit = " (log ratio)" if j.test != "rate" else " pts"
+    gap = _gap(null or [], first, cand.end - cand.start) if hist else 0
     out = judge_learned([(float(e["e"]), float(e["v"])) for e in pool], hist, effect_threshold=j.effect,
                         level_cap=j.level_cap if level_cap is None else level_cap,
                         alpha=j.alpha, prior_sd=j.prior_sd, learn_min=j.learn_min, recent=j.recent,
-                        metric=rule.metric, unit=unit, null_v=hist_v, null_model=j.null_model, level_sd=j.level_sd)
+                        metric=rule.metric, unit=unit, null_v=hist_v, null_model=j.null_model, level_sd=j.level_sd,
+                        gap=gap)
     out.detail["pool_size"] = len(pool)
     return out
 
 
 _END, _E, _V = itemgetter("end"), itemgetter("e"), methodcaller("get", "v", math.nan)
+
+
+def _gap(null: list[dict[str, Any]], first: float, window: float) -> int:
+    """Whole windows between the last learned window that ended by ``first`` and ``first`` (0 when
+    the pool follows the learned windows directly, as it does between deploys)."""
+    if not window > 0:
+        return 0
+    try:
+        last = max((e for e in map(float, map(_END, null)) if e <= first), default=None)
+    except (KeyError, TypeError, ValueError):
+        return 0
+    return 0 if last is None else max(0, int(round((first - last) / window)))
 
 
 def _null_before(null: list[dict[str, Any]], first: float) -> tuple[list[float], list[float]]:

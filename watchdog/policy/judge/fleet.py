@@ -16,7 +16,9 @@ Two per-window statistics on top of the windows' fleet detail (watchdog/windows/
   an outlier when its mean log latency or its tail contrast (mean log latency of its slowest
   ``1 - p`` minus its mean) exceeds the rest's by more than ``min_dev`` (log units) *and* by more
   than ``z_out`` standard errors. At most ``max(1, m // 8)`` of ``m`` replicas are left out per
-  precision and window, the worst first; ``_other`` (overflow) and ``_none`` (no id) never are. A
+  precision and window, the worst first; ``_other`` (overflow) and ``_none`` (no id) never are. When
+  one more replica stands out after those (two of 8 replicas stalling at once), the window is not
+  comparable like with like and is not judged (``outlier_replicas``; ``pooling``). A
   regression present on the precision's replicas alike moves every replica and the rest together, so
   none is an outlier and the window is judged whole. When nothing is left out, the statistic and
   its variance are exactly the unmodified ones.
@@ -33,7 +35,8 @@ import numpy as np
 
 from watchdog.policy.judge.memo import cached
 
-__all__ = ["FleetOptions", "clean_side", "fleet_inputs", "mix_log_diff", "mix_shift"]
+__all__ = ["FleetOptions", "clean_side", "fleet_inputs", "fleet_side", "mix_log_diff", "mix_shift",
+           "outlier_replicas"]
 
 #: replica ids never left out: the overflow of more than MAX_REPLICAS and requests without an id
 _POOLED_IDS = frozenset({"_other", "_none"})
@@ -189,19 +192,26 @@ def _contrast_rows(x: np.ndarray, c: np.ndarray, p: float) -> tuple[np.ndarray, 
 
 def clean_side(replicas: Mapping[str, Any] | None, opts: FleetOptions) -> list[str]:
     """The replica ids of one precision's window to leave out (upward outliers; see the module)."""
+    return outlier_replicas(replicas, opts)[0]
+
+
+def outlier_replicas(replicas: Mapping[str, Any] | None, opts: FleetOptions) -> tuple[list[str], bool]:
+    """(``clean_side``'s replicas to leave out, whether a further replica is an outlier after the
+    ``max(1, m // 8)`` that may be left out): then the window is not comparable like with like."""
     if not replicas or len(replicas) < 2:
-        return []
+        return [], False
     if not any(i not in _POOLED_IDS and _counts_at_least(r, 20) for i, r in replicas.items()):
-        return []  # nobody may be left out (thin windows): the loop below would find the same
+        return [], False  # nobody may be left out (thin windows): the loop below would find the same
     ids, x, mat, _, _ = _matrix(replicas)
     n = mat.sum(axis=1)
     keep = np.ones(len(ids), dtype=bool)
     dropped: list[str] = []
     limit = max(1, len(ids) // 8)
+    excess = False
     eligible = np.array([i not in _POOLED_IDS for i in ids]) & (n >= 20)
     own: tuple[np.ndarray, ...] | None = None
     k = len(ids)
-    while len(dropped) < limit and keep.sum() > 1:
+    while keep.sum() > 1:
         total = (mat * keep[:, None]).sum(axis=0)
         rest = total[None, :] - mat
         rest_ok = rest.sum(axis=1) >= 20
@@ -227,9 +237,12 @@ def clean_side(replicas: Mapping[str, Any] | None, opts: FleetOptions) -> list[s
         worst = int(np.argmax(score))
         if not math.isfinite(score[worst]):
             break
+        if len(dropped) >= limit:
+            excess = True  # one more outlier than may be left out
+            break
         keep[worst] = False
         dropped.append(ids[worst])
-    return dropped
+    return dropped, excess
 
 
 def _without(hist: Mapping[str, Any], replicas: Mapping[str, Any], dropped: list[str]) -> dict[str, Any]:
@@ -261,21 +274,27 @@ def _cells_without(rows: Any, replicas: Mapping[str, Any], dropped: list[str]) -
 def fleet_inputs(detail: Mapping[str, Any], opts: FleetOptions) -> tuple[Mapping[str, Any] | None, Any, list[str]]:
     """One precision's window, cleaned: (latency sketch, mix cell rows, replicas left out). Inside
     ``memo.window_memo`` computed once per window for all rules with the same replica options."""
+    return fleet_side(detail, opts)[:3]
+
+
+def fleet_side(detail: Mapping[str, Any], opts: FleetOptions
+               ) -> tuple[Mapping[str, Any] | None, Any, list[str], bool]:
+    """``fleet_inputs`` and whether more replicas stood out than may be left out (``outlier_replicas``)."""
     hist = detail.get("latency_hist")
     rows = (detail.get("latency_mix") or {}).get("cells")
     reps = detail.get("replicas")
     if opts.replicas != "robust" or not isinstance(reps, Mapping):
-        return hist if isinstance(hist, Mapping) else None, rows, []
-    h2, r2, dropped = cached("fleet_inputs", (hist, rows, reps), (opts.p, opts.z_out, opts.min_dev),
-                             lambda: _cleaned(hist, rows, reps, opts))
-    return h2, r2, list(dropped)
+        return hist if isinstance(hist, Mapping) else None, rows, [], False
+    h2, r2, dropped, excess = cached("fleet_inputs", (hist, rows, reps), (opts.p, opts.z_out, opts.min_dev),
+                                     lambda: _cleaned(hist, rows, reps, opts))
+    return h2, r2, list(dropped), excess
 
 
 def _cleaned(hist: Any, rows: Any, reps: Mapping[str, Any], opts: FleetOptions
-             ) -> tuple[Mapping[str, Any] | None, Any, list[str]]:
-    dropped = clean_side(reps, opts)
+             ) -> tuple[Mapping[str, Any] | None, Any, list[str], bool]:
+    dropped, excess = outlier_replicas(reps, opts)
     if not dropped:
-        return hist if isinstance(hist, Mapping) else None, rows, []
+        return hist if isinstance(hist, Mapping) else None, rows, [], excess
     hist2 = _without(hist, reps, dropped) if isinstance(hist, Mapping) else None
     rows2 = _cells_without(rows, reps, dropped) if rows is not None else None
-    return hist2, rows2, dropped
+    return hist2, rows2, dropped, excess

@@ -256,15 +256,19 @@ def rate_diff_estimate(ce: int, cn: int, be: int, bn: int) -> tuple[float, float
     return ce / cn - be / bn, pc * (1 - pc) / cn + pb * (1 - pb) / bn
 
 
-def _residual_sd(hist: np.ndarray, k: int, recent: int) -> tuple[float, int]:
-    """Root mean square of (mean of k windows - mean of the ``recent`` windows before them) over
-    the history, and its degrees of freedom (non-overlapping residual blocks)."""
+def _residual_sd(hist: np.ndarray, k: int, recent: int, gap: int = 0) -> tuple[float, int]:
+    """Root mean square of (mean of k windows - mean of the ``recent`` windows ending ``gap``
+    windows before them) over the history, and its degrees of freedom (non-overlapping residual
+    blocks). ``gap``: how far the judged pool lies from the level it is compared with (windows not
+    learned in between: a deploy's settling time); a level that wanders predicts worse further away,
+    and the history says by how much at that distance (at most what the history can show)."""
     n = hist.size
     if n < recent + k:
         return math.nan, 0
+    gap = max(0, min(int(gap), n - recent - k))
     c = np.concatenate([[0.0], np.cumsum(hist)])
-    j = np.arange(recent, n - k + 1)
-    r = (c[j + k] - c[j]) / k - (c[j] - c[j - recent]) / recent
+    j = np.arange(recent, n - k - gap + 1)
+    r = (c[j + gap + k] - c[j + gap]) / k - (c[j] - c[j - recent]) / recent
     return float(np.sqrt(np.mean(r * r))), max(1, int(r.size // k))
 
 
@@ -298,6 +302,7 @@ def judge_learned(
     null_v: Sequence[float] | None = None,
     null_model: str = "residual",
     level_sd: float | None = None,
+    gap: int = 0,
 ) -> Judgement:
     """Judge the last k windows' differences ``pool`` ((e, v), oldest first, harm units: positive
     = worse) against the learned healthy history ``null`` (e of passing windows before the pool,
@@ -317,7 +322,11 @@ def judge_learned(
 
     ``level_sd``: the prior sd of the level itself, used while the null warms up (default
     ``prior_sd``). A replica offset makes the level spread wider than the window-to-window
-    variation the learned phase needs a prior for; one number for both costs power later."""
+    variation the learned phase needs a prior for; one number for both costs power later.
+
+    ``gap``: windows between the last of ``null`` and the first of ``pool`` that the null did not
+    learn (a deploy's settling time, windows not comparable); the residual model measures the
+    history's residuals at that distance (``_residual_sd``)."""
     k = len(pool)
     method = "learned_null"
     if k == 0:
@@ -341,7 +350,7 @@ def judge_learned(
             var, crit, sd_r, df, dispersion = _sampling_null(hist, hv, v, recent, alpha)
             method = "learned_null_sampling"
         else:
-            var, crit, sd_r, df = _residual_null(hist, k, recent, alpha, prior_sd)
+            var, crit, sd_r, df = _residual_null(hist, k, recent, alpha, prior_sd, gap)
     else:
         level, sd_r, df = 0.0, math.nan, 0
         warm_sd = prior_sd if level_sd is None else level_sd
@@ -360,6 +369,7 @@ def judge_learned(
                      ci_high=hi, p_value=p, n=k, effect_threshold=effect_threshold, method=method,
                      detail={"difference": d, "level": level, "learned": learned, "null_windows": int(hist.size),
                              "null_sd": None if math.isnan(sd_r) else sd_r, "df": df, "alpha": alpha, "dispersion": dispersion,
+                             "gap": gap,
                              "window_estimate": [float(e[-1]), float(v[-1])]})
 
 
@@ -379,11 +389,11 @@ def _sampling_null(hist: np.ndarray, hv: np.ndarray, v: np.ndarray, recent: int,
 
 
 def _residual_null(hist: np.ndarray, k: int, recent: int, alpha: float,
-                   prior_sd: float) -> tuple[float, float, float, int]:
+                   prior_sd: float, gap: int = 0) -> tuple[float, float, float, int]:
     """The residual null model of ``judge_learned``: (variance of the shift, critical value, the
     history's residual sd, its degrees of freedom), the residual variance blended with
     ``prior_sd`` at ``PRIOR_DF``."""
-    sd_r, df = _residual_sd(hist, k, recent)
+    sd_r, df = _residual_sd(hist, k, recent, gap)
     var = (df * sd_r * sd_r + PRIOR_DF * prior_sd * prior_sd) / (df + PRIOR_DF)
     crit = st.t_quantile(1 - alpha / 2, df + PRIOR_DF)
     return var, crit, sd_r, df
