@@ -218,3 +218,18 @@ def test_run_without_a_config_is_one_line_naming_config_and_init(monkeypatch: py
     assert len(err) == 1 and captured.out == "", err
     assert err[0].startswith("fp8-watchdog run: no config file") and "--config" in err[0], err
     assert "fp8-watchdog init DIR" in err[0] and "$LLMWD_CONFIG" in err[0], err
+
+
+@pytest.mark.parametrize("argv", [["config", "check", "--config"], ["run", "--config"], ["policy", "validate"]],
+                         ids=" ".join)
+def test_a_file_that_is_not_utf8_is_one_line_with_its_position(argv: list[str], tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes("policies: []\n# caf\xe9\n".encode("latin-1"))  # saved by an editor in Latin-1
+    monkeypatch.setenv("LLMWD_REDIS__URL", _dead_redis())
+    monkeypatch.delenv("LLMWD_CONFIG", raising=False)
+    code = main([*argv, str(bad)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code in (1, 2) and len(err) == 1, err
+    assert f"{bad}:2:6:" in err[0] and "not UTF-8: byte 0xe9" in err[0], err
