@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import argparse
@@ -60,6 +60,7 @@ def _load_config(args: argparse.Namespace) -> Config | None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from watchdog.config.settings import env_hint, env_overrides
+    from watchdog.core.os_signals import SignalThread
     from watchdog.policy import PolicyError
     from watchdog.runtime.daemon import Daemon
     from watchdog.runtime.http import StatusServer
@@ -87,19 +88,24 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
     _log().info("serving /metrics /healthz /readyz /status on %s", server.url)
 
-    def _stop(signum: int, _frame: Any) -> None:
-        _log().info("signal %s: checkpointing and stopping", signal.Signals(signum).name)
+    stopping: list[signal.Signals] = []
+
+    def _stop(sig: signal.Signals) -> None:
+        if not stopping:  # a second SIGINT/SIGTERM while it stops changes nothing: logged once
+            _log().info("signal %s: checkpointing and stopping", sig.name)
+        stopping.append(sig)
         daemon.stop()
 
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    signal.signal(signal.SIGHUP, lambda *_: daemon.request_reload())
+    # on a thread of their own: a handler that runs inside the main thread's Event.set deadlocked
+    signals = SignalThread({signal.SIGTERM: _stop, signal.SIGINT: _stop,
+                            signal.SIGHUP: lambda _sig: daemon.request_reload()}).start()
     try:
         daemon.run()
     except Exception:  # noqa: BLE001 - logged with its traceback by the daemon (crash-only exit)
         return 1
     finally:
         server.stop()
+        signals.close()
     return 0
 
 
@@ -212,6 +218,7 @@ def cmd_init(args: argparse.Namespace) -> int:
 def cmd_embedded(args: argparse.Namespace) -> int:
     import threading
 
+    from watchdog.core.os_signals import SignalThread
     from watchdog.dev.embedded import ServiceError, start_redis, start_tansu
 
     busy = [f"{what} port {port}" for what, port in (("--redis-port", args.redis_port),
@@ -222,8 +229,7 @@ def cmd_embedded(args: argparse.Namespace) -> int:
         return 2
     services = []
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signals = SignalThread({signal.SIGTERM: lambda _sig: stop.set(), signal.SIGINT: lambda _sig: stop.set()}).start()
     try:
         services.append(start_redis(args.redis_port or None, appendonly=False))
         services.append(start_tansu(args.kafka_port or None))
@@ -243,6 +249,7 @@ def cmd_embedded(args: argparse.Namespace) -> int:
     finally:
         for svc in reversed(services):
             svc.stop()
+        signals.close()
 
 
 def _in_use(port: int) -> bool:
