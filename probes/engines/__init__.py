@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -58,4 +59,24 @@ def get_engine(kind: str, **options: Any) -> Engine:
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise UnknownEngineError(f"unknown engine kind {kind!r} (known: {', '.join(available_kinds())}){hint}")
         importlib.import_module(module)
-    return _REGISTRY[kind](**options)
+    factory = _REGISTRY[kind]
+    _check_options(kind, factory, options)
+    return factory(**options)
+
+
+def _check_options(kind: str, factory: Callable[..., Engine], options: dict[str, Any]) -> None:
+    """An option the engine does not take is a ``ValueError`` naming it, the close match and the
+    options there are (``-o modelpath=...`` used to end in ``__init__() got an unexpected keyword``)."""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # no introspectable signature: let the engine decide
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    known = [name for name, p in params.items()
+             if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    for key in options:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ValueError(f"engine {kind!r} has no option {key!r} ({hint}options: {', '.join(known)})")
