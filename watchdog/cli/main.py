@@ -319,7 +319,9 @@ def build_parser(prog: str = "fp8-watchdog") -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_embedded)
 
     p = sub.add_parser("demo", help="embedded default: local broker, Redis, traffic, a real rollback")
-    p.add_argument("--duration", type=positive_float, default=None, help="stop after this many seconds")
+    p.add_argument("--duration", type=positive_float, default=None,
+                   help="keep it running until this many seconds after the traffic started (each part still runs "
+                        "to its end: about a minute in all, more on a busy CPU)")
     p.add_argument("--no-golden", action="store_true", help="skip the golden-replay part")
     p.set_defaults(func=cmd_demo)
 
