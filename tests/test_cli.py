@@ -233,3 +233,11 @@ def test_a_file_that_is_not_utf8_is_one_line_with_its_position(argv: list[str], 
     err = capsys.readouterr().err.strip().splitlines()
     assert code in (1, 2) and len(err) == 1, err
     assert f"{bad}:2:6:" in err[0] and "not UTF-8: byte 0xe9" in err[0], err
+
+
+def test_policy_validate_of_a_directory_without_policy_files_fails(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "notes.txt").write_text("not a policy\n")
+    assert main(["policy", "validate", str(tmp_path)]) == 1  # was "OK (0 policies: no policies)" and 0
+    assert capsys.readouterr().err.strip() == f"{tmp_path}: no policy files (*.yaml, *.yml) in this directory"
+    assert main(["policy", "validate", str(ROOT / "policies")]) == 0
