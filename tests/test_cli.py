@@ -85,6 +85,8 @@ BAD: list[tuple[list[str], str]] = [
     (["--log-level", "bogus", "flags", "list"], "unknown log level"),
     (["flags", "list", "--log-level", "bogus"], "unknown log level"),
     (["replay", "--set", "code", "--batch-size", "0"], "--batch-size"),
+    (["calibrate", "--model", "bench/data/drift_tiny", "--set", "code", "--out", "missing/dir/cal.json"],
+     "directory does not exist: missing/dir"),
     (["demo", "--duration", "-1"], "--duration"),
     (["embedded", "--redis-port", "70000"], "not a port"),
     (["config", "check", "--config", "no/such.yaml"], "no/such.yaml"),
