@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from probes.engines.base import Engine, Generation, ReferenceScore
 
 __all__ = ["Engine", "Generation", "ReferenceScore", "UnknownEngineError", "available_kinds",
-           "get_engine", "register"]
+           "check_engine", "get_engine", "register"]
 
 #: kind -> module that registers it (imported on first use)
 _MODULES: dict[str, str] = {
@@ -52,6 +52,19 @@ def available_kinds() -> list[str]:
 
 def get_engine(kind: str, **options: Any) -> Engine:
     """Build an engine of ``kind`` with backend-specific options."""
+    factory = _factory(kind)
+    _check_options(kind, factory, options)
+    return factory(**options)
+
+
+def check_engine(kind: str, **options: Any) -> None:
+    """What ``get_engine`` refuses before building anything: an unknown kind (``UnknownEngineError``)
+    or an option the engine does not take (``ValueError``). Imports the backend's module, which
+    imports no heavy library (torch, tensorrt_llm) until an engine is built."""
+    _check_options(kind, _factory(kind), options)
+
+
+def _factory(kind: str) -> Callable[..., Engine]:
     if kind not in _REGISTRY:
         module = _MODULES.get(kind)
         if module is None:
@@ -59,9 +72,7 @@ def get_engine(kind: str, **options: Any) -> Engine:
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise UnknownEngineError(f"unknown engine kind {kind!r} (known: {', '.join(available_kinds())}){hint}")
         importlib.import_module(module)
-    factory = _REGISTRY[kind]
-    _check_options(kind, factory, options)
-    return factory(**options)
+    return _REGISTRY[kind]
 
 
 def _check_options(kind: str, factory: Callable[..., Engine], options: dict[str, Any]) -> None:

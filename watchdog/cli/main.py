@@ -177,6 +177,7 @@ def cmd_config_check(args: argparse.Namespace) -> int:
         load_policy_files(cfg.policies, channel_names(list(cfg.alerts.channels)) or None)
     except PolicyError as exc:
         problems.extend(exc.messages)
+    problems.extend(_golden_job_problems(cfg))
     if cfg.gateway and args.config:  # the gateway section is validated by its own model
         from watchdog.gateway.config import GatewayConfigError, load_gateway_config
 
@@ -197,6 +198,32 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     for line in problems:
         print(line, file=sys.stderr)
     return 2 if problems else 0
+
+
+def _golden_job_problems(cfg: Config) -> list[str]:
+    """What the daemon's golden jobs would fail on at their first run, found now: an unknown engine
+    kind or option (with "did you mean"), a set that is not there. Nothing is built or loaded."""
+    from probes.engines import check_engine
+    from probes.golden import GoldenSetError, find_golden_set
+
+    problems = []
+    for i, job in enumerate(cfg.golden.jobs):
+        where = f"golden.jobs.{i} ({job.name})"
+        for side, spec in (("candidate", job.candidate), ("baseline", job.baseline)):
+            options = dict(spec)
+            kind = options.pop("kind", None)
+            if not isinstance(kind, str):
+                problems.append(f"{where}: {side}: no engine kind (kind: torch, openai or tensorrt_llm)")
+                continue
+            try:
+                check_engine(kind, **options)
+            except ValueError as exc:  # UnknownEngineError is one
+                problems.append(f"{where}: {side}: {exc}")
+        try:
+            find_golden_set(job.set)
+        except GoldenSetError as exc:
+            problems.extend(f"{where}: {e}" for e in exc.errors)
+    return problems
 
 
 def cmd_init(args: argparse.Namespace) -> int:
