@@ -156,7 +156,19 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from watchdog.dev.demo import run_demo
 
-    return run_demo(duration_s=args.duration, golden=not args.no_golden)
+    code = run_demo(duration_s=args.duration, golden=not args.no_golden)
+    if getattr(args, "own_process", False):
+        # run_demo stopped every service, server and thread it started. What is left is the interpreter's
+        # teardown of torch and the gateway's native threads, which aborted after "demo finished"
+        # ("terminate called without an active exception", exit 134: `make demo` failed); skip it, as
+        # tests/conftest.py does after pytest's summary
+        import logging
+
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
@@ -397,6 +409,7 @@ def _main(argv: list[str] | None, prog: str) -> int:
     except SystemExit as exc:  # --help (0) or a usage error (2), already printed
         return int(exc.code or 0)
     setup_logging(args.log_level or ("INFO" if args.command in _CHATTY else "WARNING"))
+    args.own_process = argv is None  # the console script, not a caller in the same interpreter
     return int(args.func(args) or 0)
 
 
