@@ -343,8 +343,14 @@ def find_golden_set(name_or_path: str, root: str | os.PathLike[str] | None = Non
         if p.name == name_or_path:
             return p
     close = difflib.get_close_matches(name_or_path, [p.name for p in sets], n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise GoldenSetError([f"no golden set {name_or_path!r}{hint}"])
+    base = Path(root) if root is not None else default_root()
+    if close:
+        hint = f" (did you mean {close[0]!r}?)"
+    elif sets:
+        hint = f" (there: {', '.join(p.name for p in sets)})"
+    else:
+        hint = " (no set there; --root picks the directory)" if base.is_dir() else " (no such directory)"
+    raise GoldenSetError([f"no golden set {name_or_path!r} under {base}{hint}"])
 
 
 def sets_for_route(route: str, root: str | os.PathLike[str] | None = None) -> list[GoldenSet]:
@@ -367,7 +373,9 @@ def sets_for_route(route: str, root: str | os.PathLike[str] | None = None) -> li
 def _cmd_validate(args: argparse.Namespace) -> int:
     paths = [Path(p) for p in args.paths] or list_golden_sets(args.root)
     if not paths:
-        print("no golden sets found", file=sys.stderr)
+        base = Path(args.root) if args.root is not None else default_root()
+        why = "no set directories (with manifest.yaml) in it" if base.is_dir() else "no such directory"
+        print(f"no golden sets found under {base}: {why}", file=sys.stderr)
         return 1
     failed = 0
     for p in paths:
@@ -448,4 +456,6 @@ def add_golden_commands(subparsers: argparse._SubParsersAction) -> argparse.Argu
     ex = sub.add_parser("export", help="print a set's rendered (prompt, reference) pairs as JSONL")
     ex.add_argument("name", help="set name or directory")
     ex.set_defaults(func=_cmd_export)
+    for p in (v, ls, ex):  # `golden validate --root DIR` as well as `golden --root DIR validate`
+        p.add_argument("--root", default=argparse.SUPPRESS, help="directory of golden sets (as before the subcommand)")
     return golden

@@ -360,7 +360,14 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         console = Console()
         for table in report.tables():
             console.print(table)
-    return 1 if report.measured == 0 else 0
+    if report.measured == 0:  # the tables say 0 measured; say why in one line
+        first = next(((side, item.id, res.error) for item in report.items
+                      for side, res in (("candidate", item.candidate), ("baseline", item.baseline))
+                      if res.error is not None), None)
+        why = f"; first error ({first[0]}, item {first[1]}): {first[2]}" if first else ""
+        print(f"no item measured{why}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def engine_timings(candidate: Engine, baseline: Engine, build_s: float, spent: dict[str, float]) -> dict[str, Any]:

@@ -85,6 +85,8 @@ BAD: list[tuple[list[str], str]] = [
     (["--log-level", "bogus", "flags", "list"], "unknown log level"),
     (["flags", "list", "--log-level", "bogus"], "unknown log level"),
     (["replay", "--set", "code", "--batch-size", "0"], "--batch-size"),
+    (["calibrate", "--model", "bench/data/drift_tiny", "--set", "code", "--out", "missing/dir/cal.json"],
+     "directory does not exist: missing/dir"),
     (["demo", "--duration", "-1"], "--duration"),
     (["embedded", "--redis-port", "70000"], "not a port"),
     (["config", "check", "--config", "no/such.yaml"], "no/such.yaml"),
@@ -218,3 +220,26 @@ def test_run_without_a_config_is_one_line_naming_config_and_init(monkeypatch: py
     assert len(err) == 1 and captured.out == "", err
     assert err[0].startswith("fp8-watchdog run: no config file") and "--config" in err[0], err
     assert "fp8-watchdog init DIR" in err[0] and "$LLMWD_CONFIG" in err[0], err
+
+
+@pytest.mark.parametrize("argv", [["config", "check", "--config"], ["run", "--config"], ["policy", "validate"]],
+                         ids=" ".join)
+def test_a_file_that_is_not_utf8_is_one_line_with_its_position(argv: list[str], tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes("policies: []\n# caf\xe9\n".encode("latin-1"))  # saved by an editor in Latin-1
+    monkeypatch.setenv("LLMWD_REDIS__URL", _dead_redis())
+    monkeypatch.delenv("LLMWD_CONFIG", raising=False)
+    code = main([*argv, str(bad)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code in (1, 2) and len(err) == 1, err
+    assert f"{bad}:2:6:" in err[0] and "not UTF-8: byte 0xe9" in err[0], err
+
+
+def test_policy_validate_of_a_directory_without_policy_files_fails(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "notes.txt").write_text("not a policy\n")
+    assert main(["policy", "validate", str(tmp_path)]) == 1  # was "OK (0 policies: no policies)" and 0
+    assert capsys.readouterr().err.strip() == f"{tmp_path}: no policy files (*.yaml, *.yml) in this directory"
+    assert main(["policy", "validate", str(ROOT / "policies")]) == 0

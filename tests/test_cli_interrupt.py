@@ -101,3 +101,27 @@ def test_a_ctrl_c_wrapped_by_class_creation_is_still_one_line(monkeypatch: pytes
     monkeypatch.setattr(cli, "_main", lambda argv, prog: int("x"))
     with pytest.raises(ValueError):  # anything else still propagates
         cli.main(["config", "check"])
+
+
+def test_a_signal_landing_while_the_main_thread_holds_the_stop_events_lock_is_handled() -> None:
+    """``run`` and ``embedded`` stop by setting an Event. A Python signal handler that called ``set()``
+    ran in the main thread, possibly inside that thread's own ``Event.set``/``wait`` (a second SIGINT
+    from ``timeout -s INT``, which sends two, landed there): it waited on the lock its own thread held,
+    forever. The handlers run on the ``llmwd-signals`` thread instead."""
+    import threading
+
+    from watchdog.core.os_signals import SignalThread
+
+    stop = threading.Event()
+    ran_on: list[str] = []
+    signals = SignalThread({signal.SIGHUP: lambda _sig: (ran_on.append(threading.current_thread().name),
+                                                         stop.set())}).start()
+    try:
+        with stop._cond:  # type: ignore[attr-defined]  # what the main thread holds inside Event.set and wait
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(0.2)  # a handler calling stop.set() on this thread would never return from here
+        assert stop.wait(5)
+    finally:
+        signals.close()
+    assert ran_on == ["llmwd-signals"]
+    assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL  # close() put the previous handler back

@@ -193,3 +193,25 @@ def test_an_unknown_gateway_key_says_what_was_meant(tmp_path: Path) -> None:
     with pytest.raises(GatewayConfigError) as err:
         load_gateway_config(path)
     assert "unknown key 'prot' in gateway (did you mean 'port'?)" in str(err.value) and "Extra inputs" not in str(err.value)
+
+
+def test_config_check_finds_what_a_golden_job_would_fail_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """An engine kind or option typo, or a set that is not there, failed only at the job's first run."""
+    from watchdog.cli.main import main
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"policies: [{ROOT / 'policies' / 'default.yaml'}]\ngolden:\n  jobs:\n    - name: nightly\n      set: cdoe\n      model: m\n"
+                   "      routes: ['code/*']\n      candidate: {kind: torhc, model_path: /m, precision: fp8}\n"
+                   "      baseline: {kind: torch, modelpath: /m, precision: fp16}\n")
+    monkeypatch.delenv("LLMWD_CONFIG", raising=False)
+    assert main(["config", "check", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3, err
+    assert err[0].startswith("golden.jobs.0 (nightly): candidate: unknown engine kind 'torhc'") and "'torch'?" in err[0]
+    assert err[1].startswith("golden.jobs.0 (nightly): baseline: engine 'torch' has no option 'modelpath' "
+                             "(did you mean 'model_path'?"), err[1]
+    assert err[2].startswith("golden.jobs.0 (nightly): no golden set 'cdoe' under ") and "'code'?" in err[2]
+    fixed = cfg.read_text().replace("cdoe", "code").replace("torhc", "torch").replace("modelpath", "model_path")
+    cfg.write_text(fixed)
+    assert main(["config", "check", "--config", str(cfg)]) == 0

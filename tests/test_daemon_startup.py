@@ -83,3 +83,30 @@ def test_ready_daemon_exports_the_metric_contract_and_sigterm_exits_fast(kafka_s
         if d.poll() is None:
             d.kill()
             d.wait(5)
+
+
+def test_a_burst_of_sigints_stops_a_ready_daemon_once(kafka_service, redis_service, topic, tmp_path):
+    """``timeout -s INT`` sends two SIGINTs, an impatient operator more: the second used to land inside
+    the first handler's ``Event.set`` and the daemon hung there for good (one run in three of this)."""
+    import os
+
+    cfg = daemon_cfg(kafka_service.address, redis_service.port, topic, write_policy(tmp_path / "p.yaml"), None)
+    base = f"http://127.0.0.1:{cfg['server']['port']}"
+    d = start_daemon_process(cfg, tmp_path)
+    try:
+        wait_until(lambda: (r := _get(f"{base}/readyz")) is not None and r.status_code == 200, 30,
+                   detail=lambda: (tmp_path / "daemon.log").read_text()[-2000:])
+        t0 = time.monotonic()
+        for i in range(300):
+            if d.poll() is not None:
+                break
+            os.kill(d.pid, signal.SIGINT)
+            time.sleep(0.0001 * (i % 7))
+        assert d.wait(10) == 0 and time.monotonic() - t0 < 10
+    finally:
+        if d.poll() is None:
+            d.kill()
+            d.wait(5)
+    log = (tmp_path / "daemon.log").read_text()
+    assert log.count("signal SIGINT: checkpointing and stopping") == 1 and "llm-watchdog stopped" in log
+    assert "Traceback" not in log

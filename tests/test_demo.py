@@ -111,3 +111,22 @@ def test_make_demo_runs_all_four_parts(tmp_path: Path, capsys: pytest.CaptureFix
     latest = json.loads((tmp_path / "golden-reports" / "code-assist-fp8" / "latest.json").read_text())
     rouge = next(m for m in latest["metrics"] if m["metric"] == "rougeL")
     assert rouge["candidate"] < rouge["baseline"] - 0.5  # the stale replay: answers fell apart
+
+
+def test_a_skipped_part_names_the_real_distribution_with_its_extras(monkeypatch: pytest.MonkeyPatch,
+                                                                    tmp_path: Path) -> None:
+    """The hint went through rich unescaped: ``[torch,gateway]`` was taken for markup and vanished,
+    leaving ``pip install 'llm-watchdog'``, which installs PyPI's unrelated llm-watchdog."""
+    import importlib.util
+
+    from rich.console import Console
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("uvicorn", "torch") else real(name, *a))
+    console = Console(record=True, width=200)
+    assert demo._gateway_demo(console, tmp_path) is None
+    assert demo._golden_probe(console, tmp_path) is None
+    text = console.export_text()
+    assert "gateway part skipped: torch, uvicorn not installed (pip install 'fp8-watchdog[torch,gateway]')" in text
+    assert "golden replay part skipped: torch not installed (pip install 'fp8-watchdog[torch]')" in text

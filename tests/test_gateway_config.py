@@ -127,3 +127,20 @@ def test_config_check_validates_the_gateway_and_hides_its_keys(tmp_path: Path) -
     proc = subprocess.run([sys.executable, "-m", "watchdog.cli.main", "config", "check", "--config", str(path)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "gateway.routes.0" in proc.stderr and "watchdog.yaml:3:" in proc.stderr
+
+
+def test_the_daemons_config_without_a_gateway_section_is_one_line(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """It was read whole as the gateway section: one "unknown key" error per daemon section, prefixed
+    with llm-watchdog (PyPI's other project's command)."""
+    from watchdog.cli.main import main
+
+    path = tmp_path / "config.yaml"
+    path.write_text("kafka: {topic: t}\npolicies: [p.yaml]\nredis: {url: 'redis://127.0.0.1:1/0'}\n")
+    assert main(["gateway", "--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"fp8-watchdog gateway: invalid configuration: {path}: no 'gateway:' section; this looks like "
+                   "the daemon's config (kafka, policies): add a gateway: section (docs/INTEGRATIONS.md)"], err
+    assert main(["gateway", "--config", str(tmp_path / "nope.yaml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fp8-watchdog gateway: invalid configuration: ") and "nope.yaml" in err[0]

@@ -152,3 +152,13 @@ def test_cli_validate_and_list(tmp_path: Path, capsys: pytest.CaptureFixture[str
     code = load_golden_set(REPO_SETS / "code")
     assert [(e["prompt"], e["reference"]) for e in exported] == code.pairs()
     assert exported[0]["prompt"] == f"Task: {code.items[0].prompt}\nAnswer:\n"
+
+
+def test_cli_root_after_the_subcommand_and_a_missing_root_is_named(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli(["golden", "validate", "--root", str(REPO_SETS)]) == 0  # was "unrecognized arguments: --root"
+    assert capsys.readouterr().out.count(": ok") == len(list_golden_sets(REPO_SETS))
+    assert cli(["golden", "validate", "--root", str(tmp_path / "nope")]) == 1
+    assert capsys.readouterr().err.strip() == f"no golden sets found under {tmp_path / 'nope'}: no such directory"
+    assert cli(["golden", "--root", str(tmp_path), "validate"]) == 1
+    assert "no set directories (with manifest.yaml) in it" in capsys.readouterr().err

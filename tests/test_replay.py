@@ -384,3 +384,39 @@ def test_custom_evaluate_metric_in_manifest(tmp_path: Path, monkeypatch: pytest.
     assert report.summary("char_len_ratio").candidate == pytest.approx(0.75)
     assert report.summary("char_len_ratio").baseline == pytest.approx(1.0)
     assert report.to_signals("m", "r")[0].paired["char_len_ratio"] == [pytest.approx(-0.5), 0.0]
+
+
+def _replay_cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    add_replay_command(parser.add_subparsers())
+    args = parser.parse_args(["replay", *argv])
+    return int(args.func(args))
+
+
+def test_replay_cli_bad_input_is_one_line_naming_the_cause(capsys: pytest.CaptureFixture[str],
+                                                           tmp_path: Path) -> None:
+    from probes.engines import register
+
+    gs = load_golden_set(REPO_SETS / "code")
+
+    @register("h31-table-test")
+    class Table(TableEngine):
+        def __init__(self, precision: str, fail_all: bool = False) -> None:
+            super().__init__(precision, answers_for(gs), fail={gs.render(i) for i in gs.items} if fail_all else set())
+
+    common = ["--root", str(REPO_SETS), "--engine", "h31-table-test", "--max-items", "3", "--no-progress"]
+    # a mistyped engine option was "__init__() got an unexpected keyword argument"
+    assert _replay_cli(["--set", "code", *common, "-o", "fail-al=1"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "engine 'h31-table-test' has no option 'fail_al'" in err[0], err
+    assert "did you mean 'fail_all'?" in err[0] and "options: precision, fail_all" in err[0], err
+    # a set that does not exist: where it looked and what is there
+    assert _replay_cli(["--set", "no-such-set", *common]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"no golden set 'no-such-set' under {REPO_SETS} (there: code, legal-clauses, rag-enterprise)"]
+    assert _replay_cli(["--set", "code", "--root", str(tmp_path / "nope"), "--engine", "h31-table-test"]) == 2
+    assert capsys.readouterr().err.strip() == f"no golden set 'code' under {tmp_path / 'nope'} (no such directory)"
+    # every item failed (a dead server): the tables say 0 measured, one line says why
+    assert _replay_cli(["--set", "code", *common, "--candidate-option", "fail_all=true"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"no item measured; first error (candidate, item {gs.items[0].id}): ")

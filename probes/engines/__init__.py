@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from probes.engines.base import Engine, Generation, ReferenceScore
 
 __all__ = ["Engine", "Generation", "ReferenceScore", "UnknownEngineError", "available_kinds",
-           "get_engine", "register"]
+           "check_engine", "get_engine", "register"]
 
 #: kind -> module that registers it (imported on first use)
 _MODULES: dict[str, str] = {
@@ -51,6 +52,19 @@ def available_kinds() -> list[str]:
 
 def get_engine(kind: str, **options: Any) -> Engine:
     """Build an engine of ``kind`` with backend-specific options."""
+    factory = _factory(kind)
+    _check_options(kind, factory, options)
+    return factory(**options)
+
+
+def check_engine(kind: str, **options: Any) -> None:
+    """What ``get_engine`` refuses before building anything: an unknown kind (``UnknownEngineError``)
+    or an option the engine does not take (``ValueError``). Imports the backend's module, which
+    imports no heavy library (torch, tensorrt_llm) until an engine is built."""
+    _check_options(kind, _factory(kind), options)
+
+
+def _factory(kind: str) -> Callable[..., Engine]:
     if kind not in _REGISTRY:
         module = _MODULES.get(kind)
         if module is None:
@@ -58,4 +72,22 @@ def get_engine(kind: str, **options: Any) -> Engine:
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise UnknownEngineError(f"unknown engine kind {kind!r} (known: {', '.join(available_kinds())}){hint}")
         importlib.import_module(module)
-    return _REGISTRY[kind](**options)
+    return _REGISTRY[kind]
+
+
+def _check_options(kind: str, factory: Callable[..., Engine], options: dict[str, Any]) -> None:
+    """An option the engine does not take is a ``ValueError`` naming it, the close match and the
+    options there are (``-o modelpath=...`` used to end in ``__init__() got an unexpected keyword``)."""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # no introspectable signature: let the engine decide
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    known = [name for name, p in params.items()
+             if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    for key in options:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ValueError(f"engine {kind!r} has no option {key!r} ({hint}options: {', '.join(known)})")

@@ -521,11 +521,14 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def add_calibrate_command(subparsers: Any) -> None:
+    from watchdog.core.argtypes import output_file
+
     p = subparsers.add_parser("calibrate", help="record FP8 activation scales for a model over a golden set")
     p.add_argument("--model", required=True, help="Hugging Face model directory")
     p.add_argument("--set", required=True, help="golden set name (in --golden-dir) or file path")
     p.add_argument("--golden-dir", default=None, help="root of the golden sets (default: golden_sets/)")
-    p.add_argument("--out", default=None, help="default: MODEL/fp8_calibration.json")
+    # checked before the model is loaded and calibrated (a missing directory failed only at the end)
+    p.add_argument("--out", default=None, type=output_file, help="default: MODEL/fp8_calibration.json")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default=None, help="compute dtype for the pass (default: fp16 on GPU, fp32 on CPU)")
     p.add_argument("--prompts-only", action="store_true", help="do not append references to the prompts")

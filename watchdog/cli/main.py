@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import argparse
@@ -60,6 +60,7 @@ def _load_config(args: argparse.Namespace) -> Config | None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from watchdog.config.settings import env_hint, env_overrides
+    from watchdog.core.os_signals import SignalThread
     from watchdog.policy import PolicyError
     from watchdog.runtime.daemon import Daemon
     from watchdog.runtime.http import StatusServer
@@ -87,19 +88,24 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
     _log().info("serving /metrics /healthz /readyz /status on %s", server.url)
 
-    def _stop(signum: int, _frame: Any) -> None:
-        _log().info("signal %s: checkpointing and stopping", signal.Signals(signum).name)
+    stopping: list[signal.Signals] = []
+
+    def _stop(sig: signal.Signals) -> None:
+        if not stopping:  # a second SIGINT/SIGTERM while it stops changes nothing: logged once
+            _log().info("signal %s: checkpointing and stopping", sig.name)
+        stopping.append(sig)
         daemon.stop()
 
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    signal.signal(signal.SIGHUP, lambda *_: daemon.request_reload())
+    # on a thread of their own: a handler that runs inside the main thread's Event.set deadlocked
+    signals = SignalThread({signal.SIGTERM: _stop, signal.SIGINT: _stop,
+                            signal.SIGHUP: lambda _sig: daemon.request_reload()}).start()
     try:
         daemon.run()
     except Exception:  # noqa: BLE001 - logged with its traceback by the daemon (crash-only exit)
         return 1
     finally:
         server.stop()
+        signals.close()
     return 0
 
 
@@ -150,7 +156,19 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from watchdog.dev.demo import run_demo
 
-    return run_demo(duration_s=args.duration, golden=not args.no_golden)
+    code = run_demo(duration_s=args.duration, golden=not args.no_golden)
+    if getattr(args, "own_process", False):
+        # run_demo stopped every service, server and thread it started. What is left is the interpreter's
+        # teardown of torch and the gateway's native threads, which aborted after "demo finished"
+        # ("terminate called without an active exception", exit 134: `make demo` failed); skip it, as
+        # tests/conftest.py does after pytest's summary
+        import logging
+
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
@@ -171,6 +189,7 @@ def cmd_config_check(args: argparse.Namespace) -> int:
         load_policy_files(cfg.policies, channel_names(list(cfg.alerts.channels)) or None)
     except PolicyError as exc:
         problems.extend(exc.messages)
+    problems.extend(_golden_job_problems(cfg))
     if cfg.gateway and args.config:  # the gateway section is validated by its own model
         from watchdog.gateway.config import GatewayConfigError, load_gateway_config
 
@@ -193,6 +212,32 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     return 2 if problems else 0
 
 
+def _golden_job_problems(cfg: Config) -> list[str]:
+    """What the daemon's golden jobs would fail on at their first run, found now: an unknown engine
+    kind or option (with "did you mean"), a set that is not there. Nothing is built or loaded."""
+    from probes.engines import check_engine
+    from probes.golden import GoldenSetError, find_golden_set
+
+    problems = []
+    for i, job in enumerate(cfg.golden.jobs):
+        where = f"golden.jobs.{i} ({job.name})"
+        for side, spec in (("candidate", job.candidate), ("baseline", job.baseline)):
+            options = dict(spec)
+            kind = options.pop("kind", None)
+            if not isinstance(kind, str):
+                problems.append(f"{where}: {side}: no engine kind (kind: torch, openai or tensorrt_llm)")
+                continue
+            try:
+                check_engine(kind, **options)
+            except ValueError as exc:  # UnknownEngineError is one
+                problems.append(f"{where}: {side}: {exc}")
+        try:
+            find_golden_set(job.set)
+        except GoldenSetError as exc:
+            problems.extend(f"{where}: {e}" for e in exc.errors)
+    return problems
+
+
 def cmd_init(args: argparse.Namespace) -> int:
     from watchdog.cli.init import InitError, init_dir
 
@@ -212,6 +257,7 @@ def cmd_init(args: argparse.Namespace) -> int:
 def cmd_embedded(args: argparse.Namespace) -> int:
     import threading
 
+    from watchdog.core.os_signals import SignalThread
     from watchdog.dev.embedded import ServiceError, start_redis, start_tansu
 
     busy = [f"{what} port {port}" for what, port in (("--redis-port", args.redis_port),
@@ -222,8 +268,7 @@ def cmd_embedded(args: argparse.Namespace) -> int:
         return 2
     services = []
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signals = SignalThread({signal.SIGTERM: lambda _sig: stop.set(), signal.SIGINT: lambda _sig: stop.set()}).start()
     try:
         services.append(start_redis(args.redis_port or None, appendonly=False))
         services.append(start_tansu(args.kafka_port or None))
@@ -243,6 +288,7 @@ def cmd_embedded(args: argparse.Namespace) -> int:
     finally:
         for svc in reversed(services):
             svc.stop()
+        signals.close()
 
 
 def _in_use(port: int) -> bool:
@@ -312,7 +358,9 @@ def build_parser(prog: str = "fp8-watchdog") -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_embedded)
 
     p = sub.add_parser("demo", help="embedded default: local broker, Redis, traffic, a real rollback")
-    p.add_argument("--duration", type=positive_float, default=None, help="stop after this many seconds")
+    p.add_argument("--duration", type=positive_float, default=None,
+                   help="keep it running until this many seconds after the traffic started (each part still runs "
+                        "to its end: about a minute in all, more on a busy CPU)")
     p.add_argument("--no-golden", action="store_true", help="skip the golden-replay part")
     p.set_defaults(func=cmd_demo)
 
@@ -361,6 +409,7 @@ def _main(argv: list[str] | None, prog: str) -> int:
     except SystemExit as exc:  # --help (0) or a usage error (2), already printed
         return int(exc.code or 0)
     setup_logging(args.log_level or ("INFO" if args.command in _CHATTY else "WARNING"))
+    args.own_process = argv is None  # the console script, not a caller in the same interpreter
     return int(args.func(args) or 0)
 
 

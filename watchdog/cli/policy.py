@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from watchdog.core.argtypes import did_you_mean, existing_file, existing_path, output_file, usage_error
@@ -52,6 +54,10 @@ def add_policy_commands(subparsers: Any) -> argparse.ArgumentParser:
 def cmd_validate(args: argparse.Namespace) -> int:
     failed = False
     for path in args.files:
+        if os.path.isdir(path) and not any(f.suffix in (".yaml", ".yml") and f.is_file() for f in Path(path).iterdir()):
+            failed = True  # "OK (0 policies)" for a mistyped directory read as a pass
+            print(f"{path}: no policy files (*.yaml, *.yml) in this directory", file=sys.stderr)
+            continue
         try:
             ps = load_policy_files([path])
         except PolicyError as exc:

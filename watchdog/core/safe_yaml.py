@@ -95,13 +95,19 @@ def check_size(size: int, limits: Limits = DEFAULT_LIMITS) -> None:
 
 
 def read_text(path: str | os.PathLike[str], limits: Limits = DEFAULT_LIMITS) -> str:
-    """Read a UTF-8 file, refusing one over ``limits.max_bytes`` without reading it all."""
+    """Read a UTF-8 file, refusing one over ``limits.max_bytes`` without reading it all, and one
+    that is not UTF-8 with the line and column of its first bad byte (``SafeYamlError``)."""
     p = Path(path)
     with p.open("rb") as fh:
         check_size(os.fstat(fh.fileno()).st_size, limits)
         raw = fh.read(limits.max_bytes + 1)
     check_size(len(raw), limits)  # a file that grew (or a pipe) between stat and read
-    return raw.decode("utf-8")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line_start = raw.rfind(b"\n", 0, exc.start) + 1
+        raise SafeYamlError(raw.count(b"\n", 0, exc.start) + 1, exc.start - line_start + 1,
+                            f"not UTF-8: byte 0x{raw[exc.start]:02x} ({exc.reason}); save the file as UTF-8") from None
 
 
 class _Open:

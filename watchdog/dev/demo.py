@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from watchdog.config.settings import Config, load_config
@@ -304,18 +305,25 @@ def _gateway_demo(console: Console, workdir: Path) -> Any:
     missing = [m for m in ("torch", "transformers", "uvicorn") if importlib.util.find_spec(m) is None]
     if missing:
         console.print(f"[yellow]gateway part skipped: {', '.join(missing)} not installed "
-                      "(pip install 'llm-watchdog[torch,gateway]')[/]")
+                      f"({escape(_install_hint('torch,gateway'))})[/]")
         return None
     from watchdog.dev.gateway_demo import GatewayDemo
 
     return GatewayDemo(MODEL, GATEWAY_ROUTE, workdir)
 
 
+def _install_hint(extras: str) -> str:
+    """How to add ``extras``: printed through rich, so the caller escapes the brackets (unescaped,
+    ``[torch,gateway]`` was taken for markup and vanished). The distribution is fp8-watchdog; PyPI's
+    ``llm-watchdog`` is another project."""
+    return f"pip install 'fp8-watchdog[{extras}]'"
+
+
 def _golden_probe(console: Console, workdir: Path) -> Any:
     missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
     if missing:
         console.print(f"[yellow]golden replay part skipped: {', '.join(missing)} not installed "
-                      "(pip install 'fp8-watchdog[torch]')[/]")
+                      f"({escape(_install_hint('torch'))})[/]")
         return None
     from watchdog.dev.demo_golden import GoldenDemo
 

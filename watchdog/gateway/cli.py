@@ -13,21 +13,23 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     from watchdog.gateway.config import GatewayConfigError, load_gateway_config
 
     logging.getLogger("kafka").setLevel(logging.WARNING)
+    prog = getattr(args, "prog", "fp8-watchdog")
     try:
         cfg = load_gateway_config(args.config)
     except (GatewayConfigError, OSError) as exc:
-        print(f"llm-watchdog gateway: invalid configuration:\n{exc}", file=sys.stderr)
+        problems = str(exc).splitlines()
+        sep = " " if len(problems) == 1 else "\n"
+        print(f"{prog} gateway: invalid configuration:{sep}{str(exc)}", file=sys.stderr)
         return 2
     if args.port is not None:
         cfg.port = args.port
     if not cfg.pools:
-        print("llm-watchdog gateway: invalid configuration: gateway.pools is empty", file=sys.stderr)
+        print(f"{prog} gateway: invalid configuration: gateway.pools is empty", file=sys.stderr)
         return 2
     try:
         import uvicorn
     except ImportError:
-        print("llm-watchdog gateway: needs the 'gateway' extra (pip install 'fp8-watchdog[gateway]')",
-              file=sys.stderr)
+        print(f"{prog} gateway: needs the 'gateway' extra (pip install 'fp8-watchdog[gateway]')", file=sys.stderr)
         return 2
     from watchdog.gateway.server import build_gateway, serve_metrics, uvicorn_config
 

@@ -225,6 +225,10 @@ def load_gateway_config(path: str | Path | None = None, env: Mapping[str, str] |
     try:
         if path is not None:
             whole, doc = read_config_file(path, env)
+            daemon_keys = sorted(k for k in ("kafka", "policies", "windows") if k in whole)
+            if "gateway" not in whole and daemon_keys:  # read whole, each daemon key was one more error
+                raise GatewayConfigError(f"{name}: no 'gateway:' section; this looks like the daemon's config "
+                                         f"({', '.join(daemon_keys)}): add a gateway: section (docs/INTEGRATIONS.md)")
             section, prefix = _section(whole)
             if not isinstance(section, dict):
                 pos = doc.pos(prefix)
