@@ -59,14 +59,25 @@ def test_start_up_is_bounded_names_the_cause_and_sigterm_exits_within_10_s(
     assert "Traceback" not in log
 
 
-def test_ready_daemon_exports_the_metric_contract_and_sigterm_exits_fast(kafka_service, redis_service, topic,
-                                                                         tmp_path):
+def _ready_daemon(kafka_service, redis_service, topic, tmp_path):  # type: ignore[no-untyped-def]
+    """A daemon process on the shipped-style config, once its /readyz answers 200; (process, base URL)."""
     cfg = daemon_cfg(kafka_service.address, redis_service.port, topic, write_policy(tmp_path / "p.yaml"), None)
     base = f"http://127.0.0.1:{cfg['server']['port']}"
     d = start_daemon_process(cfg, tmp_path)
     try:
         wait_until(lambda: (r := _get(f"{base}/readyz")) is not None and r.status_code == 200, 30,
                    detail=lambda: (tmp_path / "daemon.log").read_text()[-2000:])
+    except BaseException:
+        d.kill()
+        d.wait(5)
+        raise
+    return d, base
+
+
+def test_ready_daemon_exports_the_metric_contract_and_sigterm_exits_fast(kafka_service, redis_service, topic,
+                                                                         tmp_path):
+    d, base = _ready_daemon(kafka_service, redis_service, topic, tmp_path)
+    try:
         text = _get(f"{base}/metrics").text  # type: ignore[union-attr]
         for name in ("llmwd_ready 1.0", 'llmwd_not_ready{reason="redis"} 0.0', "llmwd_loop_last_timestamp_seconds",
                      "llmwd_flip_budget_exhausted_total", "llmwd_ops_alerts_total", "llmwd_redis_up 1.0",
@@ -90,12 +101,8 @@ def test_a_burst_of_sigints_stops_a_ready_daemon_once(kafka_service, redis_servi
     the first handler's ``Event.set`` and the daemon hung there for good (one run in three of this)."""
     import os
 
-    cfg = daemon_cfg(kafka_service.address, redis_service.port, topic, write_policy(tmp_path / "p.yaml"), None)
-    base = f"http://127.0.0.1:{cfg['server']['port']}"
-    d = start_daemon_process(cfg, tmp_path)
+    d, base = _ready_daemon(kafka_service, redis_service, topic, tmp_path)
     try:
-        wait_until(lambda: (r := _get(f"{base}/readyz")) is not None and r.status_code == 200, 30,
-                   detail=lambda: (tmp_path / "daemon.log").read_text()[-2000:])
         t0 = time.monotonic()
         for i in range(300):
             if d.poll() is not None:
