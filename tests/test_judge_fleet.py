@@ -20,15 +20,16 @@ LOG_G = math.log(1.01 / 0.99)
 TYPES = [(9, 8, 8.0), (9, 9, 8.5), (12, 8, 8.4), (12, 9, 8.9)]
 
 
-def _cells(rng: np.random.Generator, n: int, long_share: float, shift: float = 0.0, sd: float = 0.3):
+def _cells(rng: np.random.Generator, n: int, long_share: float, shift: float = 0.0, sd: float = 0.3,
+           long_effect: float = 0.4):
     """Mix-cell rows and log latencies of n requests: half short / long completions, ``long_share``
-    long prompts; within-cell log latency normal(mu, sd)."""
+    long prompts (``long_effect`` slower in log units); within-cell log latency normal(mu, sd)."""
     probs = np.array([(1 - long_share) / 2, (1 - long_share) / 2, long_share / 2, long_share / 2])
     counts = rng.multinomial(n, probs)
     rows, ys = [], []
     for (po, co, mu), k in zip(TYPES, counts, strict=True):
         if k:
-            y = rng.normal(mu + shift, sd, k)
+            y = rng.normal(mu + shift + (long_effect - 0.4) * (po == 12), sd, k)
             rows.append([po, co, float(k), float(y.sum()), float((y * y).sum())])
             ys.append(y)
     return rows, np.concatenate(ys)
@@ -275,10 +276,38 @@ def test_mix_shift_is_zero_for_equal_mixes_and_sees_router_bias():
     from watchdog.policy.judge.fleet import mix_shift
 
     rng = np.random.default_rng(8)
-    same = np.array([mix_shift(_cells(rng, 3000, 0.3, shift=0.2)[0], _cells(rng, 600, 0.3)[0]) for _ in range(300)])
+    draws = [mix_shift(_cells(rng, 3000, 0.3, shift=0.2)[0], _cells(rng, 600, 0.3)[0]) for _ in range(300)]
+    same = np.array([m for m, _ in draws])  # type: ignore[misc]
     assert abs(same.mean()) < 0.003 and same.std() < 0.02  # a speed difference is not a mix shift
-    biased = np.array([mix_shift(_cells(rng, 3000, 0.4)[0], _cells(rng, 600, 0.15)[0]) for _ in range(100)])
+    # the stated variance is the shift's spread when both precisions draw from one mix (within 15 %)
+    stated = math.sqrt(float(np.mean([v for _, v in draws])))  # type: ignore[misc]
+    assert same.std() == pytest.approx(stated, rel=0.15)
+    biased = np.array([mix_shift(_cells(rng, 3000, 0.4)[0], _cells(rng, 600, 0.15)[0])[0]  # type: ignore[index]
+                       for _ in range(100)])
     assert biased.min() > 0.03  # 25 points more long prompts (+0.4 log each): ~0.05
+
+
+def test_a_wide_mix_drawn_twice_is_comparable_and_a_small_bias_over_the_pool_is_not():
+    """The mix gate counts a shift only beyond its own sampling noise: a wide mix (half the requests
+    long, +1.5 log each) at 500 FP16 requests moves the shift by ~0.07 per window by chance, past the
+    plain 0.03; a 5-point bias (~+0.075) shows over a pool of 5 windows where one window mostly hides it."""
+    rule = Rule(name="p99", metric="latency_p99_ms", min_samples=100,
+                judge=Judge(test="quantile", tail=0.95, relative_to="mean", null_model="sampling", effect=0.0,
+                            alpha=0.001, min_items=100, pool=5, learn=96, max_mix_shift=0.03))
+    rng = np.random.default_rng(12)
+
+    def sig(prec: str, long_share: float, t: int) -> Signal:
+        rows, y = _cells(rng, 3000 if prec == "fp8" else 500, long_share, long_effect=1.5)
+        d = {"latency_hist": _hist(y), "latency_mix": {"cells": rows}}
+        return Signal("live", "m", "r", prec, 300.0 * t, 300.0 * (t + 1), y.size, {}, None, None, d)
+
+    pool: list[dict] = []
+    reasons = [evaluate_rule(rule, sig("fp8", 0.5, t), sig("fp16", 0.5, t), pool, []).reason for t in range(40)]
+    assert sum("request mixes differ" in r for r in reasons) <= 1, reasons
+    pool = []
+    reasons = [evaluate_rule(rule, sig("fp8", 0.55, t), sig("fp16", 0.5, t), pool, []).reason for t in range(40)]
+    assert sum("request mixes differ" in r for r in reasons[5:]) >= 28, reasons
+    assert sum("request mixes differ over the pool" in r for r in reasons[5:]) >= 15, reasons
 
 
 def test_shape_rule_is_not_judged_across_different_mixes():

@@ -113,6 +113,28 @@ def _window_difference(rule: Rule, cand: Signal, base: Signal) -> tuple[float, f
     return sign * out[0], out[1]
 
 
+#: a precisions' request-mix difference counts only beyond this many of its own sampling sds (and
+#: beyond ``max_mix_shift``): one mix drawn twice differs by chance, and that chance is already in the
+#: judged statistic's sampling variance; a router that sends one precision other requests is not
+MIX_Z = 3.0
+
+
+def mix_line(tolerance: float, var: float) -> float:
+    """How far a mix shift of sampling variance ``var`` may go before the mixes differ."""
+    return max(tolerance, MIX_Z * math.sqrt(max(var, 0.0)))
+
+
+def _mix_moved(rule: Rule, cand: Signal, base: Signal) -> tuple[float, float] | None:
+    """(mix shift, its variance) of a window for a rule with ``max_mix_shift`` (after the outlier
+    replicas are left out, as judged), or None."""
+    j = rule.judge
+    if j is None or j.max_mix_shift is None:
+        return None
+    opts = FleetOptions(j.adjust, j.replicas)
+    rc, rb = fleet_side(cand.detail, opts)[1], fleet_side(base.detail, opts)[1]
+    return mix_shift(rc, rb) if rc and rb else None
+
+
 def _fleet_difference(rule: Rule, cand: Signal, base: Signal, sign: float) -> tuple[float, float] | str:
     """``window_difference`` with ``adjust: mix`` and/or ``replicas: robust`` (judge/fleet.py): each
     precision's window without its outlier replicas, then the within-cell (mix) or the plain statistic."""
@@ -129,9 +151,10 @@ def _fleet_difference(rule: Rule, cand: Signal, base: Signal, sign: float) -> tu
     out: tuple[float, float] | None = None
     if j.max_mix_shift is not None and rc and rb:
         moved = mix_shift(rc, rb)
-        if moved is not None and abs(moved) > j.max_mix_shift:
+        if moved is not None and abs(moved[0]) > mix_line(j.max_mix_shift, moved[1]):
             return (f"the precisions' request mixes differ (they move the mean log latency difference by "
-                    f"{moved:+.3f} > {j.max_mix_shift}): not comparable like with like in this window")
+                    f"{moved[0]:+.3f}, beyond {mix_line(j.max_mix_shift, moved[1]):.3f}): not comparable like "
+                    "with like in this window")
     if j.adjust == "mix" and rc and rb:
         mixed = mix_log_diff(rc, rb)
         if mixed is not None:
@@ -160,6 +183,9 @@ def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
         return diff
     entry: dict[str, Any] = {"start": cand.start, "end": cand.end, "samples": [cand.samples, base.samples],
                              "e": diff[0], "v": diff[1]}
+    moved = _mix_moved(rule, cand, base)
+    if moved is not None:
+        entry["mix"], entry["mix_v"] = moved
     if j.settle is not None:
         # deploys and maintenance (watchdog/policy/changes.py): judge only after both sides settled
         entry.update(change_entry(pool, cand, base, j.settle))
@@ -177,6 +203,9 @@ def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
     if min(n_cand, n_base) < max(rule.min_samples, j.min_n):
         return (f"too few samples in a window of the pool: {n_cand}/{n_base} "
                 f"< {max(rule.min_samples, j.min_n)}")
+    shifted = _pool_mix_shift(pool, j.max_mix_shift)
+    if shifted:
+        return shifted
     first = float(pool[0]["start"])
     # the history before the pool, and its stated sampling variances (states saved before they
     # were kept have none)
@@ -190,6 +219,21 @@ def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
                         gap=gap)
     out.detail["pool_size"] = len(pool)
     return out
+
+
+def _pool_mix_shift(pool: Pool, tolerance: float | None) -> str | None:
+    """Why the pool's windows are not comparable like with like, if their mean mix shift is beyond
+    its own sampling noise: a router bias too small to show in one window would otherwise add up
+    over the pool in the judged statistic."""
+    ms = [(float(e["mix"]), float(e["mix_v"])) for e in pool if "mix" in e and "mix_v" in e]
+    if tolerance is None or len(ms) < 2:
+        return None
+    mean = sum(m for m, _ in ms) / len(ms)
+    line = mix_line(tolerance, sum(v for _, v in ms) / (len(ms) * len(ms)))
+    if abs(mean) <= line:
+        return None
+    return (f"the precisions' request mixes differ over the pool (mean shift {mean:+.3f} over {len(ms)} windows, "
+            f"beyond {line:.3f}): not comparable like with like")
 
 
 _END, _E, _V = itemgetter("end"), itemgetter("e"), methodcaller("get", "v", math.nan)

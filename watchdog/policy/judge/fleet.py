@@ -112,17 +112,29 @@ def _mix_log_diff(cand_rows: Any, base_rows: Any) -> tuple[float, float, dict[st
                                           "support": [used_a / tot_a, used_b / tot_b]}
 
 
-def mix_shift(cand_rows: Any, base_rows: Any) -> float | None:
-    """How much the request mix moves the FP8 - FP16 mean log latency: the unadjusted difference
-    of mean log latency minus the within-cell one (``mix_log_diff``); ~0 when both precisions saw
-    the same mix, whatever their speed. None when it cannot be computed."""
+def mix_shift(cand_rows: Any, base_rows: Any) -> tuple[float, float] | None:
+    """(How much the request mix moves the FP8 - FP16 mean log latency, its sampling variance when
+    both precisions draw from one mix). The shift is the unadjusted difference of mean log latency
+    minus the within-cell one (``mix_log_diff``): ~0 when both precisions saw the same mix, whatever
+    their speed. Its variance: the cell shares of n draws from one mix are multinomial, so the mix's
+    part of a mean moves by B / n, B the between-cell variance of the cell means (both precisions'
+    cells pooled); the shift by B (1/n8 + 1/n16). A wide mix (long and short answers) makes an
+    ordinary window's shift wide too. None when it cannot be computed."""
     mixed = mix_log_diff(cand_rows, base_rows)
     if mixed is None:
         return None
     a, b = _cells(cand_rows), _cells(base_rows)
     na, nb = sum(c[0] for c in a.values()), sum(c[0] for c in b.values())
     raw = sum(c[1] for c in a.values()) / na - sum(c[1] for c in b.values()) / nb
-    return raw - mixed[0]
+    n, s, ss = 0.0, 0.0, 0.0
+    for key in a.keys() | b.keys():
+        cn = a.get(key, (0.0, 0.0, 0.0))[0] + b.get(key, (0.0, 0.0, 0.0))[0]
+        cs = a.get(key, (0.0, 0.0, 0.0))[1] + b.get(key, (0.0, 0.0, 0.0))[1]
+        n += cn
+        s += cs
+        ss += cs * cs / cn
+    between = max(ss / n - (s / n) ** 2, 0.0)  # sum_c p_c m_c^2 - (sum_c p_c m_c)^2
+    return raw - mixed[0], between * (1.0 / na + 1.0 / nb)
 
 
 # --- replicas ----------------------------------------------------------------------------------
