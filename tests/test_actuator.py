@@ -265,7 +265,10 @@ def test_actuator_survives_redis_outage_and_applies_exactly_once(own_redis: Any)
         assert act.pending() == 1
 
         own_redis.start()
-        (res,) = act.pump(act.retry_at())
+        now = act.retry_at() - 1.0
+        assert act.pump(now) == []  # backing off: Redis being back is not seen
+        act.retry_now()  # another Redis operation succeeded (RedisHealth.recovered)
+        (res,) = act.pump(now)
         assert res.applied and res.precision == "fp16" and res.epoch == 2
         assert act.healthy and act.last_error is None and act.pending() == 0
         assert act.pump(act.retry_at() + 100) == []
@@ -319,3 +322,23 @@ def test_model_and_route_with_colons_name_distinct_keys(redis_client):
     store.flip("a", "b:c", "fp8", expected_epoch=None, reason="t", changed_by="test")
     got = {(f.model, f.route): f.precision for f in store.list()}
     assert got == {("a:b", "c"): "fp16", ("a", "b:c"): "fp8"}
+
+
+def test_redis_health_recovering_elsewhere_makes_the_failing_writer_retry_now() -> None:
+    """A checkpoint that succeeds while flag writes fail keeps the daemon not ready (the writer
+    has the last word) but makes the writer retry at once: readiness and the pending flips no
+    longer wait out the writer's backoff after Redis comes back (drill redis-down-regression)."""
+    from watchdog.core.metrics import Metrics
+    from watchdog.runtime.health import Readiness, RedisHealth
+
+    readiness = Readiness(Metrics(), lambda *a: None, lambda *a: None)
+    health = RedisHealth(readiness, Metrics(), lambda: 0.0)
+    calls: list[int] = []
+    health.retry_writer = lambda: calls.append(1)
+    health.writer(False, "ConnectionError: refused")
+    assert not health.ok and readiness.problems()
+    health.recovered()
+    assert calls == [1] and not health.ok  # still not ready until a flag write goes through
+    health.writer(True, None)
+    health.recovered()
+    assert health.ok and calls == [1]

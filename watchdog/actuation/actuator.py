@@ -244,6 +244,11 @@ class Actuator:
         """When ``pump`` will next try after a Redis error (0 when it is not backing off)."""
         return self._next_try
 
+    def retry_now(self) -> None:
+        """Another Redis operation just succeeded: the next ``pump`` tries at once instead of waiting out
+        its backoff (a failure after this backs off from where it was)."""
+        self._next_try = 0.0
+
     def pump(self, now: float | None = None) -> list[FlipResult]:
         """Try the pending decisions; returns the finished ones (applied, unchanged or refused)."""
         now = time.time() if now is None else now

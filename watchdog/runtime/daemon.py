@@ -169,6 +169,7 @@ class Daemon:
                                    self.ownership, self.checkpoints, self.redis_health, self.metrics, self.stats,
                                    self.golden_leader, clock)
         self.actuator = self.decisions.actuator
+        self.redis_health.retry_writer = self.actuator.retry_now
         gpu_mon = self.gpu
         self.evidence = self.decisions.evidence = EvidenceRecorder(
             cfg.evidence, self.keys, self.redis, self.engine, cfg.instance,

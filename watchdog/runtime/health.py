@@ -158,6 +158,10 @@ class RedisHealth:
         #: False from a failed Redis operation until one succeeds while flag writes succeed too
         self.ok = True
         self._writer_error: str | None = None
+        #: called when another Redis operation succeeds while flag writes are failing: the flag writer
+        #: retries at once (else readiness and the pending flips waited out its backoff, up to 8 s
+        #: after a 10 s outage)
+        self.retry_writer: Callable[[], None] | None = None
 
     def failed(self, exc: BaseException, what: str) -> None:
         """A Redis operation (``what``) failed: not ready under the reason its error names."""
@@ -171,6 +175,8 @@ class RedisHealth:
     def recovered(self) -> None:
         """A Redis operation succeeded: ready again, unless flag writes are still failing."""
         if self._writer_error is not None:
+            if self.retry_writer is not None:
+                self.retry_writer()
             return
         if not self.ok:
             log.info("redis reachable again")
