@@ -92,26 +92,15 @@ def known_first(signals: list[Signal], known: Callable[[str, str], bool]) -> lis
 def split_by_route(signals: list[Signal], max_routes: int) -> tuple[list[Signal], list[Signal]]:
     """(the signals of the first ``max_routes`` routes, in order, with every ``*`` signal; the rest).
     A route's signals all go the same way, so its windows stay in order."""
-    chosen: set[P.Route] = set()
-    now: list[Signal] = []
-    later: list[Signal] = []
-    for s in signals:
-        route = (s.model, s.route)
-        if "*" in route or route in chosen:
-            now.append(s)
-        elif len(chosen) < max_routes:
-            chosen.add(route)
-            now.append(s)
-        else:
-            later.append(s)
-    return now, later
+    chunks = RouteChunks(signals)
+    return chunks.take(max_routes), chunks.rest()
 
 
 class RouteChunks:
-    """``split_by_route`` applied again and again to what it left, in one pass over the signals:
-    ``take(n)`` gives what ``split_by_route(rest, n)[0]`` gave (the same signals, in the same order)
-    and ``rest()`` the signals not taken yet, in order. Splitting 20,000 deferred signals anew for
-    every chunk of 100 routes walked the whole list each time."""
+    """The signals split into route chunks in one pass: ``take(n)`` gives the signals of the next
+    ``n`` routes (routes in the order they first appear; every ``*`` signal goes with the first
+    chunk), in their order, and ``rest()`` the signals not taken yet, in order. Splitting 20,000
+    deferred signals anew for every chunk of 100 routes walked the whole list each time."""
 
     def __init__(self, signals: list[Signal]) -> None:
         self.signals = signals

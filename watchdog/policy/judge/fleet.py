@@ -119,7 +119,12 @@ def mix_shift(cand_rows: Any, base_rows: Any) -> tuple[float, float] | None:
     their speed. Its variance: the cell shares of n draws from one mix are multinomial, so the mix's
     part of a mean moves by B / n, B the between-cell variance of the cell means (both precisions'
     cells pooled); the shift by B (1/n8 + 1/n16). A wide mix (long and short answers) makes an
-    ordinary window's shift wide too. None when it cannot be computed."""
+    ordinary window's shift wide too. None when it cannot be computed. Inside ``memo.window_memo``
+    once per pair of rows (the window's gate and the pool's read it)."""
+    return cached("mix_shift", (cand_rows, base_rows), (), lambda: _mix_shift(cand_rows, base_rows))
+
+
+def _mix_shift(cand_rows: Any, base_rows: Any) -> tuple[float, float] | None:
     mixed = mix_log_diff(cand_rows, base_rows)
     if mixed is None:
         return None
