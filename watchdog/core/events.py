@@ -8,6 +8,7 @@ dead-letter topic with that reason). It sits on the ingest hot path, so validati
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import unicodedata
@@ -27,8 +28,6 @@ try:
         return orjson.dumps(obj)
 
 except ImportError:  # pragma: no cover - orjson is a declared dependency
-    import json
-
     def _reject_constant(name: str) -> Any:
         raise ValueError(f"non-standard JSON constant {name}")
 
@@ -239,8 +238,10 @@ def _timestamp_value(v: Any) -> float:
 
 def _above_floor(v: list[float]) -> bool:
     """Every value >= MIN_LOGPROB, for a list already known to be <= 0: then a sum above the floor
-    settles it (sum() is about 4x cheaper than min() in CPython); min() only for long lists."""
-    return sum(v) >= MIN_LOGPROB or min(v) >= MIN_LOGPROB
+    settles it (sum() is about 4x cheaper than min() in CPython); min() only for long lists. A NaN
+    (only from the lenient parse) makes the sum NaN, and the list goes to the careful path."""
+    total = sum(v)
+    return total >= MIN_LOGPROB or (total == total and min(v) >= MIN_LOGPROB)  # a NaN sum: not settled
 
 
 def _logprobs(v: Any, name: str) -> list[float] | None:
@@ -257,21 +258,22 @@ def _logprobs(v: Any, name: str) -> list[float] | None:
     out = v
     for i, x in enumerate(v):
         t = type(x)
-        if (t is float or t is int) and _NEG_INF < x < MIN_LOGPROB:
-            raise _out_of_range(name, f"{name}[{i}] = {x:.3g} is below {MIN_LOGPROB:g}")
-        if t is float:
-            if x <= 0.0 and x != _NEG_INF:
-                continue
-            if not (0.0 < x <= _LOGPROB_TOLERANCE):  # NaN/-inf only reachable through the json fallback
-                raise _bad_value(name, f"{name}[{i}] = {x!r} is not a finite log-probability (must be <= 0)")
-            if out is v:  # copy only when something needs normalising
-                out = list(v)
-            out[i] = 0.0
-        elif t is int:
-            if x > 0:
-                raise _bad_value(name, f"{name}[{i}] = {x!r} is not a log-probability (must be <= 0)")
-        else:
+        if t is not float and t is not int:
             raise _bad_type(name, "a list of numbers", x)
+        if MIN_LOGPROB <= x <= 0.0:
+            continue
+        if x < MIN_LOGPROB or x != x:
+            # -inf, NaN or below the floor: what an engine whose logits overflowed reports. Counted
+            # as the worst token there is, so a broken engine shows as the worst perplexity instead
+            # of vanishing into the dead-letter topic
+            fixed = MIN_LOGPROB
+        elif t is float and x <= _LOGPROB_TOLERANCE:
+            fixed = 0.0  # float32 rounding
+        else:
+            raise _bad_value(name, f"{name}[{i}] = {x!r} is not a log-probability (must be <= 0)")
+        if out is v:  # copy only when something needs normalising
+            out = list(v)
+        out[i] = fixed
     return out
 
 
@@ -309,25 +311,44 @@ def _checked_name(raw: str, field: str) -> str:
     return name
 
 
-def _parse(raw: Any, max_bytes: int) -> Any:
+def loads_lenient(raw: Any) -> Any:
+    """JSON as Python's ``json.dumps`` writes it by default, ``NaN`` and ``Infinity`` included
+    (FastAPI-based engine servers send them when an engine's logits overflow); numbers come back
+    as floats, non-finite ones too, so every caller must check finiteness. Raises ``ValueError``."""
+    return json.loads(raw)
+
+
+def _non_standard(raw: Any) -> bool:
+    return isinstance(raw, (bytes, bytearray, memoryview)) and (b"NaN" in raw or b"Infinity" in raw)
+
+
+def _parse(raw: Any, max_bytes: int) -> tuple[Any, bool]:
+    """The decoded document, and whether every float in it is known to be finite."""
     if raw is None or len(raw) == 0:
         raise InvalidEvent("empty", "message has no value")
     if len(raw) > max_bytes:
         raise InvalidEvent("too_large", f"{len(raw)} bytes > limit {max_bytes}")
     try:
-        return _loads(raw)
+        return _loads(raw), _FINITE_FLOATS
     except _JSONError as exc:
         if isinstance(raw, (bytes, bytearray, memoryview)):
             try:
                 bytes(raw).decode("utf-8")
             except UnicodeDecodeError:
                 raise InvalidEvent("bad_utf8", "value is not valid UTF-8") from None
+        if _non_standard(raw):
+            # a NaN or Infinity literal: every field's own check then names it (a NaN latency is
+            # ``bad_value:latency_ms``; a NaN log-probability is the worst token, see _logprobs)
+            try:
+                return loads_lenient(bytes(raw)), False
+            except ValueError:
+                pass
         raise InvalidEvent("not_json", str(exc)[:200]) from None
 
 
 def decode_event(raw: bytes, max_bytes: int = MAX_EVENT_BYTES) -> InferenceEvent:
     """Decode and validate one raw event; raise ``InvalidEvent`` (with ``reason``) if it breaks the contract."""
-    d = _parse(raw, max_bytes)
+    d, finite = _parse(raw, max_bytes)
     if type(d) is not dict:
         raise InvalidEvent("not_object", f"top-level JSON value is a {type(d).__name__}, not an object")
 
@@ -410,9 +431,9 @@ def decode_event(raw: bytes, max_bytes: int = MAX_EVENT_BYTES) -> InferenceEvent
     # Log-probability lists, the bulk of an event: one C-level max() settles the common case.
     # max() raises TypeError for anything not comparable with numbers (str, None, lists,
     # objects); a positive maximum (including True) goes to _logprobs for the precise error or
-    # the clamp; orjson yields no NaN or inf. That leaves False, the one non-number max() can
+    # the clamp; orjson yields no NaN or inf (the lenient parse may: then ``finite`` is False). That leaves False, the one non-number max() can
     # miss: it can only come from the JSON literal, so the fast path needs "false" absent.
-    plain = _FINITE_FLOATS and type(raw) is bytes and b"false" not in raw
+    plain = finite and type(raw) is bytes and b"false" not in raw
     logprobs = get("completion_logprobs")
     if logprobs is not None:
         try:

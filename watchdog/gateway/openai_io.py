@@ -9,6 +9,23 @@ from typing import Any
 
 import orjson
 
+from watchdog.core.events import MIN_LOGPROB, loads_lenient
+
+
+def _loads(raw: bytes) -> Any:
+    """An upstream's JSON; ``NaN`` / ``Infinity`` too (Python servers write them by default when an
+    engine's logits overflow), so a broken engine's answer is counted rather than lost. None if
+    it is not JSON."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        if b"NaN" not in raw and b"Infinity" not in raw:
+            return None
+    try:
+        return loads_lenient(raw)
+    except ValueError:
+        return None
+
 
 def error_body(status: int, message: str, kind: str, code: str | None = None) -> bytes:
     """An OpenAI-style error document (clients such as ``openai`` raise a typed error from it);
@@ -81,8 +98,16 @@ def _logprobs(choice: dict[str, Any], kind: str) -> list[float] | None:
         vals = [c.get("logprob") for c in content if isinstance(c, dict)]
     else:
         vals = lp.get("token_logprobs") or []
-    out = [min(0.0, float(v)) for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    return out
+    return [_logprob(v) for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool)]
+
+
+def _logprob(v: float) -> float:
+    """A token's log-probability as the event contract takes it: NaN, -inf and values below the
+    floor (an engine whose logits overflowed) are the worst token, ``MIN_LOGPROB``."""
+    v = float(v)
+    if v >= MIN_LOGPROB:
+        return min(0.0, v)
+    return MIN_LOGPROB  # below the floor, -inf or NaN (every comparison with NaN is false)
 
 
 def _text(choice: dict[str, Any], kind: str, delta: bool) -> str:
@@ -121,10 +146,7 @@ class Result:
 def parse_response(kind: str, raw: bytes) -> Result:
     """Usage, first choice's text and log-probabilities of a non-streamed answer (bad JSON: empty)."""
     res = Result()
-    try:
-        doc = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return res
+    doc = _loads(raw)
     if not isinstance(doc, dict):
         return res
     res.add_usage(doc.get("usage"))
@@ -171,10 +193,7 @@ class StreamParser:
     def _line(self, payload: bytes) -> None:
         if not payload or payload == b"[DONE]":
             return
-        try:
-            doc = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            return
+        doc = _loads(payload)
         if not isinstance(doc, dict):
             return
         if "error" in doc:
