@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from watchdog.actuation.actuator import FlagStore
-from watchdog.cli.flags import add_flags_commands, parse_duration, who
+from watchdog.cli.flags import _when, add_flags_commands, parse_duration, who
 from watchdog.core.keys import Keys
 
 pytestmark = pytest.mark.services
@@ -239,3 +239,40 @@ def test_the_daemon_names_the_old_spelling_and_the_right_one(monkeypatch: pytest
     assert main(["config", "check", "--config", str(example)]) == 0
     assert ("warning: $LLMWD_REDIS_URL matches no config key and is ignored; did you mean $LLMWD_REDIS__URL?"
             in capsys.readouterr().err)
+
+
+def test_a_pin_is_at_most_30_days_and_an_absurd_one_in_redis_still_lists(
+        url: str, redis_client: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    # `--ttl 99999999999d` used to write the pin, then die on printing its date (a traceback, or
+    # "error: year ... is out of range" with exit 2 after the write), and every later `flags list` died too
+    with pytest.raises(SystemExit) as exc:
+        run(url, "pin", "llama", "chat", "fp16", "--ttl", "99999999999d")
+    assert exc.value.code == 2
+    assert "longer than the longest pin, 30d" in capsys.readouterr().err
+    assert redis_client.exists("llmwd:route:llama:chat") == 0
+    assert run(url, "pin", "llama", "chat", "fp16", "--ttl", "30d") == 0
+    redis_client.hset("llmwd:route:llama:chat", "pinned_until", "8.64e32")  # as the unbounded --ttl left it
+    capsys.readouterr()
+    assert run(url, "list") == 0
+    assert "llama" in capsys.readouterr().out
+    assert run(url, "get", "llama", "chat") == 0
+    assert _when(8.64e32) == "863999999999999954129921077411840 (unix s)"
+
+
+def test_a_mistyped_route_is_refused_with_the_known_one_and_a_new_route_is_written_with_a_warning(
+        url: str, redis_client: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    keys = Keys()
+    redis_client.set(keys.engine("llm-watchdog", "llama-3-8b", "support/chat"), "{}")  # the daemon judges it
+    assert run(url, "pin", "llama-3-8b", "support/chta", "fp16", "--ttl", "30m") == 1
+    err = capsys.readouterr().err
+    assert "refused llama-3-8b/support/chta: no such route" in err
+    assert "did you mean 'llama-3-8b/support/chat'?" in err and "--new-route" in err
+    assert run(url, "set", "llama-3-8", "support/chat", "fp16") == 1
+    assert "did you mean model 'llama-3-8b'?" in capsys.readouterr().err
+    assert redis_client.smembers(keys.routes_index) == set()
+    assert run(url, "pin", "llama-3-8b", "support/chat", "fp16", "--ttl", "30m") == 0  # the real one
+    assert capsys.readouterr().err == ""
+    assert run(url, "set", "llama-3-8b", "support/chta", "fp16", "--new-route") == 0
+    assert run(url, "set", "llama-3-8b", "billing/faq", "fp16") == 0  # nothing close: new, with a warning
+    assert "warning: llama-3-8b/billing/faq is a new route" in capsys.readouterr().err
+    assert len(redis_client.smembers(keys.routes_index)) == 3
