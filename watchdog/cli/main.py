@@ -134,7 +134,14 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"fp8-watchdog status: cannot reach {args.url}: {exc} (is the daemon running? "
               f"--url picks another address)", file=sys.stderr)
         return 1
-    body = resp.json()
+    try:
+        body = resp.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict) or "ready" not in body:
+        print(f"fp8-watchdog status: {args.url} answered HTTP {resp.status_code} with no watchdog status "
+              f"(is it the daemon's server.port? --url picks another address)", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(body, indent=2))
         return 0
@@ -143,7 +150,19 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     console = Console()
     console.print(f"[bold]{body['instance']}[/] up {body['uptime_s']} s, "
-                  f"{'[green]ready' if body['ready'] else '[red]not ready'}[/]  {'; '.join(body['problems'])}")
+                  f"{'[green]ready' if body['ready'] else '[red]not ready'}[/]  {'; '.join(body['problems'])}",
+                  highlight=False)
+    if body.get("policies") is not None:
+        console.print(f"policies in force: {', '.join(body['policies']) or 'none'}", highlight=False)
+    # open incidents: a rejected policy edit, a pinned route the policy wanted to flip, a flip budget spent...
+    # (ops incidents leave readiness alone: the daemon still does its job, on the last good policies)
+    incidents = body.get("incidents") or []
+    if incidents:
+        total = body.get("incidents_total", len(incidents))
+        console.print(f"[bold]{total} open incident{'s' if total != 1 else ''}[/]:")
+        for inc in incidents:
+            console.print(f"  [{inc.get('severity', '')}] {inc.get('key', '')}: {inc.get('summary', '')}",
+                          markup=False, highlight=False)
     table = Table("route", "precision")
     for route, precision in sorted(body.get("flags", {}).items()):
         table.add_row(route, precision)
