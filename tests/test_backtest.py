@@ -382,3 +382,25 @@ def test_false_rollback_rate_on_healthy_stretches_and_margins() -> None:
 if __name__ == "__main__":
     generate()
     print(f"wrote {REGRESSION} and {HEALTHY}", file=sys.stderr)
+
+
+def test_judged_table_gives_rate_mdes_in_points_and_says_why_a_rule_is_not_judged() -> None:
+    # the header said "rate points" while the cells held fractions (error-rate 0.0859 = 8.59 points), and a
+    # rule shown "no" did not say why
+    import io
+
+    from rich.console import Console
+
+    from watchdog.policy.backtest_report import render_judged
+
+    ps = load_policy_files([ROOT / "policies" / "default.yaml"])
+    r = run_backtest(ps, read_lines(REGRESSION), window_s=300)
+    row = next(x for x in r.judged if x["route"] == "chat/general" and x["rule"] == "error-rate")
+    assert row["metric"] == "error_rate" and 0.01 < row["mde"] < 1
+    buf = io.StringIO()
+    render_judged(r, Console(file=buf, width=200))
+    lines = buf.getvalue().splitlines()
+    cells = next(ln for ln in lines if ln.strip().startswith("error-rate ") and "window" in ln).split()
+    assert f"{row['mde'] * 100:.3g}pt" in cells
+    p99 = next(ln for ln in lines if ln.strip().startswith("latency-p99 "))
+    assert "no" in p99.split() and "too few samples" in p99
