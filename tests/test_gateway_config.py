@@ -144,3 +144,19 @@ def test_the_daemons_config_without_a_gateway_section_is_one_line(tmp_path: Path
     assert main(["gateway", "--config", str(tmp_path / "nope.yaml")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("fp8-watchdog gateway: invalid configuration: ") and "nope.yaml" in err[0]
+
+
+def test_a_wildcard_model_pool_is_named_as_letting_a_client_pick_its_flag(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # with model "*" the client's model name is the model of the flag it obeys: "llama-x" on a route rolled back
+    # for "llama" was served FP8 (measured through the real gateway), silently
+    from watchdog.cli.main import main
+
+    path = tmp_path / "watchdog.yaml"
+    path.write_text(CONFIG)
+    (warning,) = load_gateway_config(path).warnings()
+    assert warning.startswith("gateway.pools[2]: model '*' lets a client pick the flag it obeys")
+    assert main(["config", "check", "--config", str(path)]) == 0
+    assert f"warning: {warning}" in capsys.readouterr().err
+    path.write_text(CONFIG.replace('{model: "*", ', '{model: mistral, '))
+    assert load_gateway_config(path).warnings() == []

@@ -213,7 +213,8 @@ def cmd_config_check(args: argparse.Namespace) -> int:
         from watchdog.gateway.config import GatewayConfigError, load_gateway_config
 
         try:
-            load_gateway_config(args.config)
+            for warning in load_gateway_config(args.config).warnings():
+                print(f"warning: {warning}", file=sys.stderr)
         except GatewayConfigError as exc:
             problems.extend(str(exc).splitlines())
     for var in env_overrides(os.environ)[1]:
