@@ -276,3 +276,17 @@ def test_a_mistyped_route_is_refused_with_the_known_one_and_a_new_route_is_writt
     assert run(url, "set", "llama-3-8b", "billing/faq", "fp16") == 0  # nothing close: new, with a warning
     assert "warning: llama-3-8b/billing/faq is a new route" in capsys.readouterr().err
     assert len(redis_client.smembers(keys.routes_index)) == 3
+
+
+def test_a_set_over_someone_elses_pin_says_the_pin_now_holds_the_new_precision(
+        url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # alice pins legal to FP16 for an incident; bob's `set fp8` went through silently and the pin then held FP8
+    # against every rollback for the rest of the hour
+    assert run(url, "pin", "llama", "legal", "fp16", "--ttl", "1h", "--reason", "INC-1 alice") == 0
+    capsys.readouterr()
+    assert run(url, "set", "llama", "legal", "fp8", "--reason", "bob promote") == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "warning: llama/legal was pinned to fp16 until" in err
+    assert "INC-1 alice" in err and "the pin now holds fp8 against every policy" in err
+    assert run(url, "set", "llama", "legal", "fp8") == 0  # unchanged: nothing to say
+    assert "warning" not in capsys.readouterr().err

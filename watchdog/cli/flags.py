@@ -237,8 +237,15 @@ def cmd_set(args: argparse.Namespace, store: FlagStore) -> int:
     refused = check_route_exists(args, store)
     if refused is not None:
         return refused
+    before = store.get(args.model, args.route)
     result = store.flip(args.model, args.route, args.precision, expected_epoch=args.expected_epoch,
                                reason=args.reason, policy="", changed_by=who(), manual=True)
+    if result.applied and before is not None and before.pinned(time.time()) and before.precision != result.precision:
+        # a manual set keeps the pin: it now holds the new precision against every policy (docs/ROUTING.md, "Pins")
+        sys.stderr.write(f"warning: {args.model}/{args.route} was pinned to {before.precision} until "
+                         f"{_when(before.pinned_until)} (last change by {before.changed_by or '?'}: "
+                         f"{before.reason or '-'}); the pin now holds {result.precision} against every policy "
+                         f"(`flags unpin` releases it)\n")
     return _report(args, result)
 
 
