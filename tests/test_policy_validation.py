@@ -50,6 +50,10 @@ def test_good_file_parses_with_defaults() -> None:
         ("action: rollback", "action: page", "f.yaml:8:17: policies[0].rules[0].action: Input should be 'rollback' or 'alert'"),
         # unknown live metric, pointed at the metric value
         ("metric: error_rate", "metric: eror_rate", "f.yaml:6:17: unknown live metric 'eror_rate' (did you mean 'error_rate'?)"),
+        # a rate written in percent: error_rate > 5 can never be true (validate said OK, the rule never fired)
+        ("fail_if: candidate > 0.05", "fail_if: candidate > 5",
+         "f.yaml:7:18: fail_if: error_rate is a fraction (0 to 1), so 'candidate > 5' compares it with 5 and is "
+         "never or always true: 5 % is 0.05"),
         # condition errors point inside the condition (plain and quoted scalars)
         ("fail_if: candidate > 0.05", "fail_if: candidate > 0.05 and bogus < 1", "f.yaml:7:39: fail_if: unknown name 'bogus'"),
         ("fail_if: candidate > 0.05", "fail_if: \"candidate.real > 1\"", "f.yaml:7:28: fail_if: unexpected character '.'"),

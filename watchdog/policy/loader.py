@@ -152,6 +152,12 @@ def _semantic_checks(data: dict[str, Any], doc: PosDoc, channels: Collection[str
                     continue
                 if source == "gpu" and "baseline" in cond.names:
                     out.append((doc.pos((*rpath, key)), f"{key}: gpu signals have no baseline"))
+                if source == "live" and metric in RATE_COUNTS:
+                    beyond = _rate_bound_beyond_one(cond.tree)
+                    if beyond is not None:
+                        out.append((doc.pos((*rpath, key)),
+                                    f"{key}: {metric} is a fraction (0 to 1), so {text!r} compares it with "
+                                    f"{beyond:g} and is never or always true: {beyond:g} % is {beyond / 100:g}"))
             out += _judge_checks(rule, rpath, source, metric, doc)
             confirm = rule.get("confirm_with")
             if confirm is not None:
@@ -165,6 +171,36 @@ def _semantic_checks(data: dict[str, Any], doc: PosDoc, channels: Collection[str
                     out.append((doc.pos((*rpath, "confirm_with")),
                                 f"confirm_with: policy '{pol.get('name')}' has no {confirm} rule to confirm with"))
     return out
+
+
+def _rate_bound_beyond_one(tree: tuple[Any, ...]) -> float | None:
+    """The first number above 1 that a condition compares ``candidate``, ``baseline`` or their
+    difference with (a rate written in percent), else None."""
+
+    def rate_side(node: tuple[Any, ...]) -> bool:
+        if node[0] == "name":
+            return bool(node[1] in ("candidate", "baseline"))
+        return node[0] == "bin" and node[1] == "-" and rate_side(node[2]) and rate_side(node[3])
+
+    if tree[0] == "cmp":
+        operands = tree[2]
+        for a, b in zip(operands, operands[1:], strict=False):
+            for side, num in ((a, b), (b, a)):
+                if rate_side(side) and num[0] == "num" and abs(num[1]) > 1:
+                    return float(num[1])
+        return None
+    for child in tree[1:]:
+        if isinstance(child, tuple) and child and isinstance(child[0], str):
+            found = _rate_bound_beyond_one(child)
+            if found is not None:
+                return found
+        elif isinstance(child, list):
+            for c in child:
+                if isinstance(c, tuple):
+                    found = _rate_bound_beyond_one(c)
+                    if found is not None:
+                        return found
+    return None
 
 
 def _judge_checks(rule: dict[str, Any], rpath: tuple[str | int, ...], source: object, metric: object,
