@@ -92,6 +92,13 @@ def test_error_positions(old: str, new: str, expected: str) -> None:
     assert any(e.startswith(expected) for e in errors), errors
 
 
+def test_a_scalar_spread_over_two_keys_is_one_error_at_the_path_the_file_writes() -> None:
+    # min_time_in_state: 5 minutes gave two lines, ...min_time_in_state.candidate and ....baseline
+    errors = errors_of(GOOD.replace("cooldown: 90s", "cooldown: 90s\n    min_time_in_state: 5 minutes"))
+    assert errors == ["f.yaml:4:24: policies[0].min_time_in_state: bad duration '5 minutes': use e.g. 30s, 5m, "
+                      "1h30m, 1d"]
+
+
 def test_duplicate_rule_and_policy_names() -> None:
     text = GOOD + GOOD.replace("policies:\n", "").replace("cooldown: 90s", "cooldown: 1m")
     errors = errors_of(text)

@@ -88,7 +88,13 @@ def _pydantic_messages(fname: str, doc: PosDoc, exc: ValidationError) -> list[tu
             msg = err["msg"]
             if msg.startswith("Value error, "):
                 msg = msg[len("Value error, ") :]
-            out.append((doc.pos(loc), f"{where}: {msg}"))
+            pos = doc.pos(loc)
+            if len(loc) > 1 and pos == doc.pos(loc[:-1]):
+                # a key the file does not write: a scalar the model spread over several keys
+                # (min_time_in_state: 5m -> candidate and baseline), one mistake, said once
+                where = _dotted(loc[:-1])
+            if (pos, f"{where}: {msg}") not in out:
+                out.append((pos, f"{where}: {msg}"))
     return out
 
 
