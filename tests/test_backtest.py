@@ -404,3 +404,23 @@ def test_judged_table_gives_rate_mdes_in_points_and_says_why_a_rule_is_not_judge
     assert f"{row['mde'] * 100:.3g}pt" in cells
     p99 = next(ln for ln in lines if ln.strip().startswith("latency-p99 "))
     assert "no" in p99.split() and "too few samples" in p99
+
+
+def test_a_policy_whose_scope_covers_none_of_the_recording_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    # a typo in the scope ("supprt/*") gave "0 flips, 0 alerts": a clean pass, for a policy that judged nothing
+    from watchdog.policy import parse_policy_text
+    from watchdog.policy.backtest_report import render_table
+    from watchdog.policy.loader import PolicySet
+
+    shipped = load_policy_files([ROOT / "policies"])
+    assert run_backtest(shipped, read_lines(REGRESSION), window_s=300).uncovered == []
+    text = (ROOT / "policies" / "default.yaml").read_text().replace('routes: ["*"]', 'routes: ["supprt/*"]', 1)
+    policies, errors = parse_policy_text(text, "typo.yaml")
+    assert not errors
+    r = run_backtest(PolicySet(tuple(policies)), read_lines(REGRESSION), window_s=300)
+    assert r.uncovered == ["policy fp8-default judged nothing: its scope (models ['*'], routes ['supprt/*']) covers "
+                           "none of the 2 routes in the recording (llama-3-8b/chat/general, llama-3-8b/legal/contracts)"]
+    assert r.to_dict()["uncovered"] == r.uncovered
+    render_table(r)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "warning: policy fp8-default judged nothing" in out

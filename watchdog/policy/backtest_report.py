@@ -68,6 +68,7 @@ def render_table(result: BacktestResult, console: Any | None = None,
     """Print the summary, every would-be action (reasons on their own lines), the not-judged
     rules, the false-rollback rate on ``healthy`` stretches and the rules' margins (rich)."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.padding import Padding
     from rich.text import Text
 
@@ -98,6 +99,8 @@ def render_table(result: BacktestResult, console: Any | None = None,
             detail.append("\n" + _fmt_numbers(a.numbers), style="dim")
         console.print(Padding(detail, (0, 0, 0, 4), expand=False))
     flips = result.flips
+    for line in result.uncovered:
+        console.print(f"[yellow]warning:[/yellow] {escape(line)}")
     console.print(f"[bold]{flips} flip{'s' if flips != 1 else ''}[/bold], "
                   f"{sum(a.kind == 'alert' for a in result.actions)} alerts; final flags: "
                   + (", ".join(f"{m}/{r}={p}" for (m, r), p in sorted(result.flags.items())) or "unchanged"))
