@@ -290,3 +290,11 @@ def test_a_set_over_someone_elses_pin_says_the_pin_now_holds_the_new_precision(
     assert "INC-1 alice" in err and "the pin now holds fp8 against every policy" in err
     assert run(url, "set", "llama", "legal", "fp8") == 0  # unchanged: nothing to say
     assert "warning" not in capsys.readouterr().err
+
+
+def test_unpin_of_a_route_that_is_not_pinned_says_so(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # it said "already serves fp16; nothing written", an answer to a question nobody asked
+    assert run(url, "set", "llama", "chat", "fp16") == 0
+    capsys.readouterr()
+    assert run(url, "unpin", "llama", "chat") == 0
+    assert capsys.readouterr().out.strip() == "llama/chat is not pinned (serves fp16, epoch 1); nothing written"

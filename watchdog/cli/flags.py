@@ -155,6 +155,9 @@ def _report(args: argparse.Namespace, result: FlipResult) -> int:
     elif result.applied:
         pin = f", pinned until {_when(result.pinned_until)}" if result.pinned_until else ""
         _console().print(f"{result.model}/{result.route}: {result.precision} (epoch {result.epoch}{pin})")
+    elif result.unchanged and getattr(args, "handler", "") == "cmd_unpin":
+        _console().print(f"{result.model}/{result.route} is not pinned (serves {result.precision}, "
+                         f"epoch {result.epoch}); nothing written")
     elif result.unchanged:
         _console().print(f"{result.model}/{result.route} already serves {result.precision} "
                          f"(epoch {result.epoch}); nothing written")
