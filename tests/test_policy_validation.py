@@ -153,3 +153,13 @@ def test_cli_validate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     captured = capsys.readouterr()
     assert f"{bad}:6:17: unknown live metric 'eror_rate'" in captured.err
     assert f"{good}: OK" in captured.out
+
+
+def test_hidden_files_in_a_policy_directory_are_not_policies(tmp_path: Path) -> None:
+    # an editor's or a tool's hidden file (.#default.yaml, .default.yaml being written) was read as a policy, and
+    # a hot reload rejected the whole directory for it
+    (tmp_path / "default.yaml").write_text(GOOD)
+    (tmp_path / ".#default.yaml").write_text("not: [valid")
+    (tmp_path / ".default.yaml").write_text(GOOD)
+    assert [p.name for p in load_policy_files([tmp_path]).policies] == ["p"]
+    assert cli_main(["policy", "validate", str(tmp_path)]) == 0

@@ -310,14 +310,16 @@ def _expand(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
     for raw in paths:
         p = Path(raw)
         if p.is_dir():
-            out += sorted(x for x in p.iterdir() if x.suffix in (".yaml", ".yml") and x.is_file())
+            # hidden files are an editor's or a tool's (emacs' .#x.yaml, a .x.yaml being written), not policies
+            out += sorted(x for x in p.iterdir()
+                          if x.suffix in (".yaml", ".yml") and not x.name.startswith(".") and x.is_file())
         else:
             out.append(p)
     return out
 
 
 def load_policy_files(paths: Iterable[str | os.PathLike[str]], channels: Collection[str] | None = None) -> PolicySet:
-    """Load and validate policy files (directories: their *.yaml / *.yml). Raises ``PolicyError``.
+    """Load and validate policy files (directories: their *.yaml / *.yml, hidden ones skipped). Raises ``PolicyError``.
     ``channels``: the alert channel names ``actions.notify``/``page`` may use (None: not checked)."""
     errors: list[str] = []
     policies: list[Policy] = []
