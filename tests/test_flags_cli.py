@@ -298,3 +298,32 @@ def test_unpin_of_a_route_that_is_not_pinned_says_so(url: str, capsys: pytest.Ca
     capsys.readouterr()
     assert run(url, "unpin", "llama", "chat") == 0
     assert capsys.readouterr().out.strip() == "llama/chat is not pinned (serves fp16, epoch 1); nothing written"
+
+
+def test_a_redis_that_wants_a_password_is_named_as_such(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    # without a password in the URL the message was redis-py's "HELLO must be called with the client already
+    # authenticated, otherwise the HELLO AUTH <user> <pass> option can be used ..."
+    import shutil
+    import subprocess
+
+    from watchdog.dev.embedded import free_port
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("no redis-server")
+    port = free_port()
+    proc = subprocess.Popen(["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+                             "--requirepass", "hunter2",
+                             "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while run(f"redis://:hunter2@127.0.0.1:{port}/0", "list") != 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        capsys.readouterr()
+        for url in (f"redis://127.0.0.1:{port}/0", f"redis://:wrong@127.0.0.1:{port}/0"):
+            assert run(url, "list") == 2
+            err = capsys.readouterr().err
+            assert "the server refused our credentials" in err and "redis://:PASSWORD@HOST:PORT/DB" in err
+            assert "wrong" not in err and err.count("\n") == 1
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -345,6 +345,12 @@ def _guarded(handler: Callable[[argparse.Namespace, FlagStore], int]) -> Callabl
         except _UsageError as exc:
             sys.stderr.write(f"fp8-watchdog flags {getattr(args, 'flags_command', '')}: error: {exc}\n")
             return 2
+        except redis.AuthenticationError as exc:
+            # without a password redis-py's first command is HELLO, whose refusal does not say "password"
+            sys.stderr.write(f"error: redis at {redacted(args.redis_url)}: the server refused our credentials "
+                             f"({exc}); give them in the URL, redis://:PASSWORD@HOST:PORT/DB or "
+                             f"redis://USER:PASSWORD@..., or with --config\n")
+            return 2
         except (redis.RedisError, OSError) as exc:
             sys.stderr.write(f"error: redis at {redacted(args.redis_url)}: {type(exc).__name__}: {exc}\n")
             return 2
