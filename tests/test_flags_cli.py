@@ -327,3 +327,17 @@ def test_a_redis_that_wants_a_password_is_named_as_such(tmp_path: Any, capsys: p
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_evidence_reads_the_daemons_variable_first(
+        monkeypatch: pytest.MonkeyPatch, url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # evidence read the old $LLMWD_REDIS_URL before the daemon's $LLMWD_REDIS__URL (flags: the other way round)
+    # and its help named only the old spelling
+    from watchdog.cli.main import main
+
+    monkeypatch.setenv("LLMWD_REDIS__URL", url)
+    monkeypatch.setenv("LLMWD_REDIS_URL", "redis://127.0.0.1:1/0")
+    assert main(["evidence", "list"]) == 0
+    assert "no evidence records" in capsys.readouterr().out
+    main(["evidence", "list", "--help"])
+    assert "$LLMWD_REDIS__URL" in " ".join(capsys.readouterr().out.split())

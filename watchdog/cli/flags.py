@@ -94,6 +94,15 @@ def default_redis_url() -> str:
     return os.environ.get(REDIS_URL_VAR) or os.environ.get(LEGACY_REDIS_URL_VAR) or DEFAULT_REDIS_URL
 
 
+def redis_error_line(url: str | None, exc: BaseException) -> str:
+    """One line for a Redis failure of a CLI command (the URL's password hidden)."""
+    if isinstance(exc, redis.AuthenticationError):
+        # without a password redis-py's first command is HELLO, whose refusal does not say "password"
+        return (f"error: redis at {redacted(url or '')}: the server refused our credentials ({exc}); give them "
+                f"in the URL, redis://:PASSWORD@HOST:PORT/DB or redis://USER:PASSWORD@..., or with --config")
+    return f"error: redis at {redacted(url or '')}: {type(exc).__name__}: {exc}"
+
+
 def _store(args: argparse.Namespace) -> FlagStore:
     return FlagStore(client_from_url(args.redis_url, timeout_s=args.timeout), Keys(args.prefix))
 
@@ -345,14 +354,8 @@ def _guarded(handler: Callable[[argparse.Namespace, FlagStore], int]) -> Callabl
         except _UsageError as exc:
             sys.stderr.write(f"fp8-watchdog flags {getattr(args, 'flags_command', '')}: error: {exc}\n")
             return 2
-        except redis.AuthenticationError as exc:
-            # without a password redis-py's first command is HELLO, whose refusal does not say "password"
-            sys.stderr.write(f"error: redis at {redacted(args.redis_url)}: the server refused our credentials "
-                             f"({exc}); give them in the URL, redis://:PASSWORD@HOST:PORT/DB or "
-                             f"redis://USER:PASSWORD@..., or with --config\n")
-            return 2
         except (redis.RedisError, OSError) as exc:
-            sys.stderr.write(f"error: redis at {redacted(args.redis_url)}: {type(exc).__name__}: {exc}\n")
+            sys.stderr.write(redis_error_line(args.redis_url, exc) + "\n")
             return 2
         except ValueError as exc:
             sys.stderr.write(f"error: {exc}\n")
