@@ -95,3 +95,17 @@ def test_status_command_shows_the_policies_in_force_and_open_incidents(capsys: p
         assert "no watchdog status" in capsys.readouterr().err
     finally:
         server.stop()
+
+
+def test_status_finds_the_daemon_from_its_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # status asked 127.0.0.1:9464 whatever the config's server.port said
+    status = {"instance": "pod-7", "uptime_s": 1.0, "ready": True, "problems": [], "flags": {}, "recent_actions": []}
+    server = StatusServer("127.0.0.1", 0, CollectorRegistry(), lambda: status, lambda: []).start()
+    try:
+        port = server.url.rsplit(":", 1)[1].strip("/")
+        cfg = tmp_path / "config.yaml"
+        cfg.write_text(f"server:\n  host: 0.0.0.0\n  port: {port}\n")
+        assert main(["status", "--config", str(cfg)]) == 0
+        assert "pod-7" in capsys.readouterr().out
+    finally:
+        server.stop()

@@ -128,11 +128,23 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     import httpx
 
+    if args.url is None:
+        args.url = "http://127.0.0.1:9464"
+        if args.config:
+            from watchdog.config.settings import ConfigError, load_config
+
+            try:
+                server = load_config(args.config).server
+            except (ConfigError, OSError) as exc:
+                print(f"fp8-watchdog status: --config {args.config}: {exc}", file=sys.stderr)
+                return 2
+            host = "127.0.0.1" if server.host in ("0.0.0.0", "::", "") else server.host
+            args.url = f"http://{host}:{server.port}"
     try:
         resp = httpx.get(f"{args.url.rstrip('/')}/status", timeout=5)
     except httpx.HTTPError as exc:
         print(f"fp8-watchdog status: cannot reach {args.url}: {exc} (is the daemon running? "
-              f"--url picks another address)", file=sys.stderr)
+              f"--url or --config picks another address)", file=sys.stderr)
         return 1
     try:
         body = resp.json()
@@ -356,7 +368,10 @@ def build_parser(prog: str = "fp8-watchdog") -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("status", help="show a running daemon's status")
-    p.add_argument("--url", default="http://127.0.0.1:9464")
+    p.add_argument("--url", default=None,
+                   help="the daemon's HTTP address (default: from --config's server.host/port, else "
+                        "http://127.0.0.1:9464)")
+    _config_arg(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_status)
 
