@@ -424,3 +424,20 @@ def test_a_policy_whose_scope_covers_none_of_the_recording_says_so(capsys: pytes
     render_table(r)
     out = " ".join(capsys.readouterr().out.split())
     assert "warning: policy fp8-default judged nothing" in out
+
+
+@pytest.mark.parametrize("spec,says", [
+    ("chat/genral=08:08", "'chat/genral' matches none of the recording's routes (llama-3-8b/chat/general, "
+                          "llama-3-8b/legal/contracts); did you mean 'chat/general'?"),
+    ("chat/general=07:00", "that is before the recording starts (2027-01-15 08:00:00 UTC), so it marks nothing"),
+])
+def test_a_healthy_stretch_that_marks_nothing_is_refused(tmp_path: Path, spec: str, says: str,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    # both printed "0 in 0 healthy live windows ... interval [0.0%, 100.0%]" with exit 0
+    pol = tmp_path / "bt.yaml"
+    pol.write_text(POLICY)
+    rc = policy_cli(["policy", "backtest", "--policy", str(pol), "--events", str(REGRESSION), "--window", "1m",
+                     "--healthy-until", spec])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert f"--healthy-until '{spec}': {says}" in err and err.count("\n") == 1
