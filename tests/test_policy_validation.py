@@ -163,3 +163,12 @@ def test_hidden_files_in_a_policy_directory_are_not_policies(tmp_path: Path) -> 
     (tmp_path / ".default.yaml").write_text(GOOD)
     assert [p.name for p in load_policy_files([tmp_path]).policies] == ["p"]
     assert cli_main(["policy", "validate", str(tmp_path)]) == 0
+
+
+def test_a_missing_policy_file_names_a_close_one_beside_it(tmp_path: Path) -> None:
+    # a config's `policies: [policies/defualt.yaml]` said "[Errno 2] No such file or directory"
+    (tmp_path / "default.yaml").write_text(GOOD)
+    with pytest.raises(PolicyError) as info:
+        load_policy_files([tmp_path / "defualt.yaml"])
+    assert info.value.messages == [f"{tmp_path / 'defualt.yaml'}:1:1: cannot read file: no such file; did you mean "
+                                   f"{str(tmp_path / 'default.yaml')!r}?"]

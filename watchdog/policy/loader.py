@@ -305,6 +305,16 @@ def _parse_text_unguarded(text: str, fname: str, channels: Collection[str] | Non
     return list(pf.policies), [], doc
 
 
+def _sibling_hint(path: Path) -> str:
+    """``; did you mean 'x.yaml'?`` for a missing file with a close name beside it, else ""."""
+    try:
+        names = [x.name for x in path.parent.iterdir() if x.suffix in (".yaml", ".yml")]
+    except OSError:
+        return ""
+    close = difflib.get_close_matches(path.name, names, n=1)
+    return f"; did you mean {str(path.parent / close[0])!r}?" if close else ""
+
+
 def _expand(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
     out: list[Path] = []
     for raw in paths:
@@ -332,6 +342,9 @@ def load_policy_files(paths: Iterable[str | os.PathLike[str]], channels: Collect
             text = safe_yaml.read_text(path)
         except safe_yaml.SafeYamlError as exc:
             errors.append(f"{fname}:{exc.line}:{exc.col}: {exc.message}")
+            continue
+        except FileNotFoundError:
+            errors.append(f"{fname}:1:1: cannot read file: no such file{_sibling_hint(path)}")
             continue
         except (OSError, UnicodeDecodeError) as exc:
             errors.append(f"{fname}:1:1: cannot read file: {exc}")
