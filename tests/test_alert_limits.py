@@ -259,7 +259,9 @@ def test_an_unknown_channel_name_is_a_file_line_col_error(tmp_path: Any) -> None
                          "'slack'?); the daemon's alert channels: pagerduty, slack")
     _, errors = parse_policy_text(make_policy(), "t.yaml", channels={"slack"})
     assert [e.split(": ", 1)[1] for e in errors] == [
-        "actions.page: unknown alert channel 'pagerduty'; the daemon's alert channels: slack"]
+        "actions.page: unknown alert channel 'pagerduty'; the daemon's alert channels: slack (a channel's name is "
+        "its `name:`, else its kind: add `name: pagerduty` to the channel that should get these, or change "
+        "actions.page)"]
     assert parse_policy_text(TYPO, "t.yaml")[1] == []  # no channels given (policy validate): not checked
     path = tmp_path / "p.yaml"
     path.write_text(TYPO)

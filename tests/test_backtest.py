@@ -382,3 +382,62 @@ def test_false_rollback_rate_on_healthy_stretches_and_margins() -> None:
 if __name__ == "__main__":
     generate()
     print(f"wrote {REGRESSION} and {HEALTHY}", file=sys.stderr)
+
+
+def test_judged_table_gives_rate_mdes_in_points_and_says_why_a_rule_is_not_judged() -> None:
+    # the header said "rate points" while the cells held fractions (error-rate 0.0859 = 8.59 points), and a
+    # rule shown "no" did not say why
+    import io
+
+    from rich.console import Console
+
+    from watchdog.policy.backtest_report import render_judged
+
+    ps = load_policy_files([ROOT / "policies" / "default.yaml"])
+    r = run_backtest(ps, read_lines(REGRESSION), window_s=300)
+    row = next(x for x in r.judged if x["route"] == "chat/general" and x["rule"] == "error-rate")
+    assert row["metric"] == "error_rate" and 0.01 < row["mde"] < 1
+    buf = io.StringIO()
+    render_judged(r, Console(file=buf, width=200))
+    lines = buf.getvalue().splitlines()
+    cells = next(ln for ln in lines if ln.strip().startswith("error-rate ") and "window" in ln).split()
+    assert f"{row['mde'] * 100:.3g}pt" in cells
+    p99 = next(ln for ln in lines if ln.strip().startswith("latency-p99 "))
+    assert "no" in p99.split() and "too few samples" in p99
+
+
+def test_a_policy_whose_scope_covers_none_of_the_recording_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    # a typo in the scope ("supprt/*") gave "0 flips, 0 alerts": a clean pass, for a policy that judged nothing
+    from watchdog.policy import parse_policy_text
+    from watchdog.policy.backtest_report import render_table
+    from watchdog.policy.loader import PolicySet
+
+    shipped = load_policy_files([ROOT / "policies"])
+    assert run_backtest(shipped, read_lines(REGRESSION), window_s=300).uncovered == []
+    text = (ROOT / "policies" / "default.yaml").read_text().replace('routes: ["*"]', 'routes: ["supprt/*"]', 1)
+    policies, errors = parse_policy_text(text, "typo.yaml")
+    assert not errors
+    r = run_backtest(PolicySet(tuple(policies)), read_lines(REGRESSION), window_s=300)
+    assert r.uncovered == ["policy fp8-default judged nothing: its scope (models ['*'], routes ['supprt/*']) covers "
+                           "none of the 2 routes in the recording (llama-3-8b/chat/general, llama-3-8b/legal/contracts)"]
+    assert r.to_dict()["uncovered"] == r.uncovered
+    render_table(r)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "warning: policy fp8-default judged nothing" in out
+
+
+@pytest.mark.parametrize("spec,says", [
+    ("chat/genral=08:08", "'chat/genral' matches none of the recording's routes (llama-3-8b/chat/general, "
+                          "llama-3-8b/legal/contracts); did you mean 'chat/general'?"),
+    ("chat/general=07:00", "that is before the recording starts (2027-01-15 08:00:00 UTC), so it marks nothing"),
+])
+def test_a_healthy_stretch_that_marks_nothing_is_refused(tmp_path: Path, spec: str, says: str,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    # both printed "0 in 0 healthy live windows ... interval [0.0%, 100.0%]" with exit 0
+    pol = tmp_path / "bt.yaml"
+    pol.write_text(POLICY)
+    rc = policy_cli(["policy", "backtest", "--policy", str(pol), "--events", str(REGRESSION), "--window", "1m",
+                     "--healthy-until", spec])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert f"--healthy-until '{spec}': {says}" in err and err.count("\n") == 1

@@ -76,3 +76,36 @@ def test_http_surface_and_status_command(capsys: pytest.CaptureFixture[str]) -> 
     finally:
         server.stop()
     assert main(["status", "--url", server.url]) == 1  # stopped: a clear error, not a traceback
+
+
+def test_status_command_shows_the_policies_in_force_and_open_incidents(capsys: pytest.CaptureFixture[str]) -> None:
+    # a rejected policy edit is an open ops incident, not a readiness reason: the text view said only "ready"
+    status = {"instance": "pod-0", "uptime_s": 1.0, "ready": True, "problems": [], "flags": {},
+              "recent_actions": [], "policies": ["fp8-default"], "incidents_total": 1,
+              "incidents": [{"key": "ops/policy-reload", "severity": "warning",
+                             "summary": "policy edit rejected: p.yaml:15:5: unknown key 'cooldwn'; the last good "
+                                        "policies stay in force"}]}
+    server = StatusServer("127.0.0.1", 0, CollectorRegistry(), lambda: status, lambda: []).start()
+    try:
+        assert main(["status", "--url", server.url]) == 0
+        out = " ".join(capsys.readouterr().out.split())
+        assert "policies in force: fp8-default" in out
+        assert "1 open incident: [warning] ops/policy-reload: policy edit rejected: p.yaml:15:5" in out
+        assert main(["status", "--url", f"{server.url}/nope"]) == 1  # not the status: one line, no traceback
+        assert "no watchdog status" in capsys.readouterr().err
+    finally:
+        server.stop()
+
+
+def test_status_finds_the_daemon_from_its_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # status asked 127.0.0.1:9464 whatever the config's server.port said
+    status = {"instance": "pod-7", "uptime_s": 1.0, "ready": True, "problems": [], "flags": {}, "recent_actions": []}
+    server = StatusServer("127.0.0.1", 0, CollectorRegistry(), lambda: status, lambda: []).start()
+    try:
+        port = server.url.rsplit(":", 1)[1].strip("/")
+        cfg = tmp_path / "config.yaml"
+        cfg.write_text(f"server:\n  host: 0.0.0.0\n  port: {port}\n")
+        assert main(["status", "--config", str(cfg)]) == 0
+        assert "pod-7" in capsys.readouterr().out
+    finally:
+        server.stop()

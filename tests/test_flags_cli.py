@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from watchdog.actuation.actuator import FlagStore
-from watchdog.cli.flags import add_flags_commands, parse_duration, who
+from watchdog.cli.flags import _when, add_flags_commands, parse_duration, who
 from watchdog.core.keys import Keys
 
 pytestmark = pytest.mark.services
@@ -239,3 +239,105 @@ def test_the_daemon_names_the_old_spelling_and_the_right_one(monkeypatch: pytest
     assert main(["config", "check", "--config", str(example)]) == 0
     assert ("warning: $LLMWD_REDIS_URL matches no config key and is ignored; did you mean $LLMWD_REDIS__URL?"
             in capsys.readouterr().err)
+
+
+def test_a_pin_is_at_most_30_days_and_an_absurd_one_in_redis_still_lists(
+        url: str, redis_client: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    # `--ttl 99999999999d` used to write the pin, then die on printing its date (a traceback, or
+    # "error: year ... is out of range" with exit 2 after the write), and every later `flags list` died too
+    with pytest.raises(SystemExit) as exc:
+        run(url, "pin", "llama", "chat", "fp16", "--ttl", "99999999999d")
+    assert exc.value.code == 2
+    assert "longer than the longest pin, 30d" in capsys.readouterr().err
+    assert redis_client.exists("llmwd:route:llama:chat") == 0
+    assert run(url, "pin", "llama", "chat", "fp16", "--ttl", "30d") == 0
+    redis_client.hset("llmwd:route:llama:chat", "pinned_until", "8.64e32")  # as the unbounded --ttl left it
+    capsys.readouterr()
+    assert run(url, "list") == 0
+    assert "llama" in capsys.readouterr().out
+    assert run(url, "get", "llama", "chat") == 0
+    assert _when(8.64e32) == "863999999999999954129921077411840 (unix s)"
+
+
+def test_a_mistyped_route_is_refused_with_the_known_one_and_a_new_route_is_written_with_a_warning(
+        url: str, redis_client: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    keys = Keys()
+    redis_client.set(keys.engine("llm-watchdog", "llama-3-8b", "support/chat"), "{}")  # the daemon judges it
+    assert run(url, "pin", "llama-3-8b", "support/chta", "fp16", "--ttl", "30m") == 1
+    err = capsys.readouterr().err
+    assert "refused llama-3-8b/support/chta: no such route" in err
+    assert "did you mean 'llama-3-8b/support/chat'?" in err and "--new-route" in err
+    assert run(url, "set", "llama-3-8", "support/chat", "fp16") == 1
+    assert "did you mean model 'llama-3-8b'?" in capsys.readouterr().err
+    assert redis_client.smembers(keys.routes_index) == set()
+    assert run(url, "pin", "llama-3-8b", "support/chat", "fp16", "--ttl", "30m") == 0  # the real one
+    assert capsys.readouterr().err == ""
+    assert run(url, "set", "llama-3-8b", "support/chta", "fp16", "--new-route") == 0
+    assert run(url, "set", "llama-3-8b", "billing/faq", "fp16") == 0  # nothing close: new, with a warning
+    assert "warning: llama-3-8b/billing/faq is a new route" in capsys.readouterr().err
+    assert len(redis_client.smembers(keys.routes_index)) == 3
+
+
+def test_a_set_over_someone_elses_pin_says_the_pin_now_holds_the_new_precision(
+        url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # alice pins legal to FP16 for an incident; bob's `set fp8` went through silently and the pin then held FP8
+    # against every rollback for the rest of the hour
+    assert run(url, "pin", "llama", "legal", "fp16", "--ttl", "1h", "--reason", "INC-1 alice") == 0
+    capsys.readouterr()
+    assert run(url, "set", "llama", "legal", "fp8", "--reason", "bob promote") == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "warning: llama/legal was pinned to fp16 until" in err
+    assert "INC-1 alice" in err and "the pin now holds fp8 against every policy" in err
+    assert run(url, "set", "llama", "legal", "fp8") == 0  # unchanged: nothing to say
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_unpin_of_a_route_that_is_not_pinned_says_so(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # it said "already serves fp16; nothing written", an answer to a question nobody asked
+    assert run(url, "set", "llama", "chat", "fp16") == 0
+    capsys.readouterr()
+    assert run(url, "unpin", "llama", "chat") == 0
+    assert capsys.readouterr().out.strip() == "llama/chat is not pinned (serves fp16, epoch 1); nothing written"
+
+
+def test_a_redis_that_wants_a_password_is_named_as_such(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    # without a password in the URL the message was redis-py's "HELLO must be called with the client already
+    # authenticated, otherwise the HELLO AUTH <user> <pass> option can be used ..."
+    import shutil
+    import subprocess
+
+    from watchdog.dev.embedded import free_port
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("no redis-server")
+    port = free_port()
+    proc = subprocess.Popen(["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+                             "--requirepass", "hunter2",
+                             "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while run(f"redis://:hunter2@127.0.0.1:{port}/0", "list") != 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        capsys.readouterr()
+        for url in (f"redis://127.0.0.1:{port}/0", f"redis://:wrong@127.0.0.1:{port}/0"):
+            assert run(url, "list") == 2
+            err = capsys.readouterr().err
+            assert "the server refused our credentials" in err and "redis://:PASSWORD@HOST:PORT/DB" in err
+            assert "wrong" not in err and err.count("\n") == 1
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_evidence_reads_the_daemons_variable_first(
+        monkeypatch: pytest.MonkeyPatch, url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # evidence read the old $LLMWD_REDIS_URL before the daemon's $LLMWD_REDIS__URL (flags: the other way round)
+    # and its help named only the old spelling
+    from watchdog.cli.main import main
+
+    monkeypatch.setenv("LLMWD_REDIS__URL", url)
+    monkeypatch.setenv("LLMWD_REDIS_URL", "redis://127.0.0.1:1/0")
+    assert main(["evidence", "list"]) == 0
+    assert "no evidence records" in capsys.readouterr().out
+    main(["evidence", "list", "--help"])
+    assert "$LLMWD_REDIS__URL" in " ".join(capsys.readouterr().out.split())

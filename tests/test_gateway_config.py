@@ -144,3 +144,40 @@ def test_the_daemons_config_without_a_gateway_section_is_one_line(tmp_path: Path
     assert main(["gateway", "--config", str(tmp_path / "nope.yaml")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("fp8-watchdog gateway: invalid configuration: ") and "nope.yaml" in err[0]
+
+
+def test_a_wildcard_model_pool_is_named_as_letting_a_client_pick_its_flag(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # with model "*" the client's model name is the model of the flag it obeys: "llama-x" on a route rolled back
+    # for "llama" was served FP8 (measured through the real gateway), silently
+    from watchdog.cli.main import main
+
+    path = tmp_path / "watchdog.yaml"
+    path.write_text(CONFIG)
+    (warning,) = load_gateway_config(path).warnings()
+    assert warning.startswith("gateway.pools[2]: model '*' lets a client pick the flag it obeys")
+    assert main(["config", "check", "--config", str(path)]) == 0
+    assert f"warning: {warning}" in capsys.readouterr().err
+    path.write_text(CONFIG.replace('{model: "*", ', '{model: mistral, '))
+    assert load_gateway_config(path).warnings() == []
+
+
+def test_only_a_w3c_trace_id_from_traceparent_reaches_the_event(tmp_path: Path) -> None:
+    # the header's second field went into the event whatever it held (a client's 8 KB of text, say)
+    from watchdog.gateway.openai_io import Result
+
+    path = tmp_path / "watchdog.yaml"
+    path.write_text(CONFIG)
+    cfg = load_gateway_config(path)
+    gw = Gateway(cfg, flags=None, emitter=None)
+    pool = cfg.pools[1]
+
+    def trace_of(header: bytes) -> object:
+        ev = gw._event("chat", {"messages": []}, pool, pool.candidate, "id", "llama", "legal", "fp8", "ok", 1.0,
+                       None, Result(), {b"traceparent": header}, 200)
+        return ev.get("trace_id")
+
+    assert trace_of(b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01") == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert trace_of(b"00-" + b"x" * 8000 + b"-00f067aa0ba902b7-01") is None
+    assert trace_of(b"00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01") is None
+    assert trace_of(b"00-\xff\xfe-1-01") is None

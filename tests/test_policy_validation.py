@@ -50,6 +50,10 @@ def test_good_file_parses_with_defaults() -> None:
         ("action: rollback", "action: page", "f.yaml:8:17: policies[0].rules[0].action: Input should be 'rollback' or 'alert'"),
         # unknown live metric, pointed at the metric value
         ("metric: error_rate", "metric: eror_rate", "f.yaml:6:17: unknown live metric 'eror_rate' (did you mean 'error_rate'?)"),
+        # a rate written in percent: error_rate > 5 can never be true (validate said OK, the rule never fired)
+        ("fail_if: candidate > 0.05", "fail_if: candidate > 5",
+         "f.yaml:7:18: fail_if: error_rate is a fraction (0 to 1), so 'candidate > 5' compares it with 5 and is "
+         "never or always true: 5 % is 0.05"),
         # condition errors point inside the condition (plain and quoted scalars)
         ("fail_if: candidate > 0.05", "fail_if: candidate > 0.05 and bogus < 1", "f.yaml:7:39: fail_if: unknown name 'bogus'"),
         ("fail_if: candidate > 0.05", "fail_if: \"candidate.real > 1\"", "f.yaml:7:28: fail_if: unexpected character '.'"),
@@ -86,6 +90,13 @@ def test_error_positions(old: str, new: str, expected: str) -> None:
     assert old in GOOD
     errors = errors_of(GOOD.replace(old, new, 1))
     assert any(e.startswith(expected) for e in errors), errors
+
+
+def test_a_scalar_spread_over_two_keys_is_one_error_at_the_path_the_file_writes() -> None:
+    # min_time_in_state: 5 minutes gave two lines, ...min_time_in_state.candidate and ....baseline
+    errors = errors_of(GOOD.replace("cooldown: 90s", "cooldown: 90s\n    min_time_in_state: 5 minutes"))
+    assert errors == ["f.yaml:4:24: policies[0].min_time_in_state: bad duration '5 minutes': use e.g. 30s, 5m, "
+                      "1h30m, 1d"]
 
 
 def test_duplicate_rule_and_policy_names() -> None:
@@ -142,3 +153,22 @@ def test_cli_validate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     captured = capsys.readouterr()
     assert f"{bad}:6:17: unknown live metric 'eror_rate'" in captured.err
     assert f"{good}: OK" in captured.out
+
+
+def test_hidden_files_in_a_policy_directory_are_not_policies(tmp_path: Path) -> None:
+    # an editor's or a tool's hidden file (.#default.yaml, .default.yaml being written) was read as a policy, and
+    # a hot reload rejected the whole directory for it
+    (tmp_path / "default.yaml").write_text(GOOD)
+    (tmp_path / ".#default.yaml").write_text("not: [valid")
+    (tmp_path / ".default.yaml").write_text(GOOD)
+    assert [p.name for p in load_policy_files([tmp_path]).policies] == ["p"]
+    assert cli_main(["policy", "validate", str(tmp_path)]) == 0
+
+
+def test_a_missing_policy_file_names_a_close_one_beside_it(tmp_path: Path) -> None:
+    # a config's `policies: [policies/defualt.yaml]` said "[Errno 2] No such file or directory"
+    (tmp_path / "default.yaml").write_text(GOOD)
+    with pytest.raises(PolicyError) as info:
+        load_policy_files([tmp_path / "defualt.yaml"])
+    assert info.value.messages == [f"{tmp_path / 'defualt.yaml'}:1:1: cannot read file: no such file; did you mean "
+                                   f"{str(tmp_path / 'default.yaml')!r}?"]

@@ -19,7 +19,7 @@ from typing import Any
 
 import redis
 
-from watchdog.config.redact import redacted
+from watchdog.cli.flags import DEFAULT_REDIS_URL, LEGACY_REDIS_URL_VAR, REDIS_URL_VAR, redis_error_line
 from watchdog.config.settings import ConfigError, load_config
 from watchdog.core.argtypes import existing_file, positive_float, positive_int
 from watchdog.core.keys import Keys
@@ -28,7 +28,8 @@ from watchdog.state.redis_conn import client_from_url
 
 def _connect(args: argparse.Namespace) -> tuple[Any, Keys]:
     cfg = load_config(args.config)
-    url = args.redis_url or os.environ.get("LLMWD_REDIS_URL") or cfg.redis.url
+    # as ``flags``: --redis-url, the daemon's variable (in cfg.redis.url already), the old spelling, the file's
+    url = args.redis_url or os.environ.get(REDIS_URL_VAR) or os.environ.get(LEGACY_REDIS_URL_VAR) or cfg.redis.url
     args.redis_url = url
     return client_from_url(url, timeout_s=args.timeout), Keys(args.prefix or cfg.redis.prefix)
 
@@ -81,7 +82,7 @@ def _guarded(handler: Any) -> Any:
             client, keys = _connect(args)
             return int(handler(args, client, keys))
         except redis.RedisError as exc:
-            sys.stderr.write(f"error: redis at {redacted(args.redis_url or '')}: {type(exc).__name__}: {exc}\n")
+            sys.stderr.write(redis_error_line(args.redis_url, exc) + "\n")
             return 2
         except (ConfigError, OSError) as exc:
             sys.stderr.write(f"error: {exc}\n")
@@ -98,7 +99,7 @@ def add_evidence_commands(subparsers: Any) -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--config", default=os.environ.get("LLMWD_CONFIG") or None, metavar="FILE",
                         type=existing_file, help="daemon config: Redis URL and prefix (default: $LLMWD_CONFIG)")
-    common.add_argument("--redis-url", default=None, help="Redis URL (default: $LLMWD_REDIS_URL or the config's)")
+    common.add_argument("--redis-url", default=None, help=f"Redis URL (default: ${REDIS_URL_VAR}, the config's redis.url, or {DEFAULT_REDIS_URL})")
     common.add_argument("--prefix", default=None, help="key prefix (default: the config's, llmwd)")
     common.add_argument("--timeout", type=positive_float, default=2.0, help="Redis socket timeout in seconds")
     p = subparsers.add_parser("evidence", help="evidence records of rollbacks, promotes and alerts")

@@ -15,6 +15,7 @@ the Redis URL and prefix, the allowed precisions and the alert channels. ``--red
 from __future__ import annotations
 
 import argparse
+import difflib
 import getpass
 import json
 import os
@@ -48,6 +49,11 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
+#: the longest ``flags pin --ttl``: a pin holds a route against every policy, so one that outlives
+#: the incident it was for must not be possible by a slip of the keyboard (``99999d``); pin again
+#: to extend it
+MAX_PIN_TTL_S = 30 * 86400.0
+
 
 def parse_duration(value: str) -> float:
     """``90``, ``90s``, ``30m``, ``2h``, ``1d``, ``1h30m`` -> seconds (positive)."""
@@ -58,6 +64,15 @@ def parse_duration(value: str) -> float:
     seconds = sum(float(num) * _UNITS[unit] for num, unit in parts)
     if seconds <= 0:
         raise argparse.ArgumentTypeError(f"duration must be positive: {value!r}")
+    return seconds
+
+
+def pin_ttl(value: str) -> float:
+    """``--ttl``: a duration (``parse_duration``) of at most ``MAX_PIN_TTL_S`` (30 days)."""
+    seconds = parse_duration(value)
+    if seconds > MAX_PIN_TTL_S:
+        raise argparse.ArgumentTypeError(f"{value!r} is longer than the longest pin, 30d "
+                                         f"(pin again to extend it)")
     return seconds
 
 
@@ -79,6 +94,15 @@ def default_redis_url() -> str:
     return os.environ.get(REDIS_URL_VAR) or os.environ.get(LEGACY_REDIS_URL_VAR) or DEFAULT_REDIS_URL
 
 
+def redis_error_line(url: str | None, exc: BaseException) -> str:
+    """One line for a Redis failure of a CLI command (the URL's password hidden)."""
+    if isinstance(exc, redis.AuthenticationError):
+        # without a password redis-py's first command is HELLO, whose refusal does not say "password"
+        return (f"error: redis at {redacted(url or '')}: the server refused our credentials ({exc}); give them "
+                f"in the URL, redis://:PASSWORD@HOST:PORT/DB or redis://USER:PASSWORD@..., or with --config")
+    return f"error: redis at {redacted(url or '')}: {type(exc).__name__}: {exc}"
+
+
 def _store(args: argparse.Namespace) -> FlagStore:
     return FlagStore(client_from_url(args.redis_url, timeout_s=args.timeout), Keys(args.prefix))
 
@@ -90,7 +114,10 @@ def _console() -> Console:
 def _when(ts: float | None) -> str:
     if ts is None:
         return ""
-    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    try:
+        return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (OverflowError, OSError, ValueError):  # a time no datetime holds (written by hand, or before --ttl was bounded)
+        return f"{ts:.0f} (unix s)" if ts == ts else str(ts)
 
 
 def _print_json(data: Any) -> None:
@@ -137,6 +164,9 @@ def _report(args: argparse.Namespace, result: FlipResult) -> int:
     elif result.applied:
         pin = f", pinned until {_when(result.pinned_until)}" if result.pinned_until else ""
         _console().print(f"{result.model}/{result.route}: {result.precision} (epoch {result.epoch}{pin})")
+    elif result.unchanged and getattr(args, "handler", "") == "cmd_unpin":
+        _console().print(f"{result.model}/{result.route} is not pinned (serves {result.precision}, "
+                         f"epoch {result.epoch}); nothing written")
     elif result.unchanged:
         _console().print(f"{result.model}/{result.route} already serves {result.precision} "
                          f"(epoch {result.epoch}); nothing written")
@@ -168,13 +198,73 @@ def cmd_get(args: argparse.Namespace, store: FlagStore) -> int:
     return 0 if flag is not None else 1
 
 
+#: at most this many routes are read to tell a mistyped route from a known one (a SCAN of the
+#: daemons' engine-state keys, one per route they judge)
+MAX_KNOWN_ROUTES = 50_000
+
+
+def known_routes(store: FlagStore, group: str) -> set[tuple[str, str]]:
+    """Routes that exist for the daemons of consumer group ``group``: those with a flag and those
+    the daemons keep policy state for (seen within ``windows.route_idle_s``), at most
+    ``MAX_KNOWN_ROUTES`` of the latter."""
+    known = {(f.model, f.route) for f in store.list()}
+    for n, key in enumerate(store.client.scan_iter(match=store.keys.engine_pattern(group), count=1000)):
+        if n >= MAX_KNOWN_ROUTES:
+            break
+        route = store.keys.engine_route(group, key.decode() if isinstance(key, bytes) else key)
+        if route is not None:
+            known.add(route)
+    return known
+
+
+def check_route_exists(args: argparse.Namespace, store: FlagStore) -> int | None:
+    """Before ``set``/``pin`` writes a flag for a route that has none: a route the daemons do not
+    know is refused (exit 1) when it is close to one they know - a typo would leave the real route
+    on its precision in the middle of an incident - and written with a warning otherwise (a route
+    about to go live, or a deployment whose daemons have not judged it yet). ``--new-route`` skips
+    the check. None when the command may go on."""
+    if args.new_route or store.get(args.model, args.route) is not None:
+        return None
+    known = known_routes(store, args.group)
+    if (args.model, args.route) in known:
+        return None
+    name = f"{args.model}/{args.route}"
+    routes = sorted(r for m, r in known if m == args.model)
+    if routes:  # a known model: the route is what was mistyped
+        close = difflib.get_close_matches(args.route, routes, n=1)
+        hint = f"; did you mean {args.model + '/' + close[0]!r}?" if close else ""
+    else:
+        close = difflib.get_close_matches(args.model, sorted({m for m, _r in known}), n=1)
+        hint = f"; did you mean model {close[0]!r}?" if close else ""
+    if hint:
+        sys.stderr.write(f"refused {name}: no such route (no flag, and no daemon of group {args.group!r} "
+                         f"judges it){hint} (--new-route writes it anyway)\n")
+        return 1
+    sys.stderr.write(f"warning: {name} is a new route: no flag, and no daemon of group {args.group!r} "
+                     f"judges it yet ({len(known)} known routes); writing it\n")
+    return None
+
+
 def cmd_set(args: argparse.Namespace, store: FlagStore) -> int:
+    refused = check_route_exists(args, store)
+    if refused is not None:
+        return refused
+    before = store.get(args.model, args.route)
     result = store.flip(args.model, args.route, args.precision, expected_epoch=args.expected_epoch,
                                reason=args.reason, policy="", changed_by=who(), manual=True)
+    if result.applied and before is not None and before.pinned(time.time()) and before.precision != result.precision:
+        # a manual set keeps the pin: it now holds the new precision against every policy (docs/ROUTING.md, "Pins")
+        sys.stderr.write(f"warning: {args.model}/{args.route} was pinned to {before.precision} until "
+                         f"{_when(before.pinned_until)} (last change by {before.changed_by or '?'}: "
+                         f"{before.reason or '-'}); the pin now holds {result.precision} against every policy "
+                         f"(`flags unpin` releases it)\n")
     return _report(args, result)
 
 
 def cmd_pin(args: argparse.Namespace, store: FlagStore) -> int:
+    refused = check_route_exists(args, store)
+    if refused is not None:
+        return refused
     result = store.pin(args.model, args.route, args.precision, args.ttl, reason=args.reason,
                               changed_by=who())
     return _report(args, result)
@@ -214,6 +304,7 @@ def _settings(args: argparse.Namespace) -> Config:
     args.redis_url = (args.redis_url or os.environ.get(REDIS_URL_VAR) or os.environ.get(LEGACY_REDIS_URL_VAR)
                       or cfg.redis.url)
     args.prefix = args.prefix or cfg.redis.prefix
+    args.group = cfg.kafka.group_id
     problem = cluster_prefix_problem(args.redis_url, args.prefix)
     if problem is not None:
         raise _UsageError(f"{problem} (--prefix)")
@@ -264,7 +355,7 @@ def _guarded(handler: Callable[[argparse.Namespace, FlagStore], int]) -> Callabl
             sys.stderr.write(f"fp8-watchdog flags {getattr(args, 'flags_command', '')}: error: {exc}\n")
             return 2
         except (redis.RedisError, OSError) as exc:
-            sys.stderr.write(f"error: redis at {redacted(args.redis_url)}: {type(exc).__name__}: {exc}\n")
+            sys.stderr.write(redis_error_line(args.redis_url, exc) + "\n")
             return 2
         except ValueError as exc:
             sys.stderr.write(f"error: {exc}\n")
@@ -301,6 +392,10 @@ def add_flags_commands(subparsers: Any) -> argparse.ArgumentParser:
     change = argparse.ArgumentParser(add_help=False)
     change.add_argument("--no-announce", action="store_true",
                         help="do not post this change on the alert channels (it is audited either way)")
+    new_route = argparse.ArgumentParser(add_help=False)
+    new_route.add_argument("--new-route", action="store_true",
+                           help="write the flag even if the route has none and no daemon judges it (by "
+                                "default such a route is refused when its name is close to a known one)")
 
     flags = subparsers.add_parser("flags", help="read and change per-route precision flags in Redis")
     sub = flags.add_subparsers(dest="flags_command", metavar="COMMAND", required=True)
@@ -313,7 +408,7 @@ def add_flags_commands(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("route", type=route_name)
     _handler(p, cmd_get)
 
-    p = sub.add_parser("set", parents=[common, change], help="set a route's precision (manual, audited)")
+    p = sub.add_parser("set", parents=[common, change, new_route], help="set a route's precision (manual, audited)")
     p.add_argument("model", type=route_name)
     p.add_argument("route", type=route_name)
     p.add_argument("precision")
@@ -322,11 +417,11 @@ def add_flags_commands(subparsers: Any) -> argparse.ArgumentParser:
                    help="refuse unless the flag is still at this epoch")
     _handler(p, cmd_set)
 
-    p = sub.add_parser("pin", parents=[common, change], help="set a precision and hold it against policies for --ttl")
+    p = sub.add_parser("pin", parents=[common, change, new_route], help="set a precision and hold it against policies for --ttl")
     p.add_argument("model", type=route_name)
     p.add_argument("route", type=route_name)
     p.add_argument("precision")
-    p.add_argument("--ttl", type=parse_duration, required=True, help="how long, e.g. 30m, 2h")
+    p.add_argument("--ttl", type=pin_ttl, required=True, help="how long, e.g. 30m, 2h (at most 30d)")
     p.add_argument("--reason", default="manual pin")
     _handler(p, cmd_pin)
 

@@ -128,13 +128,32 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     import httpx
 
+    if args.url is None:
+        args.url = "http://127.0.0.1:9464"
+        if args.config:
+            from watchdog.config.settings import ConfigError, load_config
+
+            try:
+                server = load_config(args.config).server
+            except (ConfigError, OSError) as exc:
+                print(f"fp8-watchdog status: --config {args.config}: {exc}", file=sys.stderr)
+                return 2
+            host = "127.0.0.1" if server.host in ("0.0.0.0", "::", "") else server.host
+            args.url = f"http://{host}:{server.port}"
     try:
         resp = httpx.get(f"{args.url.rstrip('/')}/status", timeout=5)
     except httpx.HTTPError as exc:
         print(f"fp8-watchdog status: cannot reach {args.url}: {exc} (is the daemon running? "
-              f"--url picks another address)", file=sys.stderr)
+              f"--url or --config picks another address)", file=sys.stderr)
         return 1
-    body = resp.json()
+    try:
+        body = resp.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict) or "ready" not in body:
+        print(f"fp8-watchdog status: {args.url} answered HTTP {resp.status_code} with no watchdog status "
+              f"(is it the daemon's server.port? --url picks another address)", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(body, indent=2))
         return 0
@@ -143,7 +162,19 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     console = Console()
     console.print(f"[bold]{body['instance']}[/] up {body['uptime_s']} s, "
-                  f"{'[green]ready' if body['ready'] else '[red]not ready'}[/]  {'; '.join(body['problems'])}")
+                  f"{'[green]ready' if body['ready'] else '[red]not ready'}[/]  {'; '.join(body['problems'])}",
+                  highlight=False)
+    if body.get("policies") is not None:
+        console.print(f"policies in force: {', '.join(body['policies']) or 'none'}", highlight=False)
+    # open incidents: a rejected policy edit, a pinned route the policy wanted to flip, a flip budget spent...
+    # (ops incidents leave readiness alone: the daemon still does its job, on the last good policies)
+    incidents = body.get("incidents") or []
+    if incidents:
+        total = body.get("incidents_total", len(incidents))
+        console.print(f"[bold]{total} open incident{'s' if total != 1 else ''}[/]:")
+        for inc in incidents:
+            console.print(f"  [{inc.get('severity', '')}] {inc.get('key', '')}: {inc.get('summary', '')}",
+                          markup=False, highlight=False)
     table = Table("route", "precision")
     for route, precision in sorted(body.get("flags", {}).items()):
         table.add_row(route, precision)
@@ -194,7 +225,8 @@ def cmd_config_check(args: argparse.Namespace) -> int:
         from watchdog.gateway.config import GatewayConfigError, load_gateway_config
 
         try:
-            load_gateway_config(args.config)
+            for warning in load_gateway_config(args.config).warnings():
+                print(f"warning: {warning}", file=sys.stderr)
         except GatewayConfigError as exc:
             problems.extend(str(exc).splitlines())
     for var in env_overrides(os.environ)[1]:
@@ -336,7 +368,10 @@ def build_parser(prog: str = "fp8-watchdog") -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("status", help="show a running daemon's status")
-    p.add_argument("--url", default="http://127.0.0.1:9464")
+    p.add_argument("--url", default=None,
+                   help="the daemon's HTTP address (default: from --config's server.host/port, else "
+                        "http://127.0.0.1:9464)")
+    _config_arg(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_status)
 

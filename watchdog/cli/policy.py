@@ -11,6 +11,7 @@ import importlib.util
 import json
 import os
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +148,17 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         healthy = [parse_healthy(spec, result.start or 0.0) for spec in args.healthy_until]
     except ValueError as exc:
         return usage_error(_PROG, f"--healthy-until {exc}")
+    routes = sorted({(p["model"], p["route"]) for p in result.timeline})
+    for spec, h in zip(args.healthy_until, healthy, strict=True):
+        if routes and not any(h.matches(m, r) for m, r in routes):  # a typo marked nothing healthy
+            names = sorted({r for _m, r in routes} | {f"{m}/{r}" for m, r in routes})
+            return usage_error(_PROG, f"--healthy-until {spec!r}: {h.route!r} matches none of the recording's "
+                                      f"routes ({', '.join(f'{m}/{r}' for m, r in routes[:5])}"
+                                      f"{', ...' if len(routes) > 5 else ''}){did_you_mean(h.route, names)}")
+        if result.start is not None and h.until < result.start:
+            return usage_error(_PROG, f"--healthy-until {spec!r}: that is before the recording starts "
+                                      f"({datetime.fromtimestamp(result.start, tz=UTC):%Y-%m-%d %H:%M:%S} UTC), "
+                                      f"so it marks nothing healthy")
     metric = None
     if args.png:
         metric = render_png(result, ps, args.png, args.metric)

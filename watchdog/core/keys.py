@@ -34,6 +34,16 @@ def key_part(name: str) -> str:
     return name.replace("%", "%25").replace(":", "%3A")
 
 
+def _key_unpart(part: str) -> str:
+    """The name ``key_part`` encoded."""
+    return part.replace("%3A", ":").replace("%25", "%")
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` matched literally by a Redis glob (``SCAN MATCH``, ``KEYS``)."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
 def is_cluster_url(url: str) -> bool:
     return url.split("://", 1)[0].lower() in CLUSTER_SCHEMES
 
@@ -125,6 +135,21 @@ class Keys:
         """String ``{prefix}:engine:{group}:{model}:{route}``: JSON policy-engine state of one route
         (cooldown, budget, promote timer, rule streaks), written with checkpoints and flips."""
         return f"{self.prefix}:engine:{group}:{key_part(model)}:{key_part(route)}"
+
+    def engine_pattern(self, group: str) -> str:
+        """A ``SCAN MATCH`` pattern for every ``engine`` key of ``group``: the routes the daemons
+        keep policy state for (routes seen within ``windows.route_idle_s``)."""
+        return _glob_escape(f"{self.prefix}:engine:{group}:") + "*"
+
+    def engine_route(self, group: str, key: str) -> tuple[str, str] | None:
+        """``(model, route)`` of an ``engine`` key of ``group``, or None for any other key."""
+        head = f"{self.prefix}:engine:{group}:"
+        if not key.startswith(head):
+            return None
+        parts = key[len(head):].split(":")
+        if len(parts) != 2:
+            return None
+        return _key_unpart(parts[0]), _key_unpart(parts[1])
 
     @property
     def outbox(self) -> str:

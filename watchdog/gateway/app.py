@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -40,6 +41,8 @@ _ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 _REFUSED_ENDPOINTS = {"/v1/embeddings": "embeddings", "/embeddings": "embeddings"}
 _JSON = JSON
 MAX_BODY = 8 * 1024 * 1024
+#: the trace id of a W3C ``traceparent`` (``00-<trace id>-<span id>-<flags>``), the only part put into events
+_TRACE_ID = re.compile(rb"[0-9a-f]{32}")
 #: the client's X-Request-ID is kept in events (``client_request_id``) up to this many characters
 MAX_CLIENT_ID = 128
 MAX_SHADOWS_IN_FLIGHT = 64
@@ -290,8 +293,9 @@ class Gateway:
         trace = headers.get(b"traceparent")
         if trace:
             parts = trace.split(b"-")
-            if len(parts) >= 3:
-                ev["trace_id"] = parts[1].decode("ascii", "replace")
+            # a W3C trace id is 32 lower-case hex digits; anything else a client wrote is not put into the event
+            if len(parts) >= 3 and _TRACE_ID.fullmatch(parts[1]):
+                ev["trace_id"] = parts[1].decode("ascii")
         if http_status and http_status != 200:
             ev["http_status"] = http_status
         return ev

@@ -21,6 +21,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         sep = " " if len(problems) == 1 else "\n"
         print(f"{prog} gateway: invalid configuration:{sep}{str(exc)}", file=sys.stderr)
         return 2
+    for warning in cfg.warnings():
+        print(f"{prog} gateway: warning: {warning}", file=sys.stderr)
     if args.port is not None:
         cfg.port = args.port
     if not cfg.pools:

@@ -178,6 +178,19 @@ class GatewayConfig(_Section):
             seen.add(key)
         return self
 
+    def warnings(self) -> list[str]:
+        """What is valid but lets a client steer its precision: a pool with ``model: "*"`` takes
+        the client's model name as the model of the flag it obeys and of its events, so a client
+        that renames its model (``llama-x`` for ``llama``) reaches a route with no flag - a rolled
+        back route serves it FP8 - and makes the daemon judge a new route per name."""
+        out = []
+        for i, pool in enumerate(self.pools):
+            if pool.model == "*":
+                out.append(f"gateway.pools[{i}]: model '*' lets a client pick the flag it obeys by its model name "
+                           f"(a route rolled back for one model still serves FP8 to another name); list each "
+                           f"served model in its own pool")
+        return out
+
     def all_clients(self) -> list[ClientConfig]:
         """``clients`` and the ``api_keys`` shorthand, as one list."""
         return [*self.clients, *(ClientConfig(api_key=k, route=r) for k, r in self.api_keys.items())]

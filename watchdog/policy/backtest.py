@@ -98,6 +98,9 @@ class BacktestResult:
     verdicts: list[dict[str, Any]] = field(default_factory=list)
     #: how the window length was chosen (``backtest_window.WindowChoice.summary``), if it was
     window_note: str | None = None
+    #: one line per policy whose scope covers none of the recording's routes (it judged nothing:
+    #: "0 flips" says nothing about it)
+    uncovered: list[str] = field(default_factory=list)
 
     @property
     def flips(self) -> int:
@@ -114,7 +117,7 @@ class BacktestResult:
             "alerts": sum(a.kind == "alert" for a in self.actions),
             "actions": [a.to_dict() for a in self.actions],
             "final_flags": {f"{m}/{r}": p for (m, r), p in sorted(self.flags.items())},
-            "judged": self.judged, "window_note": self.window_note,
+            "judged": self.judged, "window_note": self.window_note, "uncovered": self.uncovered,
             "verdicts": self.verdicts,
         }
 
@@ -237,6 +240,19 @@ class _Replay:
                     policy, rule, v, model, route, serving.get((model, route), self.default)))
 
 
+def uncovered_policies(policy_set: PolicySet, routes: set[tuple[str, str]]) -> list[str]:
+    """A line per policy whose scope covers none of ``routes`` (none when there are no routes)."""
+    if not routes:
+        return []
+    seen = ", ".join(f"{m}/{r}" for m, r in sorted(routes)[:5]) + (", ..." if len(routes) > 5 else "")
+    out = []
+    for p in policy_set.policies:
+        if not any(p.scope.covers(m, r) for m, r in routes):
+            out.append(f"policy {p.name} judged nothing: its scope (models {p.scope.models}, routes "
+                       f"{p.scope.routes}) covers none of the {len(routes)} routes in the recording ({seen})")
+    return out
+
+
 def run_backtest(policy_set: PolicySet, lines: Iterable[bytes], golden: GoldenFeed | None = None, *,
                  window_s: float = 10.0, grace_s: float | None = None) -> BacktestResult:
     """Replay event lines (and golden reports) through windows and the policy engine."""
@@ -273,6 +289,7 @@ def run_backtest(policy_set: PolicySet, lines: Iterable[bytes], golden: GoldenFe
     r.late = agg.late
     r.golden_reports = len(feed)
     r.judged = judgeability_rows(rp.engine.snapshot())
+    r.uncovered = uncovered_policies(policy_set, {(p["model"], p["route"]) for p in r.timeline})
     log.info("backtest: %d lines, %d events, %d bad, %d windows, %d golden reports, %d flips",
              r.lines, r.events, r.bad_lines, r.windows, r.golden_reports, r.flips)
     return r

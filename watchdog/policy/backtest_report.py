@@ -68,6 +68,7 @@ def render_table(result: BacktestResult, console: Any | None = None,
     """Print the summary, every would-be action (reasons on their own lines), the not-judged
     rules, the false-rollback rate on ``healthy`` stretches and the rules' margins (rich)."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.padding import Padding
     from rich.text import Text
 
@@ -98,6 +99,8 @@ def render_table(result: BacktestResult, console: Any | None = None,
             detail.append("\n" + _fmt_numbers(a.numbers), style="dim")
         console.print(Padding(detail, (0, 0, 0, 4), expand=False))
     flips = result.flips
+    for line in result.uncovered:
+        console.print(f"[yellow]warning:[/yellow] {escape(line)}")
     console.print(f"[bold]{flips} flip{'s' if flips != 1 else ''}[/bold], "
                   f"{sum(a.kind == 'alert' for a in result.actions)} alerts; final flags: "
                   + (", ".join(f"{m}/{r}={p}" for (m, r), p in sorted(result.flags.items())) or "unchanged"))
@@ -191,8 +194,12 @@ def render_margins(result: BacktestResult, console: Any, healthy: list[HealthySp
     console.print(table)
 
 
-def _mde(x: float | None) -> str:
-    return "-" if x is None else f"{x:.3g}"
+def _mde(x: float | None, metric: str = "") -> str:
+    """An MDE in harm units: points for a rate (0.0859 -> ``8.59pt``, as the margins), else as is
+    (a log ratio for latency)."""
+    if x is None:
+        return "-"
+    return f"{x * 100:.3g}pt" if metric.endswith("_rate") else f"{x:.3g}"
 
 
 def render_judged(result: BacktestResult, console: Any) -> None:
@@ -201,11 +208,12 @@ def render_judged(result: BacktestResult, console: Any) -> None:
     minimum detectable effect (harm units at 80 % power: log ratio for latency, points for rates)."""
     from rich.table import Table
 
-    table = Table(title="judged rules at this traffic (MDE: log ratio / rate points, 80 % power)",
+    table = Table(title="judged rules at this traffic (MDE, 80 % power: rates in points, latency as log ratio)",
                   title_justify="left", show_edge=False, pad_edge=False)
     table.add_column("rule", overflow="fold", min_width=16, ratio=3)
     for col in ("judged", "MDE window", "MDE horizon"):
         table.add_column(col, no_wrap=True)
+    table.add_column("why not judged", overflow="fold", ratio=2)
     from rich.text import Text
 
     scope = None
@@ -213,8 +221,10 @@ def render_judged(result: BacktestResult, console: Any) -> None:
                       key=lambda r: (r["model"], r["route"], r["policy"])):
         if (row["model"], row["route"], row["policy"]) != scope:
             scope = (row["model"], row["route"], row["policy"])
-            table.add_row(Text(f"{row['model']}/{row['route']} {row['policy']}", style="bold"), "", "", "")
-        table.add_row(f"  {row['rule']}", row["how"], _mde(row.get("mde")), _mde(row.get("horizon_mde")))
+            table.add_row(Text(f"{row['model']}/{row['route']} {row['policy']}", style="bold"), "", "", "", "")
+        metric = str(row.get("metric") or "")
+        table.add_row(f"  {row['rule']}", row["how"], _mde(row.get("mde"), metric),
+                      _mde(row.get("horizon_mde"), metric), "" if row["judged"] else str(row.get("why") or ""))
     console.print()
     console.print(table)
 

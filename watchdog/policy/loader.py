@@ -88,7 +88,13 @@ def _pydantic_messages(fname: str, doc: PosDoc, exc: ValidationError) -> list[tu
             msg = err["msg"]
             if msg.startswith("Value error, "):
                 msg = msg[len("Value error, ") :]
-            out.append((doc.pos(loc), f"{where}: {msg}"))
+            pos = doc.pos(loc)
+            if len(loc) > 1 and pos == doc.pos(loc[:-1]):
+                # a key the file does not write: a scalar the model spread over several keys
+                # (min_time_in_state: 5m -> candidate and baseline), one mistake, said once
+                where = _dotted(loc[:-1])
+            if (pos, f"{where}: {msg}") not in out:
+                out.append((pos, f"{where}: {msg}"))
     return out
 
 
@@ -152,6 +158,12 @@ def _semantic_checks(data: dict[str, Any], doc: PosDoc, channels: Collection[str
                     continue
                 if source == "gpu" and "baseline" in cond.names:
                     out.append((doc.pos((*rpath, key)), f"{key}: gpu signals have no baseline"))
+                if source == "live" and metric in RATE_COUNTS:
+                    beyond = _rate_bound_beyond_one(cond.tree)
+                    if beyond is not None:
+                        out.append((doc.pos((*rpath, key)),
+                                    f"{key}: {metric} is a fraction (0 to 1), so {text!r} compares it with "
+                                    f"{beyond:g} and is never or always true: {beyond:g} % is {beyond / 100:g}"))
             out += _judge_checks(rule, rpath, source, metric, doc)
             confirm = rule.get("confirm_with")
             if confirm is not None:
@@ -165,6 +177,36 @@ def _semantic_checks(data: dict[str, Any], doc: PosDoc, channels: Collection[str
                     out.append((doc.pos((*rpath, "confirm_with")),
                                 f"confirm_with: policy '{pol.get('name')}' has no {confirm} rule to confirm with"))
     return out
+
+
+def _rate_bound_beyond_one(tree: tuple[Any, ...]) -> float | None:
+    """The first number above 1 that a condition compares ``candidate``, ``baseline`` or their
+    difference with (a rate written in percent), else None."""
+
+    def rate_side(node: tuple[Any, ...]) -> bool:
+        if node[0] == "name":
+            return bool(node[1] in ("candidate", "baseline"))
+        return node[0] == "bin" and node[1] == "-" and rate_side(node[2]) and rate_side(node[3])
+
+    if tree[0] == "cmp":
+        operands = tree[2]
+        for a, b in zip(operands, operands[1:], strict=False):
+            for side, num in ((a, b), (b, a)):
+                if rate_side(side) and num[0] == "num" and abs(num[1]) > 1:
+                    return float(num[1])
+        return None
+    for child in tree[1:]:
+        if isinstance(child, tuple) and child and isinstance(child[0], str):
+            found = _rate_bound_beyond_one(child)
+            if found is not None:
+                return found
+        elif isinstance(child, list):
+            for c in child:
+                if isinstance(c, tuple):
+                    found = _rate_bound_beyond_one(c)
+                    if found is not None:
+                        return found
+    return None
 
 
 def _judge_checks(rule: dict[str, Any], rpath: tuple[str | int, ...], source: object, metric: object,
@@ -263,19 +305,31 @@ def _parse_text_unguarded(text: str, fname: str, channels: Collection[str] | Non
     return list(pf.policies), [], doc
 
 
+def _sibling_hint(path: Path) -> str:
+    """``; did you mean 'x.yaml'?`` for a missing file with a close name beside it, else ""."""
+    try:
+        names = [x.name for x in path.parent.iterdir() if x.suffix in (".yaml", ".yml")]
+    except OSError:
+        return ""
+    close = difflib.get_close_matches(path.name, names, n=1)
+    return f"; did you mean {str(path.parent / close[0])!r}?" if close else ""
+
+
 def _expand(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
     out: list[Path] = []
     for raw in paths:
         p = Path(raw)
         if p.is_dir():
-            out += sorted(x for x in p.iterdir() if x.suffix in (".yaml", ".yml") and x.is_file())
+            # hidden files are an editor's or a tool's (emacs' .#x.yaml, a .x.yaml being written), not policies
+            out += sorted(x for x in p.iterdir()
+                          if x.suffix in (".yaml", ".yml") and not x.name.startswith(".") and x.is_file())
         else:
             out.append(p)
     return out
 
 
 def load_policy_files(paths: Iterable[str | os.PathLike[str]], channels: Collection[str] | None = None) -> PolicySet:
-    """Load and validate policy files (directories: their *.yaml / *.yml). Raises ``PolicyError``.
+    """Load and validate policy files (directories: their *.yaml / *.yml, hidden ones skipped). Raises ``PolicyError``.
     ``channels``: the alert channel names ``actions.notify``/``page`` may use (None: not checked)."""
     errors: list[str] = []
     policies: list[Policy] = []
@@ -288,6 +342,9 @@ def load_policy_files(paths: Iterable[str | os.PathLike[str]], channels: Collect
             text = safe_yaml.read_text(path)
         except safe_yaml.SafeYamlError as exc:
             errors.append(f"{fname}:{exc.line}:{exc.col}: {exc.message}")
+            continue
+        except FileNotFoundError:
+            errors.append(f"{fname}:1:1: cannot read file: no such file{_sibling_hint(path)}")
             continue
         except (OSError, UnicodeDecodeError) as exc:
             errors.append(f"{fname}:1:1: cannot read file: {exc}")

@@ -34,5 +34,8 @@ def unknown_channels(pol: dict[str, Any], ppath: tuple[str | int, ...], channels
             hint = f" (did you mean '{close[0]}'?)" if close else ""
             out.append((doc.pos((*ppath, "actions", field, i)),
                         f"actions.{field}: unknown alert channel '{name}'{hint}; the daemon's alert channels: "
-                        f"{', '.join(known)}"))
+                        f"{', '.join(known)}" + ("" if close else
+                                                 f" (a channel's name is its `name:`, else its kind: add "
+                                                 f"`name: {name}` to the channel that should get these, or "
+                                                 f"change actions.{field})")))
     return out

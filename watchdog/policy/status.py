@@ -83,6 +83,7 @@ def judgeability_rows(snapshot: Mapping[str, Any]) -> list[dict[str, Any]]:
             if not jb:
                 continue
             rows.append({"policy": sc["policy"], "model": sc["model"], "route": sc["route"], "rule": name,
+                         "metric": (r.get("last") or {}).get("metric"),
                          "judged": 1 if jb["judged"] in ("window", "horizon") else 0, "how": jb["judged"],
                          "mde": jb.get("mde"), "horizon_mde": jb.get("horizon_mde"), "kind": jb.get("kind"),
                          "why": jb.get("why")})
@@ -116,6 +117,7 @@ def state_judgeability_rows(policy_set: PolicySet,
             if not jb:
                 continue
             rows.append({"policy": pname, "model": model, "route": route, "rule": name,
+                         "metric": rs.last.metric if rs.last is not None else None,
                          "judged": 1 if jb["judged"] in ("window", "horizon") else 0, "how": jb["judged"],
                          "mde": jb.get("mde"), "horizon_mde": jb.get("horizon_mde"), "kind": jb.get("kind"),
                          "why": jb.get("why")})
