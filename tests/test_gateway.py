@@ -227,3 +227,21 @@ def test_shadows_then_the_daemon_rolls_back_a_failing_fp8_upstream(gateway: Any,
         flag = store.get(MODEL, "support")
         assert flag is not None and flag.precision == "fp16" and flag.policy == "gw"
         assert daemon.stats.windows_closed > 0
+
+
+@pytest.mark.parametrize("gateway", [{"model": "*", "served_model": MODEL}], indirect=True)
+def test_a_wildcard_pool_with_served_model_obeys_one_flag_whatever_model_the_client_names(
+        gateway: Any, kafka_service: Any) -> None:
+    # before served_model, a client that renamed its model reached a route with no flag: a rollback of
+    # (tiny, support) still served "tiny-x" FP8, and each new name was one more route for the daemon
+    srv, store, topic = gateway
+    store.flip(MODEL, "support", "fp16", expected_epoch=None, reason="test", changed_by="test")
+    wait_for(lambda: srv.app.flags.precision_for(MODEL, "support") == "fp16", 2)
+    c = client(srv)
+    for name in ("tiny-x", MODEL):
+        raw = c.chat.completions.with_raw_response.create(
+            model=name, messages=[{"role": "user", "content": PROMPT}], max_tokens=4,
+            extra_headers={"X-LLMWD-Route": "support"})
+        assert raw.headers["x-llmwd-precision"] == "fp16", name
+    events = read_events(kafka_service.address, topic, 2)
+    assert [(e.model, e.route, e.precision) for e in events] == [(MODEL, "support", "fp16")] * 2

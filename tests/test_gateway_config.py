@@ -160,6 +160,13 @@ def test_a_wildcard_model_pool_is_named_as_letting_a_client_pick_its_flag(
     assert f"warning: {warning}" in capsys.readouterr().err
     path.write_text(CONFIG.replace('{model: "*", ', '{model: mistral, '))
     assert load_gateway_config(path).warnings() == []
+    path.write_text(CONFIG.replace('{model: "*", ', '{model: "*", served_model: mistral, '))
+    cfg = load_gateway_config(path)
+    assert cfg.warnings() == [] and cfg.pools[2].flag_model("mistral-renamed") == "mistral"
+    assert cfg.pools[1].flag_model("llama") == "llama"
+    path.write_text(CONFIG.replace('{model: "*", ', '{model: "*", served_model: "a b", '))
+    with pytest.raises(GatewayConfigError, match="served_model.*model 'a b'"):
+        load_gateway_config(path)
 
 
 def test_only_a_w3c_trace_id_from_traceparent_reaches_the_event(tmp_path: Path) -> None:

@@ -260,7 +260,7 @@ class Gateway:
             await self._reply(send, 404, error_body(404, f"model {model!r} is not served here", "model_not_found"),
                               _JSON, (b"x-request-id", request_id.encode()))
             return None
-        return body, model, route, pool
+        return body, pool.flag_model(model), route, pool
 
     def _event(self, kind: str, body: dict[str, Any], pool: PoolConfig, upstream: UpstreamConfig,
                request_id: str, model: str, route: str, precision: str, status: str, latency_ms: float,

@@ -48,6 +48,8 @@ __all__ = ["AuthConfig", "ClientConfig", "EventsConfig", "GatewayConfig", "Gatew
 Route = Annotated[str, AfterValidator(check_route)]
 #: a route name or ``*``
 RouteOrAny = Annotated[str, AfterValidator(lambda v: v if v == "*" else check_route(v))]
+#: a model name as events carry it (the same rule as routes)
+ModelName = Annotated[str, AfterValidator(lambda v: check_route(v, "model"))]
 
 
 class _Section(BaseModel):
@@ -82,6 +84,10 @@ class PoolConfig(_Section):
 
     model: str = "*"
     route: str = "*"
+    #: with ``model: "*"``: the model name the pool's flags, events and the daemon's state use,
+    #: whatever name the client sends (so renaming a model cannot dodge a rollback or make new
+    #: routes); None: the client's model name (``warnings`` names that)
+    served_model: ModelName | None = None
     candidate_precision: str = "fp8"
     baseline_precision: str = "fp16"
     candidate: UpstreamConfig
@@ -100,6 +106,10 @@ class PoolConfig(_Section):
 
     def matches(self, model: str, route: str) -> bool:
         return self.model in ("*", model) and self.route in ("*", route)
+
+    def flag_model(self, model: str) -> str:
+        """The model whose flag a request for ``model`` obeys and whose events it writes."""
+        return self.served_model if self.model == "*" and self.served_model else model
 
 
 class ClientConfig(_Section):
@@ -185,10 +195,11 @@ class GatewayConfig(_Section):
         back route serves it FP8 - and makes the daemon judge a new route per name."""
         out = []
         for i, pool in enumerate(self.pools):
-            if pool.model == "*":
+            if pool.model == "*" and not pool.served_model:
                 out.append(f"gateway.pools[{i}]: model '*' lets a client pick the flag it obeys by its model name "
-                           f"(a route rolled back for one model still serves FP8 to another name); list each "
-                           f"served model in its own pool")
+                           f"(a route rolled back for one model still serves FP8 to another name); set "
+                           f"served_model (the one model its upstreams serve) or list each served model in "
+                           f"its own pool")
         return out
 
     def all_clients(self) -> list[ClientConfig]:

@@ -70,13 +70,13 @@ def clean_name(value: object) -> object:
     return value
 
 
-def check_route(value: str) -> str:
-    """``value`` NFKC-normalised if it is a valid route name (the daemon's rule,
-    ``watchdog.core.events.name_problem``, and no confusable letter); ValueError otherwise."""
+def check_route(value: str, what: str = "route") -> str:
+    """``value`` NFKC-normalised if it is a valid route (or model: ``what``) name (the daemon's
+    rule, ``watchdog.core.events.name_problem``, and no confusable letter); ValueError otherwise."""
     name = normalise(value)
     assert isinstance(name, str)
     why = name_problem(name) or problems(name)
     if why:
-        raise ValueError(f"route {name[:80]!r} {why}" if why.startswith(("is ", "holds "))
-                         else f"route {name[:80]!r}: {why}")
+        raise ValueError(f"{what} {name[:80]!r} {why}" if why.startswith(("is ", "holds "))
+                         else f"{what} {name[:80]!r}: {why}")
     return name
