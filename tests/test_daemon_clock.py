@@ -110,3 +110,17 @@ def test_a_restored_mark_counts_as_of_its_restore() -> None:
     wm.confirm_caught_up(("t", 0), 110.0)
     assert wm.close_time(110.0) == pytest.approx(59.0)  # 50 + 10 s since restore - 1
     assert wm.events_now(110.0) is None  # not an events' clock for the skew check
+
+
+def test_only_events_read_after_their_partition_was_caught_up_are_the_live_events_clock() -> None:
+    wm = Watermarks(out_of_order_s=1.0, max_future_s=300.0)
+    pk = ("t", 0)
+    wm.assign(pk, None, now=1000.0)
+    for off in range(5):  # a backlog: its newest event is 480 s old
+        wm.observe(pk, 520.0 + off, now=1000.0, offset=off)
+    assert wm.events_now(1010.0) == pytest.approx(534.0)
+    assert wm.events_now(1010.0, live=True) is None
+    wm.live_from({pk: 5, ("t", 9): 3})  # read to the end (a partition not assigned here is ignored)
+    assert wm.events_now(1020.0, live=True) is None  # and nothing came after it
+    wm.observe(pk, 1019.0, now=1020.0, offset=5)
+    assert wm.events_now(1030.0, live=True) == pytest.approx(1029.0)

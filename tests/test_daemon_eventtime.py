@@ -187,3 +187,36 @@ def test_a_zeroed_or_week_old_timestamp_is_stale_on_a_daemon_without_a_checkpoin
     seen, twice = recorded_windows(redis_client)
     assert twice == 0 and seen == dict(prod.acked)
     assert sorted(_dlq_reasons(kafka_service.address, cfg.kafka.dead_letter_topic, 2)) == ["stale", "stale"]
+
+
+@pytest.mark.services
+def test_an_old_backlog_is_not_clock_skew_but_a_live_producer_running_behind_is(
+        kafka_service, redis_service, topic, tmp_path):
+    # a new consumer group on a topic whose newest event was 8 min old, then no traffic: readiness said
+    # "clock-skew: host clock +480 s from the events' clock" (and paged) until traffic came back
+    cfg = make_config(kafka_service.address, redis_service.port, topic, write_policy(tmp_path / "p.yaml"), None,
+                      windows={"length_s": 1.0, "grace_s": 0.3})
+    prod = CountingProducer(kafka_service.address, topic, ["a"], rate=40.0)
+    r = prod.gen.routes[0]
+    old = time.time() - 480
+    for i in range(40):
+        prod.send(*prod.gen.encoded(r, now=old + i * 0.05), counted=False)
+    prod.producer.flush(timeout=10)
+
+    def skew() -> list[str]:
+        return [p for p in daemon.problems() if "clock-skew" in p]
+
+    try:
+        with running_daemon(cfg) as (daemon, _server):
+            wait_until(lambda: daemon.ingest is not None and sum(daemon.ingest.next_offset.values()) >= 40, 30)
+            time.sleep(3.0)  # the clock is checked every loop iteration
+            assert skew() == []
+            # live events from a producer whose clock runs 480 s behind: that is skew
+            deadline = time.monotonic() + 20
+            while not skew():
+                assert time.monotonic() < deadline, "a live producer 480 s behind was not named"
+                prod.send(*prod.gen.encoded(r, now=time.time() - 480), counted=False)
+                time.sleep(0.05)
+            assert "events' clock" in skew()[0]
+    finally:
+        prod.producer.close(timeout=5)

@@ -274,6 +274,18 @@ class Ingest:
             return None
         return len(parts) if parts else None
 
+    def read_to_end(self) -> dict[PartitionKey, int]:
+        """Partitions read up to the high watermark of their last fetch, with our position. (Tansu
+        reports the start of its last batch as the high watermark: a position past it counts too.)"""
+        out = {}
+        for tp in self.consumer.assignment():
+            pk = (tp.topic, tp.partition)
+            high = self.consumer.highwater(tp)
+            pos = self.next_offset.get(pk)
+            if high is not None and pos is not None and pos >= high:
+                out[pk] = pos
+        return out
+
     def lag(self) -> dict[int, int]:
         out = {}
         for tp in self.consumer.assignment():

@@ -40,6 +40,9 @@ class PartitionClock:
     last_record_at: float | None = None
     #: (steady) time the watermark last moved forward
     advanced_at: float | None = None
+    #: our position when we last had read everything the broker reported: a record at or past it
+    #: was appended after we were caught up, so its event time is live (see ``live_from``)
+    live_from: int | None = None
 
 
 class Watermarks:
@@ -51,6 +54,9 @@ class Watermarks:
         self._seen: tuple[float, float] | None = None
         #: the same over restored checkpoints (their ``max_ts`` at restore time): only ever behind
         self._restored: tuple[float, float] | None = None
+        #: the same over live events only (read after their partition was caught up): the tail of an
+        #: old backlog is the newest event read, but says nothing about the producers' clock
+        self._live: tuple[float, float] | None = None
 
     # -- partitions ----------------------------------------------------------------------------
     def assign(self, pk: PartitionKey, max_ts: float | None, now: float) -> None:
@@ -65,8 +71,8 @@ class Watermarks:
     def is_future(self, ts: float, now: float) -> bool:
         return ts > now + self.max_future_s
 
-    def observe(self, pk: PartitionKey, ts: float, now: float) -> None:
-        """A valid event of ``pk`` (already checked: not future, not late)."""
+    def observe(self, pk: PartitionKey, ts: float, now: float, offset: int | None = None) -> None:
+        """A valid event of ``pk`` at ``offset`` (already checked: not future, not late)."""
         pc = self.parts.get(pk)
         if pc is None:
             pc = self.parts[pk] = PartitionClock()
@@ -76,12 +82,26 @@ class Watermarks:
             seen = self._seen
             if seen is None or ts > seen[0] + (now - seen[1]):
                 self._seen = (ts, now)
+        if offset is not None and pc.live_from is not None and offset >= pc.live_from:
+            live = self._live
+            if live is None or ts > live[0] + (now - live[1]):
+                self._live = (ts, now)
 
-    def events_now(self, now: float, restored: bool = False) -> float | None:
+    def live_from(self, positions: dict[PartitionKey, int]) -> None:
+        """``positions``: partitions read up to the log end the broker last reported, at these
+        offsets. Records read from there on were appended after, so their times are live."""
+        for pk, pos in positions.items():
+            pc = self.parts.get(pk)
+            if pc is not None:
+                pc.live_from = pos
+
+    def events_now(self, now: float, restored: bool = False, live: bool = False) -> float | None:
         """The events' clock at ``now``: the newest event time read plus the time since it was read
-        (with ``restored``, checkpoints' ``max_ts`` count too, as of their restore); None before any."""
+        (with ``restored``, checkpoints' ``max_ts`` count too, as of their restore; with ``live``,
+        only events read after their partition was caught up); None before any."""
         best: float | None = None
-        for mark in (self._seen, self._restored if restored else None):
+        marks = (self._live,) if live else (self._seen, self._restored if restored else None)
+        for mark in marks:
             if mark is not None:
                 t = mark[0] + max(0.0, now - mark[1])
                 best = t if best is None else max(best, t)

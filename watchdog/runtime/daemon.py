@@ -302,6 +302,7 @@ class Daemon:
         lap("poll")
         now = self.clock()
         self.wm.records_read(ingest.last_polled, now)
+        self.wm.live_from(ingest.read_to_end())
         self.ownership.dead_lettered(ingest.dead_letters.drain_touched())
         self.ownership.retry_unrestored(now)
         self.closer.confirm_idle(now)
@@ -352,10 +353,11 @@ class Daemon:
 
     def _check_clock(self, now: float) -> None:
         """The host clock against the steady and the events' clock: ``clock-skew`` while they disagree.
-        An events' clock behind the host counts only while caught up (a backlog is old, not skewed)."""
+        An events' clock behind the host counts only from live events, read after their partition was
+        caught up: a backlog is old, not skewed, and so is its last event when no traffic follows."""
         events = self.wm.events_now(now)
-        if events is not None and events < self.clock.wall() and not self.health.caught_up():
-            events = None
+        if events is not None and events < self.clock.wall():
+            events = self.wm.events_now(now, live=True)
         problem = self.clock_check.check(events)
         if problem:
             self.readiness.set("clock-skew", problem, now)

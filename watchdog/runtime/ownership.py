@@ -114,7 +114,7 @@ class Ownership:
             self.route_part[route] = pk
             self.revoked_routes.discard(route)
         part.last_seen[route] = now
-        self.wm.observe(pk, ts, now)
+        self.wm.observe(pk, ts, now, offset)
         part.dirty = True
         return None
 
