@@ -153,8 +153,9 @@ def test_cooldown_blocks_flip_with_alert_then_allows() -> None:
     sim = Sim(make_policy(rule_for=1, cooldown="10m"))
     assert kinds(sim.step(window(DAY0, 0.10), DAY0)) == ["rollback"]
     assert sim.step(window(DAY0 + 30, 0.01), DAY0 + 30) == []  # the engine sees fp16 served
-    sim.flags[(M, R)] = "fp8"  # then an operator flips it back by hand
-    (a,) = sim.step(window(DAY0 + 60, 0.10), DAY0 + 60)
+    sim.flags[(M, R)] = "fp8"  # then an operator flips it back by hand: the rollback's incident resolves
+    res, a = sim.step(window(DAY0 + 60, 0.10), DAY0 + 60)
+    assert res.kind == "resolve"
     assert a.kind == "alert" and "blocked (cooldown: last flip 60s ago, cooldown 600s)" in a.reason
     assert a.detail["blocked"].startswith("cooldown")
     assert sim.step(window(DAY0 + 120, 0.10), DAY0 + 120) == []  # the blocked alert is not repeated
@@ -175,7 +176,8 @@ def test_flip_budget_per_utc_day() -> None:
     assert kinds(sim.step(window(DAY0, 0.10), DAY0)) == ["rollback"]
     assert sim.step(window(DAY0 + 30, 0.01), DAY0 + 30) == []
     sim.flags[(M, R)] = "fp8"
-    (a,) = sim.step(window(DAY0 + 60, 0.10), DAY0 + 60)
+    res, a = sim.step(window(DAY0 + 60, 0.10), DAY0 + 60)
+    assert res.kind == "resolve"
     assert a.kind == "alert" and "flip budget spent: 1 flips today (max_flips_per_day: 1)" in a.reason
     tomorrow = DAY0 + 86400
     assert kinds(sim.step(window(tomorrow, 0.10), tomorrow)) == ["rollback"]
@@ -375,3 +377,22 @@ def test_thin_routes_restarted_from_a_checkpoint_decide_as_without_the_restart()
     assert json.dumps(kept.export_state(), sort_keys=True) == json.dumps(restarted.export_state(), sort_keys=True)
     horizons = [rs.horizon.get("seq", {}).get("count", 0) for st in kept.states.values() for rs in st.rules.values()]
     assert max(horizons) >= 10  # the thin routes' horizon tests were fed across the windows
+
+
+def test_an_operator_restoring_fp8_after_a_rollback_resolves_its_incident() -> None:
+    # the rollback's critical incident stayed open at the pager after `flags set ... fp8` (no promote
+    # action ever came for it)
+    from watchdog.alerting.incidents import IncidentBook
+
+    book = IncidentBook()
+    sim = Sim(make_policy(rule_for=1, promote="manual"))
+    (rb,) = sim.step(window(DAY0, 0.10), DAY0)
+    book.on_action(rb)
+    assert rb.kind == "rollback" and len(book) == 1
+    assert sim.step(window(DAY0 + 60, 0.01), DAY0 + 60) == []
+    sim.flags[(M, R)] = "fp8"  # the operator
+    (a,) = sim.step(window(DAY0 + 120, 0.01), DAY0 + 120)
+    assert (a.kind, a.reason) == ("resolve", "fp8 restored outside the watchdog (flags)")
+    (msg,) = book.on_action(a)
+    assert msg.status == "resolved" and len(book) == 0
+    assert sim.step(window(DAY0 + 180, 0.01), DAY0 + 180) == []  # once

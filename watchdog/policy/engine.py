@@ -144,7 +144,14 @@ class PolicyEngine:
                     continue
                 st = self._state(policy, model, route)
                 serving = flags.get((model, route), default_precision)
-                self._sync_serving(st, serving, now)
+                was = st.serving
+                if self._sync_serving(st, serving, now) and serving == policy.candidate and was == policy.baseline \
+                        and st.last_flip is not None and not policy.dry_run:
+                    # an operator put the candidate back after our rollback (``flags set``): the
+                    # rollback's incident ends here, not at the next rollback or never
+                    proposed.append(Action(kind="resolve", policy=policy.name, model=model, route=route,
+                                           reason=f"{serving} restored outside the watchdog (flags)",
+                                           severity="info", at=now))
                 at = self._process_windows(policy, st, sigs)
                 if at is None:
                     continue
@@ -169,14 +176,18 @@ class PolicyEngine:
         return out
 
     @staticmethod
-    def _sync_serving(st: ScopeState, serving: str, now: float) -> None:
+    def _sync_serving(st: ScopeState, serving: str, now: float) -> bool:
+        """Follow the flags; True when someone else changed the precision served."""
+        changed = False
         if st.pending and st.pending["precision"] == serving:
             st.pending = None  # our flip is now visible in the flags
         elif serving != st.serving and st.serving is not None:
             st.serving_since = now  # changed by someone else
             st.pending = None
             st.reset_pools()
+            changed = True
         st.serving = serving
+        return changed
 
     def _process_windows(self, policy: Policy, st: ScopeState, sigs: list[Signal]) -> float | None:
         """Evaluate every new window in time order. Returns the latest window end, or None."""
