@@ -122,6 +122,12 @@ def test_idle_routes_are_forgotten_and_status_stays_small(kafka_service, redis_s
         one = httpx.get(f"{server.url}/status", params={"route": "tenant-7"}).json()
         assert {(s["model"], s["route"]) for s in one["verdicts"]["scopes"]} == {(MODEL, "tenant-7")}
         assert one["routes"]["shown"] == 1
+        # a bad query is an error that says so, not the default document or an empty one
+        for query, code, says in (({"top": "abc"}, 400, "top must be a whole number"), ({"top": "-1"}, 400, "top"),
+                                  ({"tpo": "5"}, 400, "unknown /status parameter 'tpo'"),
+                                  ({"route": "tenant-7x"}, 404, "no known route with route 'tenant-7x'")):
+            bad = httpx.get(f"{server.url}/status", params=query)
+            assert bad.status_code == code and says in bad.json()["error"], (query, bad.text)
         # nothing comes any more: after route_idle_s every route but the one flagged fp16 is forgotten
         wait_until(lambda: routes_with_state() == {(MODEL, "kept-fp16")}, 30, what="idle routes forgotten",
                    detail=lambda: len(routes_with_state()))

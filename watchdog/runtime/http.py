@@ -19,6 +19,14 @@ from watchdog.core.httpserver import QuietHTTPServer
 
 log = logging.getLogger(__name__)
 
+
+class BadQuery(ValueError):
+    """A /status query the document cannot answer: 400 (``code`` 404 for a route nobody knows)."""
+
+    def __init__(self, message: str, code: int = 400) -> None:
+        super().__init__(message)
+        self.code = code
+
 #: seconds an HTTP connection may stay idle or slow before it is closed
 REQUEST_TIMEOUT_S = 10.0
 #: reads of the /status document before a concurrent change is reported as an error
@@ -61,7 +69,10 @@ class StatusServer:
                                    {"ready": not problems, "problems": problems})
                     elif path == "/status":
                         query = dict(parse_qsl(qs[:2000]))
-                        self._json(200, outer.status_document(query))
+                        try:
+                            self._json(200, outer.status_document(query))
+                        except BadQuery as exc:
+                            self._json(exc.code, {"error": str(exc)})
                     elif outer.pages is not None and (page := outer.pages(path, dict(parse_qsl(qs[:2000])))):
                         self._send(*page)
                     else:

@@ -24,6 +24,7 @@ from watchdog.alerting.alerter import Alerter
 from watchdog.policy import PolicyEngine
 from watchdog.runtime.decisions import FlagView
 from watchdog.runtime.golden import GoldenRelay
+from watchdog.runtime.http import BadQuery
 from watchdog.runtime.ownership import Ownership
 from watchdog.runtime.policies import PolicyReloader
 from watchdog.runtime.routes import RouteKeeper
@@ -35,6 +36,8 @@ HEAVY_MODULES = ("torch", "transformers", "evaluate", "pynvml")
 #: routes /status lists by default, and at most (``?top=N``)
 TOP_ROUTES = 20
 MAX_TOP = 1000
+#: the parameters /status takes
+QUERY_KEYS = frozenset({"route", "model", "top"})
 #: incidents listed at most
 MAX_INCIDENTS = 100
 
@@ -67,18 +70,24 @@ class StatusDocument:
     def build(self, query: Mapping[str, str] | None = None) -> dict[str, Any]:
         """The document; ``query``: ``route`` (and ``model``) for one route, ``top`` for how many."""
         query = query or {}
+        unknown = sorted(set(query) - QUERY_KEYS)
+        if unknown:
+            raise BadQuery(f"unknown /status parameter {unknown[0][:40]!r}: use route, model or top")
         problems = self.problems()
         stats = self.stats
         flags = self.flags.snapshot()
         incidents = self.alerter.open_incidents()
         if "route" in query or "model" in query:
             shown = self._matching(flags, query.get("model"), query.get("route"))
+            if not shown:
+                what = " ".join(f"{k} {query[k][:80]!r}" for k in ("model", "route") if k in query)
+                raise BadQuery(f"no known route with {what} (flags, policy state and open windows were searched)",
+                               code=404)
         else:
-            try:
-                top = max(0, min(MAX_TOP, int(query.get("top", TOP_ROUTES))))
-            except ValueError:
-                top = TOP_ROUTES
-            shown = self._notable(flags, top)
+            top_arg = query.get("top", str(TOP_ROUTES))
+            if not (top_arg.isascii() and top_arg.isdigit() and int(top_arg) <= MAX_TOP):
+                raise BadQuery(f"top must be a whole number from 0 to {MAX_TOP}, got {top_arg[:40]!r}")
+            shown = self._notable(flags, int(top_arg))
         wanted = set(shown)
         routes: dict[str, Any] = dict(self.routes.status()) if self.routes is not None else {}
         routes.update(flags=len(flags), with_state=len({(m, r) for _p, m, r in list(self.engine.states)}), shown=len(shown))
