@@ -341,3 +341,37 @@ def test_evidence_reads_the_daemons_variable_first(
     assert "no evidence records" in capsys.readouterr().out
     main(["evidence", "list", "--help"])
     assert "$LLMWD_REDIS__URL" in " ".join(capsys.readouterr().out.split())
+
+
+def test_maintenance_is_declared_audited_read_by_the_judge_and_ended(
+        url: str, redis_client: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    # before, an operator had to hand-write JSON into {prefix}:maintenance:... with redis-cli, unaudited
+    from watchdog.core.signals import Signal
+    from watchdog.policy.changes import maintenance_spans, mark_maintenance
+
+    keys = Keys()
+    assert run(url, "set", "llama", "chat", "fp8", "--new-route") == 0
+    capsys.readouterr()
+    t0 = time.time()
+    assert run(url, "maintenance", "llama", "chat", "--for", "30m", "--started-ago", "5m",
+               "--reason", "deploy v2.3", "--json") == 0
+    doc = out_json(capsys)
+    assert doc["until"] - doc["start"] == pytest.approx(35 * 60, abs=5) and doc["replaced"] is None
+    key = keys.maintenance("llama", "chat")
+    assert 29 * 60 < redis_client.ttl(key) <= 30 * 60
+    spans = maintenance_spans({("llama", "chat"): redis_client.get(key)})
+    window = Signal(source="live", model="llama", route="chat", precision="fp8", start=t0 - 240, end=t0 - 230,
+                    samples=1, values={})
+    assert mark_maintenance([window], spans) == 1 and window.detail["maintenance"] is True
+    (rec,) = [r for r in FlagStore(redis_client, keys).audit(5) if r["op"] == "maintenance"]
+    assert (rec["route"], rec["reason"], rec["changed_by"]) == ("chat", "deploy v2.3", who())
+    # every model of a route, and the end of it
+    assert run(url, "maintenance", "*", "chat", "--for", "10m") == 0
+    assert redis_client.exists(keys.maintenance("*", "chat"))
+    assert run(url, "maintenance", "llama", "chat", "--end") == 0
+    assert "maintenance ended" in capsys.readouterr().out and not redis_client.exists(key)
+    assert FlagStore(redis_client, keys).audit(1)[0]["op"] == "maintenance-end"
+    # a typo is refused like set's, and a week is the most one command declares
+    assert run(url, "maintenance", "llama", "chta", "--for", "30m") == 1
+    with pytest.raises(SystemExit):
+        run(url, "maintenance", "llama", "chat", "--for", "8d")

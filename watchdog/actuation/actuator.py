@@ -127,6 +127,38 @@ class FlagStore:
         return self._run("unpin", "manual", model, route, "", expected_epoch=expected_epoch, reason=reason,
                          policy="", changed_by=changed_by, now=now)
 
+    def maintenance(self, model: str, route: str, *, start: float, until: float | None, reason: str,
+                    changed_by: str) -> dict[str, Any] | None:
+        """Declare maintenance on a route from ``start`` to ``until`` (unix s; model ``*``: every
+        model of the route), or end the one declared (``until`` None): the ``Keys.maintenance``
+        annotation (a TTL ends it) and its audit record, in one transaction. Returns the annotation
+        that was in force before, if any."""
+        key = self.keys.maintenance(model, route)
+        now = time.time()
+        before = self.client.get(key)
+        pipe = self.client.pipeline(transaction=True)
+        if until is None:
+            pipe.delete(key)
+        else:
+            doc = {"start": start, "until": until, "reason": reason, "by": changed_by}
+            pipe.set(key, json.dumps(doc), px=max(1, int((until - now) * 1000)))
+        pipe.xadd(self.keys.audit, {"schema": str(SCHEMA_VERSION), "ts": repr(now),
+                                    "op": "maintenance" if until is not None else "maintenance-end",
+                                    "mode": "manual", "model": model, "route": route, "precision": "",
+                                    "previous": "", "epoch": "", "reason": reason, "policy": "",
+                                    "changed_by": changed_by, "pinned_until": "",
+                                    "maintenance_start": repr(start) if until is not None else "",
+                                    "maintenance_until": repr(until) if until is not None else ""},
+                  maxlen=self.audit_maxlen, approximate=True)
+        pipe.execute()
+        if before is None:
+            return None
+        try:
+            old = json.loads(text(before))
+        except ValueError:
+            return None
+        return old if isinstance(old, dict) else None
+
     # -- reads --------------------------------------------------------------------------------
 
     def get(self, model: str, route: str) -> Flag | None:

@@ -1,6 +1,6 @@
 """``llm-watchdog flags ...``: read and change routing flags by hand.
 
-``add_flags_commands(subparsers)`` adds ``flags list|get|set|pin|unpin|audit`` to an argparse
+``add_flags_commands(subparsers)`` adds ``flags list|get|set|pin|unpin|maintenance|audit`` to an argparse
 parser; each sub-command stores its handler in ``args.func`` (call ``args.func(args)``, which
 returns the exit code: 0 ok, 1 refused or not found, 2 Redis unreachable or bad input). Every
 change is written with ``changed_by = "cli:{user}@{host}"`` and so lands in the audit stream;
@@ -74,6 +74,24 @@ def pin_ttl(value: str) -> float:
         raise argparse.ArgumentTypeError(f"{value!r} is longer than the longest pin, 30d "
                                          f"(pin again to extend it)")
     return seconds
+
+
+#: the longest maintenance one command declares (declare again to extend it)
+MAX_MAINTENANCE_S = 7 * 86400.0
+
+
+def maintenance_length(value: str) -> float:
+    """``flags maintenance --for``: a duration of at most ``MAX_MAINTENANCE_S``."""
+    seconds = parse_duration(value)
+    if seconds > MAX_MAINTENANCE_S:
+        raise argparse.ArgumentTypeError(f"{value!r} is longer than the longest maintenance, 7d (declare again "
+                                         f"to extend it)")
+    return seconds
+
+
+def parse_duration_or_zero(value: str) -> float:
+    """A duration, or ``0``."""
+    return 0.0 if value.strip() in ("0", "0s") else min(parse_duration(value), MAX_MAINTENANCE_S)
 
 
 def who() -> str:
@@ -275,6 +293,43 @@ def cmd_unpin(args: argparse.Namespace, store: FlagStore) -> int:
     return _report(args, result)
 
 
+def cmd_maintenance(args: argparse.Namespace, store: FlagStore) -> int:
+    """Declare (``--for``) or end (``--end``) an operator's maintenance on a route: the learned live
+    latency rules re-baseline over it and judge nothing until it ended and both precisions settled
+    (docs/JUDGE.md, "Deploys and maintenance"). Audited; model ``*``: every model of the route."""
+    name = f"{args.model}/{args.route}"
+    if args.end:
+        old = store.maintenance(args.model, args.route, start=0.0, until=None, reason=args.reason,
+                                changed_by=who())
+        if old is None:
+            print(f"{name}: no maintenance was declared (nothing to end)")
+            return 0
+        print(f"{name}: maintenance ended (it was declared until {_when(old.get('until'))} by "
+              f"{old.get('by') or '?'}: {old.get('reason') or '-'})")
+        return 0
+    if args.duration is None:
+        raise _UsageError("give --for DURATION (e.g. 30m) to declare maintenance, or --end to end it")
+    if args.model == "*":
+        if not any(r == args.route for _m, r in known_routes(store, args.group)) and not args.new_route:
+            sys.stderr.write(f"warning: no model of route {args.route!r} has a flag or daemon state yet\n")
+    else:
+        refused = check_route_exists(args, store)
+        if refused is not None:
+            return refused
+    now = time.time()
+    start, until = now - args.started_ago, now + args.duration
+    old = store.maintenance(args.model, args.route, start=start, until=until, reason=args.reason, changed_by=who())
+    doc = {"model": args.model, "route": args.route, "start": start, "until": until, "reason": args.reason,
+           "replaced": old}
+    if args.json:
+        _print_json(doc)
+        return 0
+    print(f"{name}: maintenance from {_when(start)} until {_when(until)} ({args.reason}); the live latency rules "
+          f"re-baseline over it and judge nothing until both precisions settled after it"
+          + (f"; it replaces the one until {_when(old.get('until'))}" if old else ""))
+    return 0
+
+
 def cmd_audit(args: argparse.Namespace, store: FlagStore) -> int:
     records = store.audit(args.count)
     if args.json:
@@ -430,6 +485,20 @@ def add_flags_commands(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("route", type=route_name)
     p.add_argument("--reason", default="manual unpin")
     _handler(p, cmd_unpin)
+
+    p = sub.add_parser("maintenance", parents=[common, new_route],
+                       help="declare maintenance on a route (a deploy, a restart): latency rules re-baseline "
+                            "and judge nothing until it ended and the route settled; audited")
+    p.add_argument("model", type=route_name, help="the model, or '*' for every model of the route")
+    p.add_argument("route", type=route_name)
+    when = p.add_mutually_exclusive_group(required=True)
+    when.add_argument("--for", dest="duration", type=maintenance_length, metavar="DURATION",
+                      help="how long from now, e.g. 30m (at most 7d)")
+    when.add_argument("--end", action="store_true", help="end the maintenance declared on the route")
+    p.add_argument("--started-ago", type=parse_duration_or_zero, default=0.0, metavar="DURATION",
+                   help="it began this long ago (the windows since are re-baselined too); default now")
+    p.add_argument("--reason", default="maintenance")
+    _handler(p, cmd_maintenance)
 
     p = sub.add_parser("audit", parents=[common], help="recent flag changes, newest first")
     p.add_argument("--count", type=positive_int, default=50, help="how many records (default %(default)s)")
