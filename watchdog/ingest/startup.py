@@ -85,7 +85,9 @@ def redis_cause(exc: BaseException) -> tuple[str, str]:
     text = f"{type(exc).__name__}: {exc}"
     low = text.lower()
     if "auth" in low or "password" in low or "noperm" in low or "wrongpass" in low:
-        return "redis-auth", f"Redis authentication failed ({text[:200]})"
+        # without a password redis-py's first command is HELLO, whose refusal does not say "password"
+        return "redis-auth", (f"Redis authentication failed ({text[:200]}): give the password in redis.url "
+                              f"(redis://:PASSWORD@HOST:PORT/DB or redis://USER:PASSWORD@...)")
     if "ssl" in low or "certificate" in low or "tls" in low:
         return "redis-tls", f"Redis TLS failed ({text[:200]})"
     return "redis", f"Redis unreachable ({text[:200]})"
