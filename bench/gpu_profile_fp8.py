@@ -472,6 +472,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"{', '.join(f'{x:.3f}' for x in ratios)}; decode ms/step {ms_step['fp16']:.2f} / "
                 f"{ms_step['fp8']:.2f}; warm-up round {t_w:.1f} s")
             summary.append((b, n, variant, eng16, eng8, ms_step, ratios))
+            if (b == batches[0] and variant != variants[-1] and ("tri" in variant or "kv8" in variant)
+                    and device == "cuda"):
+                for label, eng in (("FP16", fp16), ("FP8", fp8)):
+                    check_against_eager(eng, label, prompts, refs, variant)
         if device == "cuda" and str(b) in args.kernels.split(","):
             for label, eng in (("FP16", fp16), ("FP8", fp8)):
                 phase_kernels(eng, label, prompts, refs, args.new_tokens, b)
