@@ -161,7 +161,9 @@ def gemm_table(batches: list[int], reps: int = 20) -> None:
 
 
 #: launch configurations (keys per block, warps, stages) timed by ``attention_table``
-ATTN_CONFIGS = ((64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 8, 2), (32, 4, 3), (64, 8, 3))
+#: (and programs per SM the key-range splits aim at)
+ATTN_CONFIGS = ((64, 4, 3, 2), (32, 4, 3, 2), (64, 4, 4, 2), (32, 4, 4, 2), (128, 4, 2, 2), (64, 4, 3, 8),
+                (32, 4, 3, 8), (64, 4, 3, 16))
 
 
 def attention_table(batches: list[int], live: int = 512, reps: int = 20) -> None:
@@ -232,7 +234,7 @@ def attention_table(batches: list[int], live: int = 512, reps: int = 20) -> None
             return statistics.median(ts)
 
         t_s = timed(lambda i: attend(q, kc[i], vc[i], kmask))
-        best: dict[bool, tuple[float, tuple[int, int, int]]] = {}
+        best: dict[bool, tuple[float, tuple[int, int, int, int]]] = {}
         tries = []
         for cfg in ATTN_CONFIGS:  # pick each batch's launch configuration (used by the engines after this)
             for fp8, fn in ((False, lambda i: decode_attention(q, kc[i], vc[i], one, one, slot, pad, live)),
@@ -243,7 +245,7 @@ def attention_table(batches: list[int], live: int = 512, reps: int = 20) -> None
                 if fp8 not in best or t < best[fp8][0]:
                     best[fp8] = (t, cfg)
         da.TUNED[(b, False)], da.TUNED[(b, True)] = best[False][1], best[True][1]
-        say(f"batch {b} configs (block, warps, stages) ms: " + "; ".join(tries))
+        say(f"batch {b} configs (block, warps, stages, programs per SM) ms: " + "; ".join(tries))
         t_16, t_8 = best[False][0], best[True][0]
         valid = int(kmask.sum().item())
         kv16 = valid * kvh * d * 2 * 2  # K and V, fp16

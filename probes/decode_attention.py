@@ -33,10 +33,11 @@ FP8_KV_STORE = torch.uint8
 KV_HEADROOM = 2.0
 BLOCK_N = 64
 REP_PAD = 16
-#: launch configuration (keys per block, warps, pipeline stages); ``TUNED[(batch, fp8)]`` overrides it
-#: for one batch size (set by ``bench/gpu_profile_fp8.py --attn`` after timing the candidates)
-CONFIG = (64, 4, 2)
-TUNED: dict[tuple[int, bool], tuple[int, int, int]] = {}
+#: launch configuration (keys per block, warps, pipeline stages, programs per SM the key-range splits aim
+#: at); ``TUNED[(batch, fp8)]`` overrides it for one batch size (set by ``bench/gpu_profile_fp8.py --attn``
+#: after timing the candidates). The default: the best of call 1 (H200, 2026-12-03) at batch 128, FP8.
+CONFIG = (64, 4, 3, 2)
+TUNED: dict[tuple[int, bool], tuple[int, int, int, int]] = {}
 
 try:  # Triton is there with CUDA builds of torch; CPU-only installs run the reference
     import triton
@@ -57,6 +58,14 @@ def quant_kv(t: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """t [B, KVH, ..., D] / scale [KVH] per head -> e4m3 (clamped, round to nearest even) bits as uint8."""
     s = scale.view(1, -1, *([1] * (t.dim() - 2)))
     return (t.float() / s).clamp(-E4M3_MAX, E4M3_MAX).to(FP8_KV).view(FP8_KV_STORE)
+
+
+def quant_kv_pair(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A layer's prompt K/V [B, KVH, L, D] -> (K bits, V bits, K scales, V scales): the per-head scales
+    from their own values (``kv_scales``), then ``quant_kv``. One pure function, compiled by the decoder
+    (two fused kernels per tensor instead of a dozen eager ones)."""
+    ks, vs = kv_scales(k), kv_scales(v)
+    return quant_kv(k, ks), quant_kv(v, vs), ks, vs
 
 
 def dequant_kv(t8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -161,10 +170,10 @@ if HAVE_TRITON:
         tl.store(o_ptr + b * sob + hd * D + dd, out.to(o_ptr.dtype.element_ty))
 
 
-def n_splits(b: int, kvh: int, live: int, sms: int = 132, block: int = BLOCK_N) -> int:
-    """Key-range splits so the grid covers the GPU at small batch: about 2 programs per SM, each split
-    at least 2 key blocks."""
-    want = -(-2 * sms // max(1, b * kvh))
+def n_splits(b: int, kvh: int, live: int, sms: int = 132, block: int = BLOCK_N, per_sm: int = 2) -> int:
+    """Key-range splits so the grid covers the GPU at small batch: about ``per_sm`` programs per SM,
+    each split at least 2 key blocks."""
+    want = -(-per_sm * sms // max(1, b * kvh))
     return max(1, min(want, live // (2 * block), 16))
 
 
@@ -174,10 +183,10 @@ def _triton_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, ks: t
     kvh = kc.shape[1]
     rep = nh // kvh
     fp8 = kc.dtype == FP8_KV_STORE
-    block, warps, stages = TUNED.get((b, fp8), CONFIG)
+    block, warps, stages, per_sm = TUNED.get((b, fp8), CONFIG)
     q = q.contiguous()
     out = torch.empty((b, nh * d), dtype=q.dtype, device=q.device)
-    ns = n_splits(b, kvh, live, block=block)
+    ns = n_splits(b, kvh, live, block=block, per_sm=per_sm)
     chunk = -(-live // ns)
     chunk = -(-chunk // block) * block
     ns = -(-live // chunk)
