@@ -286,3 +286,8 @@ def test_fp8_kv_cache_and_triton_attention_options() -> None:
     assert dec.kv_dtype is None and not dec._buckets
     with pytest.raises(ValueError):
         dec.set_options(kv_cache="int4")
+    # the engine option (``-o fp8_kv_cache=true``) sets it on the FP8 engine's decoder, not on FP16's
+    _e, opt = _engines("fp8", fp8_kv_cache="true")
+    assert opt.fast_decoder.kv_dtype is not None and "FP8 K/V cache" in opt.fast_reason
+    _e, plain = _engines("fp16", fp8_kv_cache=True)
+    assert plain.fast_decoder.kv_dtype is None
