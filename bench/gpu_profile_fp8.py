@@ -260,6 +260,26 @@ def attention_table(batches: list[int], live: int = 512, reps: int = 20) -> None
     torch.cuda.empty_cache()
 
 
+def kv_store_check() -> None:
+    """The FP8 cache's prompt writer on the GPU (``store_prompt_kv``: Triton) against the eager formula
+    (``quant_kv_pair``) on fresh random K/V in forward_layer's layout: scales and bits equal?"""
+    from probes.decode_attention import quant_kv_pair, store_prompt_kv
+
+    g = torch.Generator(device="cuda").manual_seed(7)
+    for b, n in ((16, 333), (128, 401)):
+        k = (torch.randn(b, n, 8, 128, device="cuda", dtype=torch.float16, generator=g) * 3).transpose(1, 2)
+        v = torch.randn(b, 8, n, 128, device="cuda", dtype=torch.float16, generator=g)
+        kc = torch.zeros(b, 8, 512, 128, device="cuda", dtype=torch.uint8)
+        vc = torch.zeros_like(kc)
+        ks, vs = torch.zeros(8, device="cuda"), torch.zeros(8, device="cuda")
+        store_prompt_kv(k, v, kc, vc, ks, vs)
+        k8, v8, s_k, s_v = quant_kv_pair(k, v)
+        diff = int((kc[:, :, :n] != k8).sum()) + int((vc[:, :, :n] != v8).sum())
+        say(f"FP8 cache prompt writer (Triton) vs eager formula, batch {b} x {n} tokens: scales equal "
+            f"{torch.equal(ks, s_k) and torch.equal(vs, s_v)}, bits differing {diff} of {2 * k8.numel()}, "
+            f"tail untouched {int(kc[:, :, n:].sum()) == 0}")
+
+
 def run_round(engine: Any, prompts: list[str], refs: list[str], new_tokens: int, batch: int) -> tuple[float, float]:
     """(generate s, score s) over ``prompts`` in chunks of ``batch`` (as replay chunks them)."""
     gen = sco = 0.0
@@ -437,6 +457,8 @@ def main(argv: list[str] | None = None) -> int:
         gemm_table(batches)
     if args.attn and device == "cuda":
         attention_table(batches)
+    if "kv8" in args.variants and device == "cuda":
+        kv_store_check()
     summary = []
     variants = args.variants.split(",")
     for b in batches:

@@ -34,10 +34,14 @@ KV_HEADROOM = 2.0
 BLOCK_N = 64
 REP_PAD = 16
 #: launch configuration (keys per block, warps, pipeline stages, programs per SM the key-range splits aim
-#: at); ``TUNED[(batch, fp8)]`` overrides it for one batch size (set by ``bench/gpu_profile_fp8.py --attn``
-#: after timing the candidates). The default: the best of call 1 (H200, 2026-12-03) at batch 128, FP8.
+#: at); ``TUNED[(batch, fp8)]`` overrides it for one batch size. The entries: the fastest of
+#: ``bench/gpu_profile_fp8.py --attn`` on the H200 (2026-12-03, two calls agreeing); ``--attn`` re-times
+#: and replaces them.
 CONFIG = (64, 4, 3, 2)
-TUNED: dict[tuple[int, bool], tuple[int, int, int, int]] = {}
+TUNED: dict[tuple[int, bool], tuple[int, int, int, int]] = {
+    (16, False): (128, 4, 2, 2), (16, True): (128, 4, 2, 2), (64, False): (32, 4, 3, 2), (64, True): (32, 4, 3, 2),
+    (128, False): (128, 4, 2, 2), (128, True): (64, 4, 3, 2),
+}
 
 try:  # Triton is there with CUDA builds of torch; CPU-only installs run the reference
     import triton
@@ -168,6 +172,75 @@ if HAVE_TRITON:
         o = tl.load(po_ptr + (pid * NSPLIT + sps)[:, None] * D + dd[None, :], mask=smask[:, None], other=0.0)
         out = tl.sum(o * w[:, None], 0) / tl.sum(l * w, 0)
         tl.store(o_ptr + b * sob + hd * D + dd, out.to(o_ptr.dtype.element_ty))
+
+
+    @triton.jit
+    def _kv_amax_kernel(k_ptr, v_ptr, amax_ptr, L, skb, skh, skl, svb, svh, svl,
+                        KVH: tl.constexpr, D: tl.constexpr, BL: tl.constexpr):
+        b = tl.program_id(0)
+        rows = tl.program_id(1) * BL + tl.arange(0, BL)
+        r3 = rows[:, None, None]
+        h3 = tl.arange(0, KVH)[None, :, None]
+        d3 = tl.arange(0, D)[None, None, :]
+        m = (r3 < L) & (h3 < KVH) & (d3 < D)
+        k = tl.load(k_ptr + b.to(tl.int64) * skb + h3 * skh + r3.to(tl.int64) * skl + d3, mask=m, other=0.0)
+        v = tl.load(v_ptr + b.to(tl.int64) * svb + h3 * svh + r3.to(tl.int64) * svl + d3, mask=m, other=0.0)
+        hs = tl.arange(0, KVH)
+        tl.atomic_max(amax_ptr + hs, tl.max(tl.max(tl.abs(k.to(tl.float32)), 2), 0))
+        tl.atomic_max(amax_ptr + KVH + hs, tl.max(tl.max(tl.abs(v.to(tl.float32)), 2), 0))
+
+    @triton.jit
+    def _kv_quant_kernel(k_ptr, v_ptr, amax_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, L, skb, skh, skl, svb, svh,
+                         svl, scb, sch, scl, HEADROOM: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr,
+                         BL: tl.constexpr):
+        b = tl.program_id(0)
+        blk = tl.program_id(1)
+        rows = blk * BL + tl.arange(0, BL)
+        r3 = rows[:, None, None]
+        h3 = tl.arange(0, KVH)[None, :, None]
+        d3 = tl.arange(0, D)[None, None, :]
+        m = (r3 < L) & (h3 < KVH) & (d3 < D)
+        hs = tl.arange(0, KVH)
+        ksc = tl.maximum(tl.math.div_rn(tl.load(amax_ptr + hs) * HEADROOM, 448.0), 1e-6)
+        vsc = tl.maximum(tl.math.div_rn(tl.load(amax_ptr + KVH + hs) * HEADROOM, 448.0), 1e-6)
+        if (b == 0) & (blk == 0):
+            tl.store(ks_ptr + hs, ksc)
+            tl.store(vs_ptr + hs, vsc)
+        c_off = b.to(tl.int64) * scb + h3 * sch + r3.to(tl.int64) * scl + d3
+        k = tl.load(k_ptr + b.to(tl.int64) * skb + h3 * skh + r3.to(tl.int64) * skl + d3, mask=m, other=0.0)
+        k = tl.math.div_rn(k.to(tl.float32), ksc[None, :, None])
+        k = tl.minimum(tl.maximum(k, -448.0), 448.0).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+        tl.store(kc_ptr + c_off, k, mask=m)
+        v = tl.load(v_ptr + b.to(tl.int64) * svb + h3 * svh + r3.to(tl.int64) * svl + d3, mask=m, other=0.0)
+        v = tl.math.div_rn(v.to(tl.float32), vsc[None, :, None])
+        v = tl.minimum(tl.maximum(v, -448.0), 448.0).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+        tl.store(vc_ptr + c_off, v, mask=m)
+
+
+def store_prompt_kv(k: torch.Tensor, v: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, ks: torch.Tensor,
+                    vs: torch.Tensor) -> None:
+    """A layer's prompt K/V [B, KVH, L, D] (any strides, D contiguous) into positions [0, L) of an FP8
+    cache kc/vc [B, KVH, T, D] (uint8 bits), with the per-head scales written to ks/vs [KVH]: on CUDA two
+    Triton kernels (per-head max by atomics, then quantise straight into the cache: 3 launches per
+    layer); elsewhere ``quant_kv_pair``. Same numbers either way (float32 division, round to nearest)."""
+    b, kvh, n, d = k.shape
+    ok = (k.is_cuda and HAVE_TRITON and k.stride(3) == 1 and v.stride(3) == 1 and kc.stride(3) == 1
+          and kc.stride() == vc.stride() and kvh & (kvh - 1) == 0 and d & (d - 1) == 0 and n > 0)
+    if not ok:
+        k8, v8, s_k, s_v = quant_kv_pair(k, v)
+        ks.copy_(s_k)
+        vs.copy_(s_v)
+        kc[:, :, :n].copy_(k8)
+        vc[:, :, :n].copy_(v8)
+        return
+    amax = torch.zeros(2 * kvh, dtype=torch.float32, device=k.device)
+    bl = max(1, 4096 // (kvh * d))
+    grid = (b, triton.cdiv(n, bl))
+    _kv_amax_kernel[grid](k, v, amax, n, k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
+                          v.stride(2), KVH=kvh, D=d, BL=bl, num_warps=4)
+    _kv_quant_kernel[grid](k, v, amax, kc, vc, ks, vs, n, k.stride(0), k.stride(1), k.stride(2), v.stride(0),
+                           v.stride(1), v.stride(2), kc.stride(0), kc.stride(1), kc.stride(2),
+                           HEADROOM=KV_HEADROOM, KVH=kvh, D=d, BL=bl, num_warps=4)
 
 
 def n_splits(b: int, kvh: int, live: int, sms: int = 132, block: int = BLOCK_N, per_sm: int = 2) -> int:

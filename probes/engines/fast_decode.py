@@ -50,7 +50,7 @@ from probes.engines.fast_layers import (
     rms_norm,
     rotate_half,
 )
-from probes.decode_attention import FP8_KV, FP8_KV_STORE, decode_attention, quant_kv, quant_kv_pair
+from probes.decode_attention import FP8_KV, FP8_KV_STORE, decode_attention, quant_kv, store_prompt_kv
 from probes.fp8 import Fp8Linear
 
 log = logging.getLogger(__name__)
@@ -197,14 +197,13 @@ class _Bucket:
     ks: list[torch.Tensor] = field(default_factory=list)
     vs: list[torch.Tensor] = field(default_factory=list)
 
-    def store_kv(self, i: int, k: torch.Tensor, v: torch.Tensor, quant: Callable[..., Any] = quant_kv_pair) -> None:
+    def store_kv(self, i: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Layer ``i``'s prompt K/V [B, KVH, L, D] into positions [0, L) of the cache; an FP8 cache
-        takes its per-head scales from them first (``quant``: ``quant_kv_pair`` or its compiled form)."""
+        takes its per-head scales from them first (``probes.decode_attention.store_prompt_kv``)."""
         n = k.shape[2]
         if self.kc[i].dtype == FP8_KV_STORE:
-            k, v, ks, vs = quant(k, v)
-            self.ks[i].copy_(ks)
-            self.vs[i].copy_(vs)
+            store_prompt_kv(k, v, self.kc[i], self.vc[i], self.ks[i], self.vs[i])
+            return
         self.kc[i][:, :, :n].copy_(k)
         self.vc[i][:, :, :n].copy_(v)
 
@@ -278,7 +277,6 @@ class FastDecoder:
         self._head_fn: Callable[..., Any] = decode_head
         self._inputs_fn: Callable[..., Any] = step_inputs
         self._forward_fn: Callable[..., Any] = forward_layer
-        self._kvq_fn: Callable[..., Any] = quant_kv_pair
         if self.compile:
             import torch._inductor.config as inductor_config
 
@@ -294,7 +292,6 @@ class FastDecoder:
             # batch and length are marked dynamic per call (``hidden``): one compile serves every shape;
             # two graphs per layer, split around the (eager) attention
             self._forward_fn = torch.compile(forward_layer)
-            self._kvq_fn = torch.compile(quant_kv_pair, dynamic=True)
         self.warmup_seconds = 0.0  # compile + capture time spent so far (reported, not hidden)
         #: seconds in prefill / decode steps (each ends on a host read, so no extra syncs), steps run
         self.stats = {"prefill_s": 0.0, "decode_s": 0.0, "steps": 0.0, "batches": 0.0}
@@ -525,7 +522,7 @@ class FastDecoder:
                 torch._dynamo.maybe_mark_dynamic(amask, 3)
             x, k, v, sat = self._forward_fn(x, p, cos, sin, amask, self.eps, count)
             if kv_into is not None:
-                kv_into.store_kv(i, k, v, self._kvq_fn)
+                kv_into.store_kv(i, k, v)
             if sat is not None:
                 sats.append(sat)
         if sats:
@@ -579,7 +576,7 @@ class FastDecoder:
                          logits_to_keep=1, **{self.cache_arg: cache})
         for i in range(len(self.layers)):
             k, v = _layer_kv(cache, i)
-            bk.store_kv(i, k[:, :, :width], v[:, :, :width], self._kvq_fn)
+            bk.store_kv(i, k[:, :, :width], v[:, :, :width])
         QUANT_MEMO.clear()
         return out.logits[:, -1, :]
 
