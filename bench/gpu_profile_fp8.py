@@ -195,17 +195,17 @@ def attention_table(batches: list[int], live: int = 512, reps: int = 20) -> None
         one = torch.ones(1, device=dev)
 
         def ref64(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            qq = q.double().view(b, kvh, nh // kvh, d)
+            qq = q.double().view(b, kvh, nh // kvh, d)  # noqa: B023
             sc = torch.einsum("bhrd,bhtd->bhrt", qq, k.double()) * d ** -0.5
-            sc = sc.masked_fill(~kmask[:, None, None], float("-inf")).softmax(-1)
-            return torch.einsum("bhrt,bhtd->bhrd", sc, v.double()).reshape(b, nh * d)
+            sc = sc.masked_fill(~kmask[:, None, None], float("-inf")).softmax(-1)  # noqa: B023
+            return torch.einsum("bhrt,bhtd->bhrd", sc, v.double()).reshape(b, nh * d)  # noqa: B023
 
         r16 = ref64(kc[0], vc[0])
         r8 = ref64(dequant_kv(k8[0], ks[0]), dequant_kv(v8[0], vs[0]))
         outs = {}
-        for name, fn in (("sdpa", lambda i: attend(q, kc[i], vc[i], kmask)),
-                         ("t16", lambda i: decode_attention(q, kc[i], vc[i], one, one, slot, pad, live)),
-                         ("t8", lambda i: decode_attention(q, k8[i], v8[i], ks[i], vs[i], slot, pad, live))):
+        for name, fn in (("sdpa", lambda i: attend(q, kc[i], vc[i], kmask)),  # noqa: B023 - called at once
+                         ("t16", lambda i: decode_attention(q, kc[i], vc[i], one, one, slot, pad, live)),  # noqa: B023 - called at once
+                         ("t8", lambda i: decode_attention(q, k8[i], v8[i], ks[i], vs[i], slot, pad, live))):  # noqa: B023 - called at once
             o = fn(0)
             torch.cuda.synchronize()
             assert torch.isfinite(o).all(), name
@@ -233,12 +233,12 @@ def attention_table(batches: list[int], live: int = 512, reps: int = 20) -> None
                 ts.append(a.elapsed_time(e) / reps)
             return statistics.median(ts)
 
-        t_s = timed(lambda i: attend(q, kc[i], vc[i], kmask))
+        t_s = timed(lambda i: attend(q, kc[i], vc[i], kmask))  # noqa: B023 - called at once
         best: dict[bool, tuple[float, tuple[int, int, int, int]]] = {}
         tries = []
         for cfg in ATTN_CONFIGS:  # pick each batch's launch configuration (used by the engines after this)
-            for fp8, fn in ((False, lambda i: decode_attention(q, kc[i], vc[i], one, one, slot, pad, live)),
-                            (True, lambda i: decode_attention(q, k8[i], v8[i], ks[i], vs[i], slot, pad, live))):
+            for fp8, fn in ((False, lambda i: decode_attention(q, kc[i], vc[i], one, one, slot, pad, live)),  # noqa: B023 - called at once
+                            (True, lambda i: decode_attention(q, k8[i], v8[i], ks[i], vs[i], slot, pad, live))):  # noqa: B023 - called at once
                 da.TUNED[(b, fp8)] = cfg
                 t = timed(fn)
                 tries.append(f"{'fp8' if fp8 else 'fp16'} {cfg} {t:.4f}")
@@ -252,8 +252,8 @@ def attention_table(batches: list[int], live: int = 512, reps: int = 20) -> None
         rows.append(f"| {b} | {live} | {valid / b:.0f} per row | {t_s:.4f} | {t_16:.4f} ({kv16 / t_16 / 1e6:.0f}) "
             f"{best[False][1]} | {t_8:.4f} ({kv16 / 2 / t_8 / 1e6:.0f}) {best[True][1]} | {e_s:.2e} / {e_16:.2e} / {e_8:.2e} / {e_816:.2e} | "
             f"{t_s / t_8:.2f} |")
-    say(f"| batch | live | valid keys | SDPA ms | Triton fp16 ms (GB/s) config | Triton FP8 ms (GB/s) config | "
-        f"max err SDPA / Triton fp16 / FP8 vs dequant / FP8 vs fp16 | SDPA / FP8 |")
+    say("| batch | live | valid keys | SDPA ms | Triton fp16 ms (GB/s) config | Triton FP8 ms (GB/s) config | "
+        "max err SDPA / Triton fp16 / FP8 vs dequant / FP8 vs fp16 | SDPA / FP8 |")
     say("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         say(r)

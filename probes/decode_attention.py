@@ -166,11 +166,11 @@ if HAVE_TRITON:
         smask = sps < NSPLIT
         dd = tl.arange(0, D)
         m = tl.load(pm_ptr + (pid * NSPLIT + sps) * 2, mask=smask, other=float("-inf"))
-        l = tl.load(pm_ptr + (pid * NSPLIT + sps) * 2 + 1, mask=smask, other=0.0)
+        lsum = tl.load(pm_ptr + (pid * NSPLIT + sps) * 2 + 1, mask=smask, other=0.0)
         mx = tl.max(m, 0)
         w = tl.where(m > float("-inf"), tl.exp2(m - mx), 0.0)
         o = tl.load(po_ptr + (pid * NSPLIT + sps)[:, None] * D + dd[None, :], mask=smask[:, None], other=0.0)
-        out = tl.sum(o * w[:, None], 0) / tl.sum(l * w, 0)
+        out = tl.sum(o * w[:, None], 0) / tl.sum(lsum * w, 0)
         tl.store(o_ptr + b * sob + hd * D + dd, out.to(o_ptr.dtype.element_ty))
 
 

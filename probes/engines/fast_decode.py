@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from probes.decode_attention import FP8_KV, FP8_KV_STORE, decode_attention, quant_kv, store_prompt_kv
 from probes.engines.fast_forward import forward_layer, sequence_inputs
 from probes.engines.fast_layers import (
     COUNT_INPUT,
@@ -50,7 +51,6 @@ from probes.engines.fast_layers import (
     rms_norm,
     rotate_half,
 )
-from probes.decode_attention import FP8_KV, FP8_KV_STORE, decode_attention, quant_kv, store_prompt_kv
 from probes.fp8 import Fp8Linear
 
 log = logging.getLogger(__name__)
