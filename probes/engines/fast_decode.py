@@ -15,6 +15,8 @@
   in ONE CUDA graph and replayed. FP8 linears use their static calibrated per-tensor activation
   scale; the divide/clamp/cast is fused by inductor into the preceding norm or SiLU*up kernel, and
   the product runs through ``torch._scaled_mm``. FP16 gets the same compile and graph.
+* Opt-in: ``set_options(kv_cache="fp8")`` keeps the cache in e4m3 with per-head scales and
+  ``attention="triton"`` attends through ``probes.decode_attention`` (a GQA flash-decoding kernel).
 * Stopping per row: EOS (flag computed in the graph), ``max_new_tokens``, and stop strings (checked
   on the host every ``check_every`` steps); the loop ends when every row is done.
 
