@@ -76,7 +76,10 @@ VARIANTS = {"old": (False, 0), "own": (True, 0), "new": (True, 128)}  # (own_for
 #: in prefill/scoring (``share_quant``), gqa = decode attention ``attend_gqa`` (else ``attend``), head8 =
 #: FP8 lm_head (FP8 engine only), nocount = no saturation count (a bound on what counting costs)
 #: s8 = saturation counted on every 8th position (``saturation_stride``; else every token)
-OPTIONS = ("q1", "gqa", "head8", "nocount", "s8")
+#: tri = decode attention through the Triton kernel of ``probes.decode_attention`` (fp16 cache, both engines);
+#: kv8 = FP8 K/V cache with per-head scales for the FP8 engine (its decode attention: that kernel; the
+#: FP16 engine keeps its fp16 cache and SDPA unless ``tri``)
+OPTIONS = ("q1", "gqa", "head8", "nocount", "s8", "tri", "kv8")
 HEADS: dict[int, tuple[Any, Any]] = {}  # id(engine) -> (its own lm_head module, the FP8 one)
 
 
@@ -94,7 +97,9 @@ def set_variant(engines: list[Any], name: str) -> None:
         fd.count_saturation = "nocount" not in opts
         fd.saturation_stride = 8 if "s8" in opts else 1
         # every option set explicitly: a variant does not inherit the previous one's
-        fd.set_options(share_quant="q1" in opts, attention="gqa" if "gqa" in opts else "sdpa")
+        attn = "gqa" if "gqa" in opts else "triton" if "tri" in opts else "sdpa"
+        kv = "fp8" if "kv8" in opts and eng.precision == "fp8" else "auto"
+        fd.set_options(share_quant="q1" in opts, attention=attn, kv_cache=kv)
         if id(eng) in HEADS:
             own_head, head8 = HEADS[id(eng)]
             mod = head8 if "head8" in opts else own_head
@@ -153,6 +158,126 @@ def gemm_table(batches: list[int], reps: int = 20) -> None:
             say(f"| {name} {n}x{k} | {m} | {t16:.4f} ({2 * n * k / t16 / 1e6:.0f}) | {t8:.4f} ({n * k / t8 / 1e6:.0f}) | "
                 f"{t8f:.4f} | {t8a:.4f} | {t16 / t8:.2f} |")
     torch.cuda.empty_cache()
+
+
+#: launch configurations (keys per block, warps, stages) timed by ``attention_table``
+#: (and programs per SM the key-range splits aim at)
+ATTN_CONFIGS = ((64, 4, 3, 2), (32, 4, 3, 2), (64, 4, 4, 2), (32, 4, 4, 2), (128, 4, 2, 2), (64, 4, 3, 8),
+                (32, 4, 3, 8), (64, 4, 3, 16))
+
+
+def attention_table(batches: list[int], live: int = 512, reps: int = 20) -> None:
+    """The decode attention alone at the 8B shape (32 query / 8 K/V heads of 128), keys [pad, slot] of
+    [0, live) with random left pads: cuDNN SDPA as the engine calls it (``attend``, K/V fp16, mask
+    tensor), the Triton kernel on the fp16 cache, and on an FP8 cache. Each checked against a float64
+    reference on fresh random inputs (max abs error; FP8 against the dequantised cache and the fp16
+    one), then timed in a CUDA graph of ``reps`` calls over 3 cache copies (ms per call, and GB/s
+    of the K/V bytes the valid keys hold)."""
+    import probes.decode_attention as da
+    from probes.decode_attention import decode_attention, dequant_kv, kv_scales, quant_kv
+    from probes.engines.fast_decode import attend
+
+    dev, nh, kvh, d = "cuda", 32, 8, 128
+    rows: list[str] = []
+    for b in batches:
+        g = torch.Generator(device=dev).manual_seed(b)
+        q = torch.randn(b, nh, d, device=dev, dtype=torch.float16, generator=g)
+        kc = [torch.randn(b, kvh, live, d, device=dev, dtype=torch.float16, generator=g) * 2 for _ in range(3)]
+        vc = [torch.randn(b, kvh, live, d, device=dev, dtype=torch.float16, generator=g) for _ in range(3)]
+        ks = [kv_scales(k) for k in kc]
+        vs = [kv_scales(v) for v in vc]
+        k8 = [quant_kv(k, s) for k, s in zip(kc, ks, strict=True)]
+        v8 = [quant_kv(v, s) for v, s in zip(vc, vs, strict=True)]
+        slot = torch.tensor([live - 5], device=dev)
+        pad = torch.randint(0, live // 2, (b,), device=dev, generator=g)
+        idx = torch.arange(live, device=dev)
+        kmask = (idx[None] >= pad[:, None]) & (idx[None] <= slot)
+        one = torch.ones(1, device=dev)
+
+        def ref64(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            qq = q.double().view(b, kvh, nh // kvh, d)  # noqa: B023
+            sc = torch.einsum("bhrd,bhtd->bhrt", qq, k.double()) * d ** -0.5
+            sc = sc.masked_fill(~kmask[:, None, None], float("-inf")).softmax(-1)  # noqa: B023
+            return torch.einsum("bhrt,bhtd->bhrd", sc, v.double()).reshape(b, nh * d)  # noqa: B023
+
+        r16 = ref64(kc[0], vc[0])
+        r8 = ref64(dequant_kv(k8[0], ks[0]), dequant_kv(v8[0], vs[0]))
+        outs = {}
+        for name, fn in (("sdpa", lambda i: attend(q, kc[i], vc[i], kmask)),  # noqa: B023 - called at once
+                         ("t16", lambda i: decode_attention(q, kc[i], vc[i], one, one, slot, pad, live)),  # noqa: B023 - called at once
+                         ("t8", lambda i: decode_attention(q, k8[i], v8[i], ks[i], vs[i], slot, pad, live))):  # noqa: B023 - called at once
+            o = fn(0)
+            torch.cuda.synchronize()
+            assert torch.isfinite(o).all(), name
+            outs[name] = o.double()
+        e_s = (outs["sdpa"] - r16).abs().max().item()
+        e_16 = (outs["t16"] - r16).abs().max().item()
+        e_8 = (outs["t8"] - r8).abs().max().item()
+        e_816 = (outs["t8"] - r16).abs().max().item()
+
+        def timed(fn: Any) -> float:
+            fn(0)
+            gr = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(gr):
+                for i in range(reps):
+                    fn(i % 3)
+            gr.replay()
+            torch.cuda.synchronize()
+            ts = []
+            for _ in range(5):
+                a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                gr.replay()
+                e.record()
+                torch.cuda.synchronize()
+                ts.append(a.elapsed_time(e) / reps)
+            return statistics.median(ts)
+
+        t_s = timed(lambda i: attend(q, kc[i], vc[i], kmask))  # noqa: B023 - called at once
+        best: dict[bool, tuple[float, tuple[int, int, int, int]]] = {}
+        tries = []
+        for cfg in ATTN_CONFIGS:  # pick each batch's launch configuration (used by the engines after this)
+            for fp8, fn in ((False, lambda i: decode_attention(q, kc[i], vc[i], one, one, slot, pad, live)),  # noqa: B023 - called at once
+                            (True, lambda i: decode_attention(q, k8[i], v8[i], ks[i], vs[i], slot, pad, live))):  # noqa: B023 - called at once
+                da.TUNED[(b, fp8)] = cfg
+                t = timed(fn)
+                tries.append(f"{'fp8' if fp8 else 'fp16'} {cfg} {t:.4f}")
+                if fp8 not in best or t < best[fp8][0]:
+                    best[fp8] = (t, cfg)
+        da.TUNED[(b, False)], da.TUNED[(b, True)] = best[False][1], best[True][1]
+        say(f"batch {b} configs (block, warps, stages, programs per SM) ms: " + "; ".join(tries))
+        t_16, t_8 = best[False][0], best[True][0]
+        valid = int(kmask.sum().item())
+        kv16 = valid * kvh * d * 2 * 2  # K and V, fp16
+        rows.append(f"| {b} | {live} | {valid / b:.0f} per row | {t_s:.4f} | {t_16:.4f} ({kv16 / t_16 / 1e6:.0f}) "
+            f"{best[False][1]} | {t_8:.4f} ({kv16 / 2 / t_8 / 1e6:.0f}) {best[True][1]} | {e_s:.2e} / {e_16:.2e} / {e_8:.2e} / {e_816:.2e} | "
+            f"{t_s / t_8:.2f} |")
+    say("| batch | live | valid keys | SDPA ms | Triton fp16 ms (GB/s) config | Triton FP8 ms (GB/s) config | "
+        "max err SDPA / Triton fp16 / FP8 vs dequant / FP8 vs fp16 | SDPA / FP8 |")
+    say("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        say(r)
+    torch.cuda.empty_cache()
+
+
+def kv_store_check() -> None:
+    """The FP8 cache's prompt writer on the GPU (``store_prompt_kv``: Triton) against the eager formula
+    (``quant_kv_pair``) on fresh random K/V in forward_layer's layout: scales and bits equal?"""
+    from probes.decode_attention import quant_kv_pair, store_prompt_kv
+
+    g = torch.Generator(device="cuda").manual_seed(7)
+    for b, n in ((16, 333), (128, 401)):
+        k = (torch.randn(b, n, 8, 128, device="cuda", dtype=torch.float16, generator=g) * 3).transpose(1, 2)
+        v = torch.randn(b, 8, n, 128, device="cuda", dtype=torch.float16, generator=g)
+        kc = torch.zeros(b, 8, 512, 128, device="cuda", dtype=torch.uint8)
+        vc = torch.zeros_like(kc)
+        ks, vs = torch.zeros(8, device="cuda"), torch.zeros(8, device="cuda")
+        store_prompt_kv(k, v, kc, vc, ks, vs)
+        k8, v8, s_k, s_v = quant_kv_pair(k, v)
+        diff = int((kc[:, :, :n] != k8).sum()) + int((vc[:, :, :n] != v8).sum())
+        say(f"FP8 cache prompt writer (Triton) vs eager formula, batch {b} x {n} tokens: scales equal "
+            f"{torch.equal(ks, s_k) and torch.equal(vs, s_v)}, bits differing {diff} of {2 * k8.numel()}, "
+            f"tail untouched {int(kc[:, :, n:].sum()) == 0}")
 
 
 def run_round(engine: Any, prompts: list[str], refs: list[str], new_tokens: int, batch: int) -> tuple[float, float]:
@@ -296,6 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default="new", help="comma-separated: old, own, new (see the docstring)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--gemm", action="store_true", help="first, each decode GEMM alone (FP16 vs FP8)")
+    ap.add_argument("--attn", action="store_true", help="first, the decode attention kernels alone (checked)")
     ap.add_argument("--kernels", default="", help="per-phase kernel lists at these batches (last variant)")
     args = ap.parse_args(argv)
     global OUT_FILE
@@ -329,6 +455,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.new_tokens} new tokens, no stop strings; engine: {fp8.fast_reason}")
     if args.gemm and device == "cuda":
         gemm_table(batches)
+    if args.attn and device == "cuda":
+        attention_table(batches)
+    if "kv8" in args.variants and device == "cuda":
+        kv_store_check()
     summary = []
     variants = args.variants.split(",")
     for b in batches:
@@ -366,6 +496,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"{', '.join(f'{x:.3f}' for x in ratios)}; decode ms/step {ms_step['fp16']:.2f} / "
                 f"{ms_step['fp8']:.2f}; warm-up round {t_w:.1f} s")
             summary.append((b, n, variant, eng16, eng8, ms_step, ratios))
+            if (b == batches[0] and variant != variants[-1] and ("tri" in variant or "kv8" in variant)
+                    and device == "cuda"):
+                for label, eng in (("FP16", fp16), ("FP8", fp8)):
+                    check_against_eager(eng, label, prompts, refs, variant)
         if device == "cuda" and str(b) in args.kernels.split(","):
             for label, eng in (("FP16", fp16), ("FP8", fp8)):
                 phase_kernels(eng, label, prompts, refs, args.new_tokens, b)

@@ -229,3 +229,65 @@ def test_decoder_options_and_fp8_lm_head_keep_the_eager_tokens() -> None:
     assert [t for t, _ in again] == [t for t, _ in got]
     with pytest.raises(ValueError):
         dec.set_options(attention="flash")
+
+
+def test_decode_attention_op_matches_sdpa_and_the_fp8_cache_dequantised() -> None:
+    """``probes.decode_attention``: on an fp16/float cache the op equals ``attend`` with the key mask of
+    [pad, slot]; on an FP8 cache (e4m3 bits, per-head scales) it equals ``attend`` on the dequantised
+    cache, and stays within the e4m3 rounding of the unquantised one."""
+    import torch
+
+    from probes.decode_attention import decode_attention, dequant_kv, kv_scales, quant_kv
+    from probes.engines.fast_decode import attend
+
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(3, 8, 16, generator=g)
+    kc, vc = torch.randn(3, 2, 40, 16, generator=g), torch.randn(3, 2, 40, 16, generator=g)
+    slot, pad = torch.tensor([30]), torch.tensor([0, 7, 30])
+    idx = torch.arange(32)
+    kmask = (idx[None] >= pad[:, None]) & (idx[None] <= slot)
+    one = torch.ones(1)
+    want = attend(q, kc, vc, kmask)
+    assert torch.allclose(decode_attention(q, kc, vc, one, one, slot, pad, 32), want, atol=1e-6)
+    ks, vs = kv_scales(kc), kv_scales(vc)
+    k8, v8 = quant_kv(kc, ks), quant_kv(vc, vs)
+    assert k8.dtype == torch.uint8 and ks.shape == (2,)
+    got = decode_attention(q, k8, v8, ks, vs, slot, pad, 32)
+    deq = attend(q, dequant_kv(k8, ks), dequant_kv(v8, vs), kmask)
+    assert torch.allclose(got, deq, atol=1e-5)
+    assert (dequant_kv(k8, ks) - kc).abs().max() <= kc.abs().max() * 2 / 16  # half an e4m3 step at 2x headroom
+    assert (got - want).abs().max() < 0.25
+    # a row whose only key is its own token: the output is that token's value
+    assert torch.allclose(got.view(3, 2, 4, 16)[2], dequant_kv(v8, vs)[2, :, 30][:, None].expand(2, 4, 16), atol=1e-6)
+
+
+def test_fp8_kv_cache_and_triton_attention_options() -> None:
+    """``set_options(kv_cache="fp8")`` gives the decoder an e4m3 cache with per-head scales (the first
+    token, from the unquantised prefill, is the eager one); ``attention="triton"`` on the fp16 cache is
+    the eager path's decode (CPU: the op's reference, the same SDPA), and both drop the captured steps."""
+    import torch
+
+    eager, fast = _engines("fp8")
+    rows = [fast.encode_prompt(p) for p in MIXED[:4]]
+    want = eager._generate_batch(rows, 10)
+    dec = fast.fast_decoder
+    dec.set_options(attention="triton")
+    got = fast._generate_batch(rows, 10)
+    if not fast.device.startswith("cuda"):
+        assert [t for t, _ in got] == [t for t, _ in want]
+    dec.set_options(kv_cache="fp8")
+    assert dec.kv_dtype is not None and not dec._buckets
+    got8 = fast._generate_batch(rows, 10)
+    bk = next(iter(dec._buckets.values()))
+    assert bk.kc[0].dtype == torch.uint8 and len(bk.ks) == len(dec.layers) and bool((bk.ks[0] > 0).all())
+    assert [t[0] for t, _ in got8] == [t[0] for t, _ in want]
+    assert all(len(t) <= 10 for t, _ in got8)
+    dec.set_options(kv_cache="auto")
+    assert dec.kv_dtype is None and not dec._buckets
+    with pytest.raises(ValueError):
+        dec.set_options(kv_cache="int4")
+    # the engine option (``-o fp8_kv_cache=true``) sets it on the FP8 engine's decoder, not on FP16's
+    _e, opt = _engines("fp8", fp8_kv_cache="true")
+    assert opt.fast_decoder.kv_dtype is not None and "FP8 K/V cache" in opt.fast_reason
+    _e, plain = _engines("fp16", fp8_kv_cache=True)
+    assert plain.fast_decoder.kv_dtype is None

@@ -15,6 +15,8 @@
   in ONE CUDA graph and replayed. FP8 linears use their static calibrated per-tensor activation
   scale; the divide/clamp/cast is fused by inductor into the preceding norm or SiLU*up kernel, and
   the product runs through ``torch._scaled_mm``. FP16 gets the same compile and graph.
+* Opt-in: ``set_options(kv_cache="fp8")`` keeps the cache in e4m3 with per-head scales and
+  ``attention="triton"`` attends through ``probes.decode_attention`` (a GQA flash-decoding kernel).
 * Stopping per row: EOS (flag computed in the graph), ``max_new_tokens``, and stop strings (checked
   on the host every ``check_every`` steps); the loop ends when every row is done.
 
@@ -40,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from probes.decode_attention import FP8_KV, FP8_KV_STORE, decode_attention, quant_kv, store_prompt_kv
 from probes.engines.fast_forward import forward_layer, sequence_inputs
 from probes.engines.fast_layers import (
     COUNT_INPUT,
@@ -121,9 +124,13 @@ def attend_gqa(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, kmask: torch
 
 
 def decode_layer(x: torch.Tensor, p: dict[str, Any], kc: torch.Tensor, vc: torch.Tensor, slot: torch.Tensor,
-                 cos: torch.Tensor, sin: torch.Tensor, kmask: torch.Tensor, eps: float) -> torch.Tensor:
+                 cos: torch.Tensor, sin: torch.Tensor, kmask: torch.Tensor, eps: float,
+                 pad: torch.Tensor | None = None, ks: torch.Tensor | None = None,
+                 vs: torch.Tensor | None = None) -> torch.Tensor:
     """One Llama layer for one new token per row. x [B, hidden]; kc, vc [B, KVH, T, D] (written at
-    ``slot``); cos, sin [B, D] of each row's position; kmask [B, live] keys each row may attend."""
+    ``slot``); cos, sin [B, D] of each row's position; kmask [B, live] keys each row may attend.
+    An FP8 cache (e4m3 bits in uint8, per-head scales ``ks``/``vs`` [KVH]) or ``p["attention"] ==
+    "triton"`` attends through ``probes.decode_attention`` (keys [pad[b], slot] of each row)."""
     b = x.shape[0]
     kvh, d = kc.shape[1], kc.shape[3]
     h = rms_norm(x, p["ln1"], eps)
@@ -132,9 +139,23 @@ def decode_layer(x: torch.Tensor, p: dict[str, Any], kc: torch.Tensor, vc: torch
     c, s = cos[:, None, :], sin[:, None, :]
     q = q * c + rotate_half(q) * s
     k = k * c + rotate_half(k) * s
-    kc.index_copy_(2, slot, k.unsqueeze(2))
-    vc.index_copy_(2, slot, v.unsqueeze(2))
-    a = attend_gqa(q, kc, vc, kmask) if p.get("attention") == "gqa" else attend(q, kc, vc, kmask)
+    fp8_kv = kc.dtype == FP8_KV_STORE
+    if fp8_kv:
+        assert ks is not None and vs is not None
+        kc.index_copy_(2, slot, quant_kv(k, ks).unsqueeze(2))
+        vc.index_copy_(2, slot, quant_kv(v, vs).unsqueeze(2))
+    else:
+        kc.index_copy_(2, slot, k.unsqueeze(2))
+        vc.index_copy_(2, slot, v.unsqueeze(2))
+    if fp8_kv or p.get("attention") == "triton":
+        assert pad is not None
+        one = slot.new_ones(1, dtype=torch.float32)
+        a = decode_attention(q, kc, vc, one if ks is None else ks, one if vs is None else vs, slot, pad,
+                             kmask.shape[1])
+    elif p.get("attention") == "gqa":
+        a = attend_gqa(q, kc, vc, kmask)
+    else:
+        a = attend(q, kc, vc, kmask)
     x = x + linear(a, p["o"])
     h = rms_norm(x, p["ln2"], eps)
     gate, up = projections(h, p, "gu", ("gate", "up"))
@@ -174,6 +195,19 @@ class _Bucket:
     done: torch.Tensor
     graphs: dict[int, Any] = field(default_factory=dict)  # live length -> captured step
     eos: torch.Tensor | None = None
+    #: per layer, the FP8 cache's per-head K and V scales [KVH] float32 (empty lists: fp16 cache)
+    ks: list[torch.Tensor] = field(default_factory=list)
+    vs: list[torch.Tensor] = field(default_factory=list)
+
+    def store_kv(self, i: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Layer ``i``'s prompt K/V [B, KVH, L, D] into positions [0, L) of the cache; an FP8 cache
+        takes its per-head scales from them first (``probes.decode_attention.store_prompt_kv``)."""
+        n = k.shape[2]
+        if self.kc[i].dtype == FP8_KV_STORE:
+            store_prompt_kv(k, v, self.kc[i], self.vc[i], self.ks[i], self.vs[i])
+            return
+        self.kc[i][:, :, :n].copy_(k)
+        self.vc[i][:, :, :n].copy_(v)
 
 
 class FastDecoder:
@@ -230,6 +264,9 @@ class FastDecoder:
         self.live_window = LIVE_WINDOW
         #: prefill and scoring count FP8 saturation (False: not counted; for measuring what counting costs)
         self.count_saturation = True
+        #: decode K/V cache dtype: None = the activation dtype; ``FP8_KV`` = e4m3 with per-head scales
+        #: (``set_options(kv_cache="fp8")``; decode attention then runs ``probes.decode_attention``)
+        self.kv_dtype: torch.dtype | None = None
         #: ... on every this-many-th position of each sequence (1: every token; n > 1: an unbiased sample of
         #: the positions, measured on the H200 as no faster beyond noise, so not the default)
         self.saturation_stride = 1
@@ -263,12 +300,22 @@ class FastDecoder:
         self.cache_arg = "past_key_values"
         self._lock = threading.Lock()  # the static caches and graphs serve one batch at a time
 
-    def set_options(self, *, share_quant: bool | None = None, attention: str | None = None) -> None:
+    def set_options(self, *, share_quant: bool | None = None, attention: str | None = None,
+                    kv_cache: str | None = None) -> None:
         """``share_quant``: prefill/scoring quantise q/k/v's (gate/up's) input once for their separate FP8
-        GEMMs. ``attention``: decode attention "sdpa" (``attend``) or "gqa" (``attend_gqa``). Captured
-        step graphs are dropped (they hold the previous choice)."""
-        if attention is not None and attention not in ("sdpa", "gqa"):
-            raise ValueError(f"decode attention must be sdpa or gqa, not {attention!r}")
+        GEMMs. ``attention``: decode attention "sdpa" (``attend``), "gqa" (``attend_gqa``) or "triton"
+        (``probes.decode_attention``). ``kv_cache``: "fp8" (e4m3, per-head scales; attention through
+        ``probes.decode_attention``) or "auto" (the activation dtype). Captured step graphs are dropped
+        (they hold the previous choice); a new cache dtype drops the buckets."""
+        if attention is not None and attention not in ("sdpa", "gqa", "triton"):
+            raise ValueError(f"decode attention must be sdpa, gqa or triton, not {attention!r}")
+        if kv_cache is not None:
+            if kv_cache not in ("fp8", "auto"):
+                raise ValueError(f"kv_cache must be fp8 or auto, not {kv_cache!r}")
+            want = FP8_KV if kv_cache == "fp8" else None
+            if want != self.kv_dtype:
+                self.kv_dtype = want
+                self._buckets.clear()
         for p in self.layers:
             if share_quant is not None:
                 p["share_quant"] = bool(share_quant)
@@ -313,14 +360,18 @@ class FastDecoder:
         while len(self._buckets) >= MAX_BUCKETS:
             self._buckets.popitem(last=False)
         dev, dt = self.device, self.dtype
+        kdt = dt if self.kv_dtype is None else FP8_KV_STORE
         shape = (b, self.kv_heads, t, self.head_dim)
-        bk = _Bucket(b, t, [torch.zeros(shape, device=dev, dtype=dt) for _ in self.layers],
-                     [torch.zeros(shape, device=dev, dtype=dt) for _ in self.layers],
+        bk = _Bucket(b, t, [torch.zeros(shape, device=dev, dtype=kdt) for _ in self.layers],
+                     [torch.zeros(shape, device=dev, dtype=kdt) for _ in self.layers],
                      torch.zeros(b, dtype=torch.long, device=dev), torch.zeros(1, dtype=torch.long, device=dev),
                      torch.zeros(b, dtype=torch.long, device=dev), torch.zeros(1, dtype=torch.long, device=dev),
                      torch.zeros(b, t, dtype=torch.long, device=dev), torch.zeros(b, t, dtype=torch.float32,
                                                                                   device=dev),
                      torch.zeros(b, dtype=torch.bool, device=dev))
+        if self.kv_dtype is not None:
+            bk.ks = [torch.ones(self.kv_heads, device=dev, dtype=torch.float32) for _ in self.layers]
+            bk.vs = [torch.ones(self.kv_heads, device=dev, dtype=torch.float32) for _ in self.layers]
         self._buckets[key] = bk
         return bk
 
@@ -337,7 +388,11 @@ class FastDecoder:
         cos, sin, kmask = self._inputs_fn(bk.slot, bk.pad, cos_t, sin_t, key_idx[:live])
         x = F.embedding(bk.tokens, self.embed)
         for i, p in enumerate(self.layers):
-            x = self._layer_fn(x, p, bk.kc[i], bk.vc[i], bk.slot, cos, sin, kmask, self.eps)
+            if bk.ks:
+                x = self._layer_fn(x, p, bk.kc[i], bk.vc[i], bk.slot, cos, sin, kmask, self.eps, bk.pad,
+                                   bk.ks[i], bk.vs[i])
+            else:
+                x = self._layer_fn(x, p, bk.kc[i], bk.vc[i], bk.slot, cos, sin, kmask, self.eps, bk.pad)
         tok, lp = self._head_fn(x, self.final_ln, self.head, self.eps)
         bk.tokens.copy_(tok)
         bk.hist_tok.index_copy_(1, bk.step_i, tok[:, None])
@@ -469,8 +524,7 @@ class FastDecoder:
                 torch._dynamo.maybe_mark_dynamic(amask, 3)
             x, k, v, sat = self._forward_fn(x, p, cos, sin, amask, self.eps, count)
             if kv_into is not None:
-                kv_into.kc[i][:, :, :width].copy_(k)
-                kv_into.vc[i][:, :, :width].copy_(v)
+                kv_into.store_kv(i, k, v)
             if sat is not None:
                 sats.append(sat)
         if sats:
@@ -524,8 +578,7 @@ class FastDecoder:
                          logits_to_keep=1, **{self.cache_arg: cache})
         for i in range(len(self.layers)):
             k, v = _layer_kv(cache, i)
-            bk.kc[i][:, :, :width].copy_(k)
-            bk.vc[i][:, :, :width].copy_(v)
+            bk.store_kv(i, k[:, :, :width], v[:, :, :width])
         QUANT_MEMO.clear()
         return out.logits[:, -1, :]
 

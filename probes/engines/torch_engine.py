@@ -2,7 +2,8 @@
 
 FP8 swaps every linear layer except ``lm_head`` (``fp8_lm_head=True``: that one too) for
 ``probes.fp8.Fp8Linear`` with static activation scales from ``fp8_calibration.json``
-(``llm-watchdog calibrate``). On CUDA cc >= 8.9 the products run
+(``llm-watchdog calibrate``). ``fp8_kv_cache=True`` (opt-in, fast decoder only) also keeps the decode
+K/V cache in e4m3 with per-head scales (``probes.decode_attention``). On CUDA cc >= 8.9 the products run
 through ``torch._scaled_mm``; on CPU through an exact emulation of the same numerics.
 
 On CPU the 'fp16' baseline computes in float32 (CPU half-precision matmuls are slow and not what
@@ -115,7 +116,8 @@ class TorchEngine:
                  scale_multiplier: float = 1.0, max_batch_tokens: int | None = None, name: str | None = None,
                  model: Any = None, tokenizer: Any = None, track_saturation: bool = True,
                  fast: str | bool = "auto", compile: bool | None = None, cuda_graphs: bool | None = None,
-                 compile_cache_dir: str | Path | None = None, fp8_lm_head: bool = False) -> None:
+                 compile_cache_dir: str | Path | None = None, fp8_lm_head: bool = False,
+                 fp8_kv_cache: bool = False) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
         if model is None and model_path is None:
@@ -180,6 +182,14 @@ class TorchEngine:
         started = time.perf_counter()
         self.fast_decoder: Any = None
         self.fast_reason = self._setup_fast(fast, compile, cuda_graphs)
+        if _flag(fp8_kv_cache) and precision == "fp8":
+            # opt-in: the decode K/V cache in e4m3 with per-head scales (probes.decode_attention); the eager
+            # loop (no fast decoder) keeps its own cache
+            if self.fast_decoder is not None:
+                self.fast_decoder.set_options(kv_cache="fp8")
+                self.fast_reason += ", FP8 K/V cache"
+            else:
+                log.warning("torch engine %s: fp8_kv_cache needs the fast decoder; ignored", self.name)
         self.timings["fast_setup_s"] = time.perf_counter() - started
 
     def _sync(self) -> None:
