@@ -34,7 +34,7 @@ from watchdog.actuation.routing import RoutingFlags
 from watchdog.alerting.alerter import Alerter
 from watchdog.config.settings import Config
 from watchdog.core.keys import Keys
-from watchdog.core.metrics import Metrics
+from watchdog.core.metrics import Metrics, worst_judgeability
 from watchdog.core.signals import Action, Signal
 from watchdog.policy import PolicyEngine, changes
 from watchdog.policy.status import state_judgeability_rows
@@ -444,8 +444,11 @@ class Decisions:
             self._last_judgeability = now
             self._jb_pass = (sorted(states), [])
         keys, rows = self._jb_pass
-        chunk, self._jb_pass = keys[:JUDGEABILITY_CHUNK], (keys[JUDGEABILITY_CHUNK:], rows)
-        rows.extend(state_judgeability_rows(self.engine.policy_set, {k: states[k] for k in chunk if k in states}))
+        chunk = keys[:JUDGEABILITY_CHUNK]
+        # only the rows the gauges can show are kept between the chunks (the same rows as keeping all)
+        rows = worst_judgeability(rows + state_judgeability_rows(self.engine.policy_set,
+                                                                  {k: states[k] for k in chunk if k in states}))
+        self._jb_pass = (keys[JUDGEABILITY_CHUNK:], rows)
         if len(keys) <= JUDGEABILITY_CHUNK:
             self._jb_pass = None
             self.metrics.set_judgeability(rows)
