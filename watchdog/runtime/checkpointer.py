@@ -42,6 +42,7 @@ from watchdog.core.signals import Signal
 from watchdog.ingest.consumer import Ingest
 from watchdog.ingest.eventtime import Watermarks
 from watchdog.policy import PolicyEngine
+from watchdog.runtime.budget import StepDeadline
 from watchdog.runtime.health import RedisHealth
 from watchdog.runtime.ownership import Ownership
 from watchdog.runtime.save_writer import Outcome, SaveWriter
@@ -88,6 +89,8 @@ class Checkpointer:
         self.writer = SaveWriter(checkpoints)
         #: False: every save is encoded and written on the calling thread (as before the writer)
         self.offload = True
+        #: the loop iteration's shared deadline (``Daemon.step`` starts it; never reached outside it)
+        self.step = StepDeadline()
         #: per partition: (the partition, the policy set, route -> engine-state JSON) encoded ahead of
         #: its next save (``preencode``); the routes in it are out of ``part.dirty_routes`` until they
         #: change again
@@ -105,6 +108,7 @@ class Checkpointer:
         self.harvest()
         every = self.cfg.redis.checkpoint_every_s if self.redis_health.ok else 1.0
         t0 = time.perf_counter()
+        saved = False
         for part in sorted(self.ownership.parts.values(), key=lambda p: p.last_save):
             if part.inflight is None and not part.dirty:
                 continue
@@ -118,9 +122,11 @@ class Checkpointer:
                 if (part.inflight is None and len(part.dirty_routes) > PREENCODE_MAX_LEFT
                         and now - part.last_save < (1 + PREENCODE_WAIT_SAVES) * spacing):
                     continue  # preencode takes them a slice per iteration first
-                if time.perf_counter() - t0 > STEP_BUDGET_S:
-                    break
+                if time.perf_counter() - t0 > STEP_BUDGET_S or (saved and self.step.passed()):
+                    break  # one save per iteration at least
+            before = part.last_save
             self.save(part, now, force=force)
+            saved = saved or part.last_save != before  # built or sent one (not one held back by a flip)
         if not force:
             self.preencode(PREENCODE_BUDGET_S)
 
