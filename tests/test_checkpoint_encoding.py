@@ -42,7 +42,7 @@ def test_a_window_whose_sums_overflowed_is_written_so_that_it_restores() -> None
 
 
 def test_changes_exported_on_the_loop_encode_to_the_fields_export_changes_writes() -> None:
-    """``snapshot_changes`` hands the writer thread each changed window's export data (not a copy of the
+    """``snapshot_changes`` hands the writer thread each changed window serialized (not a copy of the
     window): encoded, the same fields and bytes as ``export_changes``, whatever the window holds (one
     event, no pairs, pairs, an overflowed sum), and later events in the open window do not reach it."""
     def filled() -> WindowAggregator:
