@@ -197,7 +197,7 @@ def test_nothing_is_encoded_ahead_while_a_save_waits_to_be_resent(redis_client) 
 
 def test_the_wait_for_preencode_counts_from_when_the_routes_are_judged(redis_client, monkeypatch) -> None:
     """A save refused while its routes' closed windows wait to be judged (a close burst at 10,000 routes)
-    has an old ``last_save`` once they are judged: it still waits (1 + ``PREENCODE_WAIT_SAVES``) spacings
+    has an old ``last_save`` once they are judged: it still waits ``PREENCODE_WAIT_SAVES`` x ``checkpoint_every_s``
     from then for ``preencode``, rather than encoding every judged route of the partition at once."""
     monkeypatch.setattr(C, "PREENCODE_MAX_LEFT", 5)
     monkeypatch.setattr(C, "PREENCODE_WAIT_SAVES", 2)
@@ -220,6 +220,6 @@ def test_the_wait_for_preencode_counts_from_when_the_routes_are_judged(redis_cli
     ck.deferred_routes = set
     ck.checkpoint(t + 11 * every)  # judged now; last saved 11 spacings ago, but preencode goes first
     assert sent == []
-    ck.checkpoint(t + 13.5 * every)  # (1 + 2) spacings after it was refused: saved anyway
+    ck.checkpoint(t + 13.5 * every)  # 2 x checkpoint_every_s after it was last refused: saved anyway
     ck.drain()
     assert len(sent) == 1 and sent[0].engines == _fresh(ck, part.routes)

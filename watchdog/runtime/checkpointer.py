@@ -126,14 +126,14 @@ class Checkpointer:
                 if self.writer.busy(part.pk) or now - part.last_save < spacing:
                     continue
                 if deferred and not part.routes.isdisjoint(deferred):
-                    # ``save`` would refuse it (windows closed but not judged): the wait for preencode
-                    # counts from when that ends, not from the last save (which a close burst makes
-                    # old: its save then encoded all the partition's routes at once)
+                    # ``save`` would refuse it (windows closed but not judged)
                     self._held_at[part.pk] = now
                     continue
-                since = max(part.last_save, self._held_at.get(part.pk, -math.inf))
-                if (part.inflight is None and len(part.dirty_routes) > PREENCODE_MAX_LEFT
-                        and now - since < (1 + PREENCODE_WAIT_SAVES) * spacing):
+                if part.inflight is None and len(part.dirty_routes) > PREENCODE_MAX_LEFT and (
+                        now - part.last_save < (1 + PREENCODE_WAIT_SAVES) * spacing
+                        # refused until just now: a close burst made last_save old, and its save then
+                        # encoded all the partition's routes at once; preencode gets a few seconds
+                        or now - self._held_at.get(part.pk, -math.inf) < PREENCODE_WAIT_SAVES * every):
                     continue  # preencode takes them a slice per iteration first
                 if time.perf_counter() - t0 > STEP_BUDGET_S or (saved and self.step.passed()):
                     break  # one save per iteration at least
