@@ -300,7 +300,9 @@ class Daemon:
         # an event is ``future`` only when ahead of both the steady and the host clock: neither a step
         # of the host clock nor a start-up anchor the host corrected since drops real events
         self.ownership.poll_now = max(self.clock(), self.clock.wall())
-        ingest.poll(0 if self.closer.behind else poll_ms)
+        # no wait for records while closed windows wait to be judged either: with the iteration's shared
+        # deadline the judging of a backlog is spread over many iterations, each of which waited poll_ms
+        ingest.poll(0 if self.closer.behind or self.decisions.deferred else poll_ms)
         ingest.commit_mirror({})  # mirror offsets a busy commit held back
         lap("poll")
         self.step_deadline.start()
