@@ -23,6 +23,11 @@ carry a quality regression, so agreement scoring runs and rollbacks happen). Aft
 Quantiles come from the histograms' buckets (the upper bound of the bucket that holds the quantile).
 
     .venv/bin/python bench/growth.py [--routes 100,1000,10000] [--rate 2000] [--seconds 60] [--warmup 25] [--window 10]
+        [--code OTHER_TREE ...] [--repeats 1] [--profile DIR]
+
+``--code`` runs the daemon of another checkout as well (a before/after in one run): each repetition
+runs this tree's daemon, then each ``--code`` tree's, on fresh services; the ``tree`` column names it.
+``--profile DIR`` writes a cProfile of each daemon to DIR/<tree>-<routes>-<repetition>.prof.
 """
 
 from __future__ import annotations
@@ -116,7 +121,9 @@ def send_round_robin(gen: TrafficGenerator, producer: KafkaProducer, topic: str,
     producer.flush()
 
 
-def run_one(n_routes: int, args: argparse.Namespace) -> list[Any]:
+def run_one(n_routes: int, args: argparse.Namespace, code: Path = ROOT, label: str = "this",
+            profile: Path | None = None) -> list[Any]:
+    print(f"{label} ({code}), {n_routes:,} routes: {machine_note()}", flush=True)
     with services() as svc:
         topic = f"bench.growth.{uuid.uuid4().hex[:8]}"
         port = free_port()
@@ -135,7 +142,7 @@ def run_one(n_routes: int, args: argparse.Namespace) -> list[Any]:
         names = route_names(n_routes)
         gen = TrafficGenerator([Route(MODEL, name, rate=1.0, regression="quality" if i % 50 == 7 else None)
                                 for i, name in enumerate(names)])
-        with daemon_process(svc.workdir, cfg) as (proc, log_path, _startup):
+        with daemon_process(svc.workdir, cfg, code=code, profile=profile) as (proc, log_path, _startup):
             producer = KafkaProducer(bootstrap_servers=svc.kafka_address, linger_ms=20)
             stop = threading.Event()
             sender = threading.Thread(target=send_round_robin, args=(gen, producer, topic, args.rate, stop),
@@ -170,7 +177,7 @@ def run_one(n_routes: int, args: argparse.Namespace) -> list[Any]:
     loop99, _ = quantile(m0["llmwd_loop_busy_seconds"], m1["llmwd_loop_busy_seconds"], 0.99)
     loop_top = largest(m0["llmwd_loop_busy_seconds"], m1["llmwd_loop_busy_seconds"])
     react99, flips = quantile(m0["llmwd_reaction_seconds"], m1["llmwd_reaction_seconds"], 0.99)
-    row = [n_routes, (sent1 - sent0) / span, consumed / span, 1e6 * (cpu1 - cpu0) / max(consumed, 1.0),
+    row = [label, n_routes, (sent1 - sent0) / span, consumed / span, 1e6 * (cpu1 - cpu0) / max(consumed, 1.0),
            100 * (cpu1 - cpu0) / span, max(rss), rss[-1], (in1 - in0) / span / 1e3, used / 1e6,
            m1["ckpt_bytes"] / 1e6, f"{ck[0] * 1e3:g} / {ck[1] * 1e3:g}", f"{ck[2] * 1e3:g} / {ck[3] * 1e3:g}",
            f"{loop99 * 1e3:g} / {loop_top * 1e3:g}", f"{react99 * 1e3:g} ({flips:.0f})", lag]
@@ -178,7 +185,7 @@ def run_one(n_routes: int, args: argparse.Namespace) -> list[Any]:
     return row
 
 
-HEADER = ["routes", "sent ev/s", "consumed ev/s", "CPU µs/event", "CPU % of a core", "RSS peak MB",
+HEADER = ["tree", "routes", "sent ev/s", "consumed ev/s", "CPU µs/event", "CPU % of a core", "RSS peak MB",
           "RSS end MB", "Redis in kB/s", "Redis used MB", "last ckpt MB (all partitions)",
           "ckpt ms p50 / p99", "ckpt loop ms p50 / p99", "loop busy ms p99 / max bucket",
           "close->flip ms p99 (flips)", "event-time lag s"]
@@ -191,10 +198,22 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=60.0, help="measured span per route count")
     ap.add_argument("--warmup", type=float, default=25.0, help="seconds of traffic before measuring")
     ap.add_argument("--window", type=float, default=10.0, help="windows.length_s (policies judge each window)")
+    ap.add_argument("--code", type=Path, action="append", default=[],
+                    help="also run the daemon of this tree (another checkout), interleaved with this one's")
+    ap.add_argument("--repeats", type=int, default=1, help="runs per tree and route count")
+    ap.add_argument("--profile", type=Path, help="cProfile each daemon into DIR/<tree>-<routes>-<rep>.prof")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     print(f"machine at start: {machine_note()}", flush=True)
-    rows = [run_one(int(n), args) for n in args.routes.split(",")]
+    trees = [("this", ROOT)] + [(f"code{i + 1}", c.resolve()) for i, c in enumerate(args.code)]
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for n in args.routes.split(","):
+        for rep in range(args.repeats):
+            for label, code in trees:
+                prof = args.profile / f"{label}-{n}-{rep + 1}.prof" if args.profile else None
+                rows.append(run_one(int(n), args, code, label, prof))
     print()
     print(table(HEADER, rows))
     print(f"windows {args.window:g} s, rate {args.rate:.0f} ev/s, warm-up {args.warmup:.0f} s, measured {args.seconds:.0f} s per count; "

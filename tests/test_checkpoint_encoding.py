@@ -39,3 +39,27 @@ def test_a_window_whose_sums_overflowed_is_written_so_that_it_restores() -> None
     assert "-Infinity" in text and "null" not in text.split('"f":')[1][:40]
     again = Window.from_export(json.loads(text))
     assert again.lp_sum == -math.inf and again.count == w.count
+
+
+def test_changes_exported_on_the_loop_encode_to_the_fields_export_changes_writes() -> None:
+    """``snapshot_changes`` hands the writer thread each changed window serialized (not a copy of the
+    window): encoded, the same fields and bytes as ``export_changes``, whatever the window holds (one
+    event, no pairs, pairs, an overflowed sum), and later events in the open window do not reach it."""
+    def filled() -> WindowAggregator:
+        agg = WindowAggregator(length_s=60.0)
+        for i in range(30):
+            route = f"r{i % 7}"
+            agg.add(ev(1200.0 + i, route=route, request_id=f"q{i}", latency_ms=40.0 + i, ttft_ms=4.0 + i / 3,
+                       completion=f"a b c {i}", shadow=f"a b d {i % 2}" if i % 3 else None, replica=f"p{i % 2}",
+                       build="b1" if i % 5 else None, status="ok" if i % 4 else "timeout"), ("t", 0), i)
+        first = next(iter(agg._open.values()))
+        first.lp_sum = -math.inf
+        return agg
+
+    a, b = filled(), filled()
+    exported, closed = a.snapshot_changes(everything=True)
+    want, want_closed = b.export_changes(everything=True)
+    for i in range(30, 40):  # events after the save's build must not change what it writes
+        a.add(ev(1200.0 + i, route=f"r{i % 7}", request_id=f"q{i}", latency_ms=400.0 + i), ("t", 0), i)
+    assert encode_snapshots(exported) == want and closed == want_closed
+    assert len(want) == 7

@@ -193,3 +193,33 @@ def test_nothing_is_encoded_ahead_while_a_save_waits_to_be_resent(redis_client) 
     assert ck.preencode(10.0) == 0 and part.dirty_routes == {("m", "b")}
     part.inflight = None
     assert ck.preencode(10.0) == 1 and not part.dirty_routes
+
+
+def test_the_wait_for_preencode_counts_from_when_the_routes_are_judged(redis_client, monkeypatch) -> None:
+    """A save refused while its routes' closed windows wait to be judged (a close burst at 10,000 routes)
+    has an old ``last_save`` once they are judged: it still waits ``PREENCODE_WAIT_SAVES`` x ``checkpoint_every_s``
+    from then for ``preencode``, rather than encoding every judged route of the partition at once."""
+    monkeypatch.setattr(C, "PREENCODE_MAX_LEFT", 5)
+    monkeypatch.setattr(C, "PREENCODE_WAIT_SAVES", 2)
+    ck, part, ingest, _own = _rig(redis_client)
+    for k in range(30):
+        _fold(ck, part, ingest, f"r{k}", 100.0)
+    t = 1000.0
+    ck.checkpoint(t)
+    ck.drain()
+    assert part.seq == 1
+    part.last_cost_s = 0.0
+    sent = _capture(ck)
+    for k in range(30):
+        _fold(ck, part, ingest, f"r{k}", 101.0)
+    monkeypatch.setattr(ck, "preencode", lambda budget_s: 0)
+    every = ck.cfg.redis.checkpoint_every_s
+    ck.deferred_routes = lambda: {("m", "r3")}
+    ck.checkpoint(t + 10 * every)  # refused: a route of it is not judged yet
+    assert sent == []
+    ck.deferred_routes = set
+    ck.checkpoint(t + 11 * every)  # judged now; last saved 11 spacings ago, but preencode goes first
+    assert sent == []
+    ck.checkpoint(t + 13.5 * every)  # 2 x checkpoint_every_s after it was last refused: saved anyway
+    ck.drain()
+    assert len(sent) == 1 and sent[0].engines == _fresh(ck, part.routes)

@@ -12,6 +12,18 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 MAX_JUDGEABILITY_ROWS = 500
 
 
+def _worst_first(row: dict[str, Any]) -> tuple[int, float]:
+    return row["judged"], -float(row.get("mde") or row.get("horizon_mde") or 0.0)
+
+
+def worst_judgeability(rows: list[dict[str, Any]], n: int = MAX_JUDGEABILITY_ROWS) -> list[dict[str, Any]]:
+    """The ``n`` rows ``Metrics.set_judgeability`` exports, in its order: not judged first, then the
+    largest MDEs, ties in the order given (``heapq.nsmallest`` is stable). Taken over consecutive parts
+    of the rows in turn (the kept rows first, then the next part), the same rows in the same order as
+    over all of them at once: a pass over every route keeps ``n`` rows, not 100k+."""
+    return heapq.nsmallest(n, rows, key=_worst_first)
+
+
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -139,10 +151,7 @@ class Metrics:
         Bounded: at most ``max_rows`` (policy, model, route, rule) series, the rules that are not
         judged first, then the largest MDEs (what on-call needs to see); the series of rows no
         longer exported are removed. /status carries every row."""
-        def worst_first(row: dict[str, Any]) -> tuple[int, float]:
-            return row["judged"], -float(row.get("mde") or row.get("horizon_mde") or 0.0)
-
-        keep = heapq.nsmallest(max_rows, rows, key=worst_first)  # not a sort of every row: 100k+ at 10k routes
+        keep = worst_judgeability(rows, max_rows)  # not a sort of every row: 100k+ at 10k routes
         exported: set[tuple[str, ...]] = set()
         for row in keep:
             labels: tuple[str, ...] = (row["policy"], row["model"], row["route"], row["rule"])

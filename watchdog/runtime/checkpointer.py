@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -42,6 +43,7 @@ from watchdog.core.signals import Signal
 from watchdog.ingest.consumer import Ingest
 from watchdog.ingest.eventtime import Watermarks
 from watchdog.policy import PolicyEngine
+from watchdog.runtime.budget import StepDeadline
 from watchdog.runtime.health import RedisHealth
 from watchdog.runtime.ownership import Ownership
 from watchdog.runtime.save_writer import Outcome, SaveWriter
@@ -88,10 +90,14 @@ class Checkpointer:
         self.writer = SaveWriter(checkpoints)
         #: False: every save is encoded and written on the calling thread (as before the writer)
         self.offload = True
+        #: the loop iteration's shared deadline (``Daemon.step`` starts it; never reached outside it)
+        self.step = StepDeadline()
         #: per partition: (the partition, the policy set, route -> engine-state JSON) encoded ahead of
         #: its next save (``preencode``); the routes in it are out of ``part.dirty_routes`` until they
         #: change again
         self._encoded: dict[P.PartitionKey, tuple[P.Partition, Any, dict[P.Route, str | None]]] = {}
+        #: per partition: when its save was last refused for routes not judged yet (``checkpoint``)
+        self._held_at: dict[P.PartitionKey, float] = {}
 
     def attach(self, ingest: Ingest) -> None:
         self.ingest = ingest
@@ -105,6 +111,10 @@ class Checkpointer:
         self.harvest()
         every = self.cfg.redis.checkpoint_every_s if self.redis_health.ok else 1.0
         t0 = time.perf_counter()
+        saved = False
+        deferred = self.deferred_routes() if not force else set()
+        for pk in [pk for pk in self._held_at if pk not in self.ownership.parts]:
+            del self._held_at[pk]
         for part in sorted(self.ownership.parts.values(), key=lambda p: p.last_save):
             if part.inflight is None and not part.dirty:
                 continue
@@ -115,14 +125,26 @@ class Checkpointer:
                 spacing = max(every, 10 * part.last_cost_s)
                 if self.writer.busy(part.pk) or now - part.last_save < spacing:
                     continue
-                if (part.inflight is None and len(part.dirty_routes) > PREENCODE_MAX_LEFT
-                        and now - part.last_save < (1 + PREENCODE_WAIT_SAVES) * spacing):
+                if deferred and not part.routes.isdisjoint(deferred):
+                    # ``save`` would refuse it (windows closed but not judged)
+                    self._held_at[part.pk] = now
+                    continue
+                if part.inflight is None and len(part.dirty_routes) > PREENCODE_MAX_LEFT and (
+                        now - part.last_save < (1 + PREENCODE_WAIT_SAVES) * spacing
+                        # refused until just now: a close burst made last_save old, and its save then
+                        # encoded all the partition's routes at once; preencode gets a few seconds
+                        or now - self._held_at.get(part.pk, -math.inf) < PREENCODE_WAIT_SAVES * every):
                     continue  # preencode takes them a slice per iteration first
-                if time.perf_counter() - t0 > STEP_BUDGET_S:
-                    break
+                if time.perf_counter() - t0 > STEP_BUDGET_S or (saved and self.step.passed()):
+                    break  # one save per iteration at least
+            before = part.last_save
             self.save(part, now, force=force)
+            saved = saved or part.last_save != before  # built or sent one (not one held back by a flip)
         if not force:
-            self.preencode(PREENCODE_BUDGET_S)
+            # at least PREENCODE_BUDGET_S; in the loop, what is left of the iteration's deadline too: after
+            # a close burst the saves otherwise waited for it and then encoded 1,000-2,400 routes at once
+            left = self.step.until - time.monotonic()
+            self.preencode(max(PREENCODE_BUDGET_S, left) if math.isfinite(left) else PREENCODE_BUDGET_S)
 
     def preencode(self, budget_s: float) -> int:
         """Encode the engine state of dirty routes ahead of their partition's save, for at most about
@@ -140,7 +162,9 @@ class Checkpointer:
     def _preencode(self, budget_s: float) -> int:
         t0 = time.perf_counter()
         done = 0
-        for part in self.ownership.parts.values():
+        # the partition saved least recently first, the order its save comes in (in dict order, the
+        # last partition got no slice after a close burst and its save encoded its 2,500 routes at once)
+        for part in sorted(self.ownership.parts.values(), key=lambda p: p.last_save):
             if not part.dirty_routes or (part.inflight is not None and not self.writer.busy(part.pk)):
                 continue  # a save Redis did not take waits to be resent: no build soon, keep no copies
             encoded = self._encoded_of(part)

@@ -19,6 +19,7 @@ from watchdog.core.metrics import Metrics
 from watchdog.core.signals import Signal
 from watchdog.ingest.consumer import Ingest
 from watchdog.ingest.eventtime import Watermarks
+from watchdog.runtime.budget import StepDeadline
 from watchdog.runtime.ownership import Ownership
 from watchdog.runtime.stats import DaemonStats
 from watchdog.state import partitions as P
@@ -47,6 +48,8 @@ class WindowCloser:
         self._first = 0
         #: the last call left due windows open (the loop should not wait for records before the next)
         self.behind = False
+        #: the loop iteration's shared deadline (``Daemon.step`` starts it; never reached outside it)
+        self.step = StepDeadline()
 
     def attach(self, ingest: Ingest) -> None:
         self.ingest = ingest
@@ -85,7 +88,7 @@ class WindowCloser:
         out: list[Signal] = []
         self.behind = False
         parts = self.ownership.parts
-        deadline = time.monotonic() + CLOSE_BUDGET_S
+        deadline = min(time.monotonic() + CLOSE_BUDGET_S, self.step.until)
         order = list(parts.values())
         if order:  # a partition left with due windows by the budget goes first next time
             self._first %= len(order)

@@ -43,6 +43,7 @@ from watchdog.ingest.consumer import Ingest, make_consumer, make_producer
 from watchdog.ingest.eventtime import Watermarks
 from watchdog.ingest.otlp import decoder_for
 from watchdog.ingest.startup import StartupTimeout, Stopped, bounded, diagnose
+from watchdog.runtime.budget import StepDeadline
 from watchdog.runtime.checkpointer import Checkpointer
 from watchdog.runtime.clock import ClockCheck, SteadyClock
 from watchdog.runtime.closer import WindowCloser
@@ -194,6 +195,8 @@ class Daemon:
                                       self.decisions.flags, self.engine, self.actuator, self.alerter, self.golden,
                                       self.golden_leader, self.gpu, self.routes, cfg.default_precision,
                                       self.golden_relay)
+        #: the loop iteration's shared deadline for the work that can wait (watchdog/runtime/budget.py)
+        self.step_deadline = self.closer.step = self.decisions.step = self.checkpointer.step = StepDeadline()
         self._stop = threading.Event()
         self._slow_logged = -math.inf
         self._failed_sources: set[str] = set()
@@ -297,9 +300,12 @@ class Daemon:
         # an event is ``future`` only when ahead of both the steady and the host clock: neither a step
         # of the host clock nor a start-up anchor the host corrected since drops real events
         self.ownership.poll_now = max(self.clock(), self.clock.wall())
-        ingest.poll(0 if self.closer.behind else poll_ms)
+        # no wait for records while closed windows wait to be judged either: with the iteration's shared
+        # deadline the judging of a backlog is spread over many iterations, each of which waited poll_ms
+        ingest.poll(0 if self.closer.behind or self.decisions.deferred else poll_ms)
         ingest.commit_mirror({})  # mirror offsets a busy commit held back
         lap("poll")
+        self.step_deadline.start()
         now = self.clock()
         self.wm.records_read(ingest.last_polled, now)
         self.wm.live_from(ingest.read_to_end())

@@ -34,10 +34,11 @@ from watchdog.actuation.routing import RoutingFlags
 from watchdog.alerting.alerter import Alerter
 from watchdog.config.settings import Config
 from watchdog.core.keys import Keys
-from watchdog.core.metrics import Metrics
+from watchdog.core.metrics import Metrics, worst_judgeability
 from watchdog.core.signals import Action, Signal
 from watchdog.policy import PolicyEngine, changes
 from watchdog.policy.status import state_judgeability_rows
+from watchdog.runtime.budget import StepDeadline
 from watchdog.runtime.evidence import EvidenceRecorder
 from watchdog.runtime.health import RedisHealth
 from watchdog.runtime.ownership import Ownership
@@ -61,6 +62,8 @@ EXPORT_EVERY_S = 1.0
 JUDGEABILITY_EVERY_S = 10.0
 #: scopes (policy, model, route) one loop iteration reads for those gauges
 JUDGEABILITY_CHUNK = 1_000
+#: iterations in a row a judgeability chunk waits for when the iteration's shared deadline has passed
+JUDGEABILITY_MAX_WAITS = 4
 #: the longest a flip we wrote overlays the cache that has not shown it yet
 WRITE_VISIBLE_S = 2.0
 #: routes judged in one loop iteration at most: when more windows close at once (thousands of
@@ -209,6 +212,10 @@ class Decisions:
         self._last_export = 0.0
         self._last_judgeability = 0.0
         #: the judgeability pass under way: the scopes still to read, and the rows read so far
+        #: the loop iteration's shared deadline (``Daemon.step`` starts it; never reached outside it)
+        self.step = StepDeadline()
+        #: judgeability chunks put off in a row because the iteration's deadline had passed
+        self._jb_waited = 0
         self._jb_pass: tuple[list[tuple[str, str, str]], list[dict[str, Any]]] | None = None
         #: route -> value last exported to ``llmwd_route_precision_is_candidate``
         self._exported: dict[P.Route, int] = {}
@@ -240,7 +247,7 @@ class Decisions:
             # our flip is gone from Redis: the engine must not read that as an operator's change
             flags[route] = precision
             self.reassert(route, precision, now)
-        until = time.monotonic() + DECIDE_BUDGET_S
+        until = min(time.monotonic() + DECIDE_BUDGET_S, self.step.until)  # after at least one chunk
         judged = 0
         chunks = RouteChunks(pending)
         while chunks and judged < MAX_DECIDE_ROUTES:
@@ -438,14 +445,21 @@ class Decisions:
         iteration (one pass over 8,000 routes cost the loop ~0.3-0.7 s at once); the gauges change
         when a pass completes."""
         states = self.engine.states
+        if self._jb_pass is None and now - self._last_judgeability < JUDGEABILITY_EVERY_S:
+            return
+        if self.step.passed() and self._jb_waited < JUDGEABILITY_MAX_WAITS:
+            self._jb_waited += 1  # this iteration's work is done: the next chunk waits (not for ever)
+            return
+        self._jb_waited = 0
         if self._jb_pass is None:
-            if now - self._last_judgeability < JUDGEABILITY_EVERY_S:
-                return
             self._last_judgeability = now
             self._jb_pass = (sorted(states), [])
         keys, rows = self._jb_pass
-        chunk, self._jb_pass = keys[:JUDGEABILITY_CHUNK], (keys[JUDGEABILITY_CHUNK:], rows)
-        rows.extend(state_judgeability_rows(self.engine.policy_set, {k: states[k] for k in chunk if k in states}))
+        chunk = keys[:JUDGEABILITY_CHUNK]
+        # only the rows the gauges can show are kept between the chunks (the same rows as keeping all)
+        rows = worst_judgeability(rows + state_judgeability_rows(self.engine.policy_set,
+                                                                  {k: states[k] for k in chunk if k in states}))
+        self._jb_pass = (keys[JUDGEABILITY_CHUNK:], rows)
         if len(keys) <= JUDGEABILITY_CHUNK:
             self._jb_pass = None
             self.metrics.set_judgeability(rows)

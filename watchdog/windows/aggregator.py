@@ -293,13 +293,16 @@ class WindowAggregator:
         self._closed_keys = []
         return changed, closed
 
-    def snapshot_changes(self, everything: bool = False) -> tuple[list[tuple[WindowKey, Window]], list[str]]:
-        """Like ``export_changes``, but the changed windows as snapshots (``Window.snapshot``) to encode
-        later, off the loop thread, with ``encode_snapshots``: the loop pays dict copies, not JSON."""
+    def snapshot_changes(self, everything: bool = False) -> tuple[list[tuple[WindowKey, str]], list[str]]:
+        """Like ``export_changes``, but the field names are left to ``encode_snapshots`` (off the loop
+        thread). Each changed window is exported and serialized here (``encode_export``: orjson, ~1 us
+        a window): a save waiting for the writer holds strings, not a ``Window.snapshot`` copy of ~15
+        containers a window that the writer exported again - those copies cost the two threads ~2x
+        the CPU, and the cyclic collector traversed them (thousands per save) while they waited."""
         changed = []
         for key, w in self._open.items():
             if w.dirty or everything:
-                changed.append((key, w.snapshot()))
+                changed.append((key, encode_export(w.export(key))))
                 w.dirty = False
         closed = [window_field(k) for k in self._closed_keys]
         self._closed_keys = []
@@ -346,17 +349,22 @@ class WindowAggregator:
         return out
 
 
-def encode_snapshots(snapshots: list[tuple[WindowKey, Window]]) -> dict[str, str]:
-    """Checkpoint fields (hash field -> JSON) of window snapshots; safe on any thread (they are copies)."""
-    return {window_field(key): encode_window(w, key) for key, w in snapshots}
+def encode_snapshots(snapshots: list[tuple[WindowKey, Window | str]]) -> dict[str, str]:
+    """Checkpoint fields (hash field -> JSON) of the windows ``snapshot_changes`` serialized (or of window
+    snapshots, ``Window.snapshot``); safe on any thread (they are copies)."""
+    return {window_field(key): w if isinstance(w, str) else encode_window(w, key) for key, w in snapshots}
 
 
 def encode_window(w: Window, key: WindowKey) -> str:
-    """One open window's checkpoint field value (JSON). orjson, ~1.5x faster than ``json.dumps``,
-    writes a non-finite float as null, which would not restore: the two running float sums are the
-    only floats that can overflow (events carry finite numbers), so such a window goes through
-    ``json.dumps`` (``Infinity``, which ``json.loads`` reads back)."""
-    d = w.export(key)
+    """One open window's checkpoint field value (JSON)."""
+    return encode_export(w.export(key))
+
+
+def encode_export(d: dict[str, Any]) -> str:
+    """A window's ``export`` data as its checkpoint field value (JSON). orjson, ~1.5x faster than
+    ``json.dumps``, writes a non-finite float as null, which would not restore: the two running float
+    sums are the only floats that can overflow (events carry finite numbers), so such a window goes
+    through ``json.dumps`` (``Infinity``, which ``json.loads`` reads back)."""
     f = d["f"]
     if math.isfinite(f[0]) and math.isfinite(f[1]):
         return orjson.dumps(d).decode()

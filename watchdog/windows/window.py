@@ -230,6 +230,8 @@ class Window:
 
 def _pack(items: list[tuple[int, float]]) -> str:
     """(negated crc32, score) pairs as base64 of little-endian uint32 + float64 (exact, ~1/3 of JSON)."""
+    if not items:
+        return ""  # what the general form gives for no pairs (most windows), without struct and base64
     return base64.b64encode(struct.pack(f"<{len(items)}I{len(items)}d", *(-h for h, _ in items),
                                         *(v for _, v in items))).decode()
 

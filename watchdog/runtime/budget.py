@@ -1,0 +1,33 @@
+"""The loop iteration's shared deadline for work that may wait for the next iteration.
+
+Closing windows, judging them, the judgeability pass and the checkpoint saves each had a budget of
+their own (0.2 s, 0.3 s, a chunk, 0.25 s): after a window boundary at 10,000 routes they added up to
+iterations of 1-2.5 s (docs/BENCHMARKS.md, "Thin windows at 10,000 routes, second pass"). ``Daemon.step``
+starts one ``StepDeadline`` after its poll; each of those phases still does at least one unit of work
+per iteration (a chunk of windows, a chunk of routes, one save), then stops at its own budget or at the
+shared deadline, whichever comes first. Outside ``step`` (tests, benches, the drain at stop) the
+deadline is never reached.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+#: loop work per iteration (its wait for records excluded) after which deferrable phases stop
+STEP_WORK_S = 0.15
+
+
+class StepDeadline:
+    """``until``: the ``time.monotonic()`` at which this iteration's deferrable work should stop."""
+
+    __slots__ = ("until",)
+
+    def __init__(self) -> None:
+        self.until = math.inf
+
+    def start(self, seconds: float = STEP_WORK_S) -> None:
+        self.until = time.monotonic() + seconds
+
+    def passed(self) -> bool:
+        return time.monotonic() >= self.until
