@@ -256,6 +256,7 @@ def test_daemon_ingests_span_batches_into_windows_and_dead_letters_bad_spans(
         wait_until(lambda: sum(w["samples"] for w in windows()) >= sent, 30, detail=windows)
         # the commit passes every record only once all of its events sit in closed windows
         wait_until(lambda: _committed(kafka_service.address, cfg.kafka.group_id, topic) >= 4, 15)
+    producer.close()
     got = windows()
     assert {w["precision"] for w in got} == {"fp8", "fp16"} and sum(w["samples"] for w in got) == sent
 
