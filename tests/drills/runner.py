@@ -50,6 +50,10 @@ class Drill:
         self.routes = routes or list(ROUTES)
         self.rate = rate
         self.producer_kw = producer_kw or {}
+        if not full and not stack_kw.get("broker_proxy") and stack_kw.get("storage", "memory") == "memory":
+            # the CI form: a 2 s Kafka session (heartbeat 0.5 s) makes each group join take 1 s, not 3 s;
+            # the full form, a slowed broker link (1 s per answer) and S3 storage keep 6 s
+            stack_kw.setdefault("session_timeout_ms", 2000)
         self.stack = Stack(root=root, workdir=workdir / name, **stack_kw)
         self.traffic: Traffic | None = None
         self.sampler: ReadinessSampler | None = None
