@@ -434,7 +434,7 @@ class Stack:
     window_s: float = 1.0
     grace_s: float = 0.3
     #: the daemons' Kafka session; Tansu answers a group join after about half of it (6 s: 3 s per
-    #: daemon start and rebalance). Drill.__init__ takes 2 s for the CI form (tests/test_drills.py)
+    #: daemon start and rebalance). tests/test_drills.py runs the CI subset with 2 s (runner.SESSION_ENV)
     session_timeout_ms: int = 6000
     policy: dict[str, Any] = field(default_factory=lambda: dict(POLICY))
     redis_password: str | None = None
