@@ -186,10 +186,12 @@ def daemon_cfg(kafka_address: str, redis_port: int, topic: str, policy: Path, si
                **overrides: Any) -> dict[str, Any]:
     """The test config as a plain dict (for a daemon subprocess); ``make_config`` validates it."""
     channels = [{"kind": "webhook", "url": f"{sink_url}/webhook"}] if sink_url else []
+    # session 2 s: Tansu answers a group join after about half the session timeout (6 s took 3 s per
+    # daemon start and per rebalance, 2 s takes 1 s); heartbeats every 0.5 s keep 4 per session
     data: dict[str, Any] = {
         "policies": [str(policy)],
         "kafka": {"bootstrap_servers": kafka_address, "topic": topic, "group_id": f"g-{topic}",
-                  "session_timeout_ms": 6000, "heartbeat_interval_ms": 1000},
+                  "session_timeout_ms": 2000, "heartbeat_interval_ms": 500},
         "redis": {"url": f"redis://127.0.0.1:{redis_port}/0", "socket_timeout_s": 0.5},
         "windows": {"length_s": 1.0, "grace_s": 0.3},
         "alerts": {"channels": channels},

@@ -78,3 +78,23 @@ def read_events(kafka: str, topic: str, n: int, timeout: float = 10.0) -> list[A
     finally:
         consumer.close()
     return out
+
+
+def drain(consumer: Any, first_s: float, idle_s: float = 1.0) -> list[Any]:
+    """Every record ``consumer`` gets, in the order it gets them: waits up to ``first_s`` for the
+    first, then stops once ``idle_s`` passed without a new one. For topics whose records are all
+    written before the read (a consumer's ``consumer_timeout_ms`` idles its full length after the
+    last record: 8 s per read in some tests)."""
+    out: list[Any] = []
+    deadline = time.monotonic() + first_s
+    last: float | None = None
+    while True:
+        batch = consumer.poll(timeout_ms=200)
+        now = time.monotonic()
+        for records in batch.values():
+            out += records
+            last = now if records else last
+        if last is None and now >= deadline:
+            return out
+        if last is not None and now - last >= idle_s:
+            return out

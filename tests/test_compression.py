@@ -62,7 +62,7 @@ def test_every_codec_from_confluent_and_aiokafka_is_ingested(kafka_service) -> N
         _produce_confluent(bootstrap, topic, codec)
         _produce_aiokafka(bootstrap, topic, codec)
     cfg = KafkaConfig(bootstrap_servers=bootstrap, topic=topic, group_id=f"g-{uuid.uuid4().hex[:6]}",
-                      session_timeout_ms=6000)
+                      session_timeout_ms=2000, heartbeat_interval_ms=500)
     # an uncompressed event after all the compressed batches: the partition must move past them
     tail = make_producer(cfg)
     tail.send(topic, _event("plain", 0)).get(timeout=10)

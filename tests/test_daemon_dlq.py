@@ -15,7 +15,7 @@ from tests.daemon_harness import (
     running_daemon,
     write_policy,
 )
-from tests.helpers import wait_until
+from tests.helpers import drain, wait_until
 from watchdog.dev.traffic import Route, TrafficGenerator
 
 pytestmark = pytest.mark.services
@@ -40,7 +40,7 @@ def test_a_dead_letter_that_cannot_be_written_pauses_its_partition_and_nothing_p
     policy = write_policy(tmp_path / "p.yaml")
     bad = make_config(kafka_service.address, redis_service.port, topic, policy, None,
                       kafka={"bootstrap_servers": kafka_service.address, "topic": topic, "group_id": f"g-{topic}",
-                             "session_timeout_ms": 6000, "heartbeat_interval_ms": 1000, "dlq_topic": "bad topic!"})
+                             "session_timeout_ms": 2000, "heartbeat_interval_ms": 500, "dlq_topic": "bad topic!"})
     with running_daemon(bad) as (daemon, _server):
         wait_until(lambda: any(p.startswith("dlq:") for p in daemon.problems()), 30,
                    detail=daemon.problems)
@@ -55,8 +55,8 @@ def test_a_dead_letter_that_cannot_be_written_pauses_its_partition_and_nothing_p
     seen, twice = recorded_windows(redis_client)
     assert (sum(seen.values()), twice) == (58, 0)
     consumer = KafkaConsumer(good.kafka.dead_letter_topic, bootstrap_servers=kafka_service.address,
-                             auto_offset_reset="earliest", consumer_timeout_ms=8000)
-    dead = [(dict(r.headers), len(r.value)) for r in consumer]
+                             auto_offset_reset="earliest")
+    dead = [(dict(r.headers), len(r.value)) for r in drain(consumer, 8.0)]
     consumer.close()
     assert [h["trace"] for h, _ in dead] == [b"t-1", b"t-2"]  # original headers kept
     assert [h["llmwd.reason"].split(b":")[0] for h, _ in dead] == [b"not_json", b"too_large"]

@@ -37,7 +37,7 @@ def test_killed_daemon_resumes_without_loss_or_double_counting(kafka_service, re
     cfg_path.write_text(yaml.safe_dump({
         "policies": [str(write_policy(tmp_path / "p.yaml"))],
         "kafka": {"bootstrap_servers": kafka_service.address, "topic": topic, "group_id": f"g-{topic}",
-                  "session_timeout_ms": 6000, "heartbeat_interval_ms": 1000},
+                  "session_timeout_ms": 2000, "heartbeat_interval_ms": 500},
         "redis": {"url": f"redis://127.0.0.1:{redis_service.port}/0"},
         "windows": {"length_s": 1.0, "grace_s": 1.0},
         "server": {"port": free_port()},

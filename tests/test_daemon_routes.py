@@ -12,7 +12,7 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer
 
 from tests.daemon_harness import MODEL, make_config, running_daemon, traffic, write_policy
-from tests.helpers import wait_until
+from tests.helpers import drain, wait_until
 from watchdog.actuation.actuator import FlagStore
 from watchdog.core.events import encode_event, partition_key
 from watchdog.core.keys import Keys
@@ -85,8 +85,8 @@ def test_a_route_flood_is_dead_lettered_route_limit_and_a_real_route_still_rolls
     assert flag is not None and flag.precision == "fp16"
     assert store.get(MODEL, "support/chat") is None
     consumer = KafkaConsumer(cfg.kafka.dead_letter_topic, bootstrap_servers=kafka_service.address,
-                             auto_offset_reset="earliest", consumer_timeout_ms=8000)
-    dead = [dict(r.headers)["llmwd.reason"] for r in consumer]
+                             auto_offset_reset="earliest")
+    dead = [dict(r.headers)["llmwd.reason"] for r in drain(consumer, 8.0)]
     consumer.close()
     assert dead == [b"route_limit"] * (2 * len(refused))
 

@@ -50,7 +50,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, redis_service: Service,
     values = {
         "config": {
             "kafka": {"bootstrap_servers": f"127.0.0.1:{kafka_service.port}", "topic": f"llm.inference.logs.{tag}",
-                      "group_id": f"wd-{tag}", "session_timeout_ms": 6000},
+                      "group_id": f"wd-{tag}", "session_timeout_ms": 2000, "heartbeat_interval_ms": 500},
             "redis": {"url": f"redis://127.0.0.1:{redis_service.port}/0", "prefix": f"wd{tag}"},
         },
         "service": {"port": port},

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import drain
 from watchdog.core.events import decode_event
 from watchdog.dev.embedded import free_port
 from watchdog.gateway.config import EventsConfig
@@ -33,9 +34,8 @@ def test_events_reach_the_broker(client: str, kafka_service: Any, topic: str) ->
         assert em.wait_sent(20, 15), (em.sent, em.errors, em.last_error)
     finally:
         em.close()
-    consumer = KafkaConsumer(topic, bootstrap_servers=kafka_service.address, auto_offset_reset="earliest",
-                             consumer_timeout_ms=2000)
-    got = sorted(decode_event(m.value).request_id for m in consumer)
+    consumer = KafkaConsumer(topic, bootstrap_servers=kafka_service.address, auto_offset_reset="earliest")
+    got = sorted(decode_event(m.value).request_id for m in drain(consumer, 2.0))
     consumer.close()
     assert got == sorted(f"r{i}" for i in range(20)) and em.errors == 0
 
@@ -82,10 +82,9 @@ def test_each_route_lands_on_the_partition_the_daemon_expects(client: str, kafka
         assert em.wait_sent(50, 15), (em.sent, em.errors, em.last_error)
     finally:
         em.close()
-    consumer = KafkaConsumer(topic, bootstrap_servers=kafka_service.address, auto_offset_reset="earliest",
-                             consumer_timeout_ms=3000)
+    consumer = KafkaConsumer(topic, bootstrap_servers=kafka_service.address, auto_offset_reset="earliest")
     seen: dict[bytes, set[int]] = {}
-    for m in consumer:
+    for m in drain(consumer, 3.0):
         ev = decode_event(m.value)
         assert m.key == f"{ev.model}/{ev.route}".encode()
         seen.setdefault(m.key, set()).add(m.partition)

@@ -23,6 +23,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 from opentelemetry.trace import Status, StatusCode  # noqa: E402
 
+from tests.helpers import drain  # noqa: E402
 from watchdog.config.settings import OtlpOptions  # noqa: E402
 from watchdog.core.events import InferenceEvent  # noqa: E402
 from watchdog.ingest.otlp import OtlpDecoder, decoder_for  # noqa: E402
@@ -255,12 +256,13 @@ def test_daemon_ingests_span_batches_into_windows_and_dead_letters_bad_spans(
         wait_until(lambda: sum(w["samples"] for w in windows()) >= sent, 30, detail=windows)
         # the commit passes every record only once all of its events sit in closed windows
         wait_until(lambda: _committed(kafka_service.address, cfg.kafka.group_id, topic) >= 4, 15)
+    producer.close()
     got = windows()
     assert {w["precision"] for w in got} == {"fp8", "fp16"} and sum(w["samples"] for w in got) == sent
 
     dlq = KafkaConsumer(cfg.kafka.dead_letter_topic, bootstrap_servers=kafka_service.address,
-                        auto_offset_reset="earliest", consumer_timeout_ms=3000, group_id=None)
-    letters = list(dlq)
+                        auto_offset_reset="earliest", group_id=None)
+    letters = drain(dlq, 3.0)
     dlq.close()
     reasons = sorted(dict(m.headers)["llmwd.reason"].decode() for m in letters)
     assert reasons == ["missing_field:route"] * 3 + ["otlp_bad_proto" if codec == "otlp_proto" else "not_json"]

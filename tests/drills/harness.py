@@ -433,6 +433,9 @@ class Stack:
     partitions: int = 4
     window_s: float = 1.0
     grace_s: float = 0.3
+    #: the daemons' Kafka session; Tansu answers a group join after about half of it (6 s: 3 s per
+    #: daemon start and rebalance). tests/test_drills.py runs the CI subset with 2 s (runner.SESSION_ENV)
+    session_timeout_ms: int = 6000
     policy: dict[str, Any] = field(default_factory=lambda: dict(POLICY))
     redis_password: str | None = None
     #: "memory" (Tansu's default: a restart forgets everything) or "s3" (moto's S3 server)
@@ -500,7 +503,8 @@ class Stack:
             "instance": f"replica{i}",
             "policies": [str(self.policy_dir)],
             "kafka": {"bootstrap_servers": self.tansu.address if self.tansu else "", "topic": self.topic,
-                      "group_id": self.group, "session_timeout_ms": 6000, "heartbeat_interval_ms": 1000},
+                      "group_id": self.group, "session_timeout_ms": self.session_timeout_ms,
+                      "heartbeat_interval_ms": min(1000, self.session_timeout_ms // 4)},
             "redis": {"url": self.daemon_redis_url, "socket_timeout_s": 0.5},
             "windows": {"length_s": self.window_s, "grace_s": self.grace_s},
             "alerts": {"channels": [{"kind": "webhook", "url": f"{self.sink.url}/webhook", "timeout_s": 2.0}]},

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,8 @@ log = logging.getLogger(__name__)
 ROUTES = ["r0", "r1", "r2", "r3"]
 #: a consumer recording nothing for this long while events arrive is stalled: something is wrong
 STALL_S = 12.0
+#: the daemons' Kafka session in ms where set (tests/test_drills.py: 2000); else Stack's 6000
+SESSION_ENV = "LLMWD_DRILL_SESSION_MS"
 
 
 class Drill:
@@ -50,6 +53,11 @@ class Drill:
         self.routes = routes or list(ROUTES)
         self.rate = rate
         self.producer_kw = producer_kw or {}
+        session_ms = os.environ.get(SESSION_ENV)
+        if session_ms and not stack_kw.get("broker_proxy") and stack_kw.get("storage", "memory") == "memory":
+            # tests/test_drills.py sets 2000: each group join takes 1 s, not 3 s; a slowed broker link
+            # (1 s per answer) and S3 storage keep the 6 s of bench/drills.py (docs/RELIABILITY.md)
+            stack_kw.setdefault("session_timeout_ms", int(session_ms))
         self.stack = Stack(root=root, workdir=workdir / name, **stack_kw)
         self.traffic: Traffic | None = None
         self.sampler: ReadinessSampler | None = None
