@@ -29,8 +29,11 @@ def _dead_redis() -> str:
 
 
 def _interrupt(argv: list[str], delay: float, env: dict[str, str]) -> tuple[int, list[str]]:
+    # a user's terminal delivers SIGINT; a pytest started in the background of a non-interactive shell
+    # would hand its children SIGINT ignored, and nothing here could be interrupted
     proc = subprocess.Popen([sys.executable, "-c", ENTRY, *argv], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert proc.stderr is not None
         assert proc.stderr.readline() == "ready\n"
