@@ -7,6 +7,10 @@ Three bounded additions to a window's running sums (docs/EVENTS.md, "Request mix
   latency ``y = ln(latency_ms)``. The judge compares FP8 with FP16 *within* cells (like with like),
   so a router that sends one precision more long prompts does not look like a slowdown. At most
   31 x 31 cells (token counts are capped at 1e9); a few dozen in practice.
+* **mix tails**: per mix cell (window level only, not per replica) a coarse histogram of the log latency
+  (buckets ``TAIL_WIDTH`` = 0.05 log units wide, at most ``MAX_TAIL_BUCKETS`` per cell, the lowest
+  folded together beyond that), so the judge can compare the latency tail's *shape* net of the request
+  mix (``judge/fleet.py`` ``mix_tail_contrast``). Bounded: cells x ``MAX_TAIL_BUCKETS``.
 * **replicas**: per serving instance (``replica``, else ``gpu_uuid``) its own latency sketch and mix
   cells, so the judge can leave out one replica whose requests alone drive the window's statistic
   (a GC or allocator stall). At most ``MAX_REPLICAS`` named per window; later ones share ``_other``;
@@ -28,7 +32,8 @@ from typing import Any
 
 from watchdog.windows.sketch import QuantileSketch
 
-__all__ = ["MAX_BUILDS", "MAX_REPLICAS", "NO_REPLICA", "OTHER", "FleetStats", "cell_list", "merge_cells"]
+__all__ = ["MAX_BUILDS", "MAX_REPLICAS", "MAX_TAIL_BUCKETS", "NO_REPLICA", "OTHER", "TAIL_WIDTH", "FleetStats",
+           "cell_list", "merge_cells", "tail_list"]
 
 #: most replicas tracked per (route, precision, window); more share the ``_other`` entry
 MAX_REPLICAS = 32
@@ -37,7 +42,13 @@ MAX_BUILDS = 8
 OTHER = "_other"
 #: requests whose event names no replica
 NO_REPLICA = "_none"
+#: width (log units) of a mix cell's tail histogram bucket: bucket ``k`` holds ``(k - 1) w < y <= k w``
+TAIL_WIDTH = 0.05
+#: most buckets of one cell's tail histogram; beyond, the lowest are folded into the lowest kept one
+MAX_TAIL_BUCKETS = 64
+_INV_TAIL_WIDTH = 1.0 / TAIL_WIDTH
 _log = math.log
+_ceil = math.ceil
 
 #: a mix cell: [n, sum of ln latency, sum of squares]
 Cells = dict[int, list[float]]
@@ -46,6 +57,58 @@ Cells = dict[int, list[float]]
 def cell_list(cells: Cells) -> list[list[float]]:
     """Cells as ``[[prompt octave, completion octave, n, sum y, sum y^2], ...]``, sorted."""
     return [[k >> 6, k & 63, *v] for k, v in sorted(cells.items())]
+
+
+#: a cell's tail histogram: bucket ``ceil(y / TAIL_WIDTH)`` -> count
+Tails = dict[int, dict[int, int]]
+
+
+def tail_list(tails: Tails) -> list[list[Any]]:
+    """Tail histograms as ``[[prompt octave, completion octave, [[bucket, count], ...]], ...]``, sorted."""
+    return [[k >> 6, k & 63, [[b, c] for b, c in sorted(h.items())]] for k, h in sorted(tails.items())]
+
+
+def _fold_tail(h: dict[int, int]) -> None:
+    """Fold the lowest buckets of one cell's tail histogram so at most ``MAX_TAIL_BUCKETS`` remain."""
+    keys = sorted(h)
+    excess = len(keys) - MAX_TAIL_BUCKETS
+    if excess > 0:
+        h[keys[excess]] += sum(h.pop(k) for k in keys[:excess])
+
+
+def pack_tails(tails: Tails) -> str:
+    """Tail histograms in a checkpoint: base64 of int32 words, little-endian: per cell in key order its
+    key, its number of buckets m, the m bucket indices, the m counts. Exact (a count stays below 2^31:
+    a window holds far fewer requests)."""
+    out = array("i")
+    for k in sorted(tails):
+        h = tails[k]
+        ks = sorted(h)
+        out.append(k)
+        out.append(len(ks))
+        out.extend(ks)
+        out.extend(h[b] for b in ks)
+    if sys.byteorder != "little":
+        out.byteswap()
+    return base64.b64encode(out.tobytes()).decode("ascii")
+
+
+def unpack_tails(data: Any) -> Tails:
+    """``pack_tails``'s histograms (an empty dict for ``None``: checkpoints written before them)."""
+    if not isinstance(data, str) or not data:
+        return {}
+    a = array("i")
+    a.frombytes(base64.b64decode(data))
+    if sys.byteorder != "little":
+        a.byteswap()
+    out: Tails = {}
+    i = 0
+    while i + 1 < len(a):
+        k, m = a[i], a[i + 1]
+        ks, cs = a[i + 2:i + 2 + m], a[i + 2 + m:i + 2 + 2 * m]
+        out[k] = dict(zip(ks, cs, strict=True))
+        i += 2 + 2 * m
+    return out
 
 
 def cells_from_list(rows: Any) -> Cells:
@@ -112,10 +175,11 @@ class _Replica:
 class FleetStats:
     """Mix cells, per-replica sketches and cells, and build counts of one window (bounded)."""
 
-    __slots__ = ("buf", "builds", "cells", "replicas")
+    __slots__ = ("buf", "builds", "cells", "replicas", "tails")
 
     def __init__(self) -> None:
         self.cells: Cells = {}
+        self.tails: Tails = {}
         self.replicas: dict[str, _Replica] = {}
         self.builds: dict[str, int] = {}
         #: ok requests not folded yet: (latency_ms, prompt_tokens, completion_tokens, replica id)
@@ -134,6 +198,7 @@ class FleetStats:
             return
         self.buf = []
         cells = self.cells
+        tails = self.tails
         reps = self.replicas
         by_rep: dict[str, list[float]] = {}
         for lat, pt, ct, rid in buf:
@@ -162,6 +227,17 @@ class FleetStats:
                         c[0] += 1.0
                         c[1] += y
                         c[2] += yy
+                h = tails.get(cell)
+                if h is None:
+                    h = tails[cell] = {}
+                b = _ceil(y * _INV_TAIL_WIDTH)
+                m = h.get(b)
+                if m is None:
+                    h[b] = 1
+                    if len(h) > MAX_TAIL_BUCKETS:
+                        _fold_tail(h)
+                else:
+                    h[b] = m + 1
         for key, lats in by_rep.items():
             reps[key].sketch.add_many(lats)
 
@@ -171,6 +247,7 @@ class FleetStats:
         f = FleetStats.__new__(FleetStats)
         f.buf = []
         f.cells = {k: v[:] for k, v in self.cells.items()}
+        f.tails = {k: dict(h) for k, h in self.tails.items()}
         reps = f.replicas = {}
         for k, r in self.replicas.items():
             rep = reps[k] = _Replica.__new__(_Replica)  # not __init__: its empty sketch would be replaced
@@ -188,6 +265,8 @@ class FleetStats:
         out: dict[str, Any] = {}
         if self.cells:
             out["latency_mix"] = {"cells": cell_list(self.cells)}
+            if self.tails:
+                out["latency_mix"].update(tail_width=TAIL_WIDTH, tails=tail_list(self.tails))
         if self.has_replicas():
             out["replicas"] = {k: {"latency_hist": r.sketch.to_dict(), "cells": cell_list(r.cells)}
                                for k, r in sorted(self.replicas.items())}
@@ -197,7 +276,7 @@ class FleetStats:
 
     def export(self) -> dict[str, Any]:
         self.flush()
-        return {"cells": pack_cells(self.cells),
+        return {"cells": pack_cells(self.cells), "tails": pack_tails(self.tails),
                 "rep": {k: {"lat": r.sketch.pack(), "cells": pack_cells(r.cells)} for k, r in self.replicas.items()},
                 "bld": dict(self.builds)}
 
@@ -207,6 +286,7 @@ class FleetStats:
         if not d:
             return f
         f.cells = unpack_cells(d.get("cells"))  # a list before ``pack_cells``
+        f.tails = unpack_tails(d.get("tails"))  # absent before the tail histograms
         for k, r in (d.get("rep") or {}).items():
             rep = _Replica()
             rep.sketch = QuantileSketch.load(r["lat"])  # a dict before ``pack``
