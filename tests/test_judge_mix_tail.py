@@ -190,3 +190,11 @@ def test_windows_keep_bounded_per_cell_tails_that_survive_a_checkpoint():
     assert g.tails == f.tails and g.cells == f.cells
     assert FleetStats.from_export({"cells": [], "rep": {}, "bld": {}}).tails == {}  # an older checkpoint
     assert f.copy().tails == f.tails
+
+
+def test_tail_packing_is_exact_for_any_count_and_index():
+    from watchdog.windows.fleet import pack_tails, unpack_tails
+
+    for tails in ({}, {5: {-14000: 1}}, {0: {1: 255}, 4095: {-3: 70_000, 2: 1, 14000: 65_536}},
+                  {k: {b: b * b + 1 for b in range(-32, 32)} for k in range(31 * 64)}):
+        assert unpack_tails(pack_tails(tails)) == tails
