@@ -155,11 +155,12 @@ def _fleet_difference(rule: Rule, cand: Signal, base: Signal, sign: float) -> tu
             return (f"the precisions' request mixes differ (they move the mean log latency difference by "
                     f"{moved[0]:+.3f}, beyond {mix_line(j.max_mix_shift, moved[1]):.3f}): not comparable like "
                     "with like in this window")
-    if j.adjust == "mix" and j.tail and j.relative_to == "mean" and not (dc or db):
+    if j.adjust == "mix" and j.tail and j.relative_to == "mean":
         # the tail contrast net of the request mix (standardised on common cell weights); a window
         # without per-cell tails, or with a replica left out (the tails are not kept per replica), is
-        # judged on the plain contrast below
-        tails = mix_tail_contrast(cand.detail.get("latency_mix"), base.detail.get("latency_mix"), j.tail)
+        # judged on the plain contrast below - never on the mean (mix_log_diff), another statistic
+        tails = None if dc or db else mix_tail_contrast(cand.detail.get("latency_mix"),
+                                                         base.detail.get("latency_mix"), j.tail)
         if tails is not None:
             out = tails[0], tails[1]
     elif j.adjust == "mix" and rc and rb:
