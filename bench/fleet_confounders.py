@@ -62,6 +62,7 @@ from watchdog.core.signals import Signal  # noqa: E402
 from watchdog.policy.changes import mark_maintenance  # noqa: E402
 from watchdog.policy.engine import PolicyEngine  # noqa: E402
 from watchdog.policy.loader import PolicySet  # noqa: E402
+from watchdog.windows.fleet import MAX_TAIL_BUCKETS, TAIL_WIDTH  # noqa: E402
 
 TOTAL = 7000
 FP16_SHARE = 0.15
@@ -126,6 +127,26 @@ def _grouped(group: np.ndarray, groups: int, idx: np.ndarray, cell: np.ndarray, 
     crow = np.column_stack((cc >> 6, cc & 63, n, s, q)).tolist()
     ccut = np.searchsorted(c_of, np.arange(groups + 1))
     return bins, [crow[ccut[g]:ccut[g + 1]] for g in range(groups)]
+
+
+def _mix_tails(cell: np.ndarray, y: np.ndarray) -> dict[str, Any]:
+    """The window's per-cell tail histograms as ``watchdog.windows.fleet.FleetStats.detail`` writes them
+    (``latency_mix``'s ``tail_width`` and ``tails``: buckets ``ceil(y / TAIL_WIDTH)``, at most
+    ``MAX_TAIL_BUCKETS`` per cell, the lowest folded into the lowest kept)."""
+    b = np.ceil(y / TAIL_WIDTH).astype(np.int64)
+    lo = int(b.min()) if b.size else 0
+    keys, counts = np.unique(cell.astype(np.int64) * 1_000_000 + (b - lo), return_counts=True)
+    c_of = keys // 1_000_000
+    rows: list[list[Any]] = []
+    for c in np.unique(c_of):
+        sel = c_of == c
+        ks, cs = (keys[sel] % 1_000_000 + lo).tolist(), counts[sel].tolist()
+        if len(ks) > MAX_TAIL_BUCKETS:
+            cut = len(ks) - MAX_TAIL_BUCKETS
+            cs = [sum(cs[:cut + 1])] + cs[cut + 1:]
+            ks = ks[cut:]
+        rows.append([int(c) >> 6, int(c) & 63, [[k, n] for k, n in zip(ks, cs, strict=True)]])
+    return {"tail_width": TAIL_WIDTH, "tails": rows}
 
 
 class FleetSim:
@@ -239,7 +260,8 @@ class FleetSim:
                             for i in range(k) if bins[i]}
                 detail: dict[str, Any] = {"events": n, "ok": ok, "errors": errors, "timeouts": timeouts,
                                           "completions": ok, "empty": 0, "logprob_tokens": 0, "latency_hist": sk,
-                                          "latency_mix": {"cells": cells[k]}, "replicas": replicas,
+                                          "latency_mix": {"cells": cells[k], **_mix_tails(cell, y)},
+                                          "replicas": replicas,
                                           "prompt_tokens": int(p_tok.sum()), "completion_tokens": int(c_tok.sum())}
                 if not m.annotate and m.deploy_every:
                     ks, cs = np.unique(builds, return_counts=True)

@@ -63,7 +63,7 @@ from typing import Any
 import numpy as np
 
 from bench.decisions import LOG_G, ROOT, T0, WINDOW_S, _reset_route, _tail
-from bench.fleet_confounders import _grouped, _octave, _sketch
+from bench.fleet_confounders import _grouped, _mix_tails, _octave, _sketch
 from watchdog.core.signals import Signal
 from watchdog.policy.changes import mark_maintenance
 from watchdog.policy.engine import PolicyEngine
@@ -276,7 +276,8 @@ class Sim:
                             for i in range(k) if bins[i]}
                 detail: dict[str, Any] = {"events": n, "ok": ok, "errors": errors, "timeouts": timeouts,
                                           "completions": ok, "empty": 0, "logprob_tokens": 0,
-                                          "latency_hist": _sketch(bins[k]), "latency_mix": {"cells": cells[k]},
+                                          "latency_hist": _sketch(bins[k]),
+                                          "latency_mix": {"cells": cells[k], **_mix_tails(cell, y)},
                                           "replicas": replicas, "prompt_tokens": int(p_tok.sum()),
                                           "completion_tokens": int(c_tok.sum())}
                 if (s.deploy_every or s.cold_deploy) and not s.one_side:

@@ -18,7 +18,7 @@ from typing import Any
 
 from watchdog.core.signals import Signal
 from watchdog.policy.changes import change_entry
-from watchdog.policy.judge.fleet import FleetOptions, fleet_side, mix_log_diff, mix_shift
+from watchdog.policy.judge.fleet import FleetOptions, fleet_side, mix_log_diff, mix_shift, mix_tail_contrast
 from watchdog.policy.judge.live import judge_learned, quantile_log_diff, rate_diff_estimate
 from watchdog.policy.judge.memo import cached
 from watchdog.policy.judge.paired import judge_paired_replays
@@ -155,7 +155,15 @@ def _fleet_difference(rule: Rule, cand: Signal, base: Signal, sign: float) -> tu
             return (f"the precisions' request mixes differ (they move the mean log latency difference by "
                     f"{moved[0]:+.3f}, beyond {mix_line(j.max_mix_shift, moved[1]):.3f}): not comparable like "
                     "with like in this window")
-    if j.adjust == "mix" and rc and rb:
+    if j.adjust == "mix" and j.tail and j.relative_to == "mean":
+        # the tail contrast net of the request mix (standardised on common cell weights); a window
+        # without per-cell tails, or with a replica left out (the tails are not kept per replica), is
+        # judged on the plain contrast below - never on the mean (mix_log_diff), another statistic
+        tails = None if dc or db else mix_tail_contrast(cand.detail.get("latency_mix"),
+                                                         base.detail.get("latency_mix"), j.tail)
+        if tails is not None:
+            out = tails[0], tails[1]
+    elif j.adjust == "mix" and rc and rb:
         mixed = mix_log_diff(rc, rb)
         if mixed is not None:
             out = mixed[0], mixed[1]

@@ -303,7 +303,9 @@ class Judge(_Strict):
     #: live latency (``test: quantile``, ``tail: 0.0``): compare FP8 with FP16 within request-mix
     #: cells (octaves of prompt and completion tokens), so a router that sends one precision more
     #: long prompts is not a regression (watchdog/policy/judge/fleet.py); windows without the
-    #: ``latency_mix`` detail are judged unadjusted
+    #: ``latency_mix`` detail are judged unadjusted. With ``tail: p, relative_to: mean``: the tail
+    #: contrast of each precision's latency standardised to common cell weights (``mix_tail_contrast``);
+    #: windows without per-cell tails, or with a replica left out, are judged on the plain contrast
     adjust: Literal["mix"] | None = None
     #: live latency: leave a precision's upward-outlier replica (a stall) out of the window before
     #: judging (needs the windows' ``replicas`` detail; without it the window is judged whole)
@@ -320,8 +322,10 @@ class Judge(_Strict):
 
     @model_validator(mode="after")
     def _fleet_options(self) -> Judge:
-        if self.adjust is not None and not (self.test == "quantile" and self.tail == 0.0 and self.relative_to is None):
-            raise ValueError("adjust: mix needs test: quantile with tail: 0.0 (the mean log latency)")
+        if self.adjust is not None and not (self.test == "quantile" and (
+                (self.tail == 0.0 and self.relative_to is None) or (self.tail and self.relative_to == "mean"))):
+            raise ValueError("adjust: mix needs test: quantile with tail: 0.0 (the mean log latency) or with "
+                             "tail: p and relative_to: mean (the tail contrast)")
         if (self.replicas is not None or self.max_mix_shift is not None) and self.test != "quantile":
             raise ValueError("replicas and max_mix_shift need test: quantile")
         if self.settle is not None and not (self.test == "quantile" or (self.test != "paired" and self.learn)):

@@ -36,7 +36,7 @@ import numpy as np
 from watchdog.policy.judge.memo import cached
 
 __all__ = ["FleetOptions", "clean_side", "fleet_inputs", "fleet_side", "mix_log_diff", "mix_shift",
-           "outlier_replicas"]
+           "mix_tail_contrast", "outlier_replicas"]
 
 #: replica ids never left out: the overflow of more than MAX_REPLICAS and requests without an id
 _POOLED_IDS = frozenset({"_other", "_none"})
@@ -140,6 +140,94 @@ def _mix_shift(cand_rows: Any, base_rows: Any) -> tuple[float, float] | None:
         ss += cs * cs / cn
     between = max(ss / n - (s / n) ** 2, 0.0)  # sum_c p_c m_c^2 - (sum_c p_c m_c)^2
     return raw - mixed[0], between * (1.0 / na + 1.0 / nb)
+
+
+def _tails(mix: Any) -> tuple[dict[tuple[int, int], tuple[np.ndarray, np.ndarray]], float] | None:
+    """A window's per-cell tail histograms ``{cell: (bucket indices, counts)}`` and their bucket width,
+    or None when the window has none (read-only: inside ``memo.window_memo``)."""
+    if not isinstance(mix, Mapping) or not mix.get("tails"):
+        return None
+    return cached("mix_tails", (mix,), (), lambda: _tails_now(mix))
+
+
+def _tails_now(mix: Mapping[str, Any]) -> tuple[dict[tuple[int, int], tuple[np.ndarray, np.ndarray]], float] | None:
+    width = float(mix.get("tail_width") or 0.0)
+    if not width > 0:
+        return None
+    out: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+    for row in mix["tails"]:
+        arr = np.asarray(row[2], dtype=float).reshape(-1, 2)
+        arr = arr[arr[:, 1] > 0]
+        if arr.size:
+            out[(int(row[0]), int(row[1]))] = (arr[:, 0], arr[:, 1])
+    return (out, width) if out else None
+
+
+def mix_tail_contrast(cand_mix: Any, base_mix: Any, p: float) -> tuple[float, float, dict[str, Any]] | None:
+    """(FP8 - FP16 tail contrast *net of the request mix*, its sampling variance, detail) from the two
+    precisions' ``latency_mix`` (its ``tails``: per request-mix cell a histogram of log latency), or
+    None when either has none, they share no cell, or their bucket widths differ.
+
+    Standardisation: each precision's latency distribution is rebuilt from its own within-cell
+    distributions with *common* cell weights ``w_c = h_c / sum h``, ``h = n8 n16 / (n8 + n16)`` (cells only
+    one precision saw get none; no request weighs more than ``1 / sum h``), and the tail contrast
+    (mean log latency above the ``p`` quantile minus the mean, ``judge.live.sketch_log_tail_contrast``) is
+    taken of that mixture. A router that sends one precision more long prompts changes its cell counts,
+    not the mixture; one mix drawn twice differs only within cells, so the multinomial noise of which
+    requests are long - most of the plain contrast's noise on a wide mix - is gone. Variance, given the
+    cell counts: ``sum_c w_c^2 s_c^2 / n_c`` per precision, ``s_c^2`` the within-cell variance of the
+    contrast's influence function (cells of one request take their precision's pooled within-cell
+    variance); the weights are common, so their own noise moves both precisions alike and cancels in
+    the difference under the null. Inside ``memo.window_memo`` once per pair of windows and ``p``."""
+    return cached("mix_tail_contrast", (cand_mix, base_mix), (p,), lambda: _mix_tail_contrast(cand_mix, base_mix, p))
+
+
+def _mixture_contrast(x: np.ndarray, mats: np.ndarray, n: np.ndarray, w: np.ndarray, p: float
+                      ) -> tuple[float, float]:
+    """(tail contrast of the mixture ``sum_c w_c mats_c / n_c`` on log midpoints ``x``, its variance)."""
+    g = (w / n) @ mats  # the standardised distribution's mass per bucket (sums to 1)
+    need = 1.0 - p
+    above = np.cumsum(g[::-1])[::-1]
+    t = np.clip(need - (above - g), 0.0, g)  # mass of each bucket inside the top tail
+    tail = float((t * x).sum() / need)
+    first = int(np.argmax(t > 0))
+    q = float(x[first])
+    mean = float((g * x).sum())
+    frac = np.divide(t, g, out=np.zeros_like(t), where=g > 0)
+    infl = frac * (x - q) / need + q - tail - (x - mean)
+    s1 = mats @ infl
+    ss = mats @ (infl * infl) - s1 * s1 / n  # within-cell sums of squares of the influence function
+    ss = np.maximum(ss, 0.0)
+    multi = n >= 2
+    pooled = float(ss[multi].sum() / (n[multi] - 1).sum()) if multi.any() else float((g * infl * infl).sum())
+    s2 = np.where(multi, ss / np.maximum(n - 1, 1.0), pooled)
+    return tail - mean, float((w * w * s2 / n).sum())
+
+
+def _mix_tail_contrast(cand_mix: Any, base_mix: Any, p: float) -> tuple[float, float, dict[str, Any]] | None:
+    ta, tb = _tails(cand_mix), _tails(base_mix)
+    if ta is None or tb is None or ta[1] != tb[1] or not 0.0 < p < 1.0:
+        return None
+    (a, width), (b, _) = ta, tb
+    common = sorted(a.keys() & b.keys())
+    if not common:
+        return None
+    keys = np.unique(np.concatenate([a[c][0] for c in common] + [b[c][0] for c in common]))
+    x = (keys - 0.5) * width
+    side = []
+    for cells in (a, b):
+        mats = np.zeros((len(common), len(keys)))
+        for i, c in enumerate(common):
+            mats[i, np.searchsorted(keys, cells[c][0])] = cells[c][1]
+        side.append((mats, mats.sum(axis=1)))
+    na, nb = side[0][1], side[1][1]
+    h = na * nb / (na + nb)
+    w = h / h.sum()
+    (ca, va), (cb, vb) = (_mixture_contrast(x, m, n, w, p) for m, n in side)
+    tot_a = sum(float(v[1].sum()) for v in a.values())
+    tot_b = sum(float(v[1].sum()) for v in b.values())
+    return ca - cb, va + vb, {"cells": len(common), "support": [float(na.sum()) / tot_a, float(nb.sum()) / tot_b],
+                              "effective_n": float(h.sum())}
 
 
 # --- replicas ----------------------------------------------------------------------------------
