@@ -67,26 +67,25 @@ def parse_duration(value: str) -> float:
     return seconds
 
 
-def pin_ttl(value: str) -> float:
-    """``--ttl``: a duration (``parse_duration``) of at most ``MAX_PIN_TTL_S`` (30 days)."""
-    seconds = parse_duration(value)
-    if seconds > MAX_PIN_TTL_S:
-        raise argparse.ArgumentTypeError(f"{value!r} is longer than the longest pin, 30d "
-                                         f"(pin again to extend it)")
-    return seconds
+def _at_most(limit_s: float, longest: str, again: str) -> Callable[[str], float]:
+    """An argparse type: a duration (``parse_duration``) of at most ``limit_s``."""
 
+    def parse(value: str) -> float:
+        seconds = parse_duration(value)
+        if seconds > limit_s:
+            raise argparse.ArgumentTypeError(f"{value!r} is longer than the longest {longest} ({again})")
+        return seconds
+
+    return parse
+
+
+#: ``--ttl`` of ``flags pin``: at most ``MAX_PIN_TTL_S`` (30 days)
+pin_ttl = _at_most(MAX_PIN_TTL_S, "pin, 30d", "pin again to extend it")
 
 #: the longest maintenance one command declares (declare again to extend it)
 MAX_MAINTENANCE_S = 7 * 86400.0
-
-
-def maintenance_length(value: str) -> float:
-    """``flags maintenance --for``: a duration of at most ``MAX_MAINTENANCE_S``."""
-    seconds = parse_duration(value)
-    if seconds > MAX_MAINTENANCE_S:
-        raise argparse.ArgumentTypeError(f"{value!r} is longer than the longest maintenance, 7d (declare again "
-                                         f"to extend it)")
-    return seconds
+#: ``--for`` of ``flags maintenance``: at most ``MAX_MAINTENANCE_S``
+maintenance_length = _at_most(MAX_MAINTENANCE_S, "maintenance, 7d", "declare again to extend it")
 
 
 def parse_duration_or_zero(value: str) -> float:
