@@ -234,13 +234,13 @@ def known_routes(store: FlagStore, group: str) -> set[tuple[str, str]]:
     return known
 
 
-def check_route_exists(args: argparse.Namespace, store: FlagStore) -> int | None:
+def check_route_exists(args: argparse.Namespace, store: FlagStore, flag: Flag | None = None) -> int | None:
     """Before ``set``/``pin`` writes a flag for a route that has none: a route the daemons do not
     know is refused (exit 1) when it is close to one they know - a typo would leave the real route
     on its precision in the middle of an incident - and written with a warning otherwise (a route
     about to go live, or a deployment whose daemons have not judged it yet). ``--new-route`` skips
-    the check. None when the command may go on."""
-    if args.new_route or store.get(args.model, args.route) is not None:
+    the check (``flag``: the route's flag when the caller read it already). None when the command may go on."""
+    if args.new_route or (flag or store.get(args.model, args.route)) is not None:
         return None
     known = known_routes(store, args.group)
     if (args.model, args.route) in known:
@@ -263,10 +263,10 @@ def check_route_exists(args: argparse.Namespace, store: FlagStore) -> int | None
 
 
 def cmd_set(args: argparse.Namespace, store: FlagStore) -> int:
-    refused = check_route_exists(args, store)
+    before = store.get(args.model, args.route)
+    refused = check_route_exists(args, store, before)
     if refused is not None:
         return refused
-    before = store.get(args.model, args.route)
     result = store.flip(args.model, args.route, args.precision, expected_epoch=args.expected_epoch,
                                reason=args.reason, policy="", changed_by=who(), manual=True)
     if result.applied and before is not None and before.pinned(time.time()) and before.precision != result.precision:

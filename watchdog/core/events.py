@@ -311,15 +311,14 @@ def _checked_name(raw: str, field: str) -> str:
     return name
 
 
-def loads_lenient(raw: Any) -> Any:
-    """JSON as Python's ``json.dumps`` writes it by default, ``NaN`` and ``Infinity`` included
-    (FastAPI-based engine servers send them when an engine's logits overflow); numbers come back
-    as floats, non-finite ones too, so every caller must check finiteness. Raises ``ValueError``."""
+def loads_lenient(raw: bytes) -> Any:
+    """The JSON that strict parsing refused, read again as Python's ``json.dumps`` writes it by
+    default, ``NaN`` and ``Infinity`` included (FastAPI-based engine servers send them when an
+    engine's logits overflow); numbers come back as floats, non-finite ones too, so every caller
+    must check finiteness. ``ValueError`` when it holds no such literal or is not JSON either."""
+    if b"NaN" not in raw and b"Infinity" not in raw:
+        raise ValueError("no NaN or Infinity literal")
     return json.loads(raw)
-
-
-def _non_standard(raw: Any) -> bool:
-    return isinstance(raw, (bytes, bytearray, memoryview)) and (b"NaN" in raw or b"Infinity" in raw)
 
 
 def _parse(raw: Any, max_bytes: int) -> tuple[Any, bool]:
@@ -332,15 +331,15 @@ def _parse(raw: Any, max_bytes: int) -> tuple[Any, bool]:
         return _loads(raw), _FINITE_FLOATS
     except _JSONError as exc:
         if isinstance(raw, (bytes, bytearray, memoryview)):
+            data = bytes(raw)
             try:
-                bytes(raw).decode("utf-8")
+                data.decode("utf-8")
             except UnicodeDecodeError:
                 raise InvalidEvent("bad_utf8", "value is not valid UTF-8") from None
-        if _non_standard(raw):
             # a NaN or Infinity literal: every field's own check then names it (a NaN latency is
             # ``bad_value:latency_ms``; a NaN log-probability is the worst token, see _logprobs)
             try:
-                return loads_lenient(bytes(raw)), False
+                return loads_lenient(data), False
             except ValueError:
                 pass
         raise InvalidEvent("not_json", str(exc)[:200]) from None

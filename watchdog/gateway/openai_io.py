@@ -19,8 +19,7 @@ def _loads(raw: bytes) -> Any:
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
-        if b"NaN" not in raw and b"Infinity" not in raw:
-            return None
+        pass
     try:
         return loads_lenient(raw)
     except ValueError:
