@@ -61,8 +61,10 @@ def test_sigint_early_is_one_line_and_exit_130(argv: list[str], delay: float) ->
     assert not any("Traceback" in line or "KeyboardInterrupt" in line for line in err), err
     if code == 130:
         assert err == ["fp8-watchdog: interrupted"], err
-    elif code == -signal.SIGINT:  # it arrived while the interpreter shut down (default handler): silent
-        assert err == [] and delay > 0.05, err
+    elif code == -signal.SIGINT:  # it arrived while the interpreter shut down (default handler): nothing
+        # more is printed, but a command that had already failed in its own one-line way keeps that line
+        # (CI saw ``flags list`` against a dead Redis print its error and then die of the signal at 0.4 s)
+        assert delay > 0.05 and len(err) <= 1 and "interrupted" not in "".join(err), err
     else:  # the command had finished (or failed in its own one-line way) before the signal arrived
         assert code in (0, 1, 2) and len(err) <= 1 and delay > 0.05, (code, err)
 
