@@ -375,3 +375,18 @@ def test_maintenance_is_declared_audited_read_by_the_judge_and_ended(
     assert run(url, "maintenance", "llama", "chta", "--for", "30m") == 1
     with pytest.raises(SystemExit):
         run(url, "maintenance", "llama", "chat", "--for", "8d")
+
+
+def test_a_negative_duration_is_named_as_such(url: str, redis_client: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    # argparse reads `--ttl -5m` as an option without a value: "expected one argument" alone sent a user
+    # looking for a missing value they had given
+    from watchdog.cli.main import main
+
+    def pin(*ttl: str) -> list[str]:
+        assert main(["flags", "pin", "llama", "chat", "fp16", *ttl, "--redis-url", url]) == 2
+        return capsys.readouterr().err.strip().splitlines()
+
+    err = pin("--ttl", "-5m")
+    assert len(err) == 1 and "argument --ttl: expected one argument ('-5m' is negative; give a positive value)" in err[0]
+    assert redis_client.exists("llmwd:route:llama:chat") == 0
+    assert "is negative" not in "".join(pin("--ttl"))

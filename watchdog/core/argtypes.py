@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 import difflib
 import logging
+import re
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -20,8 +21,26 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line (``prog: error: ...``), no usage dump."""
 
+    _argv: list[str] = []
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self._argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {message}{self._dash_value_hint(message)} (see {self.prog} --help)\n")
+
+    def _dash_value_hint(self, message: str) -> str:
+        """argparse reads ``--ttl -5m`` as an option with no value; say what it actually saw."""
+        match = re.match(r"argument (\S+): expected one argument", message)
+        if not match:
+            return ""
+        names = match.group(1).split("/")
+        for i, arg in enumerate(self._argv[:-1]):
+            following = self._argv[i + 1]
+            if arg in names and re.match(r"-\d", following):
+                return f" ({following!r} is negative; give a positive value)"
+        return ""
 
 
 def usage_error(prog: str, message: str) -> int:
