@@ -396,3 +396,16 @@ def test_an_operator_restoring_fp8_after_a_rollback_resolves_its_incident() -> N
     (msg,) = book.on_action(a)
     assert msg.status == "resolved" and len(book) == 0
     assert sim.step(window(DAY0 + 180, 0.01), DAY0 + 180) == []  # once
+
+
+def test_route_policies_names_the_first_policy_holding_state_for_each_route() -> None:
+    """``route_policies`` (read every second by the precision gauge) names, per route, the policy of its
+    first state in state order, and None for a policy the set no longer has."""
+    from watchdog.policy.state import ScopeState
+
+    ps = policy_set(make_policy(name="a") + make_policy(name="b").split("policies:\n", 1)[1])
+    engine = PolicyEngine(ps)
+    for key in (("b", "llama-1", "r1"), ("a", "llama-1", "r1"), ("gone", "llama-1", "r2"), ("a", "llama-2", "r2")):
+        engine.states[key] = ScopeState()
+    assert {route: p.name if p else None for route, p in engine.route_policies().items()} == {
+        ("llama-1", "r1"): "b", ("llama-1", "r2"): None, ("llama-2", "r2"): "a"}

@@ -351,10 +351,11 @@ class PolicyEngine:
     # -- queries for the runtime
     def route_policies(self) -> dict[tuple[str, str], Policy | None]:
         """Every (model, route) some policy holds state for, with the first such policy (in state order)."""
+        by_name = {p.name: p for p in reversed(self.policy_set.policies)}  # as PolicySet.get: the first of a name
         out: dict[tuple[str, str], Policy | None] = {}
         for (p, m, r) in self.states:
             if (m, r) not in out:
-                out[(m, r)] = self.policy_set.get(p)
+                out[(m, r)] = by_name.get(p)
         return out
 
     def scopes_of(self, route: tuple[str, str]) -> dict[str, ScopeState]:
