@@ -112,7 +112,7 @@ def _sig(route: str, end: float, model: str = "m", precision: str = "fp8") -> Si
 def test_decisions_judge_at_most_max_routes_per_iteration_and_keep_each_routes_order() -> None:
     from watchdog.runtime.decisions import Backlog
 
-    backlog = Backlog(lambda model, route: True)
+    backlog = Backlog(lambda model, route: 1)
     backlog.add([_sig("a", 10), _sig("b", 10), _sig("c", 10), _sig("*", 10, "*"), _sig("a", 20), _sig("c", 20)])
     assert [(s.route, s.end) for s in backlog.take(2)] == [("*", 10), ("a", 10), ("b", 10), ("a", 20)]
     assert backlog.routes == {("m", "c")}
@@ -127,7 +127,7 @@ def test_routes_already_judged_go_before_new_ones() -> None:
     from watchdog.runtime.decisions import Backlog
 
     flood = [_sig(f"new{i}", 10) for i in range(300)]
-    backlog = Backlog(lambda m, r: r == "real")
+    backlog = Backlog(lambda m, r: 1 if r == "real" else 2)
     backlog.add(flood[:150] + [_sig("real", 10), _sig("*", 10, "*")])
     backlog.add(flood[150:] + [_sig("real", 20)])
     now = backlog.take(100)
@@ -142,9 +142,9 @@ def test_the_backlog_asks_whether_a_route_is_known_once_however_many_iterations_
 
     asked: list[tuple[str, str]] = []
 
-    def known(model: str, route: str) -> bool:
+    def known(model: str, route: str) -> int:
         asked.append((model, route))
-        return route < "r5"
+        return 1 if route < "r5" else 2
 
     backlog = Backlog(known)
     backlog.add([_sig(f"r{i}", 10, precision=p) for i in range(10) for p in ("fp8", "fp16")])
@@ -159,25 +159,25 @@ def test_the_backlog_asks_whether_a_route_is_known_once_however_many_iterations_
 
 @pytest.mark.parametrize("seed", range(5))
 def test_the_backlog_takes_what_ranking_and_splitting_the_whole_list_every_iteration_took(seed: int) -> None:
-    """What ``Decisions.decide`` did before the backlog (the pending signals ranked known-first, stable,
-    then split by route) against the backlog, batches added and chunks taken at random."""
+    """What ``Decisions.decide`` did before the backlog (the pending signals ranked, stable, then split
+    by route) against the backlog, batches added and chunks taken at random."""
     import random
 
     from watchdog.runtime.decisions import Backlog
 
     rng = random.Random(seed)
-    known = {f"r{i}" for i in range(40) if rng.random() < 0.5}
+    ranks = {f"r{i}": rng.randrange(3) for i in range(40)}
 
     def rank(s: Signal) -> int:
-        return 0 if "*" in (s.model, s.route) else 1 if s.route in known else 2
+        return -1 if "*" in (s.model, s.route) else ranks[s.route]
 
     def reference(pending: list[Signal], n: int) -> tuple[list[Signal], list[Signal]]:
         ranked = sorted(pending, key=rank)
-        routes = list(dict.fromkeys((s.model, s.route) for s in ranked if rank(s)))[:n]
-        now = [s for s in ranked if not rank(s) or (s.model, s.route) in routes]
-        return now, [s for s in ranked if rank(s) and (s.model, s.route) not in routes]
+        routes = list(dict.fromkeys((s.model, s.route) for s in ranked if rank(s) >= 0))[:n]
+        now = [s for s in ranked if rank(s) < 0 or (s.model, s.route) in routes]
+        return now, [s for s in ranked if rank(s) >= 0 and (s.model, s.route) not in routes]
 
-    backlog, pending, end = Backlog(lambda m, r: r in known), [], 0.0
+    backlog, pending, end = Backlog(lambda m, r: ranks[r]), [], 0.0
     for _ in range(30):
         batch = []
         for _ in range(rng.randrange(0, 40)):

@@ -78,23 +78,24 @@ DECIDE_CHUNK_ROUTES = 100
 
 class Backlog:
     """Closed windows' signals waiting to be judged, kept by route across loop iterations: ``add``
-    ranks each route once, when its first waiting signal arrives (the engine knows it, or it is new);
-    ``take(n)`` hands over every ``*`` signal, then the signals of the next ``n`` routes: known routes
-    before new ones (a flood of new route names waits behind the routes being judged, which keep their
-    reaction time), routes in the order they arrived, a rank's signals in the order they arrived. Re-ranking and
+    ranks each route once, when its first waiting signal arrives (``rank``: 0, 1 or 2, the engine's
+    ``judging_rank``: near a rollback, known, new); ``take(n)`` hands over every ``*`` signal, then the
+    signals of the next ``n`` routes, lower ranks first (a flood of new route names waits behind the
+    routes being judged, which keep their reaction time, and a route near a rollback is judged before
+    10,000 others), routes of a rank in the order they arrived, a rank's signals in the order they arrived. Re-ranking and
     re-splitting the whole backlog every iteration cost O(backlog) per iteration: at 10,000 routes the
     backlog is most of them, and with the iteration's shared deadline a backlog is judged over many
     iterations (a catch-up: hundreds), so that work grew with its square."""
 
-    def __init__(self, known: Callable[[str, str], bool]) -> None:
-        self.known = known
+    def __init__(self, rank: Callable[[str, str], int]) -> None:
+        self.rank = rank
         self.seq = 0
         #: the ``*`` signals waiting (the next ``take`` has them all), as (arrival, signal)
         self.stars: list[tuple[int, Signal]] = []
         #: each waiting route's signals, as (arrival, signal)
         self.by_route: dict[P.Route, list[tuple[int, Signal]]] = {}
-        #: the waiting routes, known ones and new ones, in the order they arrived
-        self.order: tuple[deque[P.Route], deque[P.Route]] = (deque(), deque())
+        #: the waiting routes of each rank, in the order they arrived
+        self.order: tuple[deque[P.Route], ...] = (deque(), deque(), deque())
         #: the routes waiting (the same set object all along: the checkpointer holds it)
         self.routes: set[P.Route] = set()
 
@@ -111,7 +112,7 @@ class Backlog:
             waiting = self.by_route.get(route)
             if waiting is None:
                 waiting = self.by_route[route] = []
-                self.order[0 if self.known(*route) else 1].append(route)
+                self.order[self.rank(*route)].append(route)
                 self.routes.add(route)
             waiting.append((self.seq, s))
 
@@ -138,8 +139,7 @@ class Backlog:
         for route in hit:
             del self.by_route[route]
             self.routes.discard(route)
-        self.order = (deque(r for r in self.order[0] if r in self.by_route),
-                      deque(r for r in self.order[1] if r in self.by_route))
+        self.order = tuple(deque(r for r in queue if r in self.by_route) for queue in self.order)
 
 
 def _arrival(item: tuple[int, Signal]) -> int:
@@ -220,7 +220,7 @@ class Decisions:
         self._exported: dict[P.Route, int] = {}
         #: signals of closed windows not judged yet (``MAX_DECIDE_ROUTES``), and their routes: the
         #: partitions carrying them are not checkpointed until they are
-        self.backlog = Backlog(engine.knows)
+        self.backlog = Backlog(engine.judging_rank)
         self.deferred_routes: set[P.Route] = self.backlog.routes
         #: evidence records of the decisions (runtime/evidence.py); None: not kept
         self.evidence: EvidenceRecorder | None = None
@@ -230,7 +230,8 @@ class Decisions:
 
     # -- deciding ------------------------------------------------------------------------------
     def decide(self, signals: list[Signal], now: float) -> None:
-        """Judge ``signals`` (after those deferred before): the routes the engine knows first, at most
+        """Judge ``signals`` (after those deferred before): routes near a rollback first, then those the
+        engine knows, then new ones (``Backlog``), at most
         ``MAX_DECIDE_ROUTES`` routes and about ``DECIDE_BUDGET_S`` now; the rest wait (and their
         partitions are not checkpointed) until the next iterations."""
         backlog = self.backlog
