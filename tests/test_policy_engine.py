@@ -396,3 +396,45 @@ def test_an_operator_restoring_fp8_after_a_rollback_resolves_its_incident() -> N
     (msg,) = book.on_action(a)
     assert msg.status == "resolved" and len(book) == 0
     assert sim.step(window(DAY0 + 180, 0.01), DAY0 + 180) == []  # once
+
+
+def test_route_policies_names_the_first_policy_holding_state_for_each_route() -> None:
+    """``route_policies`` (read every second by the precision gauge) names, per route, the policy of its
+    first state in state order, and None for a policy the set no longer has."""
+    from watchdog.policy.state import ScopeState
+
+    ps = policy_set(make_policy(name="a") + make_policy(name="b").split("policies:\n", 1)[1])
+    engine = PolicyEngine(ps)
+    for key in (("b", "llama-1", "r1"), ("a", "llama-1", "r1"), ("gone", "llama-1", "r2"), ("a", "llama-2", "r2")):
+        engine.states[key] = ScopeState()
+    assert {route: p.name if p else None for route, p in engine.route_policies().items()} == {
+        ("llama-1", "r1"): "b", ("llama-1", "r2"): None, ("llama-2", "r2"): "a"}
+
+
+def test_judging_rank_puts_a_route_whose_state_says_a_rollback_may_be_near_first() -> None:
+    """``judging_rank`` (the daemon judges lower ranks first): 2 for a route no policy has seen, 1 once
+    judged, 0 while a rule's streak is under way or a sequential test's last look reached
+    ``NEAR_REJECT_SHARE`` of its rejection threshold."""
+    import math
+    from pathlib import Path
+
+    from watchdog.policy.engine import NEAR_REJECT_SHARE
+    from watchdog.policy.loader import load_policy_files
+
+    ps = load_policy_files([Path(__file__).resolve().parent.parent / "policies" / "default.yaml"])
+    engine = PolicyEngine(ps)
+    assert engine.judging_rank(M, "a") == 2
+    for route in ("a", "b", "c"):
+        engine.observe(window(100.0, 0.01, route=route, samples=3), 101.0, {})
+    assert [engine.judging_rank(M, r) for r in ("a", "b", "c")] == [1, 1, 1]
+    policy = ps.policies[0]
+    engine.states[(policy.name, M, "b")].rules["error-rate"].fails = 1
+    rule = policy.rule("latency-typical")
+    assert rule is not None and rule.judge is not None and rule.judge.horizon is not None
+    near = NEAR_REJECT_SHARE * math.log(1.0 / rule.judge.horizon.alpha)
+    last = engine.states[(policy.name, M, "c")].rules["latency-typical"].last
+    assert last is not None
+    last.extra["horizon_log_lr"] = near - 1e-9
+    assert engine.judging_rank(M, "c") == 1
+    last.extra["horizon_log_lr"] = near
+    assert [engine.judging_rank(M, r) for r in ("a", "b", "c", "new")] == [1, 0, 0, 2]

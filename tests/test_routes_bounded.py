@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry
 from watchdog.config.settings import load_config
 from watchdog.core.events import InferenceEvent
 from watchdog.core.metrics import Metrics
+from watchdog.core.signals import Signal
 from watchdog.ingest.eventtime import Watermarks
 from watchdog.policy import PolicyEngine
 from watchdog.policy.state import ScopeState
@@ -104,57 +105,88 @@ def test_limits_are_validated(windows: dict[str, object]) -> None:
         load_config(None, env={}, windows=windows)
 
 
+def _sig(route: str, end: float, model: str = "m", precision: str = "fp8") -> Signal:
+    return Signal(source="live", model=model, route=route, precision=precision, start=end - 10, end=end, samples=1)
+
+
 def test_decisions_judge_at_most_max_routes_per_iteration_and_keep_each_routes_order() -> None:
-    from watchdog.core.signals import Signal
-    from watchdog.runtime.decisions import split_by_route
+    from watchdog.runtime.decisions import Backlog
 
-    def sig(route: str, end: float, model: str = "m") -> Signal:
-        return Signal(source="live", model=model, route=route, precision="fp8", start=end - 10, end=end,
-                      samples=1)
-
-    signals = [sig("a", 10), sig("b", 10), sig("c", 10), sig("*", 10, "*"), sig("a", 20), sig("c", 20)]
-    now, later = split_by_route(signals, 2)
-    assert [(s.route, s.end) for s in now] == [("a", 10), ("b", 10), ("*", 10), ("a", 20)]
-    assert [(s.route, s.end) for s in later] == [("c", 10), ("c", 20)]
-    now, later = split_by_route(later + [sig("d", 30)], 2)
-    assert [(s.route, s.end) for s in now] == [("c", 10), ("c", 20), ("d", 30)] and later == []
+    backlog = Backlog(lambda model, route: 1)
+    backlog.add([_sig("a", 10), _sig("b", 10), _sig("c", 10), _sig("*", 10, "*"), _sig("a", 20), _sig("c", 20)])
+    assert [(s.route, s.end) for s in backlog.take(2)] == [("*", 10), ("a", 10), ("b", 10), ("a", 20)]
+    assert backlog.routes == {("m", "c")}
+    backlog.add([_sig("d", 30)])
+    assert [(s.route, s.end) for s in backlog.take(2)] == [("c", 10), ("c", 20), ("d", 30)]
+    assert not backlog and backlog.routes == set() and backlog.take(5) == []
 
 
 def test_routes_already_judged_go_before_new_ones() -> None:
     """A flood of new route names waits behind the routes the engine knows (their windows keep their
     order), so a real route's regression is judged in the iteration its window closes."""
-    from watchdog.core.signals import Signal
-    from watchdog.runtime.decisions import known_first, split_by_route
+    from watchdog.runtime.decisions import Backlog
 
-    def sig(route: str, end: float, model: str = "m") -> Signal:
-        return Signal(source="live", model=model, route=route, precision="fp8", start=end - 10, end=end,
-                      samples=1)
+    flood = [_sig(f"new{i}", 10) for i in range(300)]
+    backlog = Backlog(lambda m, r: 1 if r == "real" else 2)
+    backlog.add(flood[:150] + [_sig("real", 10), _sig("*", 10, "*")])
+    backlog.add(flood[150:] + [_sig("real", 20)])
+    now = backlog.take(100)
+    assert [(s.route, s.end) for s in now[:3]] == [("*", 10), ("real", 10), ("real", 20)]
+    assert [s.route for s in now[3:] + backlog.take(1000)] == [s.route for s in flood]  # stable
 
-    flood = [sig(f"new{i}", 10) for i in range(300)]
-    signals = flood[:150] + [sig("real", 10), sig("*", 10, "*")] + flood[150:] + [sig("real", 20)]
-    ordered = known_first(signals, lambda m, r: r == "real")
-    assert [(s.route, s.end) for s in ordered[:3]] == [("*", 10), ("real", 10), ("real", 20)]
-    assert [s.route for s in ordered[3:]] == [s.route for s in flood]  # stable
-    now, _later = split_by_route(ordered, 100)
-    assert {("real", 10), ("real", 20)} <= {(s.route, s.end) for s in now}
+
+def test_the_backlog_asks_whether_a_route_is_known_once_however_many_iterations_it_waits() -> None:
+    """Ranking the whole backlog again every iteration cost O(backlog) per iteration: at 10,000 routes
+    judged over many iterations that grew with the square of the backlog."""
+    from watchdog.runtime.decisions import Backlog
+
+    asked: list[tuple[str, str]] = []
+
+    def known(model: str, route: str) -> int:
+        asked.append((model, route))
+        return 1 if route < "r5" else 2
+
+    backlog = Backlog(known)
+    backlog.add([_sig(f"r{i}", 10, precision=p) for i in range(10) for p in ("fp8", "fp16")])
+    taken = []
+    while backlog:
+        taken += [s.route for s in backlog.take(1)]
+        if ("m", "r9") in backlog.routes:
+            backlog.add([_sig("r9", 20 + len(taken))])  # a later window of a waiting route joins its signals
+    assert sorted(asked) == [("m", f"r{i}") for i in range(10)]
+    assert taken[:10] == [r for i in range(5) for r in (f"r{i}",) * 2] and taken.count("r9") == 2 + 9
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_route_chunks_take_what_splitting_again_and_again_took(seed: int) -> None:
+def test_the_backlog_takes_what_ranking_and_splitting_the_whole_list_every_iteration_took(seed: int) -> None:
+    """What ``Decisions.decide`` did before the backlog (the pending signals ranked, stable, then split
+    by route) against the backlog, batches added and chunks taken at random."""
     import random
 
-    from watchdog.core.signals import Signal
-    from watchdog.runtime.decisions import RouteChunks, split_by_route
+    from watchdog.runtime.decisions import Backlog
 
     rng = random.Random(seed)
-    signals = [Signal(source="live", model="*" if rng.random() < 0.03 else "m",
-                      route=f"r{rng.randrange(40)}", precision=rng.choice(["fp8", "fp16"]), start=0.0,
-                      end=float(i), samples=1) for i in range(rng.randrange(0, 300))]
-    chunks, pending = RouteChunks(signals), signals
-    while pending:
+    ranks = {f"r{i}": rng.randrange(3) for i in range(40)}
+
+    def rank(s: Signal) -> int:
+        return -1 if "*" in (s.model, s.route) else ranks[s.route]
+
+    def reference(pending: list[Signal], n: int) -> tuple[list[Signal], list[Signal]]:
+        ranked = sorted(pending, key=rank)
+        routes = list(dict.fromkeys((s.model, s.route) for s in ranked if rank(s) >= 0))[:n]
+        now = [s for s in ranked if rank(s) < 0 or (s.model, s.route) in routes]
+        return now, [s for s in ranked if rank(s) >= 0 and (s.model, s.route) not in routes]
+
+    backlog, pending, end = Backlog(lambda m, r: ranks[r]), [], 0.0
+    for _ in range(30):
+        batch = []
+        for _ in range(rng.randrange(0, 40)):
+            end += 1
+            batch.append(Signal(source="live", model="*" if rng.random() < 0.03 else "m", route=f"r{rng.randrange(40)}",
+                                precision=rng.choice(["fp8", "fp16"]), start=0.0, end=end, samples=1))
+        backlog.add(batch)
         n = rng.randrange(0, 9)
-        want, pending = split_by_route(pending, n)
-        assert chunks.take(n) == want
-        assert chunks.rest() == pending
-        assert chunks.rest_routes() == {(s.model, s.route) for s in pending}
-        assert bool(chunks) == bool(pending)
+        want, pending = reference(pending + batch, n)
+        assert backlog.take(n) == want
+        assert backlog.routes == {(s.model, s.route) for s in pending}
+        assert bool(backlog) == bool(pending)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -75,76 +76,74 @@ DECIDE_BUDGET_S = 0.3
 DECIDE_CHUNK_ROUTES = 100
 
 
-def known_first(signals: list[Signal], known: Callable[[str, str], bool]) -> list[Signal]:
-    """``signals`` with the ``*`` signals first, then those of routes the engine has state for, then
-    new routes (stable: a route's windows keep their order). A flood of new route names waits
-    behind the routes being judged, which keep their reaction time."""
-    ranks: dict[P.Route, int] = {}  # asked once per route, not per signal
-    keys: list[int] = []
-    for s in signals:
-        route = (s.model, s.route)
-        r = ranks.get(route)
-        if r is None:
-            r = ranks[route] = 0 if "*" in route else 1 if known(s.model, s.route) else 2
-        keys.append(r)
-    if len(set(ranks.values())) <= 1:
-        return list(signals)  # one rank: already in order
-    return [signals[i] for i in sorted(range(len(signals)), key=keys.__getitem__)]  # stable, as sorted(key=rank)
+class Backlog:
+    """Closed windows' signals waiting to be judged, kept by route across loop iterations: ``add``
+    ranks each route once, when its first waiting signal arrives (``rank``: 0, 1 or 2, the engine's
+    ``judging_rank``: near a rollback, known, new); ``take(n)`` hands over every ``*`` signal, then the
+    signals of the next ``n`` routes, lower ranks first (a flood of new route names waits behind the
+    routes being judged, which keep their reaction time, and a route near a rollback is judged before
+    10,000 others), routes of a rank in the order they arrived, a rank's signals in the order they arrived. Re-ranking and
+    re-splitting the whole backlog every iteration cost O(backlog) per iteration: at 10,000 routes the
+    backlog is most of them, and with the iteration's shared deadline a backlog is judged over many
+    iterations (a catch-up: hundreds), so that work grew with its square."""
 
-
-def split_by_route(signals: list[Signal], max_routes: int) -> tuple[list[Signal], list[Signal]]:
-    """(the signals of the first ``max_routes`` routes, in order, with every ``*`` signal; the rest).
-    A route's signals all go the same way, so its windows stay in order."""
-    chunks = RouteChunks(signals)
-    return chunks.take(max_routes), chunks.rest()
-
-
-class RouteChunks:
-    """The signals split into route chunks in one pass: ``take(n)`` gives the signals of the next
-    ``n`` routes (routes in the order they first appear; every ``*`` signal goes with the first
-    chunk), in their order, and ``rest()`` the signals not taken yet, in order. Splitting 20,000
-    deferred signals anew for every chunk of 100 routes walked the whole list each time."""
-
-    def __init__(self, signals: list[Signal]) -> None:
-        self.signals = signals
-        #: positions of the ``*`` signals (the first ``take`` has them all)
-        self.stars: list[int] = []
-        #: positions of each route's signals, routes in the order they first appear
-        self.routes: dict[P.Route, list[int]] = {}
-        for i, s in enumerate(signals):
-            route = (s.model, s.route)
-            if "*" in route:
-                self.stars.append(i)
-            else:
-                self.routes.setdefault(route, []).append(i)
-        self.order = list(self.routes)
-        self.next = 0
+    def __init__(self, rank: Callable[[str, str], int]) -> None:
+        self.rank = rank
+        self.seq = 0
+        #: the ``*`` signals waiting (the next ``take`` has them all), as (arrival, signal)
+        self.stars: list[tuple[int, Signal]] = []
+        #: each waiting route's signals, as (arrival, signal)
+        self.by_route: dict[P.Route, list[tuple[int, Signal]]] = {}
+        #: the waiting routes of each rank, in the order they arrived
+        self.order: tuple[deque[P.Route], ...] = (deque(), deque(), deque())
+        #: the routes waiting (the same set object all along: the checkpointer holds it)
+        self.routes: set[P.Route] = set()
 
     def __bool__(self) -> bool:
-        return bool(self.stars) or self.next < len(self.order)
+        return bool(self.stars) or bool(self.by_route)
+
+    def add(self, signals: list[Signal]) -> None:
+        for s in signals:
+            self.seq += 1
+            route = (s.model, s.route)
+            if "*" in route:
+                self.stars.append((self.seq, s))
+                continue
+            waiting = self.by_route.get(route)
+            if waiting is None:
+                waiting = self.by_route[route] = []
+                self.order[self.rank(*route)].append(route)
+                self.routes.add(route)
+            waiting.append((self.seq, s))
 
     def take(self, max_routes: int) -> list[Signal]:
-        picked = self.order[self.next:self.next + max(max_routes, 0)]
-        self.next += len(picked)
-        at = self.stars
+        out = [s for _, s in self.stars]
         self.stars = []
-        for route in picked:
-            at = at + self.routes[route]
-        at.sort()
-        return [self.signals[i] for i in at]
-
-    def rest_routes(self) -> set[P.Route]:
-        """The routes of ``rest()``."""
-        out = set(self.order[self.next:])
-        out.update((self.signals[i].model, self.signals[i].route) for i in self.stars)
+        n = max(max_routes, 0)
+        for queue in self.order:
+            picked: list[tuple[int, Signal]] = []
+            while n and queue:
+                route = queue.popleft()
+                picked += self.by_route.pop(route)
+                self.routes.discard(route)
+                n -= 1
+            picked.sort(key=_arrival)
+            out += [s for _, s in picked]
         return out
 
-    def rest(self) -> list[Signal]:
-        at = list(self.stars)
-        for route in self.order[self.next:]:
-            at += self.routes[route]
-        at.sort()
-        return [self.signals[i] for i in at]
+    def drop(self, gone: set[P.Route] | frozenset[P.Route]) -> None:
+        """Forget the waiting signals of these routes."""
+        hit = [r for r in gone if r in self.by_route]
+        if not hit:
+            return
+        for route in hit:
+            del self.by_route[route]
+            self.routes.discard(route)
+        self.order = tuple(deque(r for r in queue if r in self.by_route) for queue in self.order)
+
+
+def _arrival(item: tuple[int, Signal]) -> int:
+    return item[0]
 
 
 class FlagView:
@@ -221,8 +220,8 @@ class Decisions:
         self._exported: dict[P.Route, int] = {}
         #: signals of closed windows not judged yet (``MAX_DECIDE_ROUTES``), and their routes: the
         #: partitions carrying them are not checkpointed until they are
-        self.deferred: list[Signal] = []
-        self.deferred_routes: set[P.Route] = set()
+        self.backlog = Backlog(engine.judging_rank)
+        self.deferred_routes: set[P.Route] = self.backlog.routes
         #: evidence records of the decisions (runtime/evidence.py); None: not kept
         self.evidence: EvidenceRecorder | None = None
         #: called with the routes about to be flipped, before the flips are written (the daemon binds
@@ -231,17 +230,16 @@ class Decisions:
 
     # -- deciding ------------------------------------------------------------------------------
     def decide(self, signals: list[Signal], now: float) -> None:
-        """Judge ``signals`` (after those deferred before): the routes the engine knows first, at most
+        """Judge ``signals`` (after those deferred before): routes near a rollback first, then those the
+        engine knows, then new ones (``Backlog``), at most
         ``MAX_DECIDE_ROUTES`` routes and about ``DECIDE_BUDGET_S`` now; the rest wait (and their
         partitions are not checkpointed) until the next iterations."""
-        if self.deferred and self.ownership.revoked_routes:  # a lost partition's windows: the new owner's
-            gone = self.ownership.revoked_routes
-            self.deferred = [s for s in self.deferred if (s.model, s.route) not in gone]
-        pending = self.deferred + signals
-        if not pending:
+        backlog = self.backlog
+        if backlog and self.ownership.revoked_routes:  # a lost partition's windows: the new owner's
+            backlog.drop(self.ownership.revoked_routes)
+        backlog.add(signals)
+        if not backlog:
             return
-        if len(pending) > DECIDE_CHUNK_ROUTES:
-            pending = known_first(pending, self.engine.knows)
         flags = self.flags.snapshot()
         for route, precision in self.lost_flags(flags).items():
             # our flip is gone from Redis: the engine must not read that as an operator's change
@@ -249,16 +247,18 @@ class Decisions:
             self.reassert(route, precision, now)
         until = min(time.monotonic() + DECIDE_BUDGET_S, self.step.until)  # after at least one chunk
         judged = 0
-        chunks = RouteChunks(pending)
-        while chunks and judged < MAX_DECIDE_ROUTES:
-            chunk = chunks.take(min(DECIDE_CHUNK_ROUTES, MAX_DECIDE_ROUTES - judged))
+        while backlog and judged < MAX_DECIDE_ROUTES:
+            chunk = backlog.take(min(DECIDE_CHUNK_ROUTES, MAX_DECIDE_ROUTES - judged))
             touched = {(s.model, s.route) for s in chunk}
             judged += len(touched)
             self._decide_now(chunk, touched, flags, now)
             if time.monotonic() >= until:
                 break
-        self.deferred = chunks.rest()
-        self.deferred_routes = chunks.rest_routes()
+
+    @property
+    def deferred(self) -> bool:
+        """Closed windows wait to be judged (their partitions are not checkpointed until they are)."""
+        return bool(self.backlog)
 
     def _decide_now(self, signals: list[Signal], touched: set[P.Route], flags: dict[P.Route, str],
                     now: float) -> None:
