@@ -48,6 +48,15 @@ def make_consumer(cfg: KafkaConfig, **extra: Any) -> KafkaConsumer:
     )
 
 
+def make_offsets_consumer(cfg: KafkaConfig) -> KafkaConsumer:
+    """A consumer of no group, only for log-end requests (``Ingest.end_offsets``): on the reading
+    consumer's connection such a request queues behind the fetch in flight, which the broker holds
+    up to ``fetch_max_wait_ms`` (500 ms) when the partitions are quiet, and the loop waited that long
+    (measured on Tansu: 480 ms after a poll, 2 ms on a connection of its own)."""
+    return KafkaConsumer(bootstrap_servers=cfg.bootstrap_servers, group_id=None, enable_auto_commit=False,
+                         client_id=f"llm-watchdog-{cfg.group_id}-offsets", **cfg.security)
+
+
 def make_producer(cfg: KafkaConfig, **extra: Any) -> KafkaProducer:
     # not idempotent: after a broker restart that lost its producer state, kafka-python's idempotent
     # producer loops on UnknownProducerIdError and never delivers again; a duplicate dead letter is
@@ -90,8 +99,10 @@ class Ingest:
                  on_assigned: PartitionsFn = lambda pks: None, on_revoked: PartitionsFn = lambda pks: None,
                  accept: Callable[[PartitionKey], bool] = lambda pk: True,
                  decode_many: RecordDecoder | None = None, clock: Callable[[], float] = time.monotonic,
-                 broker_timeout_ms: int = 5000) -> None:
+                 broker_timeout_ms: int = 5000, offsets: KafkaConsumer | None = None) -> None:
         self.consumer = consumer
+        #: the consumer log-end requests go through (``make_offsets_consumer``); None: ``consumer``
+        self.offsets = offsets
         #: the clock of ``mark_reset``/``recent_resets`` and ``broker_silence`` (the daemon's steady clock)
         self.clock = clock
         #: a codec whose record holds many events (OTLP span batches, watchdog.ingest.otlp); None: JSON events
@@ -208,7 +219,8 @@ class Ingest:
         wait = self.broker_wait
         started = time.monotonic()
         try:
-            ends = self.consumer.end_offsets([TopicPartition(*pk) for pk in pkeys], timeout_ms=wait.timeout_ms)
+            asker = self.offsets or self.consumer
+            ends = asker.end_offsets([TopicPartition(*pk) for pk in pkeys], timeout_ms=wait.timeout_ms)
         except (KafkaError, Exception) as exc:  # noqa: BLE001 - a stalled broker is reported, not raised
             wait.failed("end_offsets", exc)
             if self._broker_silent_since is None:
@@ -335,6 +347,8 @@ class Ingest:
             except (KafkaError, Exception) as exc:  # noqa: BLE001 - the checkpoint is the truth anyway
                 log.warning("final offset commit failed: %s", exc)
             self.consumer.close(autocommit=False)
+            if self.offsets is not None:
+                self.offsets.close(autocommit=False)
 
     def _fail(self, reason: str, message: str) -> None:
         self.healthy = False
@@ -344,4 +358,4 @@ class Ingest:
         log.error("kafka: %s", message)
 
 
-__all__ = ["Ingest", "TopicPartition", "classify_kafka_error", "make_consumer", "make_producer"]
+__all__ = ["Ingest", "TopicPartition", "classify_kafka_error", "make_consumer", "make_offsets_consumer", "make_producer"]

@@ -39,7 +39,7 @@ from watchdog.core.backoff import Backoff
 from watchdog.core.keys import Keys
 from watchdog.core.metrics import Metrics
 from watchdog.core.signals import Signal
-from watchdog.ingest.consumer import Ingest, make_consumer, make_producer
+from watchdog.ingest.consumer import Ingest, make_consumer, make_offsets_consumer, make_producer
 from watchdog.ingest.eventtime import Watermarks
 from watchdog.ingest.otlp import decoder_for
 from watchdog.ingest.startup import StartupTimeout, Stopped, bounded, diagnose
@@ -210,6 +210,7 @@ class Daemon:
         try:
             consumer = bounded(lambda: make_consumer(k), k.startup_timeout_s, self._stop, "consumer")
             producer = bounded(lambda: make_producer(k), k.startup_timeout_s, self._stop, "producer")
+            offsets = bounded(lambda: make_offsets_consumer(k), k.startup_timeout_s, self._stop, "offsets consumer")
         except Stopped:
             return False
         except (StartupTimeout, Exception) as exc:  # noqa: BLE001 - reported, retried with backoff
@@ -223,7 +224,7 @@ class Daemon:
                                       max_event_bytes=self.cfg.windows.max_event_bytes, metrics=self.metrics,
                                       sink=own.fold, on_assigned=own.assigned, on_revoked=own.revoked,
                                       accept=self.parts.__contains__, decode_many=decoder_for(k.codec, k.otlp),
-                                      clock=self.clock, broker_timeout_ms=k.broker_timeout_ms)
+                                      clock=self.clock, broker_timeout_ms=k.broker_timeout_ms, offsets=offsets)
         own.attach(ingest)
         self.checkpointer.attach(ingest)
         self.closer.attach(ingest)
