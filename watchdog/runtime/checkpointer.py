@@ -72,9 +72,8 @@ STEP_BUDGET_S = 0.25
 PREENCODE_BUDGET_S = 0.04
 #: a save waits (for at most ``PREENCODE_WAIT_SAVES`` spacings) while more dirty routes than this are
 #: not encoded yet, so that ``preencode`` spreads them over the iterations instead of one save taking them
-#: (10: the full saves of 4 new 2,500-route partitions need ~2 s of encoding, at 40 ms an iteration)
 PREENCODE_MAX_LEFT = 250
-PREENCODE_WAIT_SAVES = 10
+PREENCODE_WAIT_SAVES = 3
 #: the same for changed open windows (``WindowAggregator.encode_ahead``): a full save of a 2,500-route
 #: partition snapshotted its ~5,000 windows in one go, 0.25-0.54 s of one loop iteration at 10,000
 #: routes. ``preencode`` encodes a partition's windows while more than half this many wait
@@ -182,7 +181,10 @@ class Checkpointer:
         gc.disable()  # short-lived acyclic dicts, as in ``save``
         try:
             t0 = time.perf_counter()
-            done = self._preencode(budget_s)
+            # half the budget at most for engine states while windows wait too (routes judged without
+            # a break took it all, and the windows' saves waited until they went in one go)
+            windows = any(part.agg.unencoded > PREENCODE_MAX_WINDOWS // 2 for part in parts)
+            done = self._preencode(budget_s / 2 if windows else budget_s)
             # a slice of windows at least, however long the engine states took
             return done + self._preencode_windows(budget_s - (time.perf_counter() - t0))
         finally:

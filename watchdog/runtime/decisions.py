@@ -113,10 +113,11 @@ class RouteChunks:
     """The signals split into route chunks in one pass: ``take(n)`` gives the signals of the next
     ``n`` routes (routes in the order they first appear; every ``*`` signal goes with the first
     chunk), in their order, and ``rest()`` the signals not taken yet, in order. Splitting 20,000
-    deferred signals anew for every chunk of 100 routes walked the whole list each time."""
+    deferred signals anew for every chunk of 100 routes walked the whole list each time. A signal
+    taken is let go (the backlog of ``Decisions`` lives over many iterations)."""
 
     def __init__(self, signals: list[Signal]) -> None:
-        self.signals = signals
+        self.signals: list[Signal | None] = list(signals)
         #: positions of the ``*`` signals (the first ``take`` has them all)
         self.stars: list[int] = []
         #: positions of each route's signals, routes in the order they first appear
@@ -139,14 +140,18 @@ class RouteChunks:
         at = self.stars
         self.stars = []
         for route in picked:
-            at = at + self.routes[route]
+            at = at + self.routes.pop(route)
         at.sort()
-        return [self.signals[i] for i in at]
+        signals = self.signals
+        out = [signals[i] for i in at]
+        for i in at:
+            signals[i] = None
+        return out  # type: ignore[return-value]  # positions not taken before hold signals
 
     def rest_routes(self) -> set[P.Route]:
         """The routes of ``rest()``."""
         out = set(self.order[self.next:])
-        out.update((self.signals[i].model, self.signals[i].route) for i in self.stars)
+        out.update((s.model, s.route) for s in (self.signals[i] for i in self.stars) if s is not None)
         return out
 
     def rest(self) -> list[Signal]:
@@ -154,7 +159,7 @@ class RouteChunks:
         for route in self.order[self.next:]:
             at += self.routes[route]
         at.sort()
-        return [self.signals[i] for i in at]
+        return [self.signals[i] for i in at]  # type: ignore[misc]  # none of them taken yet
 
 
 class FlagView:
