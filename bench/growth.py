@@ -168,7 +168,7 @@ def run_one(n_routes: int, args: argparse.Namespace, code: Path = ROOT, label: s
                 producer.close(timeout=5)
             for line in log_path.read_text(errors="replace").splitlines():
                 if "slow loop iteration" in line:
-                    print("  daemon:", line.strip()[-220:])
+                    print("  daemon:", line.strip()[-300:])
         r.close()
     span = t1 - t0
     consumed = m1["events"] - m0["events"]

@@ -129,7 +129,8 @@ def test_a_save_waits_while_many_judged_routes_are_not_encoded(redis_client, mon
     for k in range(30):
         _fold(ck, part, ingest, f"r{k}", 100.0)
     t = 1000.0
-    ck.checkpoint(t)  # last saved long ago: no wait
+    ck.preencode(10.0)  # a first save waits for preencode too (test_checkpoint_windows_ahead.py)
+    ck.checkpoint(t)  # nothing left to encode: saved at once
     ck.drain()
     assert part.seq == 1
     part.last_cost_s = 0.0  # the spacing is checkpoint_every_s, however slow this machine is
@@ -205,6 +206,7 @@ def test_the_wait_for_preencode_counts_from_when_the_routes_are_judged(redis_cli
     for k in range(30):
         _fold(ck, part, ingest, f"r{k}", 100.0)
     t = 1000.0
+    ck.preencode(10.0)
     ck.checkpoint(t)
     ck.drain()
     assert part.seq == 1

@@ -98,3 +98,51 @@ def test_the_judgeability_gauges_fill_over_several_iterations(kafka_service, red
             assert max(sizes) <= 2 and len(sizes) >= 4
     finally:
         prod.stop()
+
+
+@pytest.mark.services
+def test_judging_a_route_per_chunk_and_windows_encoded_ahead_count_every_event_once(
+        kafka_service, redis_service, redis_client, topic, tmp_path, monkeypatch):
+    """The judging backlog kept between iterations (one route per chunk, so it spans many) and open
+    windows encoded ahead of their saves (a few per slice, saves waiting for them), through a graceful
+    restart mid-traffic: every event is in exactly one recorded window."""
+    from watchdog.runtime import checkpointer
+
+    monkeypatch.setattr(decisions, "DECIDE_CHUNK_S", 1e-9)  # one route per chunk
+    monkeypatch.setattr(decisions, "DECIDE_BUDGET_S", 0.0)  # and one chunk per iteration
+    monkeypatch.setattr(checkpointer, "PREENCODE_MAX_WINDOWS", 6)
+    monkeypatch.setattr(checkpointer, "PREENCODE_SLICE", 2)
+    backlog: list[int] = []
+    encoded: list[int] = []
+    real_decide = decisions.Decisions.decide
+    real_ahead = WindowAggregator.encode_ahead
+
+    def decide(self, signals, now):  # type: ignore[no-untyped-def]
+        real_decide(self, signals, now)
+        backlog.append(len(self.deferred_routes))
+
+    def encode_ahead(self, n):  # type: ignore[no-untyped-def]
+        done = real_ahead(self, n)
+        encoded.append(done)
+        return done
+
+    monkeypatch.setattr(decisions.Decisions, "decide", decide)
+    monkeypatch.setattr(WindowAggregator, "encode_ahead", encode_ahead)
+    cfg = make_config(kafka_service.address, redis_service.port, topic, write_policy(tmp_path / "p.yaml"), None,
+                      windows={"length_s": 1.0, "grace_s": 0.3})
+    prod = CountingProducer(kafka_service.address, topic, [f"r{i:02d}" for i in range(40)], rate=6.0).start()
+    try:
+        with running_daemon(cfg) as (daemon, _server):
+            wait_until(lambda: daemon.stats.windows_closed >= 200 and daemon.stats.checkpoints >= 4, 60)
+        with running_daemon(cfg) as (daemon, _server):  # resumes from the checkpoints the first one wrote
+            wait_until(lambda: daemon.stats.windows_closed >= 200, 60)
+            prod.stop()
+            wait_until(lambda: sum(recorded_windows(redis_client)[0].values()) >= prod.total(), 30)
+            time.sleep(0.5)
+    finally:
+        if prod._thread.is_alive():
+            prod.stop()
+    seen, twice = recorded_windows(redis_client)
+    assert twice == 0 and seen == dict(prod.acked)
+    assert max(backlog) > 1  # routes really waited over iterations to be judged
+    assert sum(encoded) > 0  # and windows were encoded ahead of saves

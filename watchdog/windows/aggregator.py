@@ -100,6 +100,14 @@ class WindowAggregator:
         #: event as late), so the due set is sorted once per closed_end, not once per chunk (10,000
         #: routes: 20,000 keys sorted for each of ~100 chunks of 200)
         self._due: tuple[int, list[tuple[int, str, str, str]]] | None = None
+        #: checkpoint fields of windows encoded ahead of the next save (``encode_ahead``), each exact
+        #: while its window is not dirty; a dirty window is encoded anew (at the latest by the save)
+        self._ahead: dict[WindowKey, str] = {}
+        #: open windows changed since they were last encoded (dirty): what a save built now encodes
+        self.unencoded = 0
+        #: ``encode_ahead``'s pass over the open windows: their keys, and where the next slice starts
+        self._ahead_keys: list[WindowKey] = []
+        self._ahead_at = 0
 
     # --- folding ----------------------------------------------------------------------------
 
@@ -129,8 +137,11 @@ class WindowAggregator:
         key = (index, event.model, event.route, event.precision)
         w = self._open.get(key)
         if w is None:
-            w = self._open[key] = Window(index)
-        w.dirty = True
+            w = self._open[key] = Window(index)  # dirty
+            self.unencoded += 1
+        elif not w.dirty:
+            w.dirty = True
+            self.unencoded += 1
         status = event.status
         if status in NOT_JUDGED:
             # the client went away, erred or was throttled: nothing about the precision
@@ -266,8 +277,12 @@ class WindowAggregator:
     def _close(self, keys: list[tuple[int, str, str, str]]) -> list[Signal]:
         keys.sort()
         out = []
+        ahead = self._ahead
         for key in keys:
             w = self._open.pop(key)
+            if w.dirty:
+                self.unencoded -= 1
+            ahead.pop(key, None)
             self._closed_keys.append(key)
             out.append(w.to_signal(key[1], key[2], key[3], self.length_s))
         self.windows_closed += len(out)
@@ -284,32 +299,74 @@ class WindowAggregator:
     def export_changes(self, everything: bool = False) -> tuple[dict[str, str], list[str]]:
         """Checkpoint fields of the windows changed since the last call (all with ``everything``), and
         the fields of the windows closed since; resets both."""
-        changed = {}
-        for key, w in self._open.items():
-            if w.dirty or everything:
-                changed[window_field(key)] = encode_window(w, key)
-                w.dirty = False
-        closed = [window_field(k) for k in self._closed_keys]
-        self._closed_keys = []
-        return changed, closed
+        changed, closed = self.snapshot_changes(everything)
+        return {window_field(key): value for key, value in changed}, closed
 
     def snapshot_changes(self, everything: bool = False) -> tuple[list[tuple[WindowKey, str]], list[str]]:
         """Like ``export_changes``, but the field names are left to ``encode_snapshots`` (off the loop
         thread). Each changed window is exported and serialized here (``encode_export``: orjson, ~1 us
         a window): a save waiting for the writer holds strings, not a ``Window.snapshot`` copy of ~15
         containers a window that the writer exported again - those copies cost the two threads ~2x
-        the CPU, and the cyclic collector traversed them (thousands per save) while they waited."""
+        the CPU, and the cyclic collector traversed them (thousands per save) while they waited.
+        A window encoded ahead (``encode_ahead``) and not changed since is taken as it was encoded:
+        the same bytes as encoding it now."""
         changed = []
+        ahead = self._ahead
         for key, w in self._open.items():
-            if w.dirty or everything:
+            if w.dirty:
                 changed.append((key, encode_export(w.export(key))))
                 w.dirty = False
+            else:
+                value = ahead.get(key)
+                if value is not None:
+                    changed.append((key, value))
+                elif everything:
+                    changed.append((key, encode_export(w.export(key))))
+        self._ahead = {}
+        self._ahead_keys = []
+        self.unencoded = 0
         closed = [window_field(k) for k in self._closed_keys]
         self._closed_keys = []
         return changed, closed
 
+    def mark_all_changed(self) -> None:
+        """Every open window changed (the next save is a full snapshot: ``encode_ahead`` then takes
+        them all a slice at a time, and a save built from here holds every open window)."""
+        for w in self._open.values():
+            w.dirty = True
+        self._ahead = {}
+        self.unencoded = len(self._open)
+
+    def encode_ahead(self, n: int) -> int:
+        """Encode up to ``n`` changed windows' checkpoint fields ahead of the next save (the save takes
+        them as they are unless the window changes again); returns how many were encoded."""
+        done = 0
+        if not self.unencoded:
+            return 0
+        keys = self._ahead_keys
+        at = self._ahead_at
+        opened = self._open
+        ahead = self._ahead
+        fresh = False
+        while True:  # the rest of this pass over the open windows, then (once) a pass over those open now
+            while at < len(keys) and done < n and self.unencoded:
+                key = keys[at]
+                at += 1
+                w = opened.get(key)
+                if w is not None and w.dirty:
+                    ahead[key] = encode_export(w.export(key))
+                    w.dirty = False
+                    self.unencoded -= 1
+                    done += 1
+            if done >= n or not self.unencoded or fresh:
+                break
+            keys, at, fresh = list(opened), 0, True
+        self._ahead_keys, self._ahead_at = keys, at
+        return done
+
     def import_open(self, data: list[dict[str, Any]]) -> None:
         self._due = None
+        self._ahead = {}
         for d in data:
             w = Window.from_export(d)
             self._open[(w.index, str(d["m"]), str(d["r"]), str(d["p"]))] = w
