@@ -319,7 +319,7 @@ def run_day(ps: PolicySet, d: Day, routes: int, windows: int, seed: int, reg: Re
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="ordinary days of a fleet through the shipped decision engine")
     ap.add_argument("policies", nargs="*", default=[str(p) for p in sorted((ROOT / "policies").glob("*.yaml"))])
-    ap.add_argument("--quick", action="store_true", help="3 routes x 40 windows per shape (CI)")
+    ap.add_argument("--quick", action="store_true", help="2 routes x 40 windows per shape (CI)")
     ap.add_argument("--seed", type=int, default=1803)
     ap.add_argument("--shapes", default="", help="comma-separated names (default: all, load-coupled too)")
     ap.add_argument("--routes", type=int, default=0)
@@ -327,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     ps = load_policy_files(args.policies)
-    routes = args.routes or (3 if args.quick else 10)
+    routes = args.routes or (2 if args.quick else 10)
     windows = args.windows or (40 if args.quick else 600)
     pick = set(args.shapes.split(",")) - {""}
     res: dict[str, Any] = {"healthy": [], "reported": [], "policies": list(POLICIES), "routes": routes,

@@ -22,7 +22,7 @@ def test_quick_run_covers_every_shape_for_both_policies(tmp_path: Path) -> None:
         assert row["windows"] == res["routes"] * res["windows_per_route"]
         assert set(row["rollbacks"]) == set(od.POLICIES) == set(row["upper95_per_10k"])
         assert all(u > 0 for u in row["upper95_per_10k"].values())
-    # healthy ordinary days roll nothing back (a quick run is 120 windows per shape)
+    # healthy ordinary days roll nothing back (a quick run is 80 windows per shape)
     assert all(k == 0 for row in res["healthy"] for k in row["rollbacks"].values()), res["healthy"]
 
 
