@@ -59,3 +59,13 @@ def test_cancellations_shorten_answers_and_leave_the_window() -> None:
     sigs = s.signals(t, [f"legal/d{i}" for i in range(4)])
     sig = next(x for x in sigs if x.route == f"legal/d{r}" and x.precision == prec)
     assert sig.detail["not_judged"]["cancelled"] > 0
+
+
+def test_fp16_recovering_from_a_creep_stays_no_fp8_regression() -> None:
+    """creep-fp16, one route (seed 3, 260 windows): 19 false rollbacks before the anchor bounded the
+    learned level downward (docs/BENCHMARKS_decisions.md "Ordinary days"), none since."""
+    from watchdog.policy.loader import load_policy_files
+
+    ps = load_policy_files([str(p) for p in sorted((od.ROOT / "policies").glob("*.yaml"))])
+    c = od.run_day(ps, next(d for d in od.SHAPES if d.name == "creep-fp16"), 1, 260, 3)
+    assert c.windows == 260 and c.rollbacks == {p: 0 for p in od.POLICIES}, c.events
