@@ -218,7 +218,7 @@ class Sim:
         c_tok = np.clip(np.round(np.exp(np.where(long_c, math.log(700), math.log(150)) + 0.5 * rng.normal(size=n))),
                         1, 8000)
         lat = (60 + 0.2 * p_tok + 22 * c_tok * (1 + p_tok / 10000)) * np.exp(0.25 * rng.normal(size=n))
-        rep = rng.integers(0, self.k[prec], n)
+        rep = rng.integers(0, self._replicas(r, t, prec), n)
         # the clock-skewed replica (FP8 replica 0) carries 10 % of window t + 1's events
         tt = np.full(n, t)
         if s.clock_skew and prec == "fp8":
@@ -238,6 +238,21 @@ class Sim:
                 lat[on[: min(on.size, int(round(share * n)))]] *= 20.0
         return lat, p_tok.astype(int), c_tok.astype(int), rep, b
 
+    # hooks that bench/ordinary_days.py overrides
+    def _count(self, r: int, t: int, prec: str, load: float) -> int:
+        """Requests of one precision in the window (before errors)."""
+        s, rng = self.s, self.rng
+        if s.per_precision:
+            return max(int(rng.poisson(s.per_precision)), 1)
+        share = s.fp16_share if prec == "fp16" else 1 - s.fp16_share
+        return max(int(rng.poisson(s.total * share * load)), 1)
+
+    def _replicas(self, r: int, t: int, prec: str) -> int:
+        return self.k[prec]
+
+    def _names_builds(self) -> bool:
+        return bool((self.s.deploy_every or self.s.cold_deploy) and not self.s.one_side)
+
     def signals(self, t: int, routes: list[str]) -> list[Signal]:
         s, rng, reg = self.s, self.rng, self.reg
         start = T0 + t * WINDOW_S
@@ -245,11 +260,7 @@ class Sim:
         load = _load(t) if s.ramp else 1.0
         for r, route in enumerate(routes):
             for prec in ("fp8", "fp16"):
-                if s.per_precision:
-                    n = max(int(rng.poisson(s.per_precision)), 1)
-                else:
-                    share = s.fp16_share if prec == "fp16" else 1 - s.fp16_share
-                    n = max(int(rng.poisson(s.total * share * load)), 1)
+                n = self._count(r, t, prec, load)
                 # bias: FP8 gets extra long answers, FP16 extra long prompts (the total mix unchanged)
                 f8 = 1 - s.fp16_share
                 bc = self.bias_c[r, t] * ((1 - f8) if prec == "fp8" else -f8)
@@ -268,7 +279,7 @@ class Sim:
                 idx = np.ceil(np.log(lat) / LOG_G).astype(int)
                 y = np.log(lat)
                 cell = (_octave(p_tok) << 6) | _octave(c_tok)
-                k = self.k[prec]
+                k = self._replicas(r, t, prec)
                 bins, cells = _grouped(np.concatenate([rep, np.full(ok, k)]), k + 1, np.concatenate([idx, idx]),
                                        np.concatenate([cell, cell]), np.concatenate([y, y]))
                 q = np.exp(np.quantile(y, [0.5, 0.95, 0.99]))
@@ -280,7 +291,7 @@ class Sim:
                                           "latency_mix": {"cells": cells[k], **_mix_tails(cell, y)},
                                           "replicas": replicas, "prompt_tokens": int(p_tok.sum()),
                                           "completion_tokens": int(c_tok.sum())}
-                if (s.deploy_every or s.cold_deploy) and not s.one_side:
+                if self._names_builds():
                     ks, cs = np.unique(builds[: n], return_counts=True)
                     detail["builds"] = {f"v{kk}": int(c) for kk, c in zip(ks, cs, strict=True)}
                 values = {"error_rate": (errors + timeouts) / n, "timeout_rate": timeouts / n,

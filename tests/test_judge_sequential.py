@@ -162,9 +162,9 @@ def test_anchor_cannot_be_dragged_by_creep() -> None:
 
 
 def _window(t: int, route: str, fp8_ms: float, n8: int, n16: int, rng: np.random.Generator,
-            fp8_err: float = 0.01) -> list[Signal]:
+            fp8_err: float = 0.01, fp16_ms: float = 800.0) -> list[Signal]:
     out = []
-    for prec, n, med, p_err in (("fp8", n8, fp8_ms, fp8_err), ("fp16", n16, 800.0, 0.01)):
+    for prec, n, med, p_err in (("fp8", n8, fp8_ms, fp8_err), ("fp16", n16, fp16_ms, 0.01)):
         lat = np.exp(math.log(med) + 0.35 * rng.normal(size=n))
         keys = np.ceil(np.log(lat) / math.log(1.01 / 0.99)).astype(int)
         u, c = np.unique(keys, return_counts=True)
@@ -262,6 +262,53 @@ def test_anchor_caps_the_learned_level() -> None:
     assert level_cap(rule, {}) is None
     assert level_cap(rule, {"anchor": {"level": -0.4, "n": 30}}) == pytest.approx(-0.35)
     assert level_cap(rule, {"anchor": {"level": 0.2, "n": 30}}) == pytest.approx(0.10)
+
+
+def _creep_then_restart(engine: PolicyEngine, route: str, fp8_after: float, seed: int) -> int | None:
+    """60 windows at parity; FP16 alone 0.5 % slower per window for 80 windows (uptime creep, FP8
+    unchanged at 800 ms); FP16 restarted back to 800 ms; 30 more windows with FP8 at ``fp8_after``.
+    The window of the first rollback, or None."""
+    rng = np.random.default_rng(seed)
+    flags = {("m", route): "fp8"}
+    for t in range(170):
+        fp16 = 800.0 * math.exp(0.005 * min(max(t - 60, 0), 80)) if t < 140 else 800.0
+        sigs = _window(t, route, 800.0 if t < 140 else fp8_after, 2000, 1000, rng, fp16_ms=fp16)
+        if any(a.kind == "rollback" for a in engine.observe(sigs, 1_780_000_000.0 + 300.0 * (t + 1) + 1, flags)):
+            return t
+    return None
+
+
+def test_a_baseline_that_crept_and_recovered_is_not_fp8s_regression(shipped: PolicySet) -> None:
+    """bench/ordinary_days.py ``creep-fp16``: the learned level followed FP16's creep down to FP8
+    looking 33 % faster, and FP16's restart back to parity was judged an FP8 regression of +0.4
+    (646 false rollbacks in 6,000 windows). A level more than the anchor's tolerance below the
+    anchor is judged as the anchor; an FP8 regression after the restart is still caught against it."""
+    assert _creep_then_restart(PolicyEngine(shipped), "chat/creep", 800.0, 3) is None
+    t = _creep_then_restart(PolicyEngine(shipped), "chat/creep-bad", 880.0, 3)
+    assert t is not None and 140 <= t < 150, t
+
+
+def test_a_level_far_below_the_anchor_is_judged_as_the_anchor() -> None:
+    from watchdog.policy.horizon import level_reset
+    from watchdog.policy.judge.live import judge_learned
+
+    pol = Policy.model_validate({"name": "p", "rules": [{"name": "lat", "metric": "latency_p50_ms", "judge": {
+        "test": "quantile", "tail": 0.0, "effect": 0.0, "learn": 48, "level_cap": 0.10,
+        "anchor": {"tolerance": 0.05}}}]})
+    rule = pol.rules[0]
+    assert level_reset(rule, {}) is None
+    assert level_reset(rule, {"anchor": {"level": -0.4, "n": 30}}) == pytest.approx((-0.45, -0.4))
+    hist = list(np.random.default_rng(1).normal(-0.3, 0.01, 48))   # a level that crept to -0.3
+    kw = {"effect_threshold": 0.0, "alpha": 1e-4, "prior_sd": 0.015, "recent": 3, "level_cap": 0.10}
+    assert judge_learned([(0.0, 1e-4)] * 3, hist, **kw).status == "fail"
+    j = judge_learned([(0.0, 1e-4)] * 3, hist, level_reset=(-0.1, 0.0), **kw)
+    assert j.status == "pass" and j.detail["level"] == 0.0
+    assert judge_learned([(0.1, 1e-4)] * 3, hist, level_reset=(-0.1, 0.0), **kw).status == "fail"
+    # a level within the anchor's band is used as it is (a healthy level wanders around the anchor)
+    level = float(np.mean(hist[-3:]))
+    assert judge_learned([(0.0, 1e-4)] * 3, hist, level_reset=(-0.4, -0.3), **kw).detail["level"] == pytest.approx(level)
+    # the anchor is credited no higher than the cap
+    assert judge_learned([(0.0, 1e-4)] * 3, hist, level_reset=(0.2, 0.3), **kw).detail["level"] == pytest.approx(0.10)
 
 
 def test_validation_refuses_horizon_on_golden_and_anchor_without_learn(tmp_path) -> None:  # type: ignore[no-untyped-def]

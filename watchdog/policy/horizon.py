@@ -22,11 +22,11 @@ from typing import Any
 
 from watchdog.core.signals import Signal
 from watchdog.policy.judge import sequential
-from watchdog.policy.judge.anchor import anchor_cap, update_anchor
+from watchdog.policy.judge.anchor import anchor_cap, anchor_reset, update_anchor
 from watchdog.policy.judge.stats import z_quantile
 from watchdog.policy.schema import Rule
 
-__all__ = ["MDE_POWER", "apply_horizon", "judgeability", "learn_anchor", "level_cap", "null_learned", "settling", "window_mde"]
+__all__ = ["MDE_POWER", "apply_horizon", "judgeability", "learn_anchor", "level_cap", "level_reset", "null_learned", "settling", "window_mde"]
 
 #: the power at which minimum detectable effects are stated
 MDE_POWER = 0.8
@@ -42,6 +42,15 @@ def level_cap(rule: Rule, horizon: Mapping[str, Any] | None) -> float | None:
         return None
     own = j.effect if j.level_cap is None else j.level_cap
     return min(own, cap)
+
+
+def level_reset(rule: Rule, horizon: Mapping[str, Any] | None) -> tuple[float, float] | None:
+    """(below, level): a learned level below ``below`` (the anchor minus its tolerance) is judged
+    as ``level`` (the anchor), or None."""
+    j = rule.judge
+    if j is None or j.anchor is None:
+        return None
+    return anchor_reset((horizon or {}).get("anchor"), j.anchor.tolerance)
 
 
 def learn_anchor(rule: Rule, horizon: dict[str, Any], null: list[dict[str, Any]], e: float) -> None:

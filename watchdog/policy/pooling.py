@@ -183,7 +183,8 @@ def _fleet_difference(rule: Rule, cand: Signal, base: Signal, sign: float) -> tu
 
 
 def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
-                   null: list[dict[str, Any]] | None, level_cap: float | None = None) -> Judgement | str:
+                   null: list[dict[str, Any]] | None, level_cap: float | None = None,
+                   level_reset: tuple[float, float] | None = None) -> Judgement | str:
     j = rule.judge
     assert j is not None
     diff = window_difference(rule, cand, base)
@@ -221,7 +222,7 @@ def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
     unit = " (log ratio)" if j.test != "rate" else " pts"
     gap = _gap(null or [], first, cand.end - cand.start) if hist else 0
     out = judge_learned([(float(e["e"]), float(e["v"])) for e in pool], hist, effect_threshold=j.effect,
-                        level_cap=j.level_cap if level_cap is None else level_cap,
+                        level_cap=j.level_cap if level_cap is None else level_cap, level_reset=level_reset,
                         alpha=j.alpha, prior_sd=j.prior_sd, learn_min=j.learn_min, recent=j.recent,
                         metric=rule.metric, unit=unit, null_v=hist_v, null_model=j.null_model, level_sd=j.level_sd,
                         gap=gap)
@@ -357,10 +358,11 @@ def _against_items(rule: Rule, pool: Pool, replays: list[list[float]], null: lis
 
 def judge_pool(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool,
                paired_items: list[float] | None, null: list[dict[str, Any]] | None = None,
-               level_cap: float | None = None) -> Judgement | str:
+               level_cap: float | None = None, level_reset: tuple[float, float] | None = None) -> Judgement | str:
     """Add this window (or replay) to ``pool`` and judge the pool; a string is an inconclusive
     reason (this window is unreadable, or the pool holds too few events for ``min_samples``).
-    ``level_cap`` replaces the rule's cap on a learned null's level (the long-term anchor's)."""
+    ``level_cap`` replaces the rule's cap on a learned null's level (the long-term anchor's);
+    ``level_reset``: (below, level), a learned level below ``below`` is judged as ``level`` (the anchor)."""
     j = rule.judge
     assert j is not None and cand is not None
     k = j.history
@@ -398,7 +400,7 @@ def judge_pool(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool,
         return out
     assert base is not None
     if learned(rule):
-        return _judge_learned(rule, cand, base, pool, null, level_cap)
+        return _judge_learned(rule, cand, base, pool, null, level_cap, level_reset)
     entry = {"start": cand.start, "end": cand.end, "samples": [cand.samples, base.samples]}
     if j.test == "mann_whitney":
         hists = [s.detail.get("latency_hist") for s in (cand, base)]

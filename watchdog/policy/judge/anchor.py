@@ -12,7 +12,14 @@ memory of the same level:
   halflife)`` (an exponential average with a half-life of ``halflife`` windows, a week of 5-minute
   windows by default), and never by more than ``tolerance / halflife`` per window: whatever the
   data do, the anchor moves at most ``tolerance`` in ``halflife`` windows;
-* the level the null credits is capped at ``anchor + tolerance``.
+* the level the null credits is capped at ``anchor + tolerance``;
+* a learned level more than ``tolerance`` *below* the anchor is not credited either: the null
+  judges against the anchor instead (``anchor_reset``). Such a level - FP8 suddenly much faster
+  than it has long been - is as often the baseline getting slower (FP16 replicas creeping with
+  uptime until a restart) as FP8 getting faster; held against FP8, the baseline's recovery would
+  be FP8's "regression". Within the band the recent level is used as it is (a healthy level
+  wanders around the anchor: holding every regression to the anchor cost a third of the power for
+  +10 % at 2 % replica noise).
 
 So a creep of the FP8 - FP16 difference faster than ``tolerance`` per ``halflife`` windows
 outruns the anchor: once the learned level would sit more than ``tolerance`` above it, the level
@@ -26,7 +33,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["anchor_cap", "update_anchor"]
+__all__ = ["anchor_cap", "anchor_reset", "update_anchor"]
 
 
 def update_anchor(anchor: Mapping[str, Any] | None, history: Sequence[float], e: float, *, learn_min: int,
@@ -55,3 +62,11 @@ def anchor_cap(anchor: Mapping[str, Any] | None, tolerance: float) -> float | No
     if not anchor or "level" not in anchor:
         return None
     return float(anchor["level"]) + tolerance
+
+
+def anchor_reset(anchor: Mapping[str, Any] | None, tolerance: float) -> tuple[float, float] | None:
+    """(below, level): a learned level below ``anchor - tolerance`` is replaced by the anchor's
+    ``level`` (None: no anchor yet)."""
+    if not anchor or "level" not in anchor:
+        return None
+    return float(anchor["level"]) - tolerance, float(anchor["level"])

@@ -299,6 +299,7 @@ def judge_learned(
     metric: str = "",
     unit: str = "",
     level_cap: float | None = None,
+    level_reset: tuple[float, float] | None = None,
     null_v: Sequence[float] | None = None,
     null_model: str = "residual",
     level_sd: float | None = None,
@@ -326,7 +327,10 @@ def judge_learned(
 
     ``gap``: windows between the last of ``null`` and the first of ``pool`` that the null did not
     learn (a deploy's settling time, windows not comparable); the residual model measures the
-    history's residuals at that distance (``_residual_sd``)."""
+    history's residuals at that distance (``_residual_sd``).
+
+    ``level_reset``: (below, level) from a long-term anchor (watchdog/policy/judge/anchor.py): a
+    learned level below ``below`` is not held against the candidate, ``level`` is used instead."""
     k = len(pool)
     method = "learned_null"
     if k == 0:
@@ -345,6 +349,8 @@ def judge_learned(
         # a learned offset is credited only up to the tolerated effect: a regression present
         # from the first windows is never learned away entirely
         level = min(level, effect_threshold if level_cap is None else level_cap)
+        if level_reset is not None and level < level_reset[0]:
+            level = min(level_reset[1], effect_threshold if level_cap is None else level_cap)
         hv = np.asarray(null_v if null_v is not None else [], dtype=float)
         if null_model == "sampling" and hv.size == hist.size and np.all(np.isfinite(hv)):
             var, crit, sd_r, df, dispersion = _sampling_null(hist, hv, v, recent, alpha)
