@@ -55,10 +55,9 @@ from typing import Any
 
 import numpy as np
 
-from bench.decisions import ROOT, T0, WINDOW_S
-from bench.outside_check import POLICIES, Count, Reg, Shape, Sim, _load, _observe, upper95
+from bench.decisions import ROOT
+from bench.outside_check import POLICIES, Count, Reg, Shape, Sim, _load, run_sim, upper95
 from watchdog.core.signals import Signal
-from watchdog.policy.engine import PolicyEngine
 from watchdog.policy.loader import PolicySet, load_policy_files
 
 KMAX = 12          # most replicas of one precision (autoscale)
@@ -305,15 +304,7 @@ class DaySim(Sim):
 
 
 def run_day(ps: PolicySet, d: Day, routes: int, windows: int, seed: int, reg: Reg | None = None) -> Count:
-    sim = DaySim(d, routes, windows, seed, reg)
-    names = [f"legal/d{i}" for i in range(routes)]
-    engine = PolicyEngine(ps)
-    flags = {("m", r): "fp8" for r in names}
-    c = Count(first=[-1] * routes)
-    for t in range(windows):
-        _observe(engine, sim.signals(t, names), T0 + (t + 1) * WINDOW_S + 1, flags, names, c, t)
-        c.windows += routes
-    return c
+    return run_sim(ps, DaySim(d, routes, windows, seed, reg), routes, windows, "legal/d")
 
 
 def main(argv: list[str] | None = None) -> int:

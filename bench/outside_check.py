@@ -354,8 +354,12 @@ def upper95(k: int, n: int) -> float:
 
 
 def run_live(ps: PolicySet, s: Shape, routes: int, windows: int, seed: int, reg: Reg | None = None) -> Count:
-    sim = Sim(s, routes, windows, seed, reg)
-    names = [f"legal/o{i}" for i in range(routes)]
+    return run_sim(ps, Sim(s, routes, windows, seed, reg), routes, windows, "legal/o")
+
+
+def run_sim(ps: PolicySet, sim: Sim, routes: int, windows: int, prefix: str) -> Count:
+    """``sim``'s windows of ``routes`` routes (``prefix`` + index) through the shipped engine."""
+    names = [f"{prefix}{i}" for i in range(routes)]
     engine = PolicyEngine(ps)
     flags = {("m", r): "fp8" for r in names}
     c = Count(first=[-1] * routes)

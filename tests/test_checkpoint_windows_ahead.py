@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.test_checkpoint_incremental import _by_key, _restored, _rig
+from tests.test_checkpoint_preencode import _capture
 from watchdog.core.events import decode_event
 from watchdog.runtime import checkpointer as C
 from watchdog.state.checkpoint import PendingSave
@@ -88,17 +89,6 @@ def _iterate(ck: C.Checkpointer, t: float, encodings: list[int], sent: list[Pend
     ck.step.until = float("inf")
     return per_call
 
-
-def _capture(ck: C.Checkpointer) -> list[PendingSave]:
-    sent: list[PendingSave] = []
-    real = ck.writer.submit
-
-    def submit(pk: Any, token: str, save: PendingSave, built_s: float, at: float) -> None:
-        sent.append(save)
-        real(pk, token, save, built_s, at)
-
-    ck.writer.submit = submit  # type: ignore[method-assign]
-    return sent
 
 
 @pytest.mark.services
