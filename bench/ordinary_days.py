@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 
 from bench.decisions import ROOT
-from bench.outside_check import POLICIES, Count, Reg, Shape, Sim, _load, run_sim, upper95
+from bench.outside_check import POLICIES, Count, Reg, Shape, Sim, _load, report_row, run_sim
 from watchdog.core.signals import Signal
 from watchdog.policy.loader import PolicySet, load_policy_files
 
@@ -329,17 +329,7 @@ def main(argv: list[str] | None = None) -> int:
             if pick and d.name not in pick:
                 continue
             seed = args.seed + i + (100 if kind == "reported" else 0)
-            c = run_day(ps, d, routes, windows, seed)
-            row = {"shape": d.name, "windows": c.windows, "rollbacks": c.rollbacks, "by_rule": c.by_rule,
-                   "per_10k": {p: 1e4 * k / c.windows for p, k in c.rollbacks.items()},
-                   "upper95_per_10k": {p: 1e4 * upper95(k, c.windows) for p, k in c.rollbacks.items()},
-                   "events": c.events}
-            res[kind].append(row)
-            print(f"{kind:8s} {d.name:16s} {c.windows:6d} windows  rollbacks {c.rollbacks}  bound/10k "
-                  f"{{{', '.join(f'{v:.1f}' for v in row['upper95_per_10k'].values())}}}  {c.by_rule}  "
-                  f"[{time.perf_counter() - t0:.0f} s]", flush=True)
-            for e in c.events[:5]:
-                print(f"         {e}")
+            report_row(res, kind, d.name, run_day(ps, d, routes, windows, seed), t0)
     res["seconds"] = time.perf_counter() - t0
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))

@@ -353,6 +353,21 @@ def upper95(k: int, n: int) -> float:
     return hi / n
 
 
+def report_row(res: dict[str, Any], kind: str, name: str, c: Count, t0: float) -> dict[str, Any]:
+    """``c``'s row (rollbacks, rates and their 95 % bounds per 10,000 windows) appended to ``res[kind]``,
+    and printed with the first events."""
+    d = {"shape": name, "windows": c.windows, "rollbacks": c.rollbacks, "by_rule": c.by_rule, "events": c.events,
+         "per_10k": {p: 1e4 * k / c.windows for p, k in c.rollbacks.items()},
+         "upper95_per_10k": {p: 1e4 * upper95(k, c.windows) for p, k in c.rollbacks.items()}}
+    res[kind].append(d)
+    print(f"{kind:8s} {name:18s} {c.windows:6d} windows  rollbacks {c.rollbacks}  "
+          f"bound/10k {{{', '.join(f'{v:.1f}' for v in d['upper95_per_10k'].values())}}}  {c.by_rule}  "
+          f"[{time.perf_counter() - t0:.0f} s]", flush=True)
+    for e in c.events[:5]:
+        print(f"         {e}")
+    return d
+
+
 def run_live(ps: PolicySet, s: Shape, routes: int, windows: int, seed: int, reg: Reg | None = None) -> Count:
     return run_sim(ps, Sim(s, routes, windows, seed, reg), routes, windows, "legal/o")
 
@@ -518,16 +533,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
 
     def row(kind: str, name: str, c: Count) -> dict[str, Any]:
-        d = {"shape": name, "windows": c.windows, "rollbacks": c.rollbacks, "by_rule": c.by_rule, "events": c.events,
-             "per_10k": {p: 1e4 * k / c.windows for p, k in c.rollbacks.items()},
-             "upper95_per_10k": {p: 1e4 * upper95(k, c.windows) for p, k in c.rollbacks.items()}}
-        res[kind].append(d)
-        print(f"{kind:8s} {name:18s} {c.windows:6d} windows  rollbacks {c.rollbacks}  "
-              f"bound/10k {{{', '.join(f'{v:.1f}' for v in d['upper95_per_10k'].values())}}}  {c.by_rule}  "
-              f"[{time.perf_counter() - t0:.0f} s]", flush=True)
-        for e in c.events[:5]:
-            print(f"         {e}")
-        return d
+        return report_row(res, kind, name, c, t0)
 
     if "healthy" in parts:
         for i, s in enumerate(SHAPES):

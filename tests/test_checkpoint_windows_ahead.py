@@ -91,16 +91,22 @@ def _iterate(ck: C.Checkpointer, t: float, encodings: list[int], sent: list[Pend
 
 
 
+def _never_saved(redis_client: Any) -> tuple[C.Checkpointer, Any, Any, int, list[PendingSave]]:
+    """A partition with 600 open windows (50 routes x 6), never saved (its first save is a full one),
+    and the list its saves are captured in; (checkpointer, partition, ingest, next offset, saves)."""
+    ck, part, ingest, _own = _rig(redis_client)
+    ingest.next_offset[part.pk] = off = _fill(part.agg, 50, 6)
+    part.routes |= {("m", f"r{r}") for r in range(50)}
+    part.dirty = True
+    return ck, part, ingest, off, _capture(ck)
+
+
 @pytest.mark.services
 def test_a_full_save_of_many_open_windows_never_encodes_more_than_a_slice_past_the_limit(
         redis_client, encodings, monkeypatch) -> None:
     monkeypatch.setattr(C, "PREENCODE_BUDGET_S", 0.0)  # one slice per call, however fast this machine is
-    ck, part, ingest, _own = _rig(redis_client)
-    ingest.next_offset[part.pk] = _fill(part.agg, 50, 6)  # 600 open windows, never saved: a full save
-    part.routes |= {("m", f"r{r}") for r in range(50)}
-    part.dirty = True
+    ck, part, _ingest, _off, sent = _never_saved(redis_client)
     assert part.full and part.agg.unencoded == 600
-    sent = _capture(ck)
     per_call = _iterate(ck, 1000.0, encodings, sent)  # never saved (due at once): it waits all the same
     assert len(per_call) > 1 and max(per_call) <= C.PREENCODE_MAX_WINDOWS + C.PREENCODE_SLICE, per_call
     ck.drain()
@@ -114,11 +120,7 @@ def test_a_full_save_of_many_open_windows_never_encodes_more_than_a_slice_past_t
 def test_windows_changed_after_they_were_encoded_are_saved_as_they_are_now(redis_client, encodings,
                                                                          monkeypatch) -> None:
     monkeypatch.setattr(C, "PREENCODE_BUDGET_S", 0.0)
-    ck, part, ingest, _own = _rig(redis_client)
-    ingest.next_offset[part.pk] = off = _fill(part.agg, 50, 6)
-    part.routes |= {("m", f"r{r}") for r in range(50)}
-    part.dirty = True
-    sent = _capture(ck)
+    ck, part, ingest, off, sent = _never_saved(redis_client)
     for i in range(6):  # some windows encoded ahead, the save not due yet
         ck.step.start(0.0)
         ck.checkpoint(0.0 + 0.01 * i)
@@ -140,11 +142,7 @@ def test_windows_changed_after_they_were_encoded_are_saved_as_they_are_now(redis
 def test_the_full_save_after_redis_lost_the_checkpoint_is_encoded_ahead_too(redis_client, encodings,
                                                                            monkeypatch) -> None:
     monkeypatch.setattr(C, "PREENCODE_BUDGET_S", 0.0)
-    ck, part, ingest, _own = _rig(redis_client)
-    ingest.next_offset[part.pk] = off = _fill(part.agg, 50, 6)
-    part.routes |= {("m", f"r{r}") for r in range(50)}
-    part.dirty = True
-    sent = _capture(ck)
+    ck, part, ingest, off, sent = _never_saved(redis_client)
     _iterate(ck, 1000.0, encodings, sent)
     ck.drain()
     assert part.seq == 1 and not part.full

@@ -50,22 +50,6 @@ def _seq_memo(rule: Rule, rs: RuleState) -> list[Any] | None:
 #: the routes were at 0.3 or more at a time
 NEAR_REJECT_SHARE = 0.3
 
-#: id(policy) -> (policy, ((rule, the horizon log LR from which it counts as near, or None), ...))
-_NEAR: dict[int, tuple[Policy, tuple[tuple[Rule, float | None], ...]]] = {}
-
-
-def _near_llr(policy: Policy) -> tuple[tuple[Rule, float | None], ...]:
-    hit = _NEAR.get(id(policy))
-    if hit is not None and hit[0] is policy:
-        return hit[1]
-    out = tuple((r, NEAR_REJECT_SHARE * math.log(1.0 / r.judge.horizon.alpha)
-                 if r.judge is not None and r.judge.horizon is not None else None) for r in policy.rules)
-    if len(_NEAR) >= 256:  # policy reloads leave old policies behind
-        _NEAR.clear()
-    _NEAR[id(policy)] = (policy, out)
-    return out
-
-
 def _learn(rule: Rule, rs: RuleState, v: Verdict) -> None:
     """A passing window or replay feeds the rule's learned null (bounded): the window's FP8 -
     FP16 difference or the replay's per-item levels (``judge.learn``)."""
@@ -150,14 +134,16 @@ class PolicyEngine:
             rank = 1
             if st.serving == p.baseline:
                 continue  # rolled back already: what is left to come is a promote, hours away
-            for rule, near in _near_llr(p):
+            for rule in p.rules:
                 rs = st.rules.get(rule.name)
                 if rs is None:
                     continue
                 if rs.fails or rs.errors:
                     return 0
                 last = rs.last
-                if near is not None and last is not None and last.extra.get("horizon_log_lr", -math.inf) >= near:
+                horizon = rule.judge.horizon if rule.judge is not None else None
+                if horizon is not None and last is not None and last.extra.get("horizon_log_lr", -math.inf) >= \
+                        NEAR_REJECT_SHARE * math.log(1.0 / horizon.alpha):
                     return 0
         return rank
 
@@ -393,11 +379,11 @@ class PolicyEngine:
     # -- queries for the runtime
     def route_policies(self) -> dict[tuple[str, str], Policy | None]:
         """Every (model, route) some policy holds state for, with the first such policy (in state order)."""
-        by_name = {p.name: p for p in reversed(self.policy_set.policies)}  # as PolicySet.get: the first of a name
+        get = self.policy_set.get
         out: dict[tuple[str, str], Policy | None] = {}
         for (p, m, r) in self.states:
             if (m, r) not in out:
-                out[(m, r)] = by_name.get(p)
+                out[(m, r)] = get(p)
         return out
 
     def scopes_of(self, route: tuple[str, str]) -> dict[str, ScopeState]:

@@ -48,9 +48,14 @@ class PolicySet:
     origin: dict[str, str] = field(default_factory=dict)
     #: sha256 of the file contents, for status pages
     digest: str = ""
+    #: name -> the first policy of that name (``get`` is asked per route: 10,000 a second at scale)
+    _by_name: dict[str, Policy] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_name", {p.name: p for p in reversed(self.policies)})
 
     def get(self, name: str) -> Policy | None:
-        return next((p for p in self.policies if p.name == name), None)
+        return self._by_name.get(name)
 
     @property
     def names(self) -> list[str]:

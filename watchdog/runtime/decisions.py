@@ -274,11 +274,6 @@ class Decisions:
             if time.monotonic() >= until:
                 break
 
-    @property
-    def deferred(self) -> bool:
-        """Closed windows wait to be judged (their partitions are not checkpointed until they are)."""
-        return bool(self.backlog)
-
     def _decide_now(self, signals: list[Signal], touched: set[P.Route], flags: dict[P.Route, str],
                     now: float) -> None:
         """Judge these routes' closed windows and dispatch what the engine decides."""
