@@ -79,7 +79,8 @@ VARIANTS = {"old": (False, 0), "own": (True, 0), "new": (True, 128)}  # (own_for
 #: tri = decode attention through the Triton kernel of ``probes.decode_attention`` (fp16 cache, both engines);
 #: kv8 = FP8 K/V cache with per-head scales for the FP8 engine (its decode attention: that kernel; the
 #: FP16 engine keeps its fp16 cache and SDPA unless ``tri``)
-OPTIONS = ("q1", "gqa", "head8", "nocount", "s8", "tri", "kv8")
+#: tg = the FP8 engine's decode products through the Triton kernel of ``probes.fp8_gemm`` (else cuBLAS)
+OPTIONS = ("q1", "gqa", "head8", "nocount", "s8", "tri", "kv8", "tg")
 HEADS: dict[int, tuple[Any, Any]] = {}  # id(engine) -> (its own lm_head module, the FP8 one)
 
 
@@ -99,7 +100,8 @@ def set_variant(engines: list[Any], name: str) -> None:
         # every option set explicitly: a variant does not inherit the previous one's
         attn = "gqa" if "gqa" in opts else "triton" if "tri" in opts else "sdpa"
         kv = "fp8" if "kv8" in opts and eng.precision == "fp8" else "auto"
-        fd.set_options(share_quant="q1" in opts, attention=attn, kv_cache=kv)
+        fd.set_options(share_quant="q1" in opts, attention=attn, kv_cache=kv,
+                       gemm="triton" if "tg" in opts else "cublas")
         if id(eng) in HEADS:
             own_head, head8 = HEADS[id(eng)]
             mod = head8 if "head8" in opts else own_head
@@ -422,6 +424,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--gemm", action="store_true", help="first, each decode GEMM alone (FP16 vs FP8)")
     ap.add_argument("--attn", action="store_true", help="first, the decode attention kernels alone (checked)")
+    ap.add_argument("--tune-gemm", action="store_true",
+                    help="first, bench/gpu_fp8_gemm.py's sweep (its fastest configurations used by +tg)")
     ap.add_argument("--kernels", default="", help="per-phase kernel lists at these batches (last variant)")
     args = ap.parse_args(argv)
     global OUT_FILE
@@ -457,6 +461,10 @@ def main(argv: list[str] | None = None) -> int:
         gemm_table(batches)
     if args.attn and device == "cuda":
         attention_table(batches)
+    if args.tune_gemm and device == "cuda":
+        from bench.gpu_fp8_gemm import sweep
+
+        sweep(batches, say=say)
     if "kv8" in args.variants and device == "cuda":
         kv_store_check()
     summary = []
@@ -496,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{', '.join(f'{x:.3f}' for x in ratios)}; decode ms/step {ms_step['fp16']:.2f} / "
                 f"{ms_step['fp8']:.2f}; warm-up round {t_w:.1f} s")
             summary.append((b, n, variant, eng16, eng8, ms_step, ratios))
-            if (b == batches[0] and variant != variants[-1] and ("tri" in variant or "kv8" in variant)
+            if (b == batches[0] and variant != variants[-1] and any(o in variant for o in ("tri", "kv8", "tg"))
                     and device == "cuda"):
                 for label, eng in (("FP16", fp16), ("FP8", fp8)):
                     check_against_eager(eng, label, prompts, refs, variant)

@@ -253,7 +253,11 @@ def measure(model: Any, label: str, items: list[dict[str, str]], cal_texts: list
     equiv = fast_equivalence(fp16, rows, batch, max_new, label)
     variants = {"fp8 per-tensor": {"fp8_weight_scale": "tensor"}, "fp8 per-row": {"fp8_weight_scale": "row"},
                 "fp8 stale x0.25": {"fp8_weight_scale": "tensor", "scale_multiplier": 0.25},
-                "fp8 per-tensor + FP8 lm_head": {"fp8_weight_scale": "tensor", "fp8_lm_head": True}}
+                "fp8 per-tensor + FP8 lm_head": {"fp8_weight_scale": "tensor", "fp8_lm_head": True},
+                "fp8 per-tensor + FP8 K/V cache": {"fp8_weight_scale": "tensor", "fp8_kv_cache": True},
+                "fp8 per-tensor + Triton decode GEMMs": {"fp8_weight_scale": "tensor", "fp8_gemm": "triton"},
+                "fp8 per-tensor + FP8 lm_head + K/V cache + Triton GEMMs": {
+                    "fp8_weight_scale": "tensor", "fp8_lm_head": True, "fp8_kv_cache": True, "fp8_gemm": "triton"}}
     out: dict[str, Any] = {"fast_vs_eager_fp16": equiv,
                            "calibration_texts": len(cal_texts), "variants": {}}
     for name, opts in variants.items():

@@ -267,6 +267,8 @@ class FastDecoder:
         #: decode K/V cache dtype: None = the activation dtype; ``FP8_KV`` = e4m3 with per-head scales
         #: (``set_options(kv_cache="fp8")``; decode attention then runs ``probes.decode_attention``)
         self.kv_dtype: torch.dtype | None = None
+        #: decode's FP8 products: "cublas" (``_scaled_mm``) or "triton" (``probes.fp8_gemm``)
+        self.gemm = "cublas"
         #: ... on every this-many-th position of each sequence (1: every token; n > 1: an unbiased sample of
         #: the positions, measured on the H200 as no faster beyond noise, so not the default)
         self.saturation_stride = 1
@@ -301,12 +303,18 @@ class FastDecoder:
         self._lock = threading.Lock()  # the static caches and graphs serve one batch at a time
 
     def set_options(self, *, share_quant: bool | None = None, attention: str | None = None,
-                    kv_cache: str | None = None) -> None:
+                    kv_cache: str | None = None, gemm: str | None = None) -> None:
         """``share_quant``: prefill/scoring quantise q/k/v's (gate/up's) input once for their separate FP8
         GEMMs. ``attention``: decode attention "sdpa" (``attend``), "gqa" (``attend_gqa``) or "triton"
         (``probes.decode_attention``). ``kv_cache``: "fp8" (e4m3, per-head scales; attention through
-        ``probes.decode_attention``) or "auto" (the activation dtype). Captured step graphs are dropped
-        (they hold the previous choice); a new cache dtype drops the buckets."""
+        ``probes.decode_attention``) or "auto" (the activation dtype). ``gemm``: decode's FP8 products
+        through "cublas" (``_scaled_mm``) or "triton" (``probes.fp8_gemm``, lm_head included when it is
+        FP8). Captured step graphs are dropped (they hold the previous choice); a new cache dtype drops
+        the buckets."""
+        if gemm is not None:
+            if gemm not in ("cublas", "triton"):
+                raise ValueError(f"decode gemm must be cublas or triton, not {gemm!r}")
+            self.gemm = gemm
         if attention is not None and attention not in ("sdpa", "gqa", "triton"):
             raise ValueError(f"decode attention must be sdpa, gqa or triton, not {attention!r}")
         if kv_cache is not None:
@@ -321,11 +329,18 @@ class FastDecoder:
                 p["share_quant"] = bool(share_quant)
             if attention is not None:
                 p["attention"] = attention
+        self._apply_gemm()
         self.clear_graphs()
+
+    def _apply_gemm(self) -> None:
+        for p in (self.head, *self.layers):
+            for q in (p, *(v for v in p.values() if isinstance(v, dict))):
+                q["gemm"] = self.gemm
 
     def set_head(self, module: nn.Module) -> None:
         """Use ``module`` (an ``nn.Linear`` or ``Fp8Linear``) as the lm_head; drops captured graphs."""
         self.head = lin_params(module)
+        self._apply_gemm()
         self.clear_graphs()
 
     def clear_graphs(self) -> None:

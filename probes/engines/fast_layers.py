@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from probes import fp8_gemm
 from probes.fp8 import E4M3_MAX, FP8_DTYPE, Fp8Linear
 
 #: the input (of ``fast_forward.forward_layer``) each linear, or merged pair/triple, reads
@@ -33,12 +34,18 @@ def quant(x: torch.Tensor, sx: torch.Tensor) -> torch.Tensor:
 
 def linear(x: torch.Tensor, p: dict[str, Any]) -> torch.Tensor:
     """One GEMM over the last dim of ``x``. ``p['kind']``: fp16 (plain), fp8 (static per-tensor,
-    _scaled_mm) or module (an ``Fp8Linear``'s own quantise + product: per-row weights, CPU emulation)."""
+    _scaled_mm) or module (an ``Fp8Linear``'s own quantise + product: per-row weights, CPU emulation).
+    ``p['gemm'] == "triton"``: FP8 products of at most ``fp8_gemm.MAX_M`` rows (decode) go through
+    ``probes.fp8_gemm`` instead of ``_scaled_mm``."""
     kind = p["kind"]
     if kind == "plain":
         return F.linear(x, p["w"])
     x2 = x.reshape(-1, x.shape[-1])
-    if kind == "fp8":
+    cfg = fp8_gemm.chosen(x2, p["w"]) if kind in ("fp8", "fp8cols") and p.get("gemm") == "triton" else None
+    if cfg is not None:
+        scale = p["sx"] * (p["sw"] if kind == "fp8" else p["sw_cols"])
+        out = fp8_gemm.scaled_small_mm(quant(x2, p["sx_in"]), p["w"], scale, x.dtype, cfg)
+    elif kind == "fp8":
         out = torch._scaled_mm(
             quant(x2, p["sx_in"]), p["w"].t(), scale_a=p["sx"], scale_b=p["sw"], out_dtype=x.dtype
         )

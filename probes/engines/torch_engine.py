@@ -3,7 +3,8 @@
 FP8 swaps every linear layer except ``lm_head`` (``fp8_lm_head=True``: that one too) for
 ``probes.fp8.Fp8Linear`` with static activation scales from ``fp8_calibration.json``
 (``llm-watchdog calibrate``). ``fp8_kv_cache=True`` (opt-in, fast decoder only) also keeps the decode
-K/V cache in e4m3 with per-head scales (``probes.decode_attention``). On CUDA cc >= 8.9 the products run
+K/V cache in e4m3 with per-head scales (``probes.decode_attention``); ``fp8_gemm="triton"`` runs decode's
+FP8 products through ``probes.fp8_gemm`` (small-batch kernel) instead of cuBLAS. On CUDA cc >= 8.9 the products run
 through ``torch._scaled_mm``; on CPU through an exact emulation of the same numerics.
 
 On CPU the 'fp16' baseline computes in float32 (CPU half-precision matmuls are slow and not what
@@ -117,7 +118,7 @@ class TorchEngine:
                  model: Any = None, tokenizer: Any = None, track_saturation: bool = True,
                  fast: str | bool = "auto", compile: bool | None = None, cuda_graphs: bool | None = None,
                  compile_cache_dir: str | Path | None = None, fp8_lm_head: bool = False,
-                 fp8_kv_cache: bool = False) -> None:
+                 fp8_kv_cache: bool = False, fp8_gemm: str = "cublas") -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
         if model is None and model_path is None:
@@ -190,6 +191,11 @@ class TorchEngine:
                 self.fast_reason += ", FP8 K/V cache"
             else:
                 log.warning("torch engine %s: fp8_kv_cache needs the fast decoder; ignored", self.name)
+        if precision == "fp8" and self.fast_decoder is not None:
+            # decode's FP8 products: cuBLAS (_scaled_mm) or the small-batch Triton kernel (probes.fp8_gemm)
+            self.fast_decoder.set_options(gemm=str(fp8_gemm))
+            if fp8_gemm == "triton":
+                self.fast_reason += ", Triton FP8 decode GEMMs"
         self.timings["fast_setup_s"] = time.perf_counter() - started
 
     def _sync(self) -> None:
