@@ -121,7 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default="16,64,128")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json", default=None, help="write the tuned configurations here")
+    ap.add_argument("--promote", type=int, default=fp8_gemm.PROMOTE_EVERY,
+                    help="products of K between float32 promotions of the MMA accumulator")
     args = ap.parse_args(argv)
+    fp8_gemm.PROMOTE_EVERY = args.promote
     if not torch.cuda.is_available():
         print("gpu_fp8_gemm: needs CUDA", file=sys.stderr)
         return 2

@@ -30,9 +30,17 @@ except Exception:  # pragma: no cover - depends on the install
 #: products with at most this many rows (the decode batch) may use the kernel
 MAX_M = 128
 SMS = 132
-#: (M bucket, N, K) -> (split, BN, BK, warps, stages), or None where cuBLAS was the faster; from
-#: ``bench/gpu_fp8_gemm.py`` on the H200
-TUNED: dict[tuple[int, int, int], tuple[int, int, int, int, int] | None] = {}
+#: (M bucket, N, K) -> (split, BN, BK, warps, stages), or None where cuBLAS was the faster: the Llama-3-8B
+#: shape's decode products, ``bench/gpu_fp8_gemm.py --batches 16,64 --promote 128`` on the H200
+#: (2026-12-03; M = 128 from the same sweep with promotion every 32, where cuBLAS won every product)
+TUNED: dict[tuple[int, int, int], tuple[int, int, int, int, int] | None] = {
+    (16, 4096, 4096): None, (16, 4096, 14336): None, (16, 6144, 4096): (1, 64, 128, 4, 6),
+    (16, 28672, 4096): (1, 64, 128, 4, 3), (16, 128256, 4096): (1, 128, 256, 4, 3),
+    (64, 4096, 4096): None, (64, 4096, 14336): None, (64, 6144, 4096): (1, 64, 128, 4, 6),
+    (64, 28672, 4096): (1, 64, 128, 4, 3), (64, 128256, 4096): (1, 64, 128, 4, 3),
+    (128, 4096, 4096): None, (128, 4096, 14336): None, (128, 6144, 4096): None, (128, 28672, 4096): None,
+    (128, 128256, 4096): None,
+}
 
 
 def m_bucket(m: int) -> int:
@@ -105,9 +113,10 @@ if HAVE_TRITON:
 
 
 #: Hopper's FP8 MMA accumulates in reduced precision; the kernel adds its result into the float32
-#: accumulator every this many products of K (cuBLAS's default promotes likewise; without it the
-#: error was ~4e-3 of the output's range on the H200, against ~1e-6 with)
-PROMOTE_EVERY = 32
+#: accumulator every this many products of K. Measured on the H200 (max error of the float32 sum over
+#: the output's range): never promoted (Triton's default on Hopper) ~4e-3; every 128 ~1.3e-4; every 32
+#: ~4e-5 but 25-60 % slower. After the cast to fp16 (rounding ~3-5e-4) 128 and 32 equal cuBLAS's error.
+PROMOTE_EVERY = 128
 
 
 def _launch(x8: torch.Tensor, w8: torch.Tensor, scale: torch.Tensor | None, out: torch.Tensor, split: int, bn: int,
