@@ -111,3 +111,5 @@ def test_the_engine_option_routes_decode_through_the_kernel() -> None:
         dec.set_options(gemm="cutlass")
     _e, plain = _engines("fp16", fp8_gemm="triton")
     assert plain.fast_decoder.gemm == "cublas"
+    with pytest.raises(ValueError, match="fp8_gemm must be cublas or triton"):
+        _engines("fp8", fp8_gemm="cutlass")

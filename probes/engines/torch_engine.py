@@ -121,6 +121,8 @@ class TorchEngine:
                  fp8_kv_cache: bool = False, fp8_gemm: str = "cublas") -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
+        if fp8_gemm not in ("cublas", "triton"):
+            raise ValueError(f"fp8_gemm must be cublas or triton, not {fp8_gemm!r}")
         if model is None and model_path is None:
             raise ValueError("torch engine needs model_path (an HF directory) or a model object")
         if model_path is not None and (model is None or tokenizer is None):
