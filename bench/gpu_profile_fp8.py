@@ -113,30 +113,13 @@ def gemm_table(batches: list[int], reps: int = 20) -> None:
     """Each decode GEMM of the 8B shape alone (CUDA graph of ``reps`` products over 3 weight copies,
     so no weight is re-read from L2): FP16 ``F.linear`` vs FP8 ``_scaled_mm`` (fp16 out; float32 out as
     the merged decode GEMMs use; fast accumulation), ms and weight GB/s."""
+    from bench.gpu_fp8_gemm import timed
     from probes.fp8 import FP8_DTYPE
 
     dev = "cuda"
     shapes = {"qkv": (6144, 4096), "o": (4096, 4096), "gate+up": (28672, 4096), "down": (4096, 14336),
               "lm_head": (128256, 4096)}
     one = torch.ones(1, device=dev)
-
-    def timed(fn: Any) -> float:
-        fn()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for i in range(reps):
-                fn(i % 3)
-        g.replay()
-        torch.cuda.synchronize()
-        ts = []
-        for _ in range(5):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            torch.cuda.synchronize()
-            ts.append(a.elapsed_time(b) / reps)
-        return statistics.median(ts)
 
     say("| GEMM | M | FP16 ms (GB/s) | FP8 fp16-out ms (GB/s) | FP8 fp32-out ms | FP8 fast-accum ms | FP16/FP8 |")
     say("| --- | --- | --- | --- | --- | --- | --- |")
@@ -154,9 +137,9 @@ def gemm_table(batches: list[int], reps: int = 20) -> None:
                    fast: bool = False) -> torch.Tensor:
                 return torch._scaled_mm(x8, w[i].t(), scale_a=one, scale_b=one, out_dtype=out, use_fast_accum=fast)
 
-            t16, t8 = timed(f16), timed(f8)
-            t8f = timed(lambda i=0: f8(i, out=torch.float32))
-            t8a = timed(lambda i=0: f8(i, fast=True))
+            t16, t8 = timed(f16, reps), timed(f8, reps)
+            t8f = timed(lambda i=0: f8(i, out=torch.float32), reps)
+            t8a = timed(lambda i=0: f8(i, fast=True), reps)
             say(f"| {name} {n}x{k} | {m} | {t16:.4f} ({2 * n * k / t16 / 1e6:.0f}) | {t8:.4f} ({n * k / t8 / 1e6:.0f}) | "
                 f"{t8f:.4f} | {t8a:.4f} | {t16 / t8:.2f} |")
     torch.cuda.empty_cache()
@@ -176,6 +159,7 @@ def attention_table(batches: list[int], live: int = 512, reps: int = 20) -> None
     one), then timed in a CUDA graph of ``reps`` calls over 3 cache copies (ms per call, and GB/s
     of the K/V bytes the valid keys hold)."""
     import probes.decode_attention as da
+    from bench.gpu_fp8_gemm import timed
     from probes.decode_attention import decode_attention, dequant_kv, kv_scales, quant_kv
     from probes.engines.fast_decode import attend
 
@@ -217,32 +201,14 @@ def attention_table(batches: list[int], live: int = 512, reps: int = 20) -> None
         e_8 = (outs["t8"] - r8).abs().max().item()
         e_816 = (outs["t8"] - r16).abs().max().item()
 
-        def timed(fn: Any) -> float:
-            fn(0)
-            gr = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(gr):
-                for i in range(reps):
-                    fn(i % 3)
-            gr.replay()
-            torch.cuda.synchronize()
-            ts = []
-            for _ in range(5):
-                a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                gr.replay()
-                e.record()
-                torch.cuda.synchronize()
-                ts.append(a.elapsed_time(e) / reps)
-            return statistics.median(ts)
-
-        t_s = timed(lambda i: attend(q, kc[i], vc[i], kmask))  # noqa: B023 - called at once
+        t_s = timed(lambda i: attend(q, kc[i], vc[i], kmask), reps)  # noqa: B023 - called at once
         best: dict[bool, tuple[float, tuple[int, int, int, int]]] = {}
         tries = []
         for cfg in ATTN_CONFIGS:  # pick each batch's launch configuration (used by the engines after this)
             for fp8, fn in ((False, lambda i: decode_attention(q, kc[i], vc[i], one, one, slot, pad, live)),  # noqa: B023 - called at once
                             (True, lambda i: decode_attention(q, k8[i], v8[i], ks[i], vs[i], slot, pad, live))):  # noqa: B023 - called at once
                 da.TUNED[(b, fp8)] = cfg
-                t = timed(fn)
+                t = timed(fn, reps)
                 tries.append(f"{'fp8' if fp8 else 'fp16'} {cfg} {t:.4f}")
                 if fp8 not in best or t < best[fp8][0]:
                     best[fp8] = (t, cfg)
