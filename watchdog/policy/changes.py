@@ -20,6 +20,14 @@ precision runs more than one build (a rolling deploy in progress), or under main
   regression that outlives the deploy (the new build is slower on FP8 only) is one.
 
 The price is a delay of ``N`` windows after every deploy before a regression can be caught.
+
+**Different builds (``judge.build_hold``, latency rules).** A settled window may still have FP8 and
+FP16 on different named builds: a slow rollout that finished on FP8 before it started on FP16. A new
+build slower on both precisions then looks like FP8's regression. The entry counts such windows
+(``apart``: consecutive windows in which each precision runs one named build and the two differ) and
+the latency rules judge nothing while ``0 < apart <= build_hold`` (``held``); after ``build_hold``
+windows they judge anyway, so an FP8-only build (a new calibration) is judged, late. Rates are not
+confounded by a build's speed and keep judging.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from typing import Any
 
 from watchdog.core.signals import Signal
 
-__all__ = ["MIN_BUILD_EVENTS", "MIN_BUILD_SHARE", "build_signature", "change_entry", "maintenance_spans",
+__all__ = ["MIN_BUILD_EVENTS", "MIN_BUILD_SHARE", "build_signature", "change_entry", "held", "maintenance_spans",
            "mark_maintenance"]
 
 #: a build counts in a window's signature when it served at least this share of its events ...
@@ -55,9 +63,11 @@ def _maintenance(sig: Signal | None) -> bool:
     return sig is not None and bool(sig.detail.get("maintenance"))
 
 
-def change_entry(pool: Sequence[Mapping[str, Any]], cand: Signal, base: Signal, settle: int) -> dict[str, Any]:
+def change_entry(pool: Sequence[Mapping[str, Any]], cand: Signal, base: Signal, settle: int,
+                 hold: int = 0) -> dict[str, Any]:
     """The change bookkeeping of this window for its pool entry: ``b`` (build signatures FP8,
-    FP16), ``since`` (windows since the last change; 0 = this window is one) and ``why``."""
+    FP16), ``since`` (windows since the last change; 0 = this window is one), ``why``, and with
+    ``hold`` (``judge.build_hold``) ``apart`` (windows the precisions have run different builds)."""
     sigs = [build_signature(cand), build_signature(base)]
     prev = pool[-1] if pool else None
     why = ""
@@ -67,13 +77,31 @@ def change_entry(pool: Sequence[Mapping[str, Any]], cand: Signal, base: Signal, 
         why = "mixed builds " + " / ".join(sigs)
     elif prev is not None and isinstance(prev.get("b"), list) and prev["b"] != sigs:
         why = f"build change {prev['b'][0] or '-'}/{prev['b'][1] or '-'} -> {sigs[0] or '-'}/{sigs[1] or '-'}"
+    out: dict[str, Any] = {"b": sigs}
+    if hold and all(sigs) and sigs[0] != sigs[1] and not any("+" in s for s in sigs):
+        out["apart"] = min(int(prev.get("apart", 0)) + 1 if prev is not None else 1, hold + 1)
     if why:
-        return {"b": sigs, "since": 0, "why": why}
+        return {**out, "since": 0, "why": why}
     since = int(prev.get("since", settle)) + 1 if prev is not None else settle
-    out: dict[str, Any] = {"b": sigs, "since": min(since, settle)}
+    out["since"] = min(since, settle)
     if prev is not None and prev.get("why") and since <= settle:
         out["why"] = prev["why"]
     return out
+
+
+def held(entry: Mapping[str, Any], settle: int, hold: int) -> str | None:
+    """Why a window's pool entry (``change_entry``) is not judged: its settling time after a change,
+    or (``hold``) the two precisions on different builds for at most ``hold`` windows; None: judge it."""
+    since = int(entry.get("since", settle))
+    if since < settle:
+        return (f"settling after a change ({entry.get('why')}): {since} of {settle} windows without a "
+                "further change")
+    apart = int(entry.get("apart", 0))
+    if 0 < apart <= hold:
+        b = entry.get("b") or ["-", "-"]
+        return (f"FP8 and FP16 run different builds ({b[0]} / {b[1]}): latency not comparable until both run "
+                f"the same build, judged anyway after {hold} windows ({apart} so far)")
+    return None
 
 
 def mark_maintenance(signals: Sequence[Signal], spans: Mapping[tuple[str, str], Sequence[tuple[float, float]]]) -> int:

@@ -17,7 +17,7 @@ from operator import itemgetter, methodcaller
 from typing import Any
 
 from watchdog.core.signals import Signal
-from watchdog.policy.changes import change_entry
+from watchdog.policy.changes import change_entry, held
 from watchdog.policy.judge.fleet import FleetOptions, fleet_side, mix_log_diff, mix_shift, mix_tail_contrast
 from watchdog.policy.judge.live import judge_learned, quantile_log_diff, rate_diff_estimate
 from watchdog.policy.judge.memo import cached
@@ -196,14 +196,15 @@ def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
     if moved is not None:
         entry["mix"], entry["mix_v"] = moved
     if j.settle is not None:
-        # deploys and maintenance (watchdog/policy/changes.py): judge only after both sides settled
-        entry.update(change_entry(pool, cand, base, j.settle))
+        # deploys and maintenance (watchdog/policy/changes.py): judge only after both sides settled,
+        # latency only once both run the same build (or the hold ran out)
+        entry.update(change_entry(pool, cand, base, j.settle, j.hold))
         if entry["since"] == 0:
             pool.clear()
         _push_window(pool, entry, j.pool or 1)
-        if entry["since"] < j.settle:
-            return (f"settling after a change ({entry.get('why')}): {entry['since']} of {j.settle} windows "
-                    "without a further change")
+        why = held(entry, j.settle, j.hold)
+        if why:
+            return why
         pool[:] = [e for e in pool if int(e.get("since", 1)) > 0]
     else:
         _push_window(pool, entry, j.pool or 1)
