@@ -1,6 +1,6 @@
-"""Rollouts through the shipped engine (issue 17, bench/ordinary_days.py ``rollout-day``): windows in
-which FP8 and FP16 run different named builds hold the latency rules (for at most ``build_hold``
-windows)."""
+"""Rollouts and scale-outs through the shipped engine (issue 17, bench/ordinary_days.py ``rollout-day``
+and ``autoscale``): windows in which FP8 and FP16 run different named builds hold the latency rules
+(for at most ``build_hold`` windows), and a replica that joined in this window is left out of it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from watchdog.core.signals import Signal
-from watchdog.policy.changes import change_entry, held
+from watchdog.policy.changes import change_entry, held, joined_replicas
 from watchdog.policy.engine import PolicyEngine
 from watchdog.policy.loader import PolicyError, PolicySet, load_policy_files
 from watchdog.policy.schema import DEFAULT_BUILD_HOLD
@@ -131,6 +131,59 @@ def test_fp8_slower_on_a_steady_fleet_still_rolls_back_within_the_usual_windows(
     for seed in (4, 5):
         got = _run(PolicyEngine(shipped), "chat/steady", sides, 75, seed)
         assert got and 60 <= got[0] < 70, got
+
+
+def _autoscale(slower_from: int | None = None, cold: float = 1.3):  # type: ignore[no-untyped-def]
+    """FP8 between 6 and 12 replicas: every 20 windows from window 40 six replicas join under new
+    names (cold ``cold`` in their first window) or the six newest leave; FP8 ``slower`` x1.10 on
+    every replica from ``slower_from``."""
+    def sides(t: int) -> tuple[Side, Side]:
+        step = (t - 40) // 20 + 1 if t >= 40 else 0
+        fp8 = {f"fp8-{i}": ("v0", 1.0) for i in range(6)}
+        if step % 2 == 1:                       # scaled out: six more, cold in the window they join
+            joined = 40 + 20 * (step - 1)
+            fp8 |= {f"fp8-{step}-{i}": ("v0", cold if t == joined else 1.0) for i in range(6)}
+        if slower_from is not None and t >= slower_from:
+            fp8 = {r: (b, m * 1.10) for r, (b, m) in fp8.items()}
+        return fp8, _fleet("fp16", 3)
+    return sides
+
+
+def test_replicas_that_joined_in_this_window_are_left_out(shipped: PolicySet) -> None:
+    """autoscale: FP8 6 -> 12 replicas, the six new ones cold (x1.4) in their first window. Before:
+    half of FP8 cold made the 3-window pool of latency-typical a significant regression."""
+    for seed in (7, 8):   # before: rollbacks at windows 82 and 120, and at 40
+        assert _run(PolicyEngine(shipped), "chat/scale", _autoscale(cold=1.4), 240, seed) == []
+
+
+def test_a_regression_on_every_replica_is_caught_through_scale_outs(shipped: PolicySet) -> None:
+    for seed in (7, 9):
+        got = _run(PolicyEngine(shipped), "chat/scale-bad", _autoscale(slower_from=130), 150, seed)
+        assert got and 130 <= got[0] < 140, got
+
+
+def test_joined_replicas_need_the_window_just_before() -> None:
+    rng = np.random.default_rng(0)
+    a = _window(1, "r", rng, _fleet("fp8", 4), _fleet("fp16", 2))
+    prev = [{"start": T0, "end": T0 + 300.0, "r": [["fp8-0", "fp8-1"], ["fp16-0", "fp16-1"]]}]
+    assert joined_replicas(prev, a[0], a[1]) == (("fp8-2", "fp8-3"), ())
+    gap = [{**prev[0], "end": T0 - 300.0}]
+    assert joined_replicas(gap, a[0], a[1]) == ((), ())                  # no record of the window before
+    assert joined_replicas([{**prev[0], "r": None}], a[0], a[1]) == ((), ())
+    thin = _window(1, "r", rng, _fleet("fp8", 4), _fleet("fp16", 2), n8=40)
+    assert joined_replicas(prev, thin[0], thin[1]) == ((), ())          # 10 events a replica: no news
+
+
+def test_most_of_a_side_joined_is_not_comparable(shipped: PolicySet) -> None:
+    def sides(t: int) -> tuple[Side, Side]:   # FP16's three replicas all replaced at window 50
+        return _fleet("fp8", 8), {f"fp16-{i + (3 if t >= 50 else 0)}": ("v0", 1.0) for i in range(3)}
+
+    eng = PolicyEngine(shipped)
+    assert _run(eng, "chat/restart", sides, 51, 8) == []
+    scope = next(s for s in eng.snapshot()["scopes"] if s["policy"] == "fp8-default")
+    for name in ("latency-typical", "latency-p99"):
+        last = scope["rules"][name]["last"]
+        assert last["status"] == "inconclusive" and "most baseline replicas joined in this window (3 of 3)" in last["reason"], last
 
 
 def test_change_entry_counts_windows_apart_and_holds_latency() -> None:

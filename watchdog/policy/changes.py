@@ -28,22 +28,34 @@ build slower on both precisions then looks like FP8's regression. The entry coun
 the latency rules judge nothing while ``0 < apart <= build_hold`` (``held``); after ``build_hold``
 windows they judge anyway, so an FP8-only build (a new calibration) is judged, late. Rates are not
 confounded by a build's speed and keep judging.
+
+**Replicas that joined (``replicas: robust``).** A replica whose name was not in the previous window
+of its precision (a scale-out, a rescheduled pod) serves its first window cold, like a new build.
+``joined_replicas`` names them from the last pool entry (``r``: the replica names of the newest
+entry only); the fleet judge leaves them out of the window's latency statistic, and when most of a
+side joined at once the window is not comparable (``pooling._fleet_difference``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from watchdog.core.signals import Signal
 
-__all__ = ["MIN_BUILD_EVENTS", "MIN_BUILD_SHARE", "build_signature", "change_entry", "held", "maintenance_spans",
-           "mark_maintenance"]
+__all__ = ["MIN_BUILD_EVENTS", "MIN_BUILD_SHARE", "MIN_JOINED_EVENTS", "build_signature", "change_entry", "held",
+           "joined_replicas", "maintenance_spans", "mark_maintenance", "replica_names"]
 
 #: a build counts in a window's signature when it served at least this share of its events ...
 MIN_BUILD_SHARE = 0.01
 #: ... and at least this many (a few late events of the old build are not a second build)
 MIN_BUILD_EVENTS = 3
+#: a replica absent from the previous window counts as joined when it served at least this many events
+#: now (fewer: thin traffic, where a replica with nothing to serve in one window is no news)
+MIN_JOINED_EVENTS = 20
+#: replica ids that name no replica (watchdog/windows/fleet.py): the overflow and requests without an id
+_POOLED_IDS = frozenset({"_other", "_none"})
 
 
 def build_signature(sig: Signal | None) -> str:
@@ -102,6 +114,44 @@ def held(entry: Mapping[str, Any], settle: int, hold: int) -> str | None:
         return (f"FP8 and FP16 run different builds ({b[0]} / {b[1]}): latency not comparable until both run "
                 f"the same build, judged anyway after {hold} windows ({apart} so far)")
     return None
+
+
+def replica_names(sig: Signal) -> list[str]:
+    """The named replicas that served a window (sorted; the overflow and requests without an id left out)."""
+    reps = sig.detail.get("replicas")
+    if not isinstance(reps, Mapping):
+        return []
+    return sorted(str(r) for r in reps if r not in _POOLED_IDS)
+
+
+def _served(replica: Any, least: int) -> bool:
+    n = 0
+    for _, c in (replica.get("latency_hist") or {}).get("bins", []) if isinstance(replica, Mapping) else ():
+        n += int(c)
+        if n >= least:
+            return True
+    return False
+
+
+def joined_replicas(pool: Sequence[Mapping[str, Any]], cand: Signal, base: Signal
+                    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Per precision (FP8, FP16) the replicas of this window that were not in the previous one (the
+    pool's newest entry before this window, when it is the window just before: ``r``) and served at
+    least ``MIN_JOINED_EVENTS`` events. Without a record of the window just before (a route's first
+    window, a gap, an unreadable window) none counts as joined."""
+    prev = next((e for e in reversed(pool) if float(e.get("end", math.inf)) < cand.end), None)
+    length = cand.end - cand.start
+    seen = prev.get("r") if prev is not None else None
+    if prev is None or not isinstance(seen, list) or len(seen) != 2 or not length > 0 \
+            or abs(float(prev["end"]) - cand.start) > length / 2:
+        return (), ()
+    return _joined(cand, seen[0]), _joined(base, seen[1])
+
+
+def _joined(sig: Signal, seen: Sequence[str]) -> tuple[str, ...]:
+    reps = sig.detail.get("replicas")
+    known = set(seen)
+    return tuple(r for r in replica_names(sig) if r not in known and _served(reps[r], MIN_JOINED_EVENTS))  # type: ignore[index]
 
 
 def mark_maintenance(signals: Sequence[Signal], spans: Mapping[tuple[str, str], Sequence[tuple[float, float]]]) -> int:

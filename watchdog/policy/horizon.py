@@ -84,15 +84,19 @@ def window_mde(rule: Rule, judgement: Mapping[str, Any] | None, power: float = M
 
 
 def _difference(rule: Rule, cand: Signal | None, base: Signal | None,
-                judgement: Mapping[str, Any] | None) -> tuple[float, float] | None:
-    from watchdog.policy.pooling import window_difference  # pooling imports the judges; keep this light
+                judgement: Mapping[str, Any] | None, pool: list[dict[str, Any]] | None) -> tuple[float, float] | None:
+    # pooling imports the judges; keep this light
+    from watchdog.policy.pooling import joined_of, window_difference
 
     est = ((judgement or {}).get("detail") or {}).get("window_estimate")
     if isinstance(est, list) and len(est) == 2:
         return float(est[0]), float(est[1])
     if cand is None or base is None or cand.error or base.error:
         return None
-    out = window_difference(rule, cand, base)
+    last = pool[-1] if pool else None
+    if last is not None and "e" in last and float(last.get("end", math.nan)) == float(cand.end):
+        return float(last["e"]), float(last["v"])  # this window's difference as the judge pooled it
+    out = window_difference(rule, cand, base, joined_of(rule, pool or [], cand, base))
     return None if isinstance(out, str) else out
 
 
@@ -146,7 +150,7 @@ def apply_horizon(rule: Rule, cand: Signal | None, base: Signal | None, v: Any,
     seq = horizon.setdefault("seq", sequential.new_state())
     learned = null_learned(rule, null, seq)
     tol, gamma = j.horizon_tolerance_at(learned), j.horizon_mixture_sd
-    diff = None if held_now else _difference(rule, cand, base, v.judgement)
+    diff = None if held_now else _difference(rule, cand, base, v.judgement, pool)
     if diff is not None:
         sequential.update(seq, diff[0], diff[1], end=v.end, between_sd=j.horizon_between_sd,
                           restart=h.restart, windows=h.windows, cap=(tol, h.max_step_sd) if h.max_step_sd else None)

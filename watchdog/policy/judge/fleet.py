@@ -21,7 +21,8 @@ Two per-window statistics on top of the windows' fleet detail (watchdog/windows/
   comparable like with like and is not judged (``outlier_replicas``; ``pooling``). A
   regression present on the precision's replicas alike moves every replica and the rest together, so
   none is an outlier and the window is judged whole. When nothing is left out, the statistic and
-  its variance are exactly the unmodified ones.
+  its variance are exactly the unmodified ones. Replicas that joined in this window (``fleet_side``'s
+  ``joined``: cold, watchdog/policy/changes.py) are left out first, beyond that limit.
 """
 
 from __future__ import annotations
@@ -382,22 +383,27 @@ def fleet_inputs(detail: Mapping[str, Any], opts: FleetOptions) -> tuple[Mapping
     return fleet_side(detail, opts)[:3]
 
 
-def fleet_side(detail: Mapping[str, Any], opts: FleetOptions
+def fleet_side(detail: Mapping[str, Any], opts: FleetOptions, joined: tuple[str, ...] = ()
                ) -> tuple[Mapping[str, Any] | None, Any, list[str], bool]:
-    """``fleet_inputs`` and whether more replicas stood out than may be left out (``outlier_replicas``)."""
+    """``fleet_inputs`` and whether more replicas stood out than may be left out (``outlier_replicas``).
+    ``joined``: replicas new in this window (cold: watchdog/policy/changes.py ``joined_replicas``), left
+    out first; the outliers are then sought among the rest."""
     hist = detail.get("latency_hist")
     rows = (detail.get("latency_mix") or {}).get("cells")
     reps = detail.get("replicas")
     if opts.replicas != "robust" or not isinstance(reps, Mapping):
         return hist if isinstance(hist, Mapping) else None, rows, [], False
-    h2, r2, dropped, excess = cached("fleet_inputs", (hist, rows, reps), (opts.p, opts.z_out, opts.min_dev),
-                                     lambda: _cleaned(hist, rows, reps, opts))
+    h2, r2, dropped, excess = cached("fleet_inputs", (hist, rows, reps), (opts.p, opts.z_out, opts.min_dev, joined),
+                                     lambda: _cleaned(hist, rows, reps, opts, joined))
     return h2, r2, list(dropped), excess
 
 
-def _cleaned(hist: Any, rows: Any, reps: Mapping[str, Any], opts: FleetOptions
+def _cleaned(hist: Any, rows: Any, reps: Mapping[str, Any], opts: FleetOptions, joined: tuple[str, ...] = ()
              ) -> tuple[Mapping[str, Any] | None, Any, list[str], bool]:
-    dropped, excess = outlier_replicas(reps, opts)
+    new = [r for r in joined if r in reps]
+    rest = {k: v for k, v in reps.items() if k not in new} if new else reps
+    dropped, excess = outlier_replicas(rest, opts)
+    dropped = new + dropped
     if not dropped:
         return hist if isinstance(hist, Mapping) else None, rows, [], excess
     hist2 = _without(hist, reps, dropped) if isinstance(hist, Mapping) else None
