@@ -43,6 +43,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from watchdog.core.signals import Signal
+from watchdog.policy.judge.fleet import POOLED_IDS, counts_at_least
 
 __all__ = ["MIN_BUILD_EVENTS", "MIN_BUILD_SHARE", "MIN_JOINED_EVENTS", "build_signature", "change_entry", "held",
            "joined_replicas", "maintenance_spans", "mark_maintenance", "replica_names"]
@@ -54,8 +55,6 @@ MIN_BUILD_EVENTS = 3
 #: a replica absent from the previous window counts as joined when it served at least this many events
 #: now (fewer: thin traffic, where a replica with nothing to serve in one window is no news)
 MIN_JOINED_EVENTS = 20
-#: replica ids that name no replica (watchdog/windows/fleet.py): the overflow and requests without an id
-_POOLED_IDS = frozenset({"_other", "_none"})
 
 
 def build_signature(sig: Signal | None) -> str:
@@ -121,16 +120,7 @@ def replica_names(sig: Signal) -> list[str]:
     reps = sig.detail.get("replicas")
     if not isinstance(reps, Mapping):
         return []
-    return sorted(str(r) for r in reps if r not in _POOLED_IDS)
-
-
-def _served(replica: Any, least: int) -> bool:
-    n = 0
-    for _, c in (replica.get("latency_hist") or {}).get("bins", []) if isinstance(replica, Mapping) else ():
-        n += int(c)
-        if n >= least:
-            return True
-    return False
+    return sorted(str(r) for r in reps if r not in POOLED_IDS)
 
 
 def joined_replicas(pool: Sequence[Mapping[str, Any]], cand: Signal, base: Signal
@@ -150,8 +140,10 @@ def joined_replicas(pool: Sequence[Mapping[str, Any]], cand: Signal, base: Signa
 
 def _joined(sig: Signal, seen: Sequence[str]) -> tuple[str, ...]:
     reps = sig.detail.get("replicas")
+    if not isinstance(reps, Mapping):
+        return ()
     known = set(seen)
-    return tuple(r for r in replica_names(sig) if r not in known and _served(reps[r], MIN_JOINED_EVENTS))  # type: ignore[index]
+    return tuple(r for r in replica_names(sig) if r not in known and counts_at_least(reps[r], MIN_JOINED_EVENTS))
 
 
 def mark_maintenance(signals: Sequence[Signal], spans: Mapping[tuple[str, str], Sequence[tuple[float, float]]]) -> int:

@@ -36,11 +36,11 @@ import numpy as np
 
 from watchdog.policy.judge.memo import cached
 
-__all__ = ["FleetOptions", "clean_side", "fleet_inputs", "fleet_side", "mix_log_diff", "mix_shift",
-           "mix_tail_contrast", "outlier_replicas"]
+__all__ = ["POOLED_IDS", "FleetOptions", "clean_side", "counts_at_least", "fleet_inputs", "fleet_side", "mix_log_diff",
+           "mix_shift", "mix_tail_contrast", "outlier_replicas"]
 
 #: replica ids never left out: the overflow of more than MAX_REPLICAS and requests without an id
-_POOLED_IDS = frozenset({"_other", "_none"})
+POOLED_IDS = frozenset({"_other", "_none"})
 
 
 class FleetOptions:
@@ -257,7 +257,7 @@ def _matrix(replicas: Mapping[str, Any]) -> tuple[list[str], np.ndarray, np.ndar
     return ids, (idx - 0.5) * lg, mat, lg, idx
 
 
-def _counts_at_least(replica: Mapping[str, Any], least: int) -> bool:
+def counts_at_least(replica: Mapping[str, Any], least: int) -> bool:
     """Whether a replica has ``least`` requests as ``_matrix`` counts them (its sketch's positive bins)."""
     n = 0
     for _, c in (replica.get("latency_hist") or {}).get("bins", []):
@@ -306,7 +306,7 @@ def outlier_replicas(replicas: Mapping[str, Any] | None, opts: FleetOptions) -> 
     ``max(1, m // 8)`` that may be left out): then the window is not comparable like with like."""
     if not replicas or len(replicas) < 2:
         return [], False
-    if not any(i not in _POOLED_IDS and _counts_at_least(r, 20) for i, r in replicas.items()):
+    if not any(i not in POOLED_IDS and counts_at_least(r, 20) for i, r in replicas.items()):
         return [], False  # nobody may be left out (thin windows): the loop below would find the same
     ids, x, mat, _, _ = _matrix(replicas)
     n = mat.sum(axis=1)
@@ -314,7 +314,7 @@ def outlier_replicas(replicas: Mapping[str, Any] | None, opts: FleetOptions) -> 
     dropped: list[str] = []
     limit = max(1, len(ids) // 8)
     excess = False
-    eligible = np.array([i not in _POOLED_IDS for i in ids]) & (n >= 20)
+    eligible = np.array([i not in POOLED_IDS for i in ids]) & (n >= 20)
     own: tuple[np.ndarray, ...] | None = None
     k = len(ids)
     while keep.sum() > 1:
