@@ -123,7 +123,7 @@ def test_clean_side_early_exit_finds_what_the_loop_finds(monkeypatch: pytest.Mon
         reps = _replicas(rng)
         fast = fleet.clean_side(reps, opts)
         with monkeypatch.context() as m:
-            m.setattr(fleet, "_counts_at_least", lambda r, least: True)  # always run the loop
+            m.setattr(fleet, "counts_at_least", lambda r, least: True)  # always run the loop
             try:
                 full = fleet.clean_side(reps, opts)
             except ValueError:  # the loop cannot take a matrix without buckets; the exit can

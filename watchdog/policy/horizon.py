@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from watchdog.core.signals import Signal
+from watchdog.policy.changes import held
 from watchdog.policy.judge import sequential
 from watchdog.policy.judge.anchor import anchor_cap, anchor_reset, update_anchor
 from watchdog.policy.judge.stats import z_quantile
@@ -83,15 +84,19 @@ def window_mde(rule: Rule, judgement: Mapping[str, Any] | None, power: float = M
 
 
 def _difference(rule: Rule, cand: Signal | None, base: Signal | None,
-                judgement: Mapping[str, Any] | None) -> tuple[float, float] | None:
-    from watchdog.policy.pooling import window_difference  # pooling imports the judges; keep this light
+                judgement: Mapping[str, Any] | None, pool: list[dict[str, Any]] | None) -> tuple[float, float] | None:
+    # pooling imports the judges; keep this light
+    from watchdog.policy.pooling import joined_of, window_difference
 
     est = ((judgement or {}).get("detail") or {}).get("window_estimate")
     if isinstance(est, list) and len(est) == 2:
         return float(est[0]), float(est[1])
     if cand is None or base is None or cand.error or base.error:
         return None
-    out = window_difference(rule, cand, base)
+    last = pool[-1] if pool else None
+    if last is not None and "e" in last and float(last.get("end", math.nan)) == float(cand.end):
+        return float(last["e"]), float(last["v"])  # this window's difference as the judge pooled it
+    out = window_difference(rule, cand, base, joined_of(rule, pool or [], cand, base))
     return None if isinstance(out, str) else out
 
 
@@ -108,15 +113,16 @@ def null_learned(rule: Rule, null: list[dict[str, Any]] | None, seq: Mapping[str
 
 
 def settling(rule: Rule, cand: Signal | None, pool: list[dict[str, Any]] | None) -> bool:
-    """Whether this window falls in a deploy's or a maintenance's settling time (``judge.settle``;
-    watchdog/policy/changes.py): the pool's entry for this window counts fewer than ``settle``
-    windows since the last change. Such a window is not judged, and its difference - FP8 and
-    FP16 on different builds, or a new build's cold first window - is not FP8's either."""
+    """Whether this window falls in a deploy's or a maintenance's settling time (``judge.settle``),
+    or in a latency rule's hold while the two precisions run different builds (``judge.build_hold``;
+    watchdog/policy/changes.py): the pool's entry for this window says so (``changes.held``). Such a
+    window is not judged, and its difference - FP8 and FP16 on different builds, or a new build's
+    cold first window - is not FP8's either."""
     j = rule.judge
     if j is None or j.settle is None or not pool or cand is None:
         return False
     last = pool[-1]
-    return float(last.get("end", math.nan)) == float(cand.end) and int(last.get("since", j.settle)) < j.settle
+    return float(last.get("end", math.nan)) == float(cand.end) and held(last, j.settle, j.hold) is not None
 
 
 def apply_horizon(rule: Rule, cand: Signal | None, base: Signal | None, v: Any,
@@ -135,13 +141,16 @@ def apply_horizon(rule: Rule, cand: Signal | None, base: Signal | None, v: Any,
     mde = window_mde(rule, v.judgement) if v.status in ("pass", "fail", "marginal") else None
     if mde is not None:
         v.extra["mde"] = mde
+    held_now = settling(rule, cand, pool)
+    if held_now:
+        v.extra["settling"] = 1.0  # judgeability: not judged, not even over the horizon (why: the reason)
     if j.horizon is None or horizon is None:
         return
     h = j.horizon
     seq = horizon.setdefault("seq", sequential.new_state())
     learned = null_learned(rule, null, seq)
     tol, gamma = j.horizon_tolerance_at(learned), j.horizon_mixture_sd
-    diff = None if settling(rule, cand, pool) else _difference(rule, cand, base, v.judgement)
+    diff = None if held_now else _difference(rule, cand, base, v.judgement, pool)
     if diff is not None:
         sequential.update(seq, diff[0], diff[1], end=v.end, between_sd=j.horizon_between_sd,
                           restart=h.restart, windows=h.windows, cap=(tol, h.max_step_sd) if h.max_step_sd else None)
@@ -174,7 +183,8 @@ def judgeability(rule: Rule, last: Any, horizon: Mapping[str, Any] | None) -> di
     """Whether ``rule`` is judged at the traffic of its last window, and what it can see there:
     ``judged`` = ``window`` (the last window got a verdict from the judge), ``horizon`` (too
     little traffic for one window, judged over the horizon by the sequential test), ``learning``
-    (a learned null warming up), or ``no`` (with ``why``); ``mde`` (harm units, at 80 % power) per
+    (a learned null warming up), or ``no`` (with ``why``: also a window in a deploy's settling time
+    or a build hold, which feeds the horizon nothing either); ``mde`` (harm units, at 80 % power) per
     window and ``horizon_mde`` now / after the full horizon at this traffic. Plain ``fail_if``
     rules are ``window`` whenever their last verdict is pass or fail."""
     out: dict[str, Any] = {"judged": "no", "why": None, "mde": None, "horizon_mde": None,
@@ -190,7 +200,7 @@ def judgeability(rule: Rule, last: Any, horizon: Mapping[str, Any] | None) -> di
     elif jd.get("reason") == "learning_null":
         out["judged"] = "learning"
     j = rule.judge
-    if j is not None and j.horizon is not None:
+    if j is not None and j.horizon is not None and not extra.get("settling"):
         h = (horizon or {}).get("seq") or {}
         if h.get("tests"):
             for key in ("horizon_mde", "horizon_mde_full"):

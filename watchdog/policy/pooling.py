@@ -17,7 +17,7 @@ from operator import itemgetter, methodcaller
 from typing import Any
 
 from watchdog.core.signals import Signal
-from watchdog.policy.changes import change_entry
+from watchdog.policy.changes import change_entry, held, joined_replicas, replica_names
 from watchdog.policy.judge.fleet import FleetOptions, fleet_side, mix_log_diff, mix_shift, mix_tail_contrast
 from watchdog.policy.judge.live import judge_learned, quantile_log_diff, rate_diff_estimate
 from watchdog.policy.judge.memo import cached
@@ -80,19 +80,27 @@ def learned(rule: Rule) -> bool:
     return j is not None and j.test != "paired" and (j.test == "quantile" or j.learn is not None)
 
 
-def window_difference(rule: Rule, cand: Signal, base: Signal) -> tuple[float, float] | str:
+#: no replica joined on either side
+NONE_JOINED: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+
+
+def window_difference(rule: Rule, cand: Signal, base: Signal,
+                      joined: tuple[tuple[str, ...], tuple[str, ...]] = NONE_JOINED) -> tuple[float, float] | str:
     """One live window's FP8 - FP16 difference in harm units and its sampling variance: log
-    ratio of the judged latency quantile (p50 for mann_whitney), or the rate difference. Inside
+    ratio of the judged latency quantile (p50 for mann_whitney), or the rate difference. ``joined``:
+    per precision the replicas new in this window (``replicas: robust`` leaves them out). Inside
     ``memo.window_memo`` computed once per rule and window (the judge's and the horizon's)."""
-    return cached("window_difference", (rule, cand, base), (), lambda: _window_difference(rule, cand, base))
+    return cached("window_difference", (rule, cand, base), (joined,),
+                  lambda: _window_difference(rule, cand, base, joined))
 
 
-def _window_difference(rule: Rule, cand: Signal, base: Signal) -> tuple[float, float] | str:
+def _window_difference(rule: Rule, cand: Signal, base: Signal,
+                       joined: tuple[tuple[str, ...], tuple[str, ...]]) -> tuple[float, float] | str:
     j = rule.judge
     assert j is not None
     sign = 1.0 if j.harm_direction == "lower_is_better" else -1.0
     if j.test == "quantile" and (j.adjust is not None or j.replicas is not None or j.max_mix_shift is not None):
-        return _fleet_difference(rule, cand, base, sign)
+        return _fleet_difference(rule, cand, base, sign, joined)
     if j.test in ("quantile", "mann_whitney"):
         hists = [s.detail.get("latency_hist") for s in (cand, base)]
         if not all(isinstance(h, Mapping) and "relative_accuracy" in h for h in hists):
@@ -124,24 +132,34 @@ def mix_line(tolerance: float, var: float) -> float:
     return max(tolerance, MIX_Z * math.sqrt(max(var, 0.0)))
 
 
-def _mix_moved(rule: Rule, cand: Signal, base: Signal) -> tuple[float, float] | None:
+def _mix_moved(rule: Rule, cand: Signal, base: Signal,
+               joined: tuple[tuple[str, ...], tuple[str, ...]]) -> tuple[float, float] | None:
     """(mix shift, its variance) of a window for a rule with ``max_mix_shift`` (after the outlier
-    replicas are left out, as judged), or None."""
+    and joined replicas are left out, as judged), or None."""
     j = rule.judge
     if j is None or j.max_mix_shift is None:
         return None
     opts = FleetOptions(j.adjust, j.replicas)
-    rc, rb = fleet_side(cand.detail, opts)[1], fleet_side(base.detail, opts)[1]
+    rc, rb = fleet_side(cand.detail, opts, joined[0])[1], fleet_side(base.detail, opts, joined[1])[1]
     return mix_shift(rc, rb) if rc and rb else None
 
 
-def _fleet_difference(rule: Rule, cand: Signal, base: Signal, sign: float) -> tuple[float, float] | str:
+def _fleet_difference(rule: Rule, cand: Signal, base: Signal, sign: float,
+                      joined: tuple[tuple[str, ...], tuple[str, ...]]) -> tuple[float, float] | str:
     """``window_difference`` with ``adjust: mix`` and/or ``replicas: robust`` (judge/fleet.py): each
-    precision's window without its outlier replicas, then the within-cell (mix) or the plain statistic."""
+    precision's window without its joined (cold) and outlier replicas, then the within-cell (mix) or
+    the plain statistic."""
     j = rule.judge
     assert j is not None
     opts = FleetOptions(j.adjust, j.replicas)
-    (hc, rc, dc, xc), (hb, rb, db, xb) = fleet_side(cand.detail, opts), fleet_side(base.detail, opts)
+    for side, sig, new in (("candidate", cand, joined[0]), ("baseline", base, joined[1])):
+        if new and 2 * len(new) > len(replica_names(sig)):
+            # most of the side serves its first window (a scale-out, a restart under new names): what
+            # is left is too little of its serving to stand for it, and the new replicas are cold
+            return (f"most {side} replicas joined in this window ({len(new)} of {len(replica_names(sig))}): "
+                    "not comparable like with like in this window")
+    (hc, rc, dc, xc), (hb, rb, db, xb) = fleet_side(cand.detail, opts, joined[0]), fleet_side(base.detail, opts,
+                                                                                              joined[1])
     if xc or xb:
         # a share of one precision's replicas stall together (more than the 1 in 8 that may be left
         # out): what is left is not that precision's typical serving, judging it would blame FP8 (or
@@ -187,23 +205,30 @@ def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
                    level_reset: tuple[float, float] | None = None) -> Judgement | str:
     j = rule.judge
     assert j is not None
-    diff = window_difference(rule, cand, base)
+    joined = joined_of(rule, pool, cand, base)
+    diff = window_difference(rule, cand, base, joined)
     if isinstance(diff, str):
         return diff
     entry: dict[str, Any] = {"start": cand.start, "end": cand.end, "samples": [cand.samples, base.samples],
                              "e": diff[0], "v": diff[1]}
-    moved = _mix_moved(rule, cand, base)
+    moved = _mix_moved(rule, cand, base, joined)
     if moved is not None:
         entry["mix"], entry["mix_v"] = moved
+    if j.replicas == "robust":
+        # the replica names of the newest entry only (the next window's joined_replicas reads them)
+        for e in pool:
+            e.pop("r", None)
+        entry["r"] = [replica_names(cand), replica_names(base)]
     if j.settle is not None:
-        # deploys and maintenance (watchdog/policy/changes.py): judge only after both sides settled
-        entry.update(change_entry(pool, cand, base, j.settle))
+        # deploys and maintenance (watchdog/policy/changes.py): judge only after both sides settled,
+        # latency only once both run the same build (or the hold ran out)
+        entry.update(change_entry(pool, cand, base, j.settle, j.hold))
         if entry["since"] == 0:
             pool.clear()
         _push_window(pool, entry, j.pool or 1)
-        if entry["since"] < j.settle:
-            return (f"settling after a change ({entry.get('why')}): {entry['since']} of {j.settle} windows "
-                    "without a further change")
+        why = held(entry, j.settle, j.hold)
+        if why:
+            return why
         pool[:] = [e for e in pool if int(e.get("since", 1)) > 0]
     else:
         _push_window(pool, entry, j.pool or 1)
@@ -228,6 +253,15 @@ def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
                         gap=gap)
     out.detail["pool_size"] = len(pool)
     return out
+
+
+def joined_of(rule: Rule, pool: Pool, cand: Signal, base: Signal) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The replicas new in this window per precision (``changes.joined_replicas``) for a rule with
+    ``replicas: robust``; none for another rule."""
+    j = rule.judge
+    if j is None or j.replicas != "robust":
+        return NONE_JOINED
+    return joined_replicas(pool, cand, base)
 
 
 def _pool_mix_shift(pool: Pool, tolerance: float | None) -> str | None:

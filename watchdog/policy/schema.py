@@ -58,6 +58,10 @@ MAX_POOL_WINDOWS = 24
 MAX_REPLAYS = 2
 #: most healthy windows a live judged rule keeps as its learned null (``judge.learn``)
 MAX_LEARN_WINDOWS = 288
+#: latency rules with ``settle``: the default ``build_hold`` (windows; 12 hours of 5-minute windows)
+#: and its largest value (a week)
+DEFAULT_BUILD_HOLD = 144
+MAX_BUILD_HOLD = 2016
 #: per-metric sample counts in a live window's ``Signal.detail``: what ``min_samples`` counts
 #: for that metric (other metrics count ``Signal.samples``, the window's events)
 SAMPLE_COUNTS: dict[str, str] = {
@@ -319,6 +323,10 @@ class Judge(_Strict):
     #: annotation, judge nothing (and learn nothing) until this many windows passed without a further
     #: change; then judge against the level learned before it (watchdog/policy/changes.py)
     settle: Annotated[int, Field(ge=1, le=MAX_POOL_WINDOWS)] | None = None
+    #: latency rules with ``settle``: while FP8 and FP16 run different named builds (one each), judge
+    #: nothing for at most this many windows (default ``DEFAULT_BUILD_HOLD``; 0: never hold), then
+    #: judge anyway - an FP8-only build is judged that late (watchdog/policy/changes.py)
+    build_hold: Annotated[int, Field(ge=0, le=MAX_BUILD_HOLD)] | None = None
 
     @model_validator(mode="after")
     def _fleet_options(self) -> Judge:
@@ -330,6 +338,8 @@ class Judge(_Strict):
             raise ValueError("replicas and max_mix_shift need test: quantile")
         if self.settle is not None and not (self.test == "quantile" or (self.test != "paired" and self.learn)):
             raise ValueError("settle is for learned live rules (test: quantile, or a live test with learn)")
+        if self.build_hold is not None and (self.settle is None or self.test not in ("quantile", "mann_whitney")):
+            raise ValueError("build_hold is for latency rules with settle (test: quantile or mann_whitney)")
         return self
     #: live: also judge over a longer horizon (always-valid sequential test against a tolerance)
     horizon: Horizon | None = None
@@ -362,6 +372,15 @@ class Judge(_Strict):
         if self.horizon.mixture_sd is not None:
             return self.horizon.mixture_sd
         return max(self.horizon_tolerance, self.horizon_between_sd, 1e-3)
+
+    @property
+    def hold(self) -> int:
+        """Windows a latency rule with ``settle`` holds while the precisions run different builds
+        (``build_hold``, else ``DEFAULT_BUILD_HOLD``); 0 for every other rule (rates are not confounded
+        by a build's speed)."""
+        if self.settle is None or self.test not in ("quantile", "mann_whitney"):
+            return 0
+        return DEFAULT_BUILD_HOLD if self.build_hold is None else self.build_hold
 
     @property
     def harm_direction(self) -> Literal["higher_is_better", "lower_is_better"]:

@@ -21,7 +21,8 @@ Two per-window statistics on top of the windows' fleet detail (watchdog/windows/
   comparable like with like and is not judged (``outlier_replicas``; ``pooling``). A
   regression present on the precision's replicas alike moves every replica and the rest together, so
   none is an outlier and the window is judged whole. When nothing is left out, the statistic and
-  its variance are exactly the unmodified ones.
+  its variance are exactly the unmodified ones. Replicas that joined in this window (``fleet_side``'s
+  ``joined``: cold, watchdog/policy/changes.py) are left out first, beyond that limit.
 """
 
 from __future__ import annotations
@@ -35,11 +36,11 @@ import numpy as np
 
 from watchdog.policy.judge.memo import cached
 
-__all__ = ["FleetOptions", "clean_side", "fleet_inputs", "fleet_side", "mix_log_diff", "mix_shift",
-           "mix_tail_contrast", "outlier_replicas"]
+__all__ = ["POOLED_IDS", "FleetOptions", "clean_side", "counts_at_least", "fleet_inputs", "fleet_side", "mix_log_diff",
+           "mix_shift", "mix_tail_contrast", "outlier_replicas"]
 
 #: replica ids never left out: the overflow of more than MAX_REPLICAS and requests without an id
-_POOLED_IDS = frozenset({"_other", "_none"})
+POOLED_IDS = frozenset({"_other", "_none"})
 
 
 class FleetOptions:
@@ -256,7 +257,7 @@ def _matrix(replicas: Mapping[str, Any]) -> tuple[list[str], np.ndarray, np.ndar
     return ids, (idx - 0.5) * lg, mat, lg, idx
 
 
-def _counts_at_least(replica: Mapping[str, Any], least: int) -> bool:
+def counts_at_least(replica: Mapping[str, Any], least: int) -> bool:
     """Whether a replica has ``least`` requests as ``_matrix`` counts them (its sketch's positive bins)."""
     n = 0
     for _, c in (replica.get("latency_hist") or {}).get("bins", []):
@@ -305,7 +306,7 @@ def outlier_replicas(replicas: Mapping[str, Any] | None, opts: FleetOptions) -> 
     ``max(1, m // 8)`` that may be left out): then the window is not comparable like with like."""
     if not replicas or len(replicas) < 2:
         return [], False
-    if not any(i not in _POOLED_IDS and _counts_at_least(r, 20) for i, r in replicas.items()):
+    if not any(i not in POOLED_IDS and counts_at_least(r, 20) for i, r in replicas.items()):
         return [], False  # nobody may be left out (thin windows): the loop below would find the same
     ids, x, mat, _, _ = _matrix(replicas)
     n = mat.sum(axis=1)
@@ -313,7 +314,7 @@ def outlier_replicas(replicas: Mapping[str, Any] | None, opts: FleetOptions) -> 
     dropped: list[str] = []
     limit = max(1, len(ids) // 8)
     excess = False
-    eligible = np.array([i not in _POOLED_IDS for i in ids]) & (n >= 20)
+    eligible = np.array([i not in POOLED_IDS for i in ids]) & (n >= 20)
     own: tuple[np.ndarray, ...] | None = None
     k = len(ids)
     while keep.sum() > 1:
@@ -382,22 +383,27 @@ def fleet_inputs(detail: Mapping[str, Any], opts: FleetOptions) -> tuple[Mapping
     return fleet_side(detail, opts)[:3]
 
 
-def fleet_side(detail: Mapping[str, Any], opts: FleetOptions
+def fleet_side(detail: Mapping[str, Any], opts: FleetOptions, joined: tuple[str, ...] = ()
                ) -> tuple[Mapping[str, Any] | None, Any, list[str], bool]:
-    """``fleet_inputs`` and whether more replicas stood out than may be left out (``outlier_replicas``)."""
+    """``fleet_inputs`` and whether more replicas stood out than may be left out (``outlier_replicas``).
+    ``joined``: replicas new in this window (cold: watchdog/policy/changes.py ``joined_replicas``), left
+    out first; the outliers are then sought among the rest."""
     hist = detail.get("latency_hist")
     rows = (detail.get("latency_mix") or {}).get("cells")
     reps = detail.get("replicas")
     if opts.replicas != "robust" or not isinstance(reps, Mapping):
         return hist if isinstance(hist, Mapping) else None, rows, [], False
-    h2, r2, dropped, excess = cached("fleet_inputs", (hist, rows, reps), (opts.p, opts.z_out, opts.min_dev),
-                                     lambda: _cleaned(hist, rows, reps, opts))
+    h2, r2, dropped, excess = cached("fleet_inputs", (hist, rows, reps), (opts.p, opts.z_out, opts.min_dev, joined),
+                                     lambda: _cleaned(hist, rows, reps, opts, joined))
     return h2, r2, list(dropped), excess
 
 
-def _cleaned(hist: Any, rows: Any, reps: Mapping[str, Any], opts: FleetOptions
+def _cleaned(hist: Any, rows: Any, reps: Mapping[str, Any], opts: FleetOptions, joined: tuple[str, ...] = ()
              ) -> tuple[Mapping[str, Any] | None, Any, list[str], bool]:
-    dropped, excess = outlier_replicas(reps, opts)
+    new = [r for r in joined if r in reps]
+    rest = {k: v for k, v in reps.items() if k not in new} if new else reps
+    dropped, excess = outlier_replicas(rest, opts)
+    dropped = new + dropped
     if not dropped:
         return hist if isinstance(hist, Mapping) else None, rows, [], excess
     hist2 = _without(hist, reps, dropped) if isinstance(hist, Mapping) else None

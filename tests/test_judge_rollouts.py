@@ -1,0 +1,231 @@
+"""Rollouts and scale-outs through the shipped engine (issue 17, bench/ordinary_days.py ``rollout-day``
+and ``autoscale``): windows in which FP8 and FP16 run different named builds hold the latency rules
+(for at most ``build_hold`` windows), and a replica that joined in this window is left out of it."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from watchdog.core.signals import Signal
+from watchdog.policy.changes import change_entry, held, joined_replicas
+from watchdog.policy.engine import PolicyEngine
+from watchdog.policy.loader import PolicyError, PolicySet, load_policy_files
+from watchdog.policy.schema import DEFAULT_BUILD_HOLD
+from watchdog.policy.status import judgeability_rows
+
+ROOT = Path(__file__).resolve().parents[1]
+T0 = 1_780_000_000.0
+LOG_G = math.log(1.01 / 0.99)
+
+#: one precision's replicas in a window: name -> (build, latency multiplier)
+Side = dict[str, tuple[str, float]]
+
+
+def _sketch(lat: np.ndarray) -> dict:
+    u, c = np.unique(np.ceil(np.log(lat) / LOG_G).astype(int), return_counts=True)
+    return {"relative_accuracy": 0.01, "min_value": 1e-3, "count": int(lat.size), "zero_count": 0,
+            "bins": [[int(a), int(b)] for a, b in zip(u, c, strict=True)]}
+
+
+def _window(t: int, route: str, rng: np.random.Generator, fp8: Side, fp16: Side, n8: int = 4000,
+            n16: int = 1000) -> list[Signal]:
+    """Per request FP8 = FP16 (800 ms, log sd 0.35) times each replica's multiplier; events split
+    evenly over the replicas; per-replica sketches and build counts as the windows keep them."""
+    out = []
+    start = T0 + 300.0 * t
+    for prec, side, n in (("fp8", fp8, n8), ("fp16", fp16, n16)):
+        names = sorted(side)
+        rep = rng.integers(0, len(names), n)
+        mult = np.array([side[r][1] for r in names])[rep]
+        lat = np.exp(math.log(800.0) + 0.35 * rng.normal(size=n)) * mult
+        builds: dict[str, int] = {}
+        for i, r in enumerate(names):
+            builds[side[r][0]] = builds.get(side[r][0], 0) + int((rep == i).sum())
+        detail = {"events": n, "ok": n, "errors": 0, "timeouts": 0, "completions": n, "empty": 0,
+                  "logprob_tokens": 0, "latency_hist": _sketch(lat), "builds": builds,
+                  "replicas": {r: {"latency_hist": _sketch(lat[rep == i])} for i, r in enumerate(names)
+                               if (rep == i).any()}}
+        values = {"error_rate": 0.0, "timeout_rate": 0.0, "latency_p50_ms": float(np.median(lat))}
+        out.append(Signal("live", "m", route, prec, start, start + 300.0, n, values, None, None, detail))
+    return out
+
+
+def _run(engine: PolicyEngine, route: str, sides, windows: int, seed: int) -> list[int]:  # type: ignore[no-untyped-def]
+    """Windows in which the default policy rolled ``route`` back (the flag stays at FP8)."""
+    rng = np.random.default_rng(seed)
+    flags = {("m", route): "fp8"}
+    out = []
+    for t in range(windows):
+        fp8, fp16 = sides(t)
+        acts = engine.observe(_window(t, route, rng, fp8, fp16), T0 + 300.0 * (t + 1) + 1, flags)
+        if any(a.kind == "rollback" and a.policy == "fp8-default" for a in acts):
+            out.append(t)
+            engine.states[("fp8-default", "m", route)].reset_pools()
+    return out
+
+
+@pytest.fixture(scope="module")
+def shipped() -> PolicySet:
+    return load_policy_files([str(ROOT / "policies" / "default.yaml")])
+
+
+def _fleet(prefix: str, k: int, build: str = "v0", mult: float = 1.0) -> Side:
+    return {f"{prefix}-{i}": (build, mult) for i in range(k)}
+
+
+def _rollout(slower: float, fp16_lag: int):  # type: ignore[no-untyped-def]
+    """FP8's 8 replicas move to build v1 one every 4 windows from window 60; FP16's 3 start
+    ``fp16_lag`` windows after FP8's last; v1 is ``slower`` on both, a switched replica's first
+    window x1.3 (cold)."""
+    def sides(t: int) -> tuple[Side, Side]:
+        out = []
+        for prec, k, first in (("fp8", 8, 60), ("fp16", 3, 60 + 28 + fp16_lag)):
+            side = {}
+            for i in range(k):
+                at = first + 4 * i
+                new = t >= at
+                side[f"{prec}-{i}"] = ("v1" if new else "v0", (slower if new else 1.0) * (1.3 if t == at else 1.0))
+            out.append(side)
+        return out[0], out[1]
+    return sides
+
+
+def test_a_slower_build_on_both_sides_rolled_out_fp8_first_is_not_fp8s_regression(shipped: PolicySet) -> None:
+    """rollout-day: between FP8's last replica switching and FP16's first (60 windows here) FP8 runs
+    v1 and FP16 v0; v1 is 8 % slower on both. Before: the deploy had settled after 6 windows and
+    FP8 on v1 against FP16 on v0 rolled back. Now the latency rules hold until both run v1."""
+    assert _run(PolicyEngine(shipped), "chat/rollout", _rollout(1.08, 60), 200, 1) == []
+
+
+def test_the_hold_reason_is_visible_where_judgeability_is(shipped: PolicySet) -> None:
+    eng = PolicyEngine(shipped)
+    _run(eng, "chat/held", _rollout(1.08, 60), 110, 2)   # window 109: FP8 on v1, FP16 on v0
+    snap = eng.snapshot()
+    scope = next(s for s in snap["scopes"] if s["policy"] == "fp8-default")
+    for name in ("latency-typical", "latency-p99"):
+        jb = scope["rules"][name]["judgeability"]
+        assert jb["judged"] == "no" and "different builds (v1 / v0)" in jb["why"], (name, jb)
+    assert scope["rules"]["error-rate"]["judgeability"]["judged"] == "window"   # rates keep judging
+    rows = {r["rule"]: r for r in judgeability_rows(snap) if r["policy"] == "fp8-default"}
+    assert rows["latency-typical"]["judged"] == 0 and "different builds" in rows["latency-typical"]["why"]
+
+
+def test_an_fp8_only_build_is_judged_once_the_hold_ran_out(shipped: PolicySet) -> None:
+    """A new FP8 calibration (build named on FP8 only) 15 % slower: held for ``build_hold`` windows,
+    then judged like any regression, and rolled back."""
+    def sides(t: int) -> tuple[Side, Side]:
+        return _fleet("fp8", 8, "v0-cal2" if t >= 60 else "v0", 1.15 if t >= 60 else 1.0), _fleet("fp16", 3)
+
+    got = _run(PolicyEngine(shipped), "chat/cal", sides, 60 + DEFAULT_BUILD_HOLD + 20, 3)
+    assert got and 60 + DEFAULT_BUILD_HOLD <= got[0] < 60 + DEFAULT_BUILD_HOLD + 12, got
+
+
+def test_fp8_slower_on_a_steady_fleet_still_rolls_back_within_the_usual_windows(shipped: PolicySet) -> None:
+    def sides(t: int) -> tuple[Side, Side]:
+        return _fleet("fp8", 8, mult=1.10 if t >= 60 else 1.0), _fleet("fp16", 3)
+
+    for seed in (4, 5):
+        got = _run(PolicyEngine(shipped), "chat/steady", sides, 75, seed)
+        assert got and 60 <= got[0] < 70, got
+
+
+def _autoscale(slower_from: int | None = None, cold: float = 1.3):  # type: ignore[no-untyped-def]
+    """FP8 between 6 and 12 replicas: every 20 windows from window 40 six replicas join under new
+    names (cold ``cold`` in their first window) or the six newest leave; FP8 ``slower`` x1.10 on
+    every replica from ``slower_from``."""
+    def sides(t: int) -> tuple[Side, Side]:
+        step = (t - 40) // 20 + 1 if t >= 40 else 0
+        fp8 = {f"fp8-{i}": ("v0", 1.0) for i in range(6)}
+        if step % 2 == 1:                       # scaled out: six more, cold in the window they join
+            joined = 40 + 20 * (step - 1)
+            fp8 |= {f"fp8-{step}-{i}": ("v0", cold if t == joined else 1.0) for i in range(6)}
+        if slower_from is not None and t >= slower_from:
+            fp8 = {r: (b, m * 1.10) for r, (b, m) in fp8.items()}
+        return fp8, _fleet("fp16", 3)
+    return sides
+
+
+def test_replicas_that_joined_in_this_window_are_left_out(shipped: PolicySet) -> None:
+    """autoscale: FP8 6 -> 12 replicas, the six new ones cold (x1.4) in their first window. Before:
+    half of FP8 cold made the 3-window pool of latency-typical a significant regression."""
+    for seed in (7, 8):   # before: rollbacks at windows 82 and 120, and at 40
+        assert _run(PolicyEngine(shipped), "chat/scale", _autoscale(cold=1.4), 240, seed) == []
+
+
+def test_a_regression_on_every_replica_is_caught_through_scale_outs(shipped: PolicySet) -> None:
+    for seed in (7, 9):
+        got = _run(PolicyEngine(shipped), "chat/scale-bad", _autoscale(slower_from=130), 150, seed)
+        assert got and 130 <= got[0] < 140, got
+
+
+def test_joined_replicas_need_the_window_just_before() -> None:
+    rng = np.random.default_rng(0)
+    a = _window(1, "r", rng, _fleet("fp8", 4), _fleet("fp16", 2))
+    prev = [{"start": T0, "end": T0 + 300.0, "r": [["fp8-0", "fp8-1"], ["fp16-0", "fp16-1"]]}]
+    assert joined_replicas(prev, a[0], a[1]) == (("fp8-2", "fp8-3"), ())
+    gap = [{**prev[0], "end": T0 - 300.0}]
+    assert joined_replicas(gap, a[0], a[1]) == ((), ())                  # no record of the window before
+    assert joined_replicas([{**prev[0], "r": None}], a[0], a[1]) == ((), ())
+    thin = _window(1, "r", rng, _fleet("fp8", 4), _fleet("fp16", 2), n8=40)
+    assert joined_replicas(prev, thin[0], thin[1]) == ((), ())          # 10 events a replica: no news
+
+
+def test_most_of_a_side_joined_is_not_comparable(shipped: PolicySet) -> None:
+    def sides(t: int) -> tuple[Side, Side]:   # FP16's three replicas all replaced at window 50
+        return _fleet("fp8", 8), {f"fp16-{i + (3 if t >= 50 else 0)}": ("v0", 1.0) for i in range(3)}
+
+    eng = PolicyEngine(shipped)
+    assert _run(eng, "chat/restart", sides, 51, 8) == []
+    scope = next(s for s in eng.snapshot()["scopes"] if s["policy"] == "fp8-default")
+    for name in ("latency-typical", "latency-p99"):
+        last = scope["rules"][name]["last"]
+        assert last["status"] == "inconclusive", last
+        assert "most baseline replicas joined in this window (3 of 3)" in last["reason"], last
+
+
+def test_change_entry_counts_windows_apart_and_holds_latency() -> None:
+    rng = np.random.default_rng(1)
+
+    def sig(t: int, b8: str, b16: str) -> tuple[Signal, Signal]:
+        w = _window(t, "r", rng, _fleet("fp8", 2, b8), _fleet("fp16", 2, b16), n8=200, n16=200)
+        return w[0], w[1]
+
+    pool: list[dict] = []
+    for t, (b8, b16) in enumerate([("a", "a"), ("b", "a"), ("b", "a"), ("b", "a"), ("b", "a"), ("b", "b")]):
+        e = change_entry(pool, *sig(t, b8, b16), settle=2, hold=3)
+        pool.append(e)
+    assert [e.get("apart", 0) for e in pool] == [0, 1, 2, 3, 4, 0]
+    assert [held(e, 2, 3) is not None for e in pool] == [False, True, True, True, False, True]
+    assert "different builds (b / a)" in str(held(pool[3], 2, 3))
+    assert held(pool[3], 2, 0) is None                                  # build_hold: 0 never holds
+    assert "apart" not in change_entry(pool[:2], *sig(9, "b", "a"), settle=2)   # no hold: not counted
+
+
+def test_build_hold_is_validated(tmp_path: Path) -> None:
+    f = tmp_path / "p.yaml"
+    f.write_text("""policies:
+  - name: p
+    rules:
+      - name: e
+        metric: error_rate
+        judge: {test: rate, effect: 0.01, learn: 48, settle: 6, build_hold: 12}
+      - name: l
+        metric: latency_p50_ms
+        judge: {test: quantile, tail: 0.0, effect: 0.0, build_hold: 12}
+""")
+    with pytest.raises(PolicyError) as exc:
+        load_policy_files([str(f)])
+    assert str(exc.value).count("build_hold is for latency rules with settle") == 2
+    f.write_text("""policies:
+  - name: p
+    rules:
+      - name: l
+        metric: latency_p50_ms
+        judge: {test: quantile, tail: 0.0, effect: 0.0, settle: 6, build_hold: 0}
+""")
+    rule = load_policy_files([str(f)]).policies[0].rules[0]
+    assert rule.judge is not None and rule.judge.hold == 0
