@@ -347,3 +347,15 @@ policies:
     assert a.cause == "candidate", a  # against the window ending at 1200: +85 ms vs +35 ms
     rs.pool = rs.pool[-1:]  # a pool of one: the latest passing window, as for unpooled rules
     assert attribute_rule(policy, rule, rs, []).cause == "input_shift"
+
+
+def test_a_rules_fingerprint_ignores_keys_left_at_their_defaults() -> None:
+    """Saved rule state is keyed by the rule's fingerprint: a release that adds a key with a default (here a
+    subclass of the rule model with one more field) keeps it, so an upgrade does not relearn every rule's
+    nulls; a changed value still changes it."""
+    from watchdog.policy.state import rule_fingerprint
+
+    rule = policy_set(latency_rule(None)).policies[0].rules[0]
+    newer = type("NewerRule", (type(rule),), {"__annotations__": {"future_key": int}, "future_key": 7})
+    assert rule_fingerprint(newer.model_validate(rule.model_dump(by_alias=True))) == rule_fingerprint(rule)
+    assert rule_fingerprint(policy_set(latency_rule(3)).policies[0].rules[0]) != rule_fingerprint(rule)

@@ -24,7 +24,9 @@ def rule_fingerprint(rule: Rule) -> str:
     hit = _FINGERPRINTS.get(id(rule))
     if hit is not None and hit[0] is rule:
         return hit[1]
-    fp = hashlib.sha256(rule.model_dump_json(by_alias=True).encode()).hexdigest()[:16]
+    # keys left at their defaults are not part of it: a release that adds a key with a default keeps
+    # every rule's saved state (learned nulls, horizon tests, anchors) instead of relearning it
+    fp = hashlib.sha256(rule.model_dump_json(by_alias=True, exclude_defaults=True).encode()).hexdigest()[:16]
     if len(_FINGERPRINTS) >= 4096:  # policy reloads make new rule objects: keep the cache bounded
         _FINGERPRINTS.clear()
     _FINGERPRINTS[id(rule)] = (rule, fp)
