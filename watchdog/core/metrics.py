@@ -55,6 +55,10 @@ class Metrics:
             "Time of one main-loop iteration less its time inside the Kafka consumer's poll call (waiting for "
             "records): the loop's own work, what stalls decisions", buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25,
                                                                            0.5, 1, 2.5, 5, 10), registry=r)
+        self.gc_seconds = Histogram(
+            "llmwd_gc_seconds", "One pass of the cyclic collector (the main loop runs them once per iteration; a "
+            "pass on another thread stalls the loop as well), by generation: 0 young, 1 middle, 2 full",
+            ["generation"], buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5), registry=r)
         self.reaction_seconds = Histogram(
             "llmwd_reaction_seconds", "From a window's close to its rollback written in Redis",
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r)
