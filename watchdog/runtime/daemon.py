@@ -152,6 +152,7 @@ class Daemon:
                                   self.decisions.flags.snapshot, self.actuator.pending_routes,
                                   self.alerter.open_incidents, self.evidence.forget)
         self.closer = WindowCloser(cfg, self.wm, self.ownership, self.metrics, self.stats, clock)
+        self.decisions.closed_at = self.closer.closed_at
         self.health = LoopHealth(cfg, self.readiness, self.wm, self.ownership.fenced_partitions, self.actuator,
                                  self.stats)
         self._status = StatusDocument(cfg.instance, self.stats, self.problems, self.ownership, self.policies,
