@@ -31,14 +31,16 @@ def install(path: Path) -> None:
     gc.callbacks.append(trace)
 
 
-def read(path: Path, t0: float, t1: float) -> dict[int, list[float]]:
-    """Seconds of each pass between wall times ``t0`` and ``t1``, by generation."""
-    out: dict[int, list[float]] = {0: [], 1: [], 2: []}
+def read(path: Path, t0: float, t1: float) -> dict[int, tuple[list[float], int]]:
+    """Seconds of each pass between wall times ``t0`` and ``t1`` and the objects they collected, by generation."""
+    seconds: dict[int, list[float]] = {0: [], 1: [], 2: []}
+    collected = {0: 0, 1: 0, 2: 0}
     for line in path.read_text().splitlines():
         parts = line.split()
         if len(parts) == 4 and t0 <= float(parts[0]) <= t1:
-            out[int(parts[1])].append(float(parts[2]))
-    return out
+            seconds[int(parts[1])].append(float(parts[2]))
+            collected[int(parts[1])] += int(parts[3])
+    return {g: (seconds[g], collected[g]) for g in seconds}
 
 
 def main() -> None:

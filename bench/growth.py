@@ -20,8 +20,8 @@ carry a quality regression, so agreement scoring runs and rollbacks happen). Aft
   flip p99 (``llmwd_window_end_to_flip_seconds``, ``llmwd_reaction_seconds`` before it was renamed: from the
   window's end in event time, so with the 2 s grace and the watermark's lag), and the last checkpoint's
   bytes summed over partitions;
-* the cyclic collector's passes in the span, by generation (young / middle / full): how many, the longest
-  and their sum, written by the daemon process itself through ``bench/gc_trace.py`` (any tree);
+* the cyclic collector's passes in the span, by generation (young / middle / full): how many, the longest,
+  their sum and the objects they collected, written by the daemon process itself through ``bench/gc_trace.py`` (any tree);
 * event-time lag at the end: now minus the slowest partition's watermark (``llmwd_watermark_seconds``),
   which includes the 2 s grace and half a window.
 
@@ -178,6 +178,7 @@ def run_one(n_routes: int, args: argparse.Namespace, code: Path = ROOT, label: s
                 if "slow loop iteration" in line:
                     print("  daemon:", line.strip()[-300:])
         gc_passes = read_gc_trace(trace, wall0, wall1)
+        print("  RSS MB every 5 s of the span:", " ".join(f"{x:.0f}" for x in rss), flush=True)
         r.close()
     span = t1 - t0
     consumed = m1["events"] - m0["events"]
@@ -188,8 +189,8 @@ def run_one(n_routes: int, args: argparse.Namespace, code: Path = ROOT, label: s
     close99, _ = quantile(m0["llmwd_close_to_flip_seconds"], m1["llmwd_close_to_flip_seconds"], 0.99)
     renamed = "llmwd_window_end_to_flip_seconds" if m1["llmwd_window_end_to_flip_seconds"] else "llmwd_reaction_seconds"
     end99, flips = quantile(m0[renamed], m1[renamed], 0.99)
-    gc_cells = [f"{len(gc_passes[g])} / {1e3 * max(gc_passes[g], default=0.0):.0f} / {sum(gc_passes[g]):.2f}"
-                for g in (0, 1, 2)]
+    gc_cells = [f"{len(s)} / {1e3 * max(s, default=0.0):.0f} / {sum(s):.2f} / {n:,}"
+                for s, n in (gc_passes[g] for g in (0, 1, 2))]
     row = [label, n_routes, (sent1 - sent0) / span, consumed / span, 1e6 * (cpu1 - cpu0) / max(consumed, 1.0),
            100 * (cpu1 - cpu0) / span, max(rss), rss[-1], (in1 - in0) / span / 1e3, used / 1e6,
            m1["ckpt_bytes"] / 1e6, f"{ck[0] * 1e3:g} / {ck[1] * 1e3:g}", f"{ck[2] * 1e3:g} / {ck[3] * 1e3:g}",
@@ -202,7 +203,7 @@ def run_one(n_routes: int, args: argparse.Namespace, code: Path = ROOT, label: s
 HEADER = ["tree", "routes", "sent ev/s", "consumed ev/s", "CPU µs/event", "CPU % of a core", "RSS peak MB",
           "RSS end MB", "Redis in kB/s", "Redis used MB", "last ckpt MB (all partitions)",
           "ckpt ms p50 / p99", "ckpt loop ms p50 / p99", "loop busy ms p99 / max bucket",
-          "GC young: passes / max ms / sum s", "GC middle", "GC full", "close->flip ms p99",
+          "GC young: passes / max ms / sum s / objects collected", "GC middle", "GC full", "close->flip ms p99",
           "window end->flip ms p99 (flips)", "event-time lag s"]
 
 

@@ -279,14 +279,7 @@ class Daemon:
         self.ownership.retry_unrestored(now)
         self.closer.confirm_idle(now)
         lap("partitions")
-        signals = self.closer.close_windows(now)
-        lap("close")
-        signals.extend(self._poll_sources(now))
-        lap("sources")
-        if signals or self.decisions.deferred_routes:
-            self.decisions.decide(signals, now)
-        self.decisions.act(now)
-        lap("decide")
+        self._close_and_judge(now, lap)
         self.evidence.flush(now)
         lap("evidence")
         self.checkpointer.checkpoint(now)
@@ -326,6 +319,20 @@ class Daemon:
                         "one such line per %.0f s", busy,
                         ", ".join(f"{p} {d:.2f} s" for d, p in sorted(spans, reverse=True)[:4]),
                         sum(seconds for _, seconds in gc_passes), SLOW_LOOP_LOG_EVERY_S)
+
+    def _close_and_judge(self, now: float, lap: Callable[[str], None]) -> None:
+        """Not inline in ``step``: a frame kafka-python keeps in a reference cycle after a poll (a timed-out
+        fetch's exception, its traceback and the callers' frames) holds ``step``'s locals as they were when
+        it returned, and the closed windows' signals (thousands at a window boundary) must not be among
+        them: the collector frees such a cycle only in its next full pass (watchdog/runtime/collector.py)."""
+        signals = self.closer.close_windows(now)
+        lap("close")
+        signals.extend(self._poll_sources(now))
+        lap("sources")
+        if signals or self.decisions.deferred_routes:
+            self.decisions.decide(signals, now)
+        self.decisions.act(now)
+        lap("decide")
 
     def _check_clock(self, now: float) -> None:
         """The host clock against the steady and the events' clock: ``clock-skew`` while they disagree.
