@@ -16,11 +16,14 @@ taken from the work that can wait, ``watchdog/runtime/budget.py``):
 * every ``GROWTH_CHECK_S`` the heap is measured (``sys.getallocatedblocks``: ~1 ms at 6M blocks) and when
   it has grown by ``FULL_GROWTH`` since the last full collection, everything is unfrozen and collected:
   a cycle that died after an iteration froze it is freed there, so memory stays bounded. That pass walks
-  the whole heap (0.8 s at 10,000 routes on a loaded 2-core machine). The daemon makes next to no cyclic
-  garbage (a 55 s trace at 10,000 routes found 10 objects), so it comes while the heap fills (routes
-  arriving, their histories growing: a few passes of doubling sizes after a start) and not in steady
-  state. CPython's own rule is a 25 % growth of what the middle passes kept: with a heap that grows for
-  minutes after a start, that was a full pass every ~30 s of it.
+  the whole heap (0.8-1.5 s at 10,000 routes on a loaded 2-core machine), so it should be rare: a cycle
+  that dies within the iteration that made it is freed by that iteration's pass, and the heap grows by
+  cyclic garbage only from cycles that reach an object of an earlier iteration. kafka-python makes some
+  (a timed-out fetch: its exception, traceback and the callers' frames); ``Daemon.step`` keeps the
+  closed windows out of its own frame's locals so that such a cycle holds little. The pass comes while
+  the heap fills after a start (routes arriving, their histories growing) and rarely after. CPython's
+  own rule is a 25 % growth of what its middle passes kept: with a heap that grows for minutes after a
+  start, that was a full pass every ~30 s of it.
 
 The settings are the process's: the first running loop takes them, the last one to stop puts them back
 (tests and the demo run several daemons in one process).
