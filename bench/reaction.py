@@ -76,8 +76,8 @@ _signal_at: dict[str, float] = {}
 _real_close_due = WindowAggregator.close_due
 
 
-def _close_due_recording(self: WindowAggregator, now: float) -> list[Any]:
-    signals = _real_close_due(self, now)
+def _close_due_recording(self: WindowAggregator, now: float, limit: int | None = None) -> list[Any]:
+    signals = _real_close_due(self, now, limit)
     t = time.time()
     for s in signals:
         if s.route.startswith("trial-") and s.precision == "fp8" and s.values.get("error_rate", 0.0) > 0.5:
