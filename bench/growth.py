@@ -15,8 +15,13 @@ carry a quality regression, so agreement scoring runs and rollbacks happen). Aft
 * from the daemon's /metrics, over the measured span: checkpoint saves (``llmwd_checkpoint_seconds``:
   build + encode + write; ``llmwd_checkpoint_loop_seconds``: the loop's part) p50 / p99, the loop's
   own work per iteration (``llmwd_loop_busy_seconds``: the iteration less its wait in the consumer's
-  poll) p99 and the largest bucket hit, close -> flip (``llmwd_reaction_seconds``) p99, and
-  the last checkpoint's bytes summed over partitions;
+  poll) p99 and the largest bucket hit, close -> flip p99 (``llmwd_close_to_flip_seconds``: from the
+  loop iteration in which the watermark closed the window; a tree without it shows ``-``) and window end ->
+  flip p99 (``llmwd_window_end_to_flip_seconds``, ``llmwd_reaction_seconds`` before it was renamed: from the
+  window's end in event time, so with the 2 s grace and the watermark's lag), and the last checkpoint's
+  bytes summed over partitions;
+* the cyclic collector's passes in the span, by generation (young / middle / full): how many, the longest,
+  their sum and the objects they collected, written by the daemon process itself through ``bench/gc_trace.py`` (any tree);
 * event-time lag at the end: now minus the slowest partition's watermark (``llmwd_watermark_seconds``),
   which includes the 2 s grace and half a window.
 
@@ -46,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import httpx  # noqa: E402
 import redis  # noqa: E402
 from common import MODEL, ROOT, machine_note, process_cpu_s, route_names, services, table  # noqa: E402
+from gc_trace import read as read_gc_trace  # noqa: E402
 from kafka import KafkaProducer  # noqa: E402
 from memory import check_alive, daemon_process, rss_mb  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
@@ -54,7 +60,7 @@ from watchdog.dev.embedded import free_port  # noqa: E402
 from watchdog.dev.traffic import Route, TrafficGenerator  # noqa: E402
 
 HISTOGRAMS = ("llmwd_checkpoint_seconds", "llmwd_checkpoint_loop_seconds", "llmwd_loop_busy_seconds",
-              "llmwd_reaction_seconds")
+              "llmwd_close_to_flip_seconds", "llmwd_window_end_to_flip_seconds", "llmwd_reaction_seconds")
 
 
 def snapshot(url: str) -> dict[str, Any]:
@@ -142,7 +148,9 @@ def run_one(n_routes: int, args: argparse.Namespace, code: Path = ROOT, label: s
         names = route_names(n_routes)
         gen = TrafficGenerator([Route(MODEL, name, rate=1.0, regression="quality" if i % 50 == 7 else None)
                                 for i, name in enumerate(names)])
-        with daemon_process(svc.workdir, cfg, code=code, profile=profile) as (proc, log_path, _startup):
+        trace = svc.workdir / "gc.trace"
+        with daemon_process(svc.workdir, cfg, code=code, profile=profile, gc_trace=trace) as (proc, log_path,
+                                                                                              _startup):
             producer = KafkaProducer(bootstrap_servers=svc.kafka_address, linger_ms=20)
             stop = threading.Event()
             sender = threading.Thread(target=send_round_robin, args=(gen, producer, topic, args.rate, stop),
@@ -151,14 +159,14 @@ def run_one(n_routes: int, args: argparse.Namespace, code: Path = ROOT, label: s
             try:
                 time.sleep(args.warmup)
                 check_alive(proc, log_path)
-                m0, cpu0, sent0 = snapshot(url), process_cpu_s(proc.pid), gen.sent
+                m0, cpu0, sent0, wall0 = snapshot(url), process_cpu_s(proc.pid), gen.sent, time.time()
                 in0, t0 = r.info("stats")["total_net_input_bytes"], time.monotonic()
                 rss = [rss_mb(proc.pid)]
                 while time.monotonic() - t0 < args.seconds:
                     time.sleep(5.0)
                     check_alive(proc, log_path)
                     rss.append(rss_mb(proc.pid))
-                m1, cpu1, sent1 = snapshot(url), process_cpu_s(proc.pid), gen.sent
+                m1, cpu1, sent1, wall1 = snapshot(url), process_cpu_s(proc.pid), gen.sent, time.time()
                 in1, t1 = r.info("stats")["total_net_input_bytes"], time.monotonic()
                 lag = time.time() - min(m1["watermarks"]) if m1["watermarks"] else float("nan")
                 used = r.info("memory")["used_memory"]
@@ -169,6 +177,8 @@ def run_one(n_routes: int, args: argparse.Namespace, code: Path = ROOT, label: s
             for line in log_path.read_text(errors="replace").splitlines():
                 if "slow loop iteration" in line:
                     print("  daemon:", line.strip()[-300:])
+        gc_passes = read_gc_trace(trace, wall0, wall1)
+        print("  RSS MB every 5 s of the span:", " ".join(f"{x:.0f}" for x in rss), flush=True)
         r.close()
     span = t1 - t0
     consumed = m1["events"] - m0["events"]
@@ -176,11 +186,16 @@ def run_one(n_routes: int, args: argparse.Namespace, code: Path = ROOT, label: s
           for q in (0.5, 0.99)]
     loop99, _ = quantile(m0["llmwd_loop_busy_seconds"], m1["llmwd_loop_busy_seconds"], 0.99)
     loop_top = largest(m0["llmwd_loop_busy_seconds"], m1["llmwd_loop_busy_seconds"])
-    react99, flips = quantile(m0["llmwd_reaction_seconds"], m1["llmwd_reaction_seconds"], 0.99)
+    close99, _ = quantile(m0["llmwd_close_to_flip_seconds"], m1["llmwd_close_to_flip_seconds"], 0.99)
+    renamed = "llmwd_window_end_to_flip_seconds" if m1["llmwd_window_end_to_flip_seconds"] else "llmwd_reaction_seconds"
+    end99, flips = quantile(m0[renamed], m1[renamed], 0.99)
+    gc_cells = [f"{len(s)} / {1e3 * max(s, default=0.0):.0f} / {sum(s):.2f} / {n:,}"
+                for s, n in (gc_passes[g] for g in (0, 1, 2))]
     row = [label, n_routes, (sent1 - sent0) / span, consumed / span, 1e6 * (cpu1 - cpu0) / max(consumed, 1.0),
            100 * (cpu1 - cpu0) / span, max(rss), rss[-1], (in1 - in0) / span / 1e3, used / 1e6,
            m1["ckpt_bytes"] / 1e6, f"{ck[0] * 1e3:g} / {ck[1] * 1e3:g}", f"{ck[2] * 1e3:g} / {ck[3] * 1e3:g}",
-           f"{loop99 * 1e3:g} / {loop_top * 1e3:g}", f"{react99 * 1e3:g} ({flips:.0f})", lag]
+           f"{loop99 * 1e3:g} / {loop_top * 1e3:g}", *gc_cells,
+           f"{close99 * 1e3:g}" if m1["llmwd_close_to_flip_seconds"] else "-", f"{end99 * 1e3:g} ({flips:.0f})", lag]
     print(table(HEADER, [row]), flush=True)
     return row
 
@@ -188,7 +203,8 @@ def run_one(n_routes: int, args: argparse.Namespace, code: Path = ROOT, label: s
 HEADER = ["tree", "routes", "sent ev/s", "consumed ev/s", "CPU µs/event", "CPU % of a core", "RSS peak MB",
           "RSS end MB", "Redis in kB/s", "Redis used MB", "last ckpt MB (all partitions)",
           "ckpt ms p50 / p99", "ckpt loop ms p50 / p99", "loop busy ms p99 / max bucket",
-          "close->flip ms p99 (flips)", "event-time lag s"]
+          "GC young: passes / max ms / sum s / objects collected", "GC middle", "GC full", "close->flip ms p99",
+          "window end->flip ms p99 (flips)", "event-time lag s"]
 
 
 def main() -> int:

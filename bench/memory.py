@@ -75,18 +75,21 @@ def check_alive(proc: subprocess.Popen[bytes], log_path: Path) -> None:
 
 @contextlib.contextmanager
 def daemon_process(workdir: Path, cfg: dict[str, Any], *, code: Path = ROOT, profile: Path | None = None,
-                   ) -> Iterator[tuple[subprocess.Popen[bytes], Path, float]]:
+                   gc_trace: Path | None = None) -> Iterator[tuple[subprocess.Popen[bytes], Path, float]]:
     """``fp8-watchdog run`` as deployed (its own process, ``cfg`` written as its YAML file), once its
     /healthz answers: (process, log file, seconds to start). SIGTERM (then SIGKILL) on exit; the exit
     code is printed. ``code``: the tree whose daemon runs (another checkout, for a before/after);
-    ``profile``: cProfile the daemon into that file (written at its graceful stop)."""
+    ``profile``: cProfile the daemon into that file (written at its graceful stop); ``gc_trace``: write
+    the collector's passes to that file (bench/gc_trace.py)."""
     cfg_path = workdir / f"daemon-{cfg['instance']}.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
     url = f"http://127.0.0.1:{cfg['server']['port']}"
     log_path = workdir / f"daemon-{cfg['instance']}.log"
     with open(log_path, "wb") as log_file:
         env = {**os.environ, "PYTHONPATH": str(code)}
-        prof = ["-m", "cProfile", "-o", str(profile)] if profile is not None else []
+        prof = [str(Path(__file__).parent / "gc_trace.py"), str(gc_trace)] if gc_trace is not None else []
+        if profile is not None:
+            prof += ["-m", "cProfile", "-o", str(profile)]
         proc = subprocess.Popen([sys.executable, *prof, "-m", "watchdog.cli.main", "--log-level", "WARNING", "run",
                                  "--config", str(cfg_path)], cwd=code, stdout=log_file, stderr=subprocess.STDOUT,
                                 env=env, start_new_session=True)

@@ -12,8 +12,10 @@ trial sends a burst of failing FP8 events on a fresh route and measures, per tri
   This covers policy evaluation, the actuator's Lua compare-and-set and the loop between them.
 * **close -> pub/sub seen**: the same start to the flip notification arriving at a subscriber on
   the ``{prefix}:flags`` channel (a thread of this process): what a gateway cache would see.
-* **daemon histogram**: ``llmwd_reaction_seconds`` as the daemon observes it (from the window's
-  nominal *end*, i.e. it also includes the grace period and the wait for event time to pass it).
+* **daemon histograms**: ``llmwd_close_to_flip_seconds`` as the daemon observes it (from the loop
+  iteration in which the watermark closed the window to the flip written) and
+  ``llmwd_window_end_to_flip_seconds`` (from the window's nominal *end*, i.e. it also includes the grace
+  period and the wait for event time to pass it).
 * **first bad event -> flip** (context): from just before the first failing event was handed to
   the producer to ``changed_at``: produce, consume, the rest of the window, grace, close, flip.
 
@@ -38,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import redis  # noqa: E402
 from common import MODEL, machine_note, median, percentile, services, table  # noqa: E402
 from kafka import KafkaProducer  # noqa: E402
+from prometheus_client import Histogram  # noqa: E402
 
 from watchdog.config.settings import load_config  # noqa: E402
 from watchdog.core.events import partition_key  # noqa: E402
@@ -73,8 +76,8 @@ _signal_at: dict[str, float] = {}
 _real_close_due = WindowAggregator.close_due
 
 
-def _close_due_recording(self: WindowAggregator, now: float) -> list[Any]:
-    signals = _real_close_due(self, now)
+def _close_due_recording(self: WindowAggregator, now: float, limit: int | None = None) -> list[Any]:
+    signals = _real_close_due(self, now, limit)
     t = time.time()
     for s in signals:
         if s.route.startswith("trial-") and s.precision == "fp8" and s.values.get("error_rate", 0.0) > 0.5:
@@ -135,7 +138,7 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING)
     WindowAggregator.close_due = _close_due_recording  # type: ignore[method-assign]
     rows: list[dict[str, float]] = []
-    hist: list[float] = []
+    hists: dict[str, list[float]] = {}
     late = 0
     with services() as svc:
         topic = f"bench.reaction.{uuid.uuid4().hex[:8]}"
@@ -204,7 +207,10 @@ def main() -> int:
                 print(f"  trial {k + 1:>2}: close->flip {1000 * (changed_at - sig):7.1f} ms   "
                       f"first bad event->flip {changed_at - first_bad:5.2f} s", flush=True)
                 time.sleep(0.2 if args.quick else 0.5)
-            hist = _histogram(daemon)
+            hists = {"llmwd_close_to_flip_seconds (daemon's own: the watermark closed the window -> flip applied)":
+                     _histogram(daemon.metrics.close_to_flip_seconds),
+                     f"llmwd_window_end_to_flip_seconds (daemon's own: window end -> flip applied, so it includes the "
+                     f"{GRACE_S:.1f} s grace)": _histogram(daemon.metrics.window_end_to_flip_seconds)}
             late = int(daemon.metrics.dlq.labels("late")._value.get())
         finally:
             background.stop()
@@ -226,9 +232,8 @@ def main() -> int:
         out.append([label, len(xs), 1000 * median(xs), 1000 * percentile(xs, 99), 1000 * max(xs)])
     print()
     print(table(["measure", "trials", "p50 ms", "p99 ms", "max ms"], out))
-    if hist:
-        print(f"\nllmwd_reaction_seconds (daemon's own: window end -> flip applied, so it includes the "
-              f"{GRACE_S:.1f} s grace): count {int(hist[0])}, mean {1000 * hist[1] / max(hist[0], 1):.0f} ms, "
+    for what, hist in hists.items():
+        print(f"\n{what}: count {int(hist[0])}, mean {1000 * hist[1] / max(hist[0], 1):.0f} ms, "
               f"p50 <= {1000 * hist[2]:.0f} ms, p99 <= {1000 * hist[3]:.0f} ms (bucket bounds)")
     p99 = percentile([r["close_to_flip"] for r in rows], 99)
     print(f"background: {args.background_routes} routes, {args.background_rate:.0f} events/s; "
@@ -239,11 +244,11 @@ def main() -> int:
     return 0
 
 
-def _histogram(daemon: Daemon) -> list[float]:
-    """(count, sum, p50 bucket bound, p99 bucket bound) of the daemon's llmwd_reaction_seconds."""
+def _histogram(histogram: Histogram) -> list[float]:
+    """(count, sum, p50 bucket bound, p99 bucket bound) of one of the daemon's histograms."""
     count = total = 0.0
     buckets: list[tuple[float, float]] = []
-    for metric in daemon.metrics.reaction_seconds.collect():
+    for metric in histogram.collect():
         for sample in metric.samples:
             if sample.name.endswith("_count"):
                 count = sample.value

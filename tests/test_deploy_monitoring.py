@@ -238,7 +238,8 @@ def test_the_scenario_is_counted_where_the_panels_and_rules_look(exported: Expor
     v = exported.value
     assert v("llmwd_actions_total", kind="rollback", policy="rolls-back", dry_run="false") >= 1
     assert v("llmwd_flips_total", result="applied") >= 1
-    assert v("llmwd_reaction_seconds_count") >= 1
+    assert v("llmwd_close_to_flip_seconds_count") >= 1
+    assert v("llmwd_window_end_to_flip_seconds_count") >= 1
     assert v("llmwd_flip_budget_exhausted_total", policy="no-budget") >= 1
     assert v("llmwd_policy_reloads_total", result="rejected") >= 1
     assert v("llmwd_dead_letters_total") >= 1 and v("llmwd_events_total", result="invalid") >= 1

@@ -12,7 +12,9 @@ import pytest
 from tests.daemon_harness import CountingProducer, make_config, recorded_windows, running_daemon, write_policy
 from tests.helpers import wait_until
 from watchdog.core.events import decode_event
+from watchdog.core.metrics import Metrics
 from watchdog.runtime import closer, decisions
+from watchdog.runtime.stats import DaemonStats
 from watchdog.windows.aggregator import WindowAggregator
 
 
@@ -146,3 +148,38 @@ def test_judging_a_route_per_chunk_and_windows_encoded_ahead_count_every_event_o
     assert twice == 0 and seen == dict(prod.acked)
     assert max(backlog) > 1  # routes really waited over iterations to be judged
     assert sum(encoded) > 0  # and windows were encoded ahead of saves
+
+
+class _Watermark:
+    """The watermark ``WindowCloser.close_windows`` reads, set by the test."""
+
+    def __init__(self) -> None:
+        self.t: float | None = None
+
+    def close_time(self, now: float) -> float | None:
+        return self.t
+
+    def mark(self, pk: object) -> None:
+        return None
+
+
+def test_closed_at_is_the_iteration_in_which_the_watermark_passed_the_windows_end(tmp_path) -> None:
+    cfg = make_config("127.0.0.1:1", 1, "t", write_policy(tmp_path / "p.yaml"), None,
+                      windows={"length_s": 10.0, "grace_s": 2.0})
+    wm = _Watermark()
+    ownership = type("Parts", (), {"parts": {}})()
+    c = closer.WindowCloser(cfg, wm, ownership, Metrics(), DaemonStats(), clock=lambda: 0.0)  # type: ignore[arg-type]
+    assert c.closed_at(1_000.0) is None  # no watermark yet
+    for now, t in ((100.0, 1_005.0), (101.0, 1_009.9), (103.0, 1_010.5), (104.0, 1_019.0)):
+        wm.t = t
+        c.close_windows(now)
+    # the watermark is event time less the grace: it passed 1,000 (and every earlier end) by the first iteration
+    assert c.closed_at(990.0) == c.closed_at(1_000.0) == 100.0
+    assert c.closed_at(1_010.0) == 103.0  # not 101: the watermark was still short of it there
+    assert c.closed_at(1_020.0) is None
+    for i in range(closer.CLOSINGS_KEPT):
+        wm.t = 1_030.0 + 10 * i
+        c.close_windows(200.0 + i)
+    assert c.closed_at(1_010.0) is None  # before the boundaries kept: not a time to count from
+    assert c.closed_at(1_030.0) == 200.0
+    assert c.closed_at(1_030.0 + 10 * (closer.CLOSINGS_KEPT - 1)) == 200.0 + closer.CLOSINGS_KEPT - 1

@@ -8,6 +8,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+#: bucket bounds of the reaction-time histograms (seconds)
+REACTION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
 #: at most this many (policy, model, route, rule) series of llmwd_rule_judged / llmwd_rule_mde
 MAX_JUDGEABILITY_ROWS = 500
 
@@ -55,9 +58,19 @@ class Metrics:
             "Time of one main-loop iteration less its time inside the Kafka consumer's poll call (waiting for "
             "records): the loop's own work, what stalls decisions", buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25,
                                                                            0.5, 1, 2.5, 5, 10), registry=r)
-        self.reaction_seconds = Histogram(
-            "llmwd_reaction_seconds", "From a window's close to its rollback written in Redis",
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r)
+        self.gc_seconds = Histogram(
+            "llmwd_gc_seconds", "One pass of the cyclic collector (the main loop runs them once per iteration; a "
+            "pass on another thread stalls the loop as well), by generation: 0 young, 1 middle, 2 full",
+            ["generation"], buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5), registry=r)
+        # how long a window's verdict takes to reach Redis, from two starts (docs/OPERATIONS.md, "Reaction time")
+        self.close_to_flip_seconds = Histogram(
+            "llmwd_close_to_flip_seconds", "From the loop iteration in which the event-time watermark passed the "
+            "window's end plus its grace (the window closed; wall clock of this replica) to the flip it caused "
+            "written in Redis", buckets=REACTION_BUCKETS, registry=r)
+        self.window_end_to_flip_seconds = Histogram(
+            "llmwd_window_end_to_flip_seconds", "From a window's end (event time) to the flip it caused written in "
+            "Redis: the out-of-order grace, the watermark's lag and the close -> flip time together",
+            buckets=REACTION_BUCKETS, registry=r)
         # readiness and reliability (the metric contract in docs/OPERATIONS.md; rules in deploy/ use these names)
         self.ready = Gauge("llmwd_ready", "1 when the daemon is ready (no not-ready reason active)", registry=r)
         self.not_ready = Gauge("llmwd_not_ready", "1 per active not-ready reason", ["reason"], registry=r)

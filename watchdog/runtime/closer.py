@@ -7,10 +7,13 @@ broker confirms it is fully read (``confirm_idle`` asks for the log ends, bounde
 owned partitions' due windows, queues their records for the partition's next checkpoint and returns
 their signals for the policy engine, within a time budget per loop iteration (``CLOSE_BUDGET_S``):
 windows left due count as closed (their events are late) and close at the next iterations.
+``closed_at`` says when the watermark closed a window (the start of ``llmwd_close_to_flip_seconds``).
 """
 
 from __future__ import annotations
 
+import bisect
+import math
 import time
 from collections.abc import Callable
 
@@ -31,6 +34,8 @@ CONFIRM_EVERY_S = 0.5
 #: stalled ingest for seconds (10,000 routes: ~5 s); the rest close in the next iterations
 CLOSE_BUDGET_S = 0.2
 CLOSE_CHUNK = 200
+#: window boundaries whose closing time is kept (``closed_at``): at 10 s windows, the last 40 minutes
+CLOSINGS_KEPT = 256
 
 
 class WindowCloser:
@@ -50,6 +55,11 @@ class WindowCloser:
         self.behind = False
         #: the loop iteration's shared deadline (``Daemon.step`` starts it; never reached outside it)
         self.step = StepDeadline()
+        #: each time the watermark passed another window boundary: the boundary (windows ending at or
+        #: before it are closed) and the clock then, both ascending
+        self._closed_ends: list[float] = []
+        self._closed_times: list[float] = []
+        self._dropped = False
 
     def attach(self, ingest: Ingest) -> None:
         self.ingest = ingest
@@ -85,6 +95,7 @@ class WindowCloser:
             return []
         w = self.cfg.windows
         upto = t - w.allowed_lateness_s + w.grace_s  # close_due subtracts the grace again
+        self._closing(math.floor((t - w.allowed_lateness_s) / w.length_s) * w.length_s, now)
         out: list[Signal] = []
         self.behind = False
         parts = self.ownership.parts
@@ -120,3 +131,21 @@ class WindowCloser:
             if mark is not None:
                 self.metrics.watermark.labels(str(pk[1])).set(mark)
         return out
+
+    def _closing(self, boundary: float, now: float) -> None:
+        if self._closed_ends and boundary <= self._closed_ends[-1]:
+            return
+        self._closed_ends.append(boundary)
+        self._closed_times.append(now)
+        if len(self._closed_ends) > CLOSINGS_KEPT:
+            del self._closed_ends[0], self._closed_times[0]
+            self._dropped = True
+
+    def closed_at(self, end: float) -> float | None:
+        """The clock when the watermark closed the window ending at ``end`` (the loop iteration that
+        first found it due, whether or not the close budget let it close there); None when it has not
+        closed yet or closed before the boundaries kept (``CLOSINGS_KEPT``)."""
+        i = bisect.bisect_left(self._closed_ends, end)
+        if i == len(self._closed_ends) or (i == 0 and self._dropped and end < self._closed_ends[0]):
+            return None
+        return self._closed_times[i]

@@ -20,7 +20,6 @@ flag view), ``checkpointer`` (saves and offset commits), ``policies`` (reloads),
 from __future__ import annotations
 
 import functools
-import gc
 import logging
 import math
 import threading
@@ -47,6 +46,7 @@ from watchdog.runtime.budget import StepDeadline
 from watchdog.runtime.checkpointer import Checkpointer
 from watchdog.runtime.clock import ClockCheck, SteadyClock
 from watchdog.runtime.closer import WindowCloser
+from watchdog.runtime.collector import LOOP_GC
 from watchdog.runtime.decisions import FLAG_RELOAD_S, Decisions
 from watchdog.runtime.evidence import EvidenceRecorder
 from watchdog.runtime.evidence_http import EvidencePages
@@ -78,68 +78,6 @@ SLOW_LOOP_LOG_EVERY_S = 60.0
 #: name prefixes of the daemon's long-lived threads (readiness ticker, alert senders, GPU monitor,
 #: flag reader, checkpoint writer)
 OWN_THREADS = ("readiness", "alerts-", "gpu-monitor", "llmwd-routing-flags", "checkpoint-writer")
-
-#: the cyclic collector's thresholds while the loop runs. At CPython's (700, 10, 10) a young collection
-#: ran every ~60 events (each allocates a dozen containers, nearly all freed by reference counting) and
-#: the older ones re-walked every open window, route and engine history; at 1,000 routes that was
-#: 15-20 % of the loop's time (docs/BENCHMARKS.md, "Ingest through fp8-watchdog run")
-LOOP_GC_THRESHOLDS = (50_000, 20, 20)
-
-
-class GcPauses:
-    """Seconds the cyclic collector ran (on any thread: the loop waits for it either way) since the
-    last ``take``."""
-
-    def __init__(self) -> None:
-        self._started = 0.0
-        self.seconds = 0.0
-
-    def __call__(self, phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            self._started = time.perf_counter()
-        else:
-            self.seconds += time.perf_counter() - self._started
-
-    def take(self) -> float:
-        seconds, self.seconds = self.seconds, 0.0
-        return seconds
-
-
-class _LoopGC:
-    """The collector's settings are the process's: the first running loop freezes the start-up heap
-    and sets ``LOOP_GC_THRESHOLDS``, the last one to stop puts both back (tests and the demo run
-    several daemons in one process; one stopping must not undo another's settings). While a loop runs,
-    ``pauses`` times the collections (the slow-loop line shows their part)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._users = 0
-        self._saved: tuple[int, int, int] | None = None
-        self.pauses = GcPauses()
-
-    def enter(self) -> None:
-        with self._lock:
-            gc.collect()
-            gc.freeze()
-            if self._users == 0:
-                self._saved = gc.get_threshold()
-                gc.set_threshold(*LOOP_GC_THRESHOLDS)
-                gc.callbacks.append(self.pauses)
-            self._users += 1
-
-    def exit(self) -> None:
-        with self._lock:
-            self._users -= 1
-            if self._users == 0:
-                gc.unfreeze()  # let whatever the daemons held be collected
-                if self.pauses in gc.callbacks:
-                    gc.callbacks.remove(self.pauses)
-                if self._saved is not None:
-                    gc.set_threshold(*self._saved)
-                    self._saved = None
-
-
-LOOP_GC = _LoopGC()
 
 
 class Daemon:
@@ -214,6 +152,7 @@ class Daemon:
                                   self.decisions.flags.snapshot, self.actuator.pending_routes,
                                   self.alerter.open_incidents, self.evidence.forget)
         self.closer = WindowCloser(cfg, self.wm, self.ownership, self.metrics, self.stats, clock)
+        self.decisions.closed_at = self.closer.closed_at
         self.health = LoopHealth(cfg, self.readiness, self.wm, self.ownership.fenced_partitions, self.actuator,
                                  self.stats)
         self._status = StatusDocument(cfg.instance, self.stats, self.problems, self.ownership, self.policies,
@@ -307,16 +246,14 @@ class Daemon:
             self.readiness.tick(self.clock())
 
     def freeze_startup_heap(self) -> None:
-        """Start-up is over: move what it allocated out of the cyclic collector's reach, so the
-        collections the loop triggers scan only what the loop allocates, and collect less often
-        (``LOOP_GC_THRESHOLDS``; ``shutdown`` puts the thresholds back)."""
+        """Start-up is over: move what it allocated out of the cyclic collector's reach, and let the
+        loop run the collector (watchdog/runtime/collector.py; ``shutdown`` gives it back)."""
         if not self._gc_entered:
             self._gc_entered = True
             LOOP_GC.enter()
 
     def step(self, poll_ms: int = 200) -> None:
         t0 = time.monotonic()
-        LOOP_GC.pauses.take()
         laps: list[tuple[str, float]] = []
 
         def lap(phase: str) -> None:
@@ -333,6 +270,8 @@ class Daemon:
         ingest.commit_mirror({})  # mirror offsets a busy commit held back
         lap("poll")
         self.step_deadline.start()
+        LOOP_GC.collect()  # inside the deadline: the work that can wait gets what the collector left
+        lap("collector")
         now = self.clock()
         self.wm.records_read(ingest.last_polled, now)
         self.wm.live_from(ingest.read_to_end())
@@ -340,14 +279,7 @@ class Daemon:
         self.ownership.retry_unrestored(now)
         self.closer.confirm_idle(now)
         lap("partitions")
-        signals = self.closer.close_windows(now)
-        lap("close")
-        signals.extend(self._poll_sources(now))
-        lap("sources")
-        if signals or self.decisions.deferred_routes:
-            self.decisions.decide(signals, now)
-        self.decisions.act(now)
-        lap("decide")
+        self._close_and_judge(now, lap)
         self.evidence.flush(now)
         lap("evidence")
         self.checkpointer.checkpoint(now)
@@ -369,6 +301,9 @@ class Daemon:
         self.routes.update(now)
         self.health.update(now)
         lap("housekeeping")
+        gc_passes = LOOP_GC.pauses.take()
+        for generation, seconds in gc_passes:
+            self.metrics.gc_seconds.labels(str(generation)).observe(seconds)
         self.stats.last_loop = time.monotonic()
         self.metrics.loop_last.set(self.clock())
         self.metrics.loop_seconds.observe(self.stats.last_loop - t0)
@@ -383,7 +318,21 @@ class Daemon:
             log.warning("slow loop iteration: %.2f s of work (%s; the cyclic collector %.2f s of it); at most "
                         "one such line per %.0f s", busy,
                         ", ".join(f"{p} {d:.2f} s" for d, p in sorted(spans, reverse=True)[:4]),
-                        LOOP_GC.pauses.take(), SLOW_LOOP_LOG_EVERY_S)
+                        sum(seconds for _, seconds in gc_passes), SLOW_LOOP_LOG_EVERY_S)
+
+    def _close_and_judge(self, now: float, lap: Callable[[str], None]) -> None:
+        """Not inline in ``step``: a frame kafka-python keeps in a reference cycle after a poll (a timed-out
+        fetch's exception, its traceback and the callers' frames) holds ``step``'s locals as they were when
+        it returned, and the closed windows' signals (thousands at a window boundary) must not be among
+        them: the collector frees such a cycle only in its next full pass (watchdog/runtime/collector.py)."""
+        signals = self.closer.close_windows(now)
+        lap("close")
+        signals.extend(self._poll_sources(now))
+        lap("sources")
+        if signals or self.decisions.deferred_routes:
+            self.decisions.decide(signals, now)
+        self.decisions.act(now)
+        lap("decide")
 
     def _check_clock(self, now: float) -> None:
         """The host clock against the steady and the events' clock: ``clock-skew`` while they disagree.

@@ -212,8 +212,11 @@ class Decisions:
         self.clock = clock
         self.store = store
         self.actuator = Actuator(store, changed_by=f"watchdog@{cfg.instance}", extras=self.flip_extras)
-        #: (model, route) -> end of the window that caused the pending flip (reaction metric)
-        self._decided_at: dict[P.Route, float] = {}
+        #: (model, route) -> end of the window that caused the pending flip, and when the watermark closed
+        #: it (None: not a window the watermark closed; the reaction metrics)
+        self._decided_at: dict[P.Route, tuple[float, float | None]] = {}
+        #: when the watermark closed the window ending at a time (the daemon binds ``WindowCloser.closed_at``)
+        self.closed_at: Callable[[float], float | None] = lambda end: None
         #: open per-route ops incidents (refused or re-asserted flips): resolved when a later flip
         #: of the route goes through
         self._open_incidents: set[str] = set()
@@ -330,7 +333,8 @@ class Decisions:
             # the page goes with the flip (flip.lua writes the outbox record); a route no assigned
             # partition carries (a GPU signal of this host; golden signals reach only owners) flips unfenced
             self.actuator.submit(action)
-            self._decided_at[(action.model, action.route)] = action.at or self.clock()
+            end = action.at or self.clock()
+            self._decided_at[(action.model, action.route)] = (end, self.closed_at(end))
             return
         part = self.ownership.parts.get(pk) if pk is not None else None
         if part is not None:
@@ -368,7 +372,11 @@ class Decisions:
             if result.applied:
                 self.flags.wrote((result.model, result.route), result.precision, result.epoch)
                 if decided is not None:
-                    self.metrics.reaction_seconds.observe(max(0.0, now - decided))
+                    end, closed = decided
+                    written = self.clock()  # not ``now``: the iteration's judging came before this write
+                    self.metrics.window_end_to_flip_seconds.observe(max(0.0, written - end))
+                    if closed is not None:
+                        self.metrics.close_to_flip_seconds.observe(max(0.0, written - closed))
             if result.applied or result.unchanged:
                 self._resolve(f"refused/{result.model}/{result.route}", "a later switch went through")
                 if result.applied:
