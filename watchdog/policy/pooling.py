@@ -216,8 +216,8 @@ def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
         entry["mix"], entry["mix_v"] = moved
     if j.replicas == "robust":
         # the replica names of the newest entry only (the next window's joined_replicas reads them)
-        for e in pool:
-            e.pop("r", None)
+        if pool:
+            pool[-1].pop("r", None)
         entry["r"] = [replica_names(cand), replica_names(base)]
     if j.settle is not None:
         # deploys and maintenance (watchdog/policy/changes.py): judge only after both sides settled,

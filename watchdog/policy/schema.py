@@ -338,7 +338,7 @@ class Judge(_Strict):
             raise ValueError("replicas and max_mix_shift need test: quantile")
         if self.settle is not None and not (self.test == "quantile" or (self.test != "paired" and self.learn)):
             raise ValueError("settle is for learned live rules (test: quantile, or a live test with learn)")
-        if self.build_hold is not None and (self.settle is None or self.test not in ("quantile", "mann_whitney")):
+        if self.build_hold is not None and not self._settled_latency:
             raise ValueError("build_hold is for latency rules with settle (test: quantile or mann_whitney)")
         return self
     #: live: also judge over a longer horizon (always-valid sequential test against a tolerance)
@@ -374,11 +374,16 @@ class Judge(_Strict):
         return max(self.horizon_tolerance, self.horizon_between_sd, 1e-3)
 
     @property
+    def _settled_latency(self) -> bool:
+        """A latency rule with ``settle``: the only kind ``build_hold`` applies to."""
+        return self.settle is not None and self.test in ("quantile", "mann_whitney")
+
+    @property
     def hold(self) -> int:
         """Windows a latency rule with ``settle`` holds while the precisions run different builds
         (``build_hold``, else ``DEFAULT_BUILD_HOLD``); 0 for every other rule (rates are not confounded
         by a build's speed)."""
-        if self.settle is None or self.test not in ("quantile", "mann_whitney"):
+        if not self._settled_latency:
             return 0
         return DEFAULT_BUILD_HOLD if self.build_hold is None else self.build_hold
 
