@@ -288,6 +288,58 @@ def test_a_baseline_that_crept_and_recovered_is_not_fp8s_regression(shipped: Pol
     assert t is not None and 140 <= t < 150, t
 
 
+def _crept_from_the_start(engine: PolicyEngine, route: str, fp8_after: float, seed: int) -> int | None:
+    """The watch begins while FP16 is already 40 windows into a 0.5 %-per-window uptime creep (so
+    the anchor is learned at a crept level too); FP16 restarted back to 800 ms at window 100, FP8 at
+    800 ms until then and ``fp8_after`` from the restart on. The window of the first rollback, or None."""
+    rng = np.random.default_rng(seed)
+    flags = {("m", route): "fp8"}
+    for t in range(130):
+        fp16 = 800.0 * math.exp(0.005 * (t + 40)) if t < 100 else 800.0
+        sigs = _window(t, route, 800.0 if t < 100 else fp8_after, 2000, 1000, rng, fp16_ms=fp16)
+        if any(a.kind == "rollback" for a in engine.observe(sigs, 1_780_000_000.0 + 300.0 * (t + 1) + 1, flags)):
+            return t
+    return None
+
+
+def test_which_precision_moved_decides_when_the_anchor_was_learned_mid_creep(shipped: PolicySet) -> None:
+    """bench/ordinary_days.py ``creep-fp16``, what the anchor left: a watch that began mid-creep
+    learns a crept anchor, and FP16's restart is a shift of +0.7 against the level. FP16's own
+    statistic fell by all of it and FP8's did not move, so the window passes (``baseline_moved``)
+    and the level follows; FP8 10 % slower at the restart is still a regression of FP8's own."""
+    engine = PolicyEngine(shipped)
+    assert _crept_from_the_start(engine, "chat/mid-creep", 800.0, 5) is None
+    rs = engine.states[("fp8-default", "m", "chat/mid-creep")].rules["latency-typical"]
+    assert all("base" in x for x in rs.null[-50:])  # FP16's own statistic is learned with each window
+    t = _crept_from_the_start(PolicyEngine(shipped), "chat/mid-creep-bad", 880.0, 5)
+    assert t is not None and 100 <= t < 110, t
+
+
+def test_baseline_moved_splits_the_shift_into_each_precisions_own_move() -> None:
+    from watchdog.policy.judge.live import baseline_moved
+
+    rng = np.random.default_rng(2)
+    b16 = list(-6.7 + 0.01 * rng.normal(size=60))      # FP16's own mean log latency
+    hist = [0.0 + 0.01 * rng.normal() for _ in b16]     # FP8 - FP16 at parity
+    kw = {"recent": 3, "alpha": 1e-4, "prior_sd": 0.015, "effect": 0.0}
+    level16 = float(np.mean(b16[-3:]))
+    own8 = float(np.mean([h + b for h, b in zip(hist[-3:], b16[-3:], strict=True)]))
+    # FP16 fell by 0.3, FP8 stayed: FP16's move, FP8's own move judged and not failed
+    pool_b = [level16 - 0.3] * 3
+    pool = [(own8 - b, 1e-4) for b in pool_b]
+    out = baseline_moved(pool, pool_b, hist, b16, **kw)
+    assert out is not None and not out["fails"]
+    assert out["fp16_own"] == pytest.approx(-0.3) and abs(out["fp8_own"]) < 1e-9
+    # FP16 fell by 0.3 and FP8 rose by 0.1: FP8's own move fails
+    pool = [(own8 + 0.1 - b, 1e-4) for b in pool_b]
+    out = baseline_moved(pool, pool_b, hist, b16, **kw)
+    assert out is not None and out["fails"] and out["fp8_own"] == pytest.approx(0.1)
+    # FP16 steady, FP8 0.1 slower: not FP16's move, the difference's judgement stands
+    assert baseline_moved([(own8 + 0.1 - level16, 1e-4)] * 3, [level16] * 3, hist, b16, **kw) is None
+    # FP16's statistic unknown for the level's windows (a state saved before it was kept)
+    assert baseline_moved(pool, pool_b, hist, b16[:-3] + [math.nan] * 3, **kw) is None
+
+
 def test_a_level_far_below_the_anchor_is_judged_as_the_anchor() -> None:
     from watchdog.policy.horizon import level_reset
     from watchdog.policy.judge.live import judge_learned

@@ -60,7 +60,10 @@ def _learn(rule: Rule, rs: RuleState, v: Verdict) -> None:
     detail = jd.get("detail") or {}
     if j.learn is not None and isinstance(detail.get("window_estimate"), list):
         est = detail["window_estimate"]
-        rs.null.append({"end": v.end, "e": float(est[0]), "v": float(est[1])})
+        entry = {"end": v.end, "e": float(est[0]), "v": float(est[1])}
+        if isinstance(detail.get("window_baseline"), float):
+            entry["base"] = detail["window_baseline"]  # FP16's own statistic (pooling.baseline_moved)
+        rs.null.append(entry)
         del rs.null[:-j.learn]
         if v.status == "pass":  # the long-term anchor moves with passing windows only
             learn_anchor(rule, rs.horizon, rs.null, float(est[0]))

@@ -19,7 +19,7 @@ from typing import Any
 from watchdog.core.signals import Signal
 from watchdog.policy.changes import change_entry, held, joined_replicas, replica_names
 from watchdog.policy.judge.fleet import FleetOptions, fleet_side, mix_log_diff, mix_shift, mix_tail_contrast
-from watchdog.policy.judge.live import judge_learned, quantile_log_diff, rate_diff_estimate
+from watchdog.policy.judge.live import baseline_moved, judge_learned, quantile_log_sides, rate_diff_estimate
 from watchdog.policy.judge.memo import cached
 from watchdog.policy.judge.paired import judge_paired_replays
 from watchdog.policy.judge.pooled import judge_rate_pooled, judge_unpaired_pooled
@@ -84,33 +84,50 @@ def learned(rule: Rule) -> bool:
 NONE_JOINED: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
 
 
+#: a window's (FP8 - FP16 difference, its variance, FP16's own statistic or None), harm units
+Estimate = tuple[float, float, float | None]
+
+
 def window_difference(rule: Rule, cand: Signal, base: Signal,
                       joined: tuple[tuple[str, ...], tuple[str, ...]] = NONE_JOINED) -> tuple[float, float] | str:
     """One live window's FP8 - FP16 difference in harm units and its sampling variance: log
     ratio of the judged latency quantile (p50 for mann_whitney), or the rate difference. ``joined``:
-    per precision the replicas new in this window (``replicas: robust`` leaves them out). Inside
-    ``memo.window_memo`` computed once per rule and window (the judge's and the horizon's)."""
+    per precision the replicas new in this window (``replicas: robust`` leaves them out)."""
+    out = window_estimate(rule, cand, base, joined)
+    return out if isinstance(out, str) else (out[0], out[1])
+
+
+def window_estimate(rule: Rule, cand: Signal, base: Signal,
+                    joined: tuple[tuple[str, ...], tuple[str, ...]] = NONE_JOINED) -> Estimate | str:
+    """``window_difference`` and FP16's own statistic in the same harm units (the difference is
+    FP8's minus it; None for a rate or a tail contrast): what ``judge_learned`` needs to tell
+    which precision moved (``baseline_moved``). Inside ``memo.window_memo`` computed once per rule
+    and window (the judge's and the horizon's)."""
     return cached("window_difference", (rule, cand, base), (joined,),
                   lambda: _window_difference(rule, cand, base, joined))
 
 
 def _window_difference(rule: Rule, cand: Signal, base: Signal,
-                       joined: tuple[tuple[str, ...], tuple[str, ...]]) -> tuple[float, float] | str:
+                       joined: tuple[tuple[str, ...], tuple[str, ...]]) -> Estimate | str:
     j = rule.judge
     assert j is not None
     sign = 1.0 if j.harm_direction == "lower_is_better" else -1.0
     if j.test == "quantile" and (j.adjust is not None or j.replicas is not None or j.max_mix_shift is not None):
         return _fleet_difference(rule, cand, base, sign, joined)
+    own: float | None = None
     if j.test in ("quantile", "mann_whitney"):
         hists = [s.detail.get("latency_hist") for s in (cand, base)]
         if not all(isinstance(h, Mapping) and "relative_accuracy" in h for h in hists):
             return "no latency_hist in the window's detail"
         try:
-            out = quantile_log_diff(hists[0], hists[1], j.q if j.test == "quantile" else 0.5,  # type: ignore[arg-type]
-                                    j.tail if j.test == "quantile" else None,
-                                    j.relative_to if j.test == "quantile" else None)
+            sides = quantile_log_sides(hists[0], hists[1], j.q if j.test == "quantile" else 0.5,  # type: ignore[arg-type]
+                                       j.tail if j.test == "quantile" else None,
+                                       j.relative_to if j.test == "quantile" else None)
         except (KeyError, TypeError, ValueError) as exc:
             return f"unreadable latency_hist: {exc}"
+        out = None if sides is None else (sides[0][0] - sides[1][0], sides[0][1] + sides[1][1])
+        if sides is not None and _splits(rule):
+            own = sides[1][0]
     else:
         counts = [rate_counts(rule, s) for s in (cand, base)]
         if counts[0] is None or counts[1] is None:
@@ -118,7 +135,19 @@ def _window_difference(rule: Rule, cand: Signal, base: Signal,
         out = rate_diff_estimate(counts[0][0], counts[0][1], counts[1][0], counts[1][1])
     if out is None or not all(math.isfinite(x) for x in out):
         return "no latencies in the window"
-    return sign * out[0], out[1]
+    return sign * out[0], out[1], _signed(sign, own)
+
+
+def _splits(rule: Rule) -> bool:
+    """Whether the rule's statistic is FP8's level minus FP16's (a latency quantile or tail mean),
+    so that each precision's own move can be told apart; a tail contrast (a shape) and a rate are not
+    split (an FP16 error rate that fell leaves FP8's worse than the baseline now, whoever moved)."""
+    j = rule.judge
+    return j is not None and j.test == "quantile" and j.relative_to != "mean"
+
+
+def _signed(sign: float, own: float | None) -> float | None:
+    return None if own is None or not math.isfinite(own) else sign * own
 
 
 #: a precisions' request-mix difference counts only beyond this many of its own sampling sds (and
@@ -145,7 +174,7 @@ def _mix_moved(rule: Rule, cand: Signal, base: Signal,
 
 
 def _fleet_difference(rule: Rule, cand: Signal, base: Signal, sign: float,
-                      joined: tuple[tuple[str, ...], tuple[str, ...]]) -> tuple[float, float] | str:
+                      joined: tuple[tuple[str, ...], tuple[str, ...]]) -> Estimate | str:
     """``window_difference`` with ``adjust: mix`` and/or ``replicas: robust`` (judge/fleet.py): each
     precision's window without its joined (cold) and outlier replicas, then the within-cell (mix) or
     the plain statistic."""
@@ -167,6 +196,7 @@ def _fleet_difference(rule: Rule, cand: Signal, base: Signal, sign: float,
         return (f"more {'candidate' if xc else 'baseline'} replicas stand out than may be left out "
                 f"(left out: {len(dc if xc else db)}): not comparable like with like in this window")
     out: tuple[float, float] | None = None
+    own: float | None = None
     if j.max_mix_shift is not None and rc and rb:
         moved = mix_shift(rc, rb)
         if moved is not None and abs(moved[0]) > mix_line(j.max_mix_shift, moved[1]):
@@ -184,20 +214,22 @@ def _fleet_difference(rule: Rule, cand: Signal, base: Signal, sign: float,
     elif j.adjust == "mix" and rc and rb:
         mixed = mix_log_diff(rc, rb)
         if mixed is not None:
-            out = mixed[0], mixed[1]
+            out, own = (mixed[0], mixed[1]), mixed[2].get("base")
     if out is None:
         if not (isinstance(hc, Mapping) and "relative_accuracy" in hc and isinstance(hb, Mapping)
                 and "relative_accuracy" in hb):
             return "no latency_hist in the window's detail"
         try:
-            out = quantile_log_diff(hc, hb, j.q, j.tail, j.relative_to)
+            sides = quantile_log_sides(hc, hb, j.q, j.tail, j.relative_to)
         except (KeyError, TypeError, ValueError) as exc:
             return f"unreadable latency_hist: {exc}"
+        if sides is not None:
+            out, own = (sides[0][0] - sides[1][0], sides[0][1] + sides[1][1]), sides[1][0]
     if out is None or not all(math.isfinite(x) for x in out):
         return "no latencies in the window"
     if dc or db:
         cand.detail.setdefault("replicas_left_out", {})[rule.name] = [dc, db]
-    return sign * out[0], out[1]
+    return sign * out[0], out[1], _signed(sign, own if _splits(rule) else None)
 
 
 def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
@@ -206,11 +238,13 @@ def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
     j = rule.judge
     assert j is not None
     joined = joined_of(rule, pool, cand, base)
-    diff = window_difference(rule, cand, base, joined)
+    diff = window_estimate(rule, cand, base, joined)
     if isinstance(diff, str):
         return diff
     entry: dict[str, Any] = {"start": cand.start, "end": cand.end, "samples": [cand.samples, base.samples],
                              "e": diff[0], "v": diff[1]}
+    if diff[2] is not None:
+        entry["base"] = diff[2]
     moved = _mix_moved(rule, cand, base, joined)
     if moved is not None:
         entry["mix"], entry["mix_v"] = moved
@@ -252,7 +286,36 @@ def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
                         metric=rule.metric, unit=unit, null_v=hist_v, null_model=j.null_model, level_sd=j.level_sd,
                         gap=gap)
     out.detail["pool_size"] = len(pool)
+    if diff[2] is not None:
+        out.detail["window_baseline"] = diff[2]  # learned with the window (engine._learn)
+    if out.status == "fail" and out.detail.get("learned"):
+        _unless_baseline_moved(rule, out, pool, null or [], first, gap)
     return out
+
+
+def _unless_baseline_moved(rule: Rule, out: Judgement, pool: Pool, null: list[dict[str, Any]], first: float,
+                           gap: int) -> None:
+    """A failed shift that is mostly FP16's own move (``judge_learned``'s ``baseline_moved``) is
+    judged on FP8's own move instead: a pass (reason ``baseline_moved``; the window is learned, so
+    the level follows FP16's new speed) unless FP8 itself moved beyond the effect."""
+    j = rule.judge
+    assert j is not None
+    past = [x for x in null if "e" in x and float(x.get("end", math.inf)) <= first]
+    moved = baseline_moved([(float(e["e"]), float(e["v"])) for e in pool],
+                           [float(e.get("base", math.nan)) for e in pool], [float(x["e"]) for x in past],
+                           [float(x.get("base", math.nan)) for x in past], recent=j.recent, alpha=j.alpha,
+                           prior_sd=j.prior_sd, effect=j.effect, gap=gap)
+    if moved is None:
+        return
+    out.detail["baseline_moved"] = moved
+    split = (f"FP16's own statistic moved {moved['fp16_own']:+.4g}, FP8's {moved['fp8_own']:+.4g} "
+             f"[{moved['fp8_own_low']:+.4g}, {moved['fp8_own_high']:+.4g}]")
+    if moved["fails"]:
+        out.message += f"; {split}: FP8 moved too"
+        return
+    out.status, out.reason = "pass", "baseline_moved"
+    out.message = (f"{out.metric}: pass (baseline_moved); FP8 - FP16 shifted {moved['shift']:+.4g} against the "
+                   f"learned level, but {split}: FP16 changed, not FP8")
 
 
 def joined_of(rule: Rule, pool: Pool, cand: Signal, base: Signal) -> tuple[tuple[str, ...], tuple[str, ...]]:

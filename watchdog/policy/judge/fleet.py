@@ -92,7 +92,7 @@ def _mix_log_diff(cand_rows: Any, base_rows: Any) -> tuple[float, float, dict[st
     va, vb = _within_var(a), _within_var(b)
     if not (math.isfinite(va) and math.isfinite(vb)):
         return None
-    num = den = var = 0.0
+    num = den = var = own_b = 0.0
     used_a = used_b = 0.0
     for key, (na, sa, _) in a.items():
         cb = b.get(key)
@@ -101,6 +101,7 @@ def _mix_log_diff(cand_rows: Any, base_rows: Any) -> tuple[float, float, dict[st
         nb, sb = cb[0], cb[1]
         h = na * nb / (na + nb)
         num += h * (sa / na - sb / nb)
+        own_b += h * (sb / nb)
         den += h
         var += h * h * (va / na + vb / nb)
         used_a += na
@@ -109,8 +110,9 @@ def _mix_log_diff(cand_rows: Any, base_rows: Any) -> tuple[float, float, dict[st
         return None
     tot_a = sum(c[0] for c in a.values())
     tot_b = sum(c[0] for c in b.values())
+    # "base": FP16's own mean log latency on the same cell weights (the difference is FP8's minus it)
     return num / den, var / (den * den), {"cells": len(a.keys() & b.keys()),
-                                          "support": [used_a / tot_a, used_b / tot_b]}
+                                          "support": [used_a / tot_a, used_b / tot_b], "base": own_b / den}
 
 
 def mix_shift(cand_rows: Any, base_rows: Any) -> tuple[float, float] | None:

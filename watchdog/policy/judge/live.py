@@ -34,7 +34,7 @@ from watchdog.policy.judge.memo import cached
 from watchdog.policy.judge.pooled import zero_bucket_index
 from watchdog.policy.judge.verdict import Judgement, verdict
 
-__all__ = ["judge_learned", "quantile_log_diff", "rate_diff_estimate", "sketch_log_quantile",
+__all__ = ["baseline_moved", "judge_learned", "quantile_log_diff", "quantile_log_sides", "rate_diff_estimate", "sketch_log_quantile",
            "sketch_log_tail_contrast", "sketch_log_tail_mean"]
 
 #: pseudo degrees of freedom given to the prior between-window sd
@@ -235,6 +235,17 @@ def quantile_log_diff(cand: Mapping[str, Any], base: Mapping[str, Any], q: float
     with ``tail``, the difference of the upper-tail means of log latency above that quantile;
     with ``relative_to="mean"`` as well, the difference of the two precisions' tail contrasts
     (``sketch_log_tail_contrast``: tail mean minus mean log latency of the same sketch)."""
+    sides = quantile_log_sides(cand, base, q, tail, relative_to)
+    if sides is None:
+        return None
+    a, b = sides
+    return a[0] - b[0], a[1] + b[1]
+
+
+def quantile_log_sides(cand: Mapping[str, Any], base: Mapping[str, Any], q: float, tail: float | None = None,
+                       relative_to: str | None = None) -> tuple[tuple[float, float], tuple[float, float]] | None:
+    """Each precision's own statistic of ``quantile_log_diff`` ((value, variance) for FP8, then
+    FP16), or None when either sketch is empty."""
     if tail is not None and relative_to == "mean":
         a, b = sketch_log_tail_contrast(cand, tail), sketch_log_tail_contrast(base, tail)
     elif tail is not None:
@@ -243,7 +254,7 @@ def quantile_log_diff(cand: Mapping[str, Any], base: Mapping[str, Any], q: float
         a, b = sketch_log_quantile(cand, q), sketch_log_quantile(base, q)
     if a is None or b is None:
         return None
-    return a[0] - b[0], a[1] + b[1]
+    return a, b
 
 
 def rate_diff_estimate(ce: int, cn: int, be: int, bn: int) -> tuple[float, float] | None:
@@ -377,6 +388,43 @@ def judge_learned(
                              "null_sd": None if math.isnan(sd_r) else sd_r, "df": df, "alpha": alpha, "dispersion": dispersion,
                              "gap": gap,
                              "window_estimate": [float(e[-1]), float(v[-1])]})
+
+
+def baseline_moved(pool: Sequence[tuple[float, float]], pool_b: Sequence[float], hist: Sequence[float],
+                   hist_b: Sequence[float], *, recent: int, alpha: float, prior_sd: float, effect: float,
+                   gap: int = 0) -> dict[str, Any] | None:
+    """FP8's own move, judged, when a shift of the FP8 - FP16 difference that ``judge_learned``
+    failed is mostly FP16's (docs/JUDGE.md "Which precision moved"). The difference is FP8's
+    statistic minus FP16's (``pool_b`` / ``hist_b``: FP16's own, harm units, NaN where unknown), so
+    the shift against the level (the last ``recent`` learned windows) splits into FP8's own move
+    ``d8`` and FP16's ``d16`` (shift = d8 - d16). When FP16's own fall is more than half the shift
+    (its replicas restarted after creeping with uptime, its load fell), FP8's own move is judged
+    instead, against its own learned wander (the residual null of FP8's own series over the history,
+    ``_residual_null`` at the rule's ``alpha`` and ``prior_sd``): ``fails`` when its whole interval lies
+    beyond ``effect``. A load or mix change that moves both precisions moves ``d8`` as well, and that
+    wander is in FP8's own null. None when FP16's move is not most of the shift, or when the history
+    lacks FP16's statistic for the level or enough windows to learn FP8's wander: the difference's
+    judgement stands."""
+    k, n = len(pool), len(hist)
+    recent = max(1, min(recent, n // 2))
+    if k == 0 or len(pool_b) != k or len(hist_b) != n or n < recent:
+        return None
+    b_pool, b_hist = np.asarray(pool_b, dtype=float), np.asarray(hist_b, dtype=float)
+    if not (np.all(np.isfinite(b_pool)) and np.all(np.isfinite(b_hist[-recent:]))):
+        return None
+    own8 = np.asarray(hist, dtype=float) + b_hist
+    d16 = float(b_pool.mean() - b_hist[-recent:].mean())
+    d8 = float((np.array([p[0] for p in pool], dtype=float) + b_pool).mean() - own8[-recent:].mean())
+    shift = d8 - d16
+    if not (shift > 0 and d16 < -shift / 2):
+        return None
+    own8 = own8[np.isfinite(own8)]
+    if own8.size < recent + 2 * k:
+        return None
+    var, crit, _, df = _residual_null(own8, k, recent, alpha, prior_sd, gap)
+    half = crit * math.sqrt(var)
+    return {"shift": shift, "fp16_own": d16, "fp8_own": d8, "fp8_own_low": d8 - half, "fp8_own_high": d8 + half,
+            "df": df, "fails": d8 - half > effect}
 
 
 def _sampling_null(hist: np.ndarray, hv: np.ndarray, v: np.ndarray, recent: int,
