@@ -42,8 +42,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from probes import fp8_fused
 from probes.decode_attention import FP8_KV, FP8_KV_STORE, decode_attention, quant_kv, store_prompt_kv
-from probes.engines.fast_forward import forward_layer, sequence_inputs
+from probes.engines.fast_forward import forward_layer, fusable, sequence_inputs
 from probes.engines.fast_layers import (
     COUNT_INPUT,
     lin_params,
@@ -253,6 +254,9 @@ class FastDecoder:
             p["counts"] = tuple((COUNT_INPUT[k], k) for k in groups)
             # True: prefill/scoring quantise q/k/v's (gate/up's) input once; no gain measured on the H200
             p["share_quant"] = False
+            # prefill/scoring quantise and count each FP8 input in one kernel with its norm, residual add
+            # or SiLU*up (``probes.fp8_fused``; CUDA with Triton)
+            p["fused_quant"] = on_cuda and fp8_fused.HAVE_TRITON and fusable(p)
             self.layers.append(p)
             mods = [x for g in groups.values() for x in g]
             if all(isinstance(x, Fp8Linear) and x.track_saturation for x in mods):
@@ -303,13 +307,15 @@ class FastDecoder:
         self._lock = threading.Lock()  # the static caches and graphs serve one batch at a time
 
     def set_options(self, *, share_quant: bool | None = None, attention: str | None = None,
-                    kv_cache: str | None = None, gemm: str | None = None) -> None:
+                    kv_cache: str | None = None, gemm: str | None = None,
+                    fused_quant: bool | None = None) -> None:
         """``share_quant``: prefill/scoring quantise q/k/v's (gate/up's) input once for their separate FP8
         GEMMs. ``attention``: decode attention "sdpa" (``attend``), "gqa" (``attend_gqa``) or "triton"
         (``probes.decode_attention``). ``kv_cache``: "fp8" (e4m3, per-head scales; attention through
         ``probes.decode_attention``) or "auto" (the activation dtype). ``gemm``: decode's FP8 products
         through "cublas" (``_scaled_mm``) or "triton" (``probes.fp8_gemm``, lm_head included when it is
-        FP8). Captured step graphs are dropped (they hold the previous choice); a new cache dtype drops
+        FP8). ``fused_quant``: prefill/scoring quantise FP8 inputs through ``probes.fp8_fused`` (where the
+        layer is ``fusable`` and Triton runs). Captured step graphs are dropped (they hold the previous choice); a new cache dtype drops
         the buckets."""
         if gemm is not None:
             if gemm not in ("cublas", "triton"):
@@ -327,6 +333,9 @@ class FastDecoder:
         for p in self.layers:
             if share_quant is not None:
                 p["share_quant"] = bool(share_quant)
+            if fused_quant is not None:
+                on = bool(fused_quant) and self.device.type == "cuda" and fp8_fused.HAVE_TRITON
+                p["fused_quant"] = on and fusable(p)
             if attention is not None:
                 p["attention"] = attention
         self._apply_gemm()
