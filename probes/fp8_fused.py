@@ -10,16 +10,18 @@ can be left out):
 * ``quant_rows(x, sx)``: quantisation + count (the o projection's input).
 
 Under ``torch.compile`` inductor fused these steps too, but the count re-read (or recomputed) the
-activation and its reductions over 4,096-14,336 columns ran at 1.3-2.2 TB/s on the H200 (batch 128
-prefill: 137 ms of norm/quantise/count kernels against FP16's 81 ms of norm/SiLU*up, BENCHMARKS.md).
-Here one program handles one row (token).
+activation, q/k/v and gate/up each got their own quantised copy, and its reductions over 4,096-14,336
+columns ran at 1.3-2.2 TB/s on the H200 (batch 128 prefill: 137 ms of norm/quantise/count kernels against
+FP16's 81 ms of norm/SiLU*up, BENCHMARKS.md). Here one program handles one row (token).
 
 The numbers follow the eager module code op by op, rounding to the activation dtype where it does: the
-float32 RMSNorm rounded before the weight, SiLU as ``g / (1 + exp(-g))`` and its product with ``u``
-each rounded, the division by the scale correctly rounded in float32 then rounded (as
-``probes.fp8_triton``). Only the RMSNorm's sum of squares is added in another order than eager's. On
-CUDA with Triton these are ``torch.library`` custom ops (the compiled layer calls them); elsewhere the
-torch reference below (CI).
+float32 RMSNorm rounded before the weight (its sum of squares added in another order than eager's),
+SiLU as ``g / (1 + exp(-g))`` and its product with ``u`` each rounded (Triton's fast exp and division:
+eager's accurate ones give another float32 quotient now and then, which rarely survives the rounding to
+fp16 and then to e4m3), the division by the scale correctly rounded in float32 (a reciprocal and one FMA
+correction), then rounded, as ``probes.fp8_triton`` does. On CUDA with Triton these are
+``torch.library.triton_op``s, so a compiled layer launches the kernels from its own generated code (no
+Python per call); elsewhere the torch reference below (CI).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from probes.fp8 import E4M3_MAX, FP8_DTYPE
 try:  # Triton is there with CUDA builds of torch; CPU-only installs run the torch reference
     import triton
     import triton.language as tl
+    from torch.library import wrap_triton
     from triton.language.extra import libdevice
 
     HAVE_TRITON = True
@@ -69,18 +72,26 @@ def _fits(x: torch.Tensor, *others: torch.Tensor, norm: bool = False) -> bool:
 if HAVE_TRITON:
 
     @triton.jit
-    def _quant_store(h, s, live, q_ptrs):
-        """Divide by the scale (float32, correctly rounded, rounded to h's dtype), store the clamped e4m3
-        value; returns the saturated lanes as int32."""
-        y = tl.math.div_rn(h.to(tl.float32), s).to(h.dtype).to(tl.float32)
+    def _quant_store(h, s, inv, live, q_ptrs):
+        """``h / s`` in float32 (``h * inv`` with one FMA correction: the correctly rounded quotient, without
+        the cost of an IEEE division per value), rounded to h's dtype; store the clamped e4m3 value and
+        return the saturated lanes (int32)."""
+        hf = h.to(tl.float32)
+        y0 = hf * inv
+        y = tl.fma(tl.fma(-y0, s, hf), inv, y0).to(h.dtype).to(tl.float32)
         sat = ((tl.abs(y) > 448.0) & live).to(tl.int32)
         y = tl.minimum(tl.maximum(y, -448.0), 448.0)
         tl.store(q_ptrs, y.to(q_ptrs.dtype.element_ty), mask=live)
         return sat
 
     @triton.jit
-    def _rms_quant_kernel(x_ptr, r_ptr, w_ptr, s_ptr, xo_ptr, q_ptr, c_ptr, n_float, eps, N: tl.constexpr,
-                          RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+    def _scale(s_ptr):
+        s = tl.load(s_ptr).to(tl.float32)
+        return s, tl.math.div_rn(s * 0.0 + 1.0, s)
+
+    @triton.jit
+    def _rms_quant_kernel(x_ptr, r_ptr, w_ptr, s_ptr, xo_ptr, q_ptr, c_ptr, N: tl.constexpr,
+                          EPS: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         live = cols < N
@@ -91,122 +102,103 @@ if HAVE_TRITON:
             x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
             tl.store(xo_ptr + at, x, mask=live)
         xf = x.to(tl.float32)
-        var = tl.math.div_rn(tl.sum(xf * xf, axis=0), n_float)
-        y = (xf * libdevice.rsqrt(var + eps)).to(x.dtype)
+        var = tl.sum(xf * xf, axis=0) * (1.0 / N)  # as ATen's mean: the sum times 1/N
+        y = (xf * libdevice.rsqrt(var + EPS)).to(x.dtype)
         w = tl.load(w_ptr + cols, mask=live, other=0.0)
         h = (w.to(tl.float32) * y.to(tl.float32)).to(x.dtype)
-        sat = _quant_store(h, tl.load(s_ptr).to(tl.float32), live, q_ptr + at)
+        s, inv = _scale(s_ptr)
+        sat = _quant_store(h, s, inv, live, q_ptr + at)
         tl.store(c_ptr + row, tl.sum(sat, axis=0))
 
     @triton.jit
     def _rows_quant_kernel(g_ptr, u_ptr, s_ptr, q_ptr, c_ptr, N: tl.constexpr, GATED: tl.constexpr,
                            BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
-        s = tl.load(s_ptr).to(tl.float32)
+        s, inv = _scale(s_ptr)
         n = tl.zeros([BLOCK], dtype=tl.int32)
         for start in tl.static_range(0, N, BLOCK):
             cols = start + tl.arange(0, BLOCK)
             live = cols < N
             at = row * N + cols
             g = tl.load(g_ptr + at, mask=live, other=0.0)
-            if GATED:
+            if GATED:  # silu(g) * u, each rounded to g's dtype as eager rounds them
                 gf = g.to(tl.float32)
-                a = tl.math.div_rn(gf, 1.0 + libdevice.exp(-gf)).to(g.dtype)
+                a = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)
                 u = tl.load(u_ptr + at, mask=live, other=0.0)
                 g = (a.to(tl.float32) * u.to(tl.float32)).to(g.dtype)
-            n += _quant_store(g, s, live, q_ptr + at)
+            n += _quant_store(g, s, inv, live, q_ptr + at)
         tl.store(c_ptr + row, tl.sum(n, axis=0))
 
+    def _warps(cols: int) -> int:
+        return 8 if cols >= 4096 else 4 if cols >= 1024 else 1
 
-def _outputs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return (torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device),
-            torch.empty(x.shape[:-1], dtype=torch.int32, device=x.device))
+    def _outputs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device),
+                torch.empty(x.shape[:-1], dtype=torch.int32, device=x.device))
 
-
-def _warps(cols: int) -> int:
-    return 8 if cols >= 4096 else 4 if cols >= 1024 else 1
-
-
-def _launch_norm(x: torch.Tensor, r: torch.Tensor | None, w: torch.Tensor, sx: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    x = x.contiguous()
-    q, c = _outputs(x)
-    residual = r is not None
-    xo = torch.empty_like(x) if residual else x
-    rows, cols = x.numel() // max(1, x.shape[-1]), x.shape[-1]
-    if rows:
+    def _norm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, sx: torch.Tensor, xo: torch.Tensor,
+              eps: float, residual: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        q, c = _outputs(x)
+        cols = x.shape[-1]
         block = triton.next_power_of_2(cols)
-        r = r.contiguous() if r is not None else x
-        _rms_quant_kernel[(rows,)](x, r, w.contiguous(), sx, xo, q, c, float(cols), float(eps), N=cols,
-                                   RESIDUAL=residual, BLOCK=block, num_warps=_warps(block))
-    return xo, q, c
+        wrap_triton(_rms_quant_kernel)[(x.numel() // cols,)](
+            x, r, w, sx, xo, q, c, N=cols, EPS=float(eps), RESIDUAL=residual, BLOCK=block,
+            num_warps=_warps(block),
+        )
+        return q, c
 
+    @torch.library.triton_op("llmwd::rms_quant", mutates_args={})
+    def _rms_quant_op(x: torch.Tensor, w: torch.Tensor, sx: torch.Tensor,
+                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        return _norm(x, x, w, sx, x, eps, False)
 
-def _launch_rows(g: torch.Tensor, u: torch.Tensor | None,
-                 sx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    g = g.contiguous()
-    q, c = _outputs(g)
-    rows, cols = g.numel() // max(1, g.shape[-1]), g.shape[-1]
-    if rows:
+    @torch.library.triton_op("llmwd::add_rms_quant", mutates_args={})
+    def _add_rms_quant_op(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, sx: torch.Tensor,
+                          eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        xo = torch.empty_like(x)
+        q, c = _norm(x, r, w, sx, xo, eps, True)
+        return xo, q, c
+
+    @torch.library.triton_op("llmwd::rows_quant", mutates_args={})
+    def _rows_quant_op(g: torch.Tensor, u: torch.Tensor, sx: torch.Tensor,
+                       gated: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        q, c = _outputs(g)
+        cols = g.shape[-1]
         block = min(ROW_BLOCK, triton.next_power_of_2(cols))
-        _rows_quant_kernel[(rows,)](g, g if u is None else u.contiguous(), sx, q, c, N=cols,
-                                    GATED=u is not None, BLOCK=block, num_warps=_warps(block))
-    return q, c
+        wrap_triton(_rows_quant_kernel)[(g.numel() // cols,)](
+            g, u, sx, q, c, N=cols, GATED=gated, BLOCK=block, num_warps=_warps(block)
+        )
+        return q, c
 
 
-@torch.library.custom_op("llmwd::rms_quant", mutates_args=())
 def rms_quant(x: torch.Tensor, w: torch.Tensor, sx: torch.Tensor,
               eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(e4m3 of ``rms(x, w, eps) / sx``, per-row count of values past +-448). ``sx``: one value, x's dtype."""
     if _fits(x, w, norm=True):
-        _x, q, c = _launch_norm(x, None, w, sx, eps)
-        return q, c
+        return torch.ops.llmwd.rms_quant(x.contiguous(), w.contiguous(), sx, eps)
     return quant_ref(rms(x, w, eps), sx)
 
 
-@rms_quant.register_fake
-def _(x, w, sx, eps):  # noqa: ANN001, ANN202 - the op's shape function
-    return x.new_empty(x.shape, dtype=FP8_DTYPE), x.new_empty(x.shape[:-1], dtype=torch.int32)
-
-
-@torch.library.custom_op("llmwd::add_rms_quant", mutates_args=())
 def add_rms_quant(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, sx: torch.Tensor,
                   eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(``x + r``, then ``rms_quant`` of it): the residual stream and the next linear's e4m3 input."""
     if _fits(x, r, w, norm=True):
-        return _launch_norm(x, r, w, sx, eps)
+        return torch.ops.llmwd.add_rms_quant(x.contiguous(), r.contiguous(), w.contiguous(), sx, eps)
     s = x + r
     return (s, *quant_ref(rms(s, w, eps), sx))
 
 
-@add_rms_quant.register_fake
-def _(x, r, w, sx, eps):  # noqa: ANN001, ANN202 - the op's shape function
-    return (x.new_empty(x.shape), x.new_empty(x.shape, dtype=FP8_DTYPE),
-            x.new_empty(x.shape[:-1], dtype=torch.int32))
-
-
-@torch.library.custom_op("llmwd::silu_mul_quant", mutates_args=())
 def silu_mul_quant(g: torch.Tensor, u: torch.Tensor,
                    sx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(e4m3 of ``silu(g) * u / sx``, per-row count of values past +-448)."""
     if _fits(g, u):
-        return _launch_rows(g, u, sx)
+        return torch.ops.llmwd.rows_quant(g.contiguous(), u.contiguous(), sx, True)
     return quant_ref(torch.nn.functional.silu(g) * u, sx)
 
 
-@silu_mul_quant.register_fake
-def _(g, u, sx):  # noqa: ANN001, ANN202 - the op's shape function
-    return g.new_empty(g.shape, dtype=FP8_DTYPE), g.new_empty(g.shape[:-1], dtype=torch.int32)
-
-
-@torch.library.custom_op("llmwd::quant_rows", mutates_args=())
 def quant_rows(x: torch.Tensor, sx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(e4m3 of ``x / sx``, per-row count of values past +-448)."""
     if _fits(x):
-        return _launch_rows(x, None, sx)
+        x = x.contiguous()
+        return torch.ops.llmwd.rows_quant(x, x, sx, False)
     return quant_ref(x, sx)
-
-
-@quant_rows.register_fake
-def _(x, sx):  # noqa: ANN001, ANN202 - the op's shape function
-    return x.new_empty(x.shape, dtype=FP8_DTYPE), x.new_empty(x.shape[:-1], dtype=torch.int32)

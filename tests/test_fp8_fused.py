@@ -1,7 +1,7 @@
 """The fused FP8 quantisers of ``probes.fp8_fused`` (prefill and scoring on the fast path) against the
-separate steps they replace. On CUDA with Triton the kernels: the e4m3 bytes equal the reference's (the
-norms: at most 1e-4 of them one e4m3 step away, from the order of the sum of squares) and the per-row
-saturation counts equal. On CPU the ops are the reference itself."""
+separate steps they replace. On CUDA with Triton the kernels: the e4m3 bytes equal the reference's but for
+a stated fraction one e4m3 step away (``TOLERANCE``), and the per-row saturation counts equal. On CPU the
+ops are the reference itself."""
 
 from __future__ import annotations
 
@@ -53,7 +53,8 @@ def _references(x, r, w, eps):
 
 
 #: fraction of e4m3 values allowed one step from the reference: the norms add their sum of squares in
-#: another order; SiLU uses the same expf and correctly rounded division as eager, but is not held to the bit
+#: another order; SiLU uses Triton's fast exp and division (eager: the accurate ones); the division by the
+#: scale is correctly rounded in all four
 TOLERANCE = {"rms_quant": 1e-4, "add_rms_quant": 1e-4, "silu_mul_quant": 1e-5, "quant_rows": 0.0}
 
 
