@@ -78,7 +78,8 @@ if HAVE_TRITON:
         return the saturated lanes (int32)."""
         hf = h.to(tl.float32)
         y0 = hf * inv
-        y = tl.fma(tl.fma(-y0, s, hf), inv, y0).to(h.dtype).to(tl.float32)
+        y = tl.fma(tl.fma(-y0, s, hf), inv, y0)
+        y = tl.where(y0 == 0.0, y0, y).to(h.dtype).to(tl.float32)  # keep -0's sign, as a division does
         sat = ((tl.abs(y) > 448.0) & live).to(tl.int32)
         y = tl.minimum(tl.maximum(y, -448.0), 448.0)
         tl.store(q_ptrs, y.to(q_ptrs.dtype.element_ty), mask=live)
