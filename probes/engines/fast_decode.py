@@ -15,6 +15,9 @@
   in ONE CUDA graph and replayed. FP8 linears use their static calibrated per-tensor activation
   scale; the divide/clamp/cast is fused by inductor into the preceding norm or SiLU*up kernel, and
   the product runs through ``torch._scaled_mm``. FP16 gets the same compile and graph.
+* FP8 prefill/scoring passes of at least ``FUSED_MIN_ROWS`` positions quantise each linear's input and
+  count its saturation in one kernel with the norm, residual add or SiLU*up before it
+  (``probes.fp8_fused``; CUDA with Triton, layers with merged q/k/v and gate/up scales).
 * Opt-in: ``set_options(kv_cache="fp8")`` keeps the cache in e4m3 with per-head scales and
   ``attention="triton"`` attends through ``probes.decode_attention`` (a GQA flash-decoding kernel).
 * Stopping per row: EOS (flag computed in the graph), ``max_new_tokens``, and stop strings (checked
@@ -63,6 +66,10 @@ SUPPORTED_TYPES = ("llama", "mistral")
 T_BUCKET = 128
 #: at most this many (batch, length) buckets keep their caches and graphs
 MAX_BUCKETS = 3
+#: prefill/scoring passes of at least this many positions (batch x width) quantise through
+#: ``probes.fp8_fused``: faster on the H200 at batch 64 and 128 (~25k and ~51k positions), not shown
+#: faster at batch 16 (~5-6k positions, where the pass is bound by the host), BENCHMARKS.md sixth pass
+FUSED_MIN_ROWS = 16384
 #: decode attends over the cache up to the current position rounded up to a multiple of this
 LIVE_WINDOW = 128
 
@@ -273,6 +280,8 @@ class FastDecoder:
         self.kv_dtype: torch.dtype | None = None
         #: decode's FP8 products: "cublas" (``_scaled_mm``) or "triton" (``probes.fp8_gemm``)
         self.gemm = "cublas"
+        #: layers marked ``fused_quant`` take that path in passes of at least this many positions
+        self.fused_min_rows = FUSED_MIN_ROWS
         #: ... on every this-many-th position of each sequence (1: every token; n > 1: an unbiased sample of
         #: the positions, measured on the H200 as no faster beyond noise, so not the default)
         self.saturation_stride = 1
@@ -539,6 +548,7 @@ class FastDecoder:
         count = max(1, int(self.saturation_stride)) if (
             self.count_saturation and len(self._sat_mods) == len(self.layers)) else 0
         x = F.embedding(ids, self.embed)
+        fused = ids.shape[0] * width >= self.fused_min_rows
         sats = []
         for i, p in enumerate(self.layers):
             if self.compile:
@@ -546,7 +556,7 @@ class FastDecoder:
                     torch._dynamo.maybe_mark_dynamic(t, 0)
                     torch._dynamo.maybe_mark_dynamic(t, 1 if t is not amask else 2)
                 torch._dynamo.maybe_mark_dynamic(amask, 3)
-            x, k, v, sat = self._forward_fn(x, p, cos, sin, amask, self.eps, count)
+            x, k, v, sat = self._forward_fn(x, p, cos, sin, amask, self.eps, count, fused)
             if kv_into is not None:
                 kv_into.store_kv(i, k, v)
             if sat is not None:

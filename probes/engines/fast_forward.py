@@ -119,14 +119,15 @@ def forward_layer(
     amask: torch.Tensor,
     eps: float,
     count: int,
+    fused: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """One Llama layer over whole sequences. x [B, L, hidden]; cos, sin [B, L, D] of each position;
     amask [B, 1, L, L] (True: may attend). Returns (x, k, v, clipped) with k, v [B, KVH, L, D] after
     rotary and, when ``count`` > 0, the clipped values per counted token [len(p["counts"]), B, L']:
     one count per (input, linear) of ``p["counts"]`` (a merged q/k/v or gate/up is counted once), on
-    every ``count``-th position (``[:, ::count]``, L' of them; 1: every token). ``p["fused_quant"]``:
-    through ``fused_layer``."""
-    if p.get("fused_quant", False):
+    every ``count``-th position (``[:, ::count]``, L' of them; 1: every token). ``p["fused_quant"]`` and
+    ``fused``: through ``fused_layer``."""
+    if fused and p.get("fused_quant", False):
         return fused_layer(x, p, cos, sin, amask, eps, count)
     b, n = x.shape[0], x.shape[1]
     d = cos.shape[-1]
