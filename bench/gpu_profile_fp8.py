@@ -45,7 +45,7 @@ LINES: list[str] = []
 
 CLASSES = (  # first match wins; names lowercased
     ("attention", ("flash", "fmha", "attention", "sdpa", "efficient_attention", "softmax_warp")),
-    ("FP8 quantisation", ("quant_count", "clamp")),
+    ("FP8 quantisation", ("quant_count", "clamp", "quant_kernel")),
     ("log-softmax / argmax", ("log_softmax", "logsumexp", "argmax", "_softmax", "max_", "gather")),
     ("GEMM", ("gemm", "cutlass", "nvjet", "xmma", "cublas", "matmul", "splitk", "sm90", "wgmma", "_mm_")),
     ("copy / cat / index", ("copy", "cat", "index", "fill", "memcpy", "memset", "embedding", "where")),
@@ -80,7 +80,11 @@ VARIANTS = {"old": (False, 0), "own": (True, 0), "new": (True, 128)}  # (own_for
 #: kv8 = FP8 K/V cache with per-head scales for the FP8 engine (its decode attention: that kernel; the
 #: FP16 engine keeps its fp16 cache and SDPA unless ``tri``)
 #: tg = the FP8 engine's decode products through the Triton kernel of ``probes.fp8_gemm`` (else cuBLAS)
-OPTIONS = ("q1", "gqa", "head8", "nocount", "s8", "tri", "kv8", "tg")
+#: fq = prefill/scoring quantise each FP8 input in one kernel with its norm, residual add or SiLU*up and
+#: count it there (``probes.fp8_fused``), in every pass; else inductor's kernels and the separate count.
+#: The engine's default since 2026-12-04: fq in passes of ``FUSED_MIN_ROWS`` positions and more (at
+#: this bench's prompts: batch 64 and 128 = "new+fq", batch 16 = "new")
+OPTIONS = ("q1", "gqa", "head8", "nocount", "s8", "tri", "kv8", "tg", "fq")
 HEADS: dict[int, tuple[Any, Any]] = {}  # id(engine) -> (its own lm_head module, the FP8 one)
 
 
@@ -101,7 +105,8 @@ def set_variant(engines: list[Any], name: str) -> None:
         attn = "gqa" if "gqa" in opts else "triton" if "tri" in opts else "sdpa"
         kv = "fp8" if "kv8" in opts and eng.precision == "fp8" else "auto"
         fd.set_options(share_quant="q1" in opts, attention=attn, kv_cache=kv,
-                       gemm="triton" if "tg" in opts else "cublas")
+                       gemm="triton" if "tg" in opts else "cublas", fused_quant="fq" in opts)
+        fd.fused_min_rows = 0  # "fq": every pass (the engine's default: passes of FUSED_MIN_ROWS and more)
         if id(eng) in HEADS:
             own_head, head8 = HEADS[id(eng)]
             mod = head8 if "head8" in opts else own_head

@@ -291,3 +291,47 @@ def test_fp8_kv_cache_and_triton_attention_options() -> None:
     assert opt.fast_decoder.kv_dtype is not None and "FP8 K/V cache" in opt.fast_reason
     _e, plain = _engines("fp16", fp8_kv_cache=True)
     assert plain.fast_decoder.kv_dtype is None
+
+
+def test_fused_fp8_quantisers_give_the_separate_steps() -> None:
+    """``fused_layer`` (``probes.fp8_fused``: RMSNorm, residual add or SiLU*up with the FP8 quantiser and
+    its per-token count in one op) gives ``forward_layer``'s separate steps: hidden states and saturation
+    counts. On CPU the ops are their torch reference, so equal to the bit (the CUDA kernels against the
+    reference: tests/test_fp8_fused.py). Stale scales (x0.25) so that values clip."""
+    import torch
+
+    from probes.engines.fast_decode import FastDecoder
+    from probes.engines.fast_forward import fusable
+    from probes.engines.torch_engine import TorchEngine, calibrate_engine
+    from probes.fp8 import Fp8Linear, reset_saturation, saturation_report
+    from probes.tiny_model import byte_tokenizer
+
+    base = _random_llama(5)
+    cal = TorchEngine(precision="fp16", model=copy.deepcopy(base), tokenizer=byte_tokenizer(), fast="off")
+    amax = {k: v * 0.25 for k, v in calibrate_engine(cal, MIXED).items()}
+    _eager, fast = _engines("fp8", calibration=amax)
+    if fast.device != "cpu":
+        pytest.skip("CPU: the ops' torch reference (the kernels: tests/test_fp8_fused.py, the engine's tokens: "
+                    "tests/test_engines_torch.py)")
+    for m in fast.model.modules():
+        if isinstance(m, Fp8Linear):
+            m.backend = "scaled_mm"  # CPU torch runs _scaled_mm too: the layers take the FP8 product path
+    dec = FastDecoder(fast.model)
+    dec.fused_min_rows = 0  # every pass (the default takes passes of 16k positions and more)
+    if not all(fusable(p) for p in dec.layers):
+        pytest.skip("_scaled_mm with float32 output is not available on this device")
+    assert not any(p["fused_quant"] for p in dec.layers)  # CUDA with Triton only, unless set here
+    rows = [fast.encode_prompt(t) for t in MIXED[:4]]
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    got = {}
+    for fused in (False, True):
+        for p in dec.layers:
+            p["fused_quant"] = fused
+        reset_saturation(fast.model)
+        got[fused] = dec.hidden(ids, mask, width), saturation_report(fast.model)
+    assert torch.equal(got[True][0], got[False][0])
+    assert got[True][1].n_saturated == got[False][1].n_saturated > 0
+    assert got[True][1].layers == got[False][1].layers
+    assert got[True][1].n_values == got[False][1].n_values

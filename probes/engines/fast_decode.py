@@ -15,6 +15,9 @@
   in ONE CUDA graph and replayed. FP8 linears use their static calibrated per-tensor activation
   scale; the divide/clamp/cast is fused by inductor into the preceding norm or SiLU*up kernel, and
   the product runs through ``torch._scaled_mm``. FP16 gets the same compile and graph.
+* FP8 prefill/scoring passes of at least ``FUSED_MIN_ROWS`` positions quantise each linear's input and
+  count its saturation in one kernel with the norm, residual add or SiLU*up before it
+  (``probes.fp8_fused``; CUDA with Triton, layers with merged q/k/v and gate/up scales).
 * Opt-in: ``set_options(kv_cache="fp8")`` keeps the cache in e4m3 with per-head scales and
   ``attention="triton"`` attends through ``probes.decode_attention`` (a GQA flash-decoding kernel).
 * Stopping per row: EOS (flag computed in the graph), ``max_new_tokens``, and stop strings (checked
@@ -42,8 +45,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from probes import fp8_fused
 from probes.decode_attention import FP8_KV, FP8_KV_STORE, decode_attention, quant_kv, store_prompt_kv
-from probes.engines.fast_forward import forward_layer, sequence_inputs
+from probes.engines.fast_forward import forward_layer, fusable, sequence_inputs
 from probes.engines.fast_layers import (
     COUNT_INPUT,
     lin_params,
@@ -62,6 +66,10 @@ SUPPORTED_TYPES = ("llama", "mistral")
 T_BUCKET = 128
 #: at most this many (batch, length) buckets keep their caches and graphs
 MAX_BUCKETS = 3
+#: prefill/scoring passes of at least this many positions (batch x width) quantise through
+#: ``probes.fp8_fused``: faster on the H200 at batch 64 and 128 (~25k and ~51k positions), not shown
+#: faster at batch 16 (~5-6k positions, where the pass is bound by the host), BENCHMARKS.md sixth pass
+FUSED_MIN_ROWS = 16384
 #: decode attends over the cache up to the current position rounded up to a multiple of this
 LIVE_WINDOW = 128
 
@@ -253,6 +261,9 @@ class FastDecoder:
             p["counts"] = tuple((COUNT_INPUT[k], k) for k in groups)
             # True: prefill/scoring quantise q/k/v's (gate/up's) input once; no gain measured on the H200
             p["share_quant"] = False
+            # prefill/scoring quantise and count each FP8 input in one kernel with its norm, residual add
+            # or SiLU*up (``probes.fp8_fused``; CUDA with Triton)
+            p["fused_quant"] = on_cuda and fp8_fused.HAVE_TRITON and fusable(p)
             self.layers.append(p)
             mods = [x for g in groups.values() for x in g]
             if all(isinstance(x, Fp8Linear) and x.track_saturation for x in mods):
@@ -269,6 +280,8 @@ class FastDecoder:
         self.kv_dtype: torch.dtype | None = None
         #: decode's FP8 products: "cublas" (``_scaled_mm``) or "triton" (``probes.fp8_gemm``)
         self.gemm = "cublas"
+        #: layers marked ``fused_quant`` take that path in passes of at least this many positions
+        self.fused_min_rows = FUSED_MIN_ROWS
         #: ... on every this-many-th position of each sequence (1: every token; n > 1: an unbiased sample of
         #: the positions, measured on the H200 as no faster beyond noise, so not the default)
         self.saturation_stride = 1
@@ -303,13 +316,15 @@ class FastDecoder:
         self._lock = threading.Lock()  # the static caches and graphs serve one batch at a time
 
     def set_options(self, *, share_quant: bool | None = None, attention: str | None = None,
-                    kv_cache: str | None = None, gemm: str | None = None) -> None:
+                    kv_cache: str | None = None, gemm: str | None = None,
+                    fused_quant: bool | None = None) -> None:
         """``share_quant``: prefill/scoring quantise q/k/v's (gate/up's) input once for their separate FP8
         GEMMs. ``attention``: decode attention "sdpa" (``attend``), "gqa" (``attend_gqa``) or "triton"
         (``probes.decode_attention``). ``kv_cache``: "fp8" (e4m3, per-head scales; attention through
         ``probes.decode_attention``) or "auto" (the activation dtype). ``gemm``: decode's FP8 products
         through "cublas" (``_scaled_mm``) or "triton" (``probes.fp8_gemm``, lm_head included when it is
-        FP8). Captured step graphs are dropped (they hold the previous choice); a new cache dtype drops
+        FP8). ``fused_quant``: prefill/scoring quantise FP8 inputs through ``probes.fp8_fused`` (where the
+        layer is ``fusable`` and Triton runs). Captured step graphs are dropped (they hold the previous choice); a new cache dtype drops
         the buckets."""
         if gemm is not None:
             if gemm not in ("cublas", "triton"):
@@ -327,6 +342,9 @@ class FastDecoder:
         for p in self.layers:
             if share_quant is not None:
                 p["share_quant"] = bool(share_quant)
+            if fused_quant is not None:
+                on = bool(fused_quant) and self.device.type == "cuda" and fp8_fused.HAVE_TRITON
+                p["fused_quant"] = on and fusable(p)
             if attention is not None:
                 p["attention"] = attention
         self._apply_gemm()
@@ -530,6 +548,7 @@ class FastDecoder:
         count = max(1, int(self.saturation_stride)) if (
             self.count_saturation and len(self._sat_mods) == len(self.layers)) else 0
         x = F.embedding(ids, self.embed)
+        fused = ids.shape[0] * width >= self.fused_min_rows
         sats = []
         for i, p in enumerate(self.layers):
             if self.compile:
@@ -537,7 +556,7 @@ class FastDecoder:
                     torch._dynamo.maybe_mark_dynamic(t, 0)
                     torch._dynamo.maybe_mark_dynamic(t, 1 if t is not amask else 2)
                 torch._dynamo.maybe_mark_dynamic(amask, 3)
-            x, k, v, sat = self._forward_fn(x, p, cos, sin, amask, self.eps, count)
+            x, k, v, sat = self._forward_fn(x, p, cos, sin, amask, self.eps, count, fused)
             if kv_into is not None:
                 kv_into.store_kv(i, k, v)
             if sat is not None:

@@ -21,8 +21,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from probes import fp8_fused
 from probes.engines.fast_layers import linear, projections, rms_norm, rotate_half
 from probes.fp8 import E4M3_MAX
+
+#: the counts of a layer whose q/k/v and gate/up are merged FP8 entries (``FastDecoder``'s ``p["counts"]``,
+#: in any order)
+FUSED_COUNTS = (("h", "qkv"), ("a", "o"), ("h2", "gu"), ("m", "down"))
 
 
 def clipped(x: torch.Tensor, p: dict[str, Any]) -> torch.Tensor:
@@ -58,7 +63,25 @@ def _shared(p: dict[str, Any], key: str) -> str:
     return key if p.get("share_quant", False) and key in p and p[key]["kind"] == "fp8cols" else ""
 
 
-def forward_layer(
+def fusable(p: dict[str, Any]) -> bool:
+    """Whether the layer can quantise through ``probes.fp8_fused``: static per-tensor FP8 linears with one
+    activation scale for q/k/v and one for gate/up (merged entries), counted as ``FUSED_COUNTS``."""
+    return (
+        all(p.get(k, {}).get("kind") == "fp8cols" for k in ("qkv", "gu"))
+        and all(p[k]["kind"] == "fp8" for k in ("q", "k", "v", "o", "gate", "up", "down"))
+        and set(p.get("counts", ())) == set(FUSED_COUNTS)
+    )
+
+
+def _mm8(x8: torch.Tensor, lin: dict[str, Any], dtype: torch.dtype) -> torch.Tensor:
+    """The FP8 product of an already quantised input ``x8`` [..., K] with linear ``lin`` (kind fp8)."""
+    out = torch._scaled_mm(
+        x8.reshape(-1, x8.shape[-1]), lin["w"].t(), scale_a=lin["sx"], scale_b=lin["sw"], out_dtype=dtype
+    )
+    return out.reshape(*x8.shape[:-1], out.shape[-1])
+
+
+def fused_layer(
     x: torch.Tensor,
     p: dict[str, Any],
     cos: torch.Tensor,
@@ -67,11 +90,45 @@ def forward_layer(
     eps: float,
     count: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``forward_layer`` for a ``fusable`` FP8 layer: each linear's input is quantised and counted by
+    one ``probes.fp8_fused`` kernel with what precedes it (RMSNorm, the residual add, SiLU*up); q/k/v and
+    gate/up read one quantised copy. Counts every token; ``count`` keeps every ``count``-th position."""
+    b, n, dt = x.shape[0], x.shape[1], x.dtype
+    d = cos.shape[-1]
+    h8, c_h = fp8_fused.rms_quant(x, p["ln1"], p["qkv"]["sx_in"], eps)
+    q, k, v = (_mm8(h8, p[name], dt).view(b, n, -1, d).transpose(1, 2) for name in ("q", "k", "v"))
+    c, s = cos[:, None], sin[:, None]
+    q = q * c + rotate_half(q) * s
+    k = k * c + rotate_half(k) * s
+    a8, c_a = fp8_fused.quant_rows(attention(q, k, v, amask), p["o"]["sx_in"])
+    x, h28, c_h2 = fp8_fused.add_rms_quant(x, _mm8(a8, p["o"], dt), p["ln2"], p["gu"]["sx_in"], eps)
+    m8, c_m = fp8_fused.silu_mul_quant(_mm8(h28, p["gate"], dt), _mm8(h28, p["up"], dt), p["down"]["sx_in"])
+    x = x + _mm8(m8, p["down"], dt)
+    sat = None
+    if count > 0:
+        counts = {"h": c_h, "a": c_a, "h2": c_h2, "m": c_m}
+        sat = torch.stack([counts[src][:, ::count] for src, _key in p["counts"]])
+    return x, k, v, sat
+
+
+def forward_layer(
+    x: torch.Tensor,
+    p: dict[str, Any],
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    amask: torch.Tensor,
+    eps: float,
+    count: int,
+    fused: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """One Llama layer over whole sequences. x [B, L, hidden]; cos, sin [B, L, D] of each position;
     amask [B, 1, L, L] (True: may attend). Returns (x, k, v, clipped) with k, v [B, KVH, L, D] after
     rotary and, when ``count`` > 0, the clipped values per counted token [len(p["counts"]), B, L']:
     one count per (input, linear) of ``p["counts"]`` (a merged q/k/v or gate/up is counted once), on
-    every ``count``-th position (``[:, ::count]``, L' of them; 1: every token)."""
+    every ``count``-th position (``[:, ::count]``, L' of them; 1: every token). ``p["fused_quant"]`` and
+    ``fused``: through ``fused_layer``."""
+    if fused and p.get("fused_quant", False):
+        return fused_layer(x, p, cos, sin, amask, eps, count)
     b, n = x.shape[0], x.shape[1]
     d = cos.shape[-1]
     h = rms_norm(x, p["ln1"], eps)
