@@ -242,9 +242,10 @@ class Decisions:
         self.backlog = Backlog(engine.judging_rank)
         self.deferred_routes: set[P.Route] = self.backlog.routes
         #: routes whose engine state, when last judged here, said a rollback may be near (rank 0 of
-        #: ``PolicyEngine.judging_rank``): the closer closes their windows first (``WindowCloser.first``).
-        #: Only an order: a route that moved away stays in it until judged again
-        self.near: set[P.Route] = set()
+        #: ``PolicyEngine.judging_rank``), with how near (``PolicyEngine.nearness``): the closer closes
+        #: their windows first (``WindowCloser.first``), and they are judged nearest first. Only an order:
+        #: a route that moved away stays in it until judged again
+        self.near: dict[P.Route, float] = {}
         #: seconds of loop time per route judged, a running mean over the chunks (sizes the next chunk)
         self.route_cost_s = DECIDE_CHUNK_S / DECIDE_CHUNK_ROUTES
         #: evidence records of the decisions (runtime/evidence.py); None: not kept
@@ -263,6 +264,9 @@ class Decisions:
         backlog = self.backlog
         if backlog and self.ownership.revoked_routes:  # a lost partition's windows: the new owner's
             backlog.drop(self.ownership.revoked_routes)
+        if near_only:  # nearest first (stable: a route's windows keep their order)
+            near = self.near
+            signals = sorted(signals, key=lambda s: -near.get((s.model, s.route), 0.0))
         backlog.add(signals)
         if not backlog or (near_only and not backlog.order[0]):
             return
@@ -292,14 +296,15 @@ class Decisions:
         """Judge these routes' closed windows and dispatch what the engine decides."""
         self.mark_maintenance(signals, touched)
         actions = self.engine.observe(signals, now, flags, self.cfg.default_precision)
-        rank, near = self.engine.judging_rank, self.near
+        nearness, near = self.engine.nearness, self.near
         for route in touched:
             if "*" in route:
                 continue
-            if rank(*route) == 0:
-                near.add(route)
+            how = nearness(*route)
+            if how is None:
+                near.pop(route, None)
             else:
-                near.discard(route)
+                near[route] = how
         if self.evidence is not None:
             self.evidence.observe(signals, touched, now)
         everywhere = any("*" in r for r in touched)
