@@ -309,3 +309,28 @@ def test_a_live_rollback_record_has_both_precisions_and_the_threshold_per_window
     assert [s.label for s in panel.series][:3] == ["fp8 error_rate", "fp16 error_rate",
                                                    "threshold (candidate - baseline > 0.08)"]
     assert panel.markers[0].kind == "rollback" and panel.bands  # the time served at FP16 after it
+
+
+@pytest.mark.services
+def test_one_read_of_the_audit_stream_gives_each_route_what_a_read_per_route_gave(redis_client) -> None:
+    """``flush`` reads the audit stream once for all its records' routes (``audits_of``): the same entries,
+    in the same order, as ``audit_of`` route by route."""
+    from watchdog.runtime.evidence import audit_of, audits_of
+
+    def one_route(model: str, route: str) -> list[dict[str, str]]:  # audit_of before audits_of
+        out = []
+        for entry_id, fields in redis_client.xrevrange(keys.audit, count=60):
+            if fields.get("model") == model and fields.get("route") == route:
+                out.append({**fields, "id": entry_id})
+                if len(out) >= 6:
+                    break
+        return out[::-1]
+
+    keys = Keys()
+    for i in range(90):
+        redis_client.xadd(keys.audit, {"model": "m" if i % 7 else "other", "route": f"r{i % 4}", "n": str(i)})
+    routes = {("m", "r0"), ("m", "r1"), ("m", "r3"), ("other", "r1"), ("m", "absent")}
+    got = audits_of(redis_client, keys, routes, count=60, kept=6)
+    assert got == {r: one_route(*r) for r in routes} == {r: audit_of(redis_client, keys, *r, count=60, kept=6)
+                                                           for r in routes}
+    assert [len(got[r]) for r in sorted(routes)] == [0, 6, 6, 6, 2]

@@ -438,3 +438,35 @@ def test_judging_rank_puts_a_route_whose_state_says_a_rollback_may_be_near_first
     assert engine.judging_rank(M, "c") == 1
     last.extra["horizon_log_lr"] = near
     assert [engine.judging_rank(M, r) for r in ("a", "b", "c", "new")] == [1, 0, 0, 2]
+
+
+def test_nearness_orders_the_routes_of_rank_zero_streaks_first_then_by_the_share_of_the_threshold() -> None:
+    """``nearness`` (the daemon closes and judges the routes near a rollback nearest first) is given for
+    exactly the routes of ``judging_rank`` 0: a streak under way before any sequential test's share, and
+    a higher share of the rejection threshold before a lower one."""
+    import math
+    from pathlib import Path
+
+    from watchdog.policy.engine import NEAR_REJECT_SHARE
+    from watchdog.policy.loader import load_policy_files
+
+    ps = load_policy_files([Path(__file__).resolve().parent.parent / "policies" / "default.yaml"])
+    engine = PolicyEngine(ps)
+    routes = ("a", "b", "c", "d", "e")
+    for route in routes:
+        engine.observe(window(100.0, 0.01, route=route, samples=3), 101.0, {})
+    policy = ps.policies[0]
+    rule = policy.rule("latency-typical")
+    assert rule is not None and rule.judge is not None and rule.judge.horizon is not None
+    reject = math.log(1.0 / rule.judge.horizon.alpha)
+    engine.states[(policy.name, M, "b")].rules["error-rate"].fails = 1
+    for route, share in (("c", 0.95), ("d", NEAR_REJECT_SHARE), ("e", NEAR_REJECT_SHARE / 2)):
+        last = engine.states[(policy.name, M, route)].rules["latency-typical"].last
+        assert last is not None
+        last.extra["horizon_log_lr"] = share * reject
+    near = {r: engine.nearness(M, r) for r in (*routes, "new")}
+    assert {r for r, v in near.items() if v is not None} == {r for r in near if engine.judging_rank(M, r) == 0}
+    assert near["a"] is None and near["e"] is None and near["new"] is None
+    assert near["b"] is not None and near["c"] is not None and near["d"] is not None
+    assert near["b"] > near["c"] > near["d"]
+    assert near["c"] == pytest.approx(0.95)

@@ -190,3 +190,42 @@ def test_the_backlog_takes_what_ranking_and_splitting_the_whole_list_every_itera
         assert backlog.take(n) == want
         assert backlog.routes == {(s.model, s.route) for s in pending}
         assert bool(backlog) == bool(pending)
+
+
+def test_a_backlog_taking_rank_zero_only_leaves_the_rest_in_their_order() -> None:
+    from watchdog.runtime.decisions import Backlog
+
+    backlog = Backlog(lambda m, r: 0 if r in ("near1", "near2") else 1)
+    backlog.add([_sig("a", 10), _sig("near1", 10), _sig("*", 10, "*"), _sig("b", 10), _sig("near2", 10)])
+    assert [s.route for s in backlog.take(1, max_rank=0)] == ["near1"]
+    assert [s.route for s in backlog.take(5, max_rank=0)] == ["near2"]
+    assert backlog.take(5, max_rank=0) == [] and backlog.routes == {("m", "a"), ("m", "b")}
+    assert [s.route for s in backlog.take(5)] == ["*", "a", "b"]
+
+
+def test_the_closer_closes_the_windows_of_routes_near_a_rollback_first_in_every_partition(monkeypatch) -> None:
+    """At 10,000 routes the due windows take several iterations to close: those of the routes the closer
+    is asked to take first (``Decisions.near``) close in the first call, whichever partition holds them;
+    the others close after them, each once."""
+    from watchdog.runtime import closer
+    from watchdog.runtime.stats import DaemonStats
+
+    monkeypatch.setattr(closer, "CLOSE_BUDGET_S", 0.0)  # one chunk per partition and call
+    monkeypatch.setattr(closer, "CLOSE_CHUNK", 4)
+    w = World()
+    for i in range(30):
+        w.fold(f"r{i:02d}", PK0 if i % 2 else PK1, ts=T0 + 1 + i / 10, offset=i)
+    w.now = T0 + 30
+    for pk in (PK0, PK1):
+        w.fold("tick", pk, ts=T0 + 25, offset=100)  # the watermark passes the first window's end + grace
+    c = closer.WindowCloser(w.cfg, w.wm, w.own, w.metrics, DaemonStats(), lambda: w.now)
+    near = {("m", "r03"), ("m", "r20"), ("m", "r27"), ("m", "r28"), ("m", "r29"), ("m", "r12")}
+    c.first = near
+    first = c.close_first(w.now)
+    assert {(s.model, s.route) for s in first} == near  # both partitions (a plain close: 4 windows of one)
+    rest: list[Signal] = []
+    for _ in range(40):
+        rest += c.close_windows(w.now)
+    assert sorted(s.route for s in rest) == sorted(f"r{i:02d}" for i in range(30) if ("m", f"r{i:02d}") not in near)
+    assert all(p.agg.open_windows() == 1 for p in w.own.parts.values())  # the tick
+    assert c.closed_at(T0 + 10) == T0 + 30

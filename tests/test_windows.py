@@ -696,3 +696,46 @@ def test_quantiles_of_a_one_bucket_sketch_are_its_clamped_bucket_value(values: l
         assert sk.quantile(0.99) == values[0]
     with pytest.raises(ValueError):
         sk.quantiles([1.5])
+
+
+@pytest.mark.parametrize("limit", [1, 3, 50])
+def test_close_due_closes_the_routes_asked_first_first_and_the_same_windows_as_without(limit: int) -> None:
+    """``first`` changes only the order: the routes asked close ahead of the others (with ``first_only``,
+    alone), each route's windows oldest first and its precisions in one call, and every due window closes
+    once, as ``close_due`` without ``first`` closes it."""
+    import random
+
+    rng = random.Random(limit)
+    agg = WindowAggregator(length_s=10.0, grace_s=0.0)
+    plain = WindowAggregator(length_s=10.0, grace_s=0.0)
+    now = 0.0
+
+    def key(s: Signal) -> tuple[float, str, str | None, int]:
+        return (s.end, s.route, s.precision, s.samples)
+
+    for step in range(40):
+        events = [InferenceEvent(request_id=f"q{step}-{i}", ts=now + rng.uniform(-5.0, 15.0), model="m",
+                                 route=f"r{rng.randrange(12)}", precision=rng.choice(["fp8", "fp16"]), status="ok",
+                                 latency_ms=100.0) for i in range(rng.randrange(0, 30))]
+        for ev_ in events:
+            assert agg.add(ev_, ("t", 0), 0) == plain.add(ev_, ("t", 0), 0)
+        now += rng.choice([0.0, 2.5, 10.0, 20.0])
+        first = {("m", f"r{i}") for i in rng.sample(range(12), 3)}
+        want = plain.close_due(now)
+        calls: list[list[Signal]] = []
+        while calls == [] or calls[-1]:
+            calls.append(agg.close_due(now, limit=limit, first=first, first_only=True))
+        ahead = [s for c in calls for s in c]
+        rest: list[list[Signal]] = []
+        while rest == [] or rest[-1]:
+            rest.append(agg.close_due(now, limit=limit, first=first))
+        assert sorted(map(key, ahead)) == sorted(key(s) for s in want if ("m", s.route) in first)
+        assert sorted(key(s) for c in rest for s in c) == sorted(key(s) for s in want if ("m", s.route) not in first)
+        closed_in: dict[tuple[str, float], int] = {}
+        last: dict[str, float] = {}
+        for i, c in enumerate(calls + rest):
+            for s in c:
+                assert closed_in.setdefault((s.route, s.end), i) == i  # a route's precisions in one call
+                assert s.end >= last.get(s.route, -1.0)  # a route's windows oldest first
+                last[s.route] = s.end
+    agg.close_all()

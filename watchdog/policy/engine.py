@@ -128,13 +128,26 @@ class PolicyEngine:
         holds state for, 2 for a new route. The
         order changes no decision (a route's state is its own); it decides whose flip waits behind
         10,000 routes' judging."""
+        return self._nearness(model, route, False)[0]
+
+    def nearness(self, model: str, route: str) -> float | None:
+        """For a route of ``judging_rank`` 0, how near a rollback its state says it is (the daemon closes
+        and judges such routes' windows nearest first): 1 + the longest streak's share of its trip for a
+        rule's fail or error streak under way, else the highest share of a sequential test's rejection
+        threshold its last look reached; None for a route of another rank. Only an order."""
+        rank, near = self._nearness(model, route, True)
+        return near if rank == 0 else None
+
+    def _nearness(self, model: str, route: str, most: bool) -> tuple[int, float]:
+        """(``judging_rank``, the nearness of a rank 0 route): the first reason for rank 0 found, or with
+        ``most`` the nearest over every rule."""
         states = self.states
-        rank = 2
+        rank, nearest = 2, -math.inf
         for p in self.policy_set.policies:
             st = states.get((p.name, model, route))
             if st is None:
                 continue
-            rank = 1
+            rank = min(rank, 1)
             if st.serving == p.baseline:
                 continue  # rolled back already: what is left to come is a promote, hours away
             for rule in p.rules:
@@ -142,13 +155,21 @@ class PolicyEngine:
                 if rs is None:
                     continue
                 if rs.fails or rs.errors:
-                    return 0
+                    if not most:
+                        return 0, nearest
+                    trips = rule.errors_trip_after
+                    streak = rs.fails / rule.for_ if rs.fails else rs.errors / trips if trips else 0.0
+                    rank, nearest = 0, max(nearest, 1.0 + streak)
+                    continue
                 last = rs.last
                 horizon = rule.judge.horizon if rule.judge is not None else None
-                if horizon is not None and last is not None and last.extra.get("horizon_log_lr", -math.inf) >= \
-                        NEAR_REJECT_SHARE * math.log(1.0 / horizon.alpha):
-                    return 0
-        return rank
+                if horizon is not None and last is not None:
+                    log_lr, reject = last.extra.get("horizon_log_lr", -math.inf), math.log(1.0 / horizon.alpha)
+                    if log_lr >= NEAR_REJECT_SHARE * reject:
+                        if not most:
+                            return 0, nearest
+                        rank, nearest = 0, max(nearest, log_lr / reject)
+        return rank, nearest
 
     def _state(self, policy: Policy, model: str, route: str) -> ScopeState:
         st = self.states.get((policy.name, model, route))

@@ -7,6 +7,8 @@ broker confirms it is fully read (``confirm_idle`` asks for the log ends, bounde
 owned partitions' due windows, queues their records for the partition's next checkpoint and returns
 their signals for the policy engine, within a time budget per loop iteration (``CLOSE_BUDGET_S``):
 windows left due count as closed (their events are late) and close at the next iterations.
+``close_first`` closes the due windows of the routes near a rollback before all others, in every
+partition, so that their judging does not wait behind thousands of windows closing.
 ``closed_at`` says when the watermark closed a window (the start of ``llmwd_close_to_flip_seconds``).
 """
 
@@ -15,7 +17,7 @@ from __future__ import annotations
 import bisect
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 
 from watchdog.config.settings import Config
 from watchdog.core.metrics import Metrics
@@ -60,6 +62,8 @@ class WindowCloser:
         self._closed_ends: list[float] = []
         self._closed_times: list[float] = []
         self._dropped = False
+        #: routes whose due windows close first (``close_first``; the daemon binds ``Decisions.near``)
+        self.first: Container[P.Route] = frozenset()
 
     def attach(self, ingest: Ingest) -> None:
         self.ingest = ingest
@@ -88,14 +92,28 @@ class WindowCloser:
             if pos is not None and pos >= end:
                 self.wm.confirm_caught_up(pk, asked)
 
+    def close_first(self, now: float) -> list[Signal]:
+        """Close the due windows of the routes in ``first`` (routes near a rollback), in every owned
+        partition, before the others: at 10,000 routes closing every due window takes several
+        iterations, and these are the windows whose judging may flip a route."""
+        upto = self._upto(now)
+        out: list[Signal] = []
+        if upto is None or not self.first:
+            return out
+        deadline = min(time.monotonic() + CLOSE_BUDGET_S, self.step.until)
+        for part in self.ownership.parts.values():  # a chunk in each, more while the budget lasts
+            while True:
+                sigs = self._close_part(part, upto, out, first_only=True)
+                if len(sigs) < CLOSE_CHUNK or time.monotonic() >= deadline:
+                    break
+        self._count(out)
+        return out
+
     def close_windows(self, now: float) -> list[Signal]:
         """Close the windows the watermark completed; their signals."""
-        t = self.wm.close_time(now)
-        if t is None:
+        upto = self._upto(now)
+        if upto is None:
             return []
-        w = self.cfg.windows
-        upto = t - w.allowed_lateness_s + w.grace_s  # close_due subtracts the grace again
-        self._closing(math.floor((t - w.allowed_lateness_s) / w.length_s) * w.length_s, now)
         out: list[Signal] = []
         self.behind = False
         parts = self.ownership.parts
@@ -109,28 +127,45 @@ class WindowCloser:
                 self._first += i  # these partitions close first next time
                 self.behind = True
                 break
-            before = part.agg.closed_end
             while True:
-                sigs = part.agg.close_due(upto, limit=CLOSE_CHUNK)
-                if sigs:
-                    part.unsaved.extend(P.window_record(s, self.cfg.instance) for s in sigs)
-                    out.extend(sigs)
+                sigs = self._close_part(part, upto, out)
                 if len(sigs) < CLOSE_CHUNK or time.monotonic() >= deadline:
                     break
-            if sigs or part.agg.closed_end != before:
-                part.dirty = True
             if len(sigs) >= CLOSE_CHUNK:  # stopped by the budget with windows still due
                 self._first += i
                 self.behind = True
                 break
-        if out:
-            self.metrics.windows_closed.inc(len(out))
-            self.stats.windows_closed += len(out)
+        self._count(out)
         for pk in parts:
             mark = self.wm.mark(pk)
             if mark is not None:
                 self.metrics.watermark.labels(str(pk[1])).set(mark)
         return out
+
+    def _upto(self, now: float) -> float | None:
+        """The clock ``close_due`` closes to (None: the watermark closes nothing yet); notes a new close mark."""
+        t = self.wm.close_time(now)
+        if t is None:
+            return None
+        w = self.cfg.windows
+        self._closing(math.floor((t - w.allowed_lateness_s) / w.length_s) * w.length_s, now)
+        return t - w.allowed_lateness_s + w.grace_s  # close_due subtracts the grace again
+
+    def _close_part(self, part: P.Partition, upto: float, out: list[Signal], first_only: bool = False) -> list[Signal]:
+        """One chunk of a partition's due windows: recorded for its next checkpoint and added to ``out``."""
+        before = part.agg.closed_end
+        sigs = part.agg.close_due(upto, limit=CLOSE_CHUNK, first=self.first, first_only=first_only)
+        if sigs:
+            part.unsaved.extend(P.window_record(s, self.cfg.instance) for s in sigs)
+            out.extend(sigs)
+        if sigs or part.agg.closed_end != before:
+            part.dirty = True
+        return sigs
+
+    def _count(self, out: list[Signal]) -> None:
+        if out:
+            self.metrics.windows_closed.inc(len(out))
+            self.stats.windows_closed += len(out)
 
     def _closing(self, boundary: float, now: float) -> None:
         if self._closed_ends and boundary <= self._closed_ends[-1]:

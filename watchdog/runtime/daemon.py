@@ -153,6 +153,7 @@ class Daemon:
                                   self.alerter.open_incidents, self.evidence.forget)
         self.closer = WindowCloser(cfg, self.wm, self.ownership, self.metrics, self.stats, clock)
         self.decisions.closed_at = self.closer.closed_at
+        self.closer.first = self.decisions.near
         self.health = LoopHealth(cfg, self.readiness, self.wm, self.ownership.fenced_partitions, self.actuator,
                                  self.stats)
         self._status = StatusDocument(cfg.instance, self.stats, self.problems, self.ownership, self.policies,
@@ -324,7 +325,14 @@ class Daemon:
         """Not inline in ``step``: a frame kafka-python keeps in a reference cycle after a poll (a timed-out
         fetch's exception, its traceback and the callers' frames) holds ``step``'s locals as they were when
         it returned, and the closed windows' signals (thousands at a window boundary) must not be among
-        them: the collector frees such a cycle only in its next full pass (watchdog/runtime/collector.py)."""
+        them: the collector frees such a cycle only in its next full pass (watchdog/runtime/collector.py).
+        The windows of routes near a rollback are closed, judged and their flips written first: at 10,000
+        routes the other windows due take several iterations to close and seconds to judge."""
+        near = self.closer.close_first(now)
+        if near or self.decisions.backlog.order[0]:
+            self.decisions.decide(near, now, near_only=True)
+            self.decisions.act(now)
+            lap("near")
         signals = self.closer.close_windows(now)
         lap("close")
         signals.extend(self._poll_sources(now))

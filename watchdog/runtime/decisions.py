@@ -126,11 +126,14 @@ class Backlog:
                 self.routes.add(route)
             waiting.append((self.seq, s))
 
-    def take(self, max_routes: int) -> list[Signal]:
-        out = [s for _, s in self.stars]
-        self.stars = []
+    def take(self, max_routes: int, max_rank: int = 2) -> list[Signal]:
+        """With ``max_rank`` 0, only routes near a rollback (and no ``*`` signal)."""
+        out: list[Signal] = []
+        if max_rank >= 2:
+            out = [s for _, s in self.stars]
+            self.stars = []
         n = max(max_routes, 0)
-        for queue in self.order:
+        for queue in self.order[:max_rank + 1]:
             picked: list[tuple[int, Signal]] = []
             while n and queue:
                 route = queue.popleft()
@@ -238,6 +241,11 @@ class Decisions:
         #: partitions carrying them are not checkpointed until they are
         self.backlog = Backlog(engine.judging_rank)
         self.deferred_routes: set[P.Route] = self.backlog.routes
+        #: routes whose engine state, when last judged here, said a rollback may be near (rank 0 of
+        #: ``PolicyEngine.judging_rank``), with how near (``PolicyEngine.nearness``): the closer closes
+        #: their windows first (``WindowCloser.first``), and they are judged nearest first. Only an order:
+        #: a route that moved away stays in it until judged again
+        self.near: dict[P.Route, float] = {}
         #: seconds of loop time per route judged, a running mean over the chunks (sizes the next chunk)
         self.route_cost_s = DECIDE_CHUNK_S / DECIDE_CHUNK_ROUTES
         #: evidence records of the decisions (runtime/evidence.py); None: not kept
@@ -247,16 +255,20 @@ class Decisions:
         self.before_flips: Callable[[set[P.Route]], object] = lambda routes: None
 
     # -- deciding ------------------------------------------------------------------------------
-    def decide(self, signals: list[Signal], now: float) -> None:
+    def decide(self, signals: list[Signal], now: float, near_only: bool = False) -> None:
         """Judge ``signals`` (after those deferred before): routes near a rollback first, then those the
         engine knows, then new ones (``Backlog``), at most
         ``MAX_DECIDE_ROUTES`` routes and about ``DECIDE_BUDGET_S`` now; the rest wait (and their
-        partitions are not checkpointed) until the next iterations."""
+        partitions are not checkpointed) until the next iterations. ``near_only``: only the routes
+        near a rollback (the loop judges them before it closes the other windows)."""
         backlog = self.backlog
         if backlog and self.ownership.revoked_routes:  # a lost partition's windows: the new owner's
             backlog.drop(self.ownership.revoked_routes)
+        if near_only:  # nearest first (stable: a route's windows keep their order)
+            near = self.near
+            signals = sorted(signals, key=lambda s: -near.get((s.model, s.route), 0.0))
         backlog.add(signals)
-        if not backlog:
+        if not backlog or (near_only and not backlog.order[0]):
             return
         flags = self.flags.snapshot()
         for route, precision in self.lost_flags(flags).items():
@@ -267,7 +279,9 @@ class Decisions:
         judged = 0
         while backlog and judged < MAX_DECIDE_ROUTES:
             fit = max(1, int(DECIDE_CHUNK_S / max(self.route_cost_s, 1e-7)))
-            chunk = backlog.take(min(DECIDE_CHUNK_ROUTES, fit, MAX_DECIDE_ROUTES - judged))
+            chunk = backlog.take(min(DECIDE_CHUNK_ROUTES, fit, MAX_DECIDE_ROUTES - judged), 0 if near_only else 2)
+            if not chunk:
+                break
             touched = {(s.model, s.route) for s in chunk}
             judged += len(touched)
             t0 = time.perf_counter()
@@ -282,6 +296,15 @@ class Decisions:
         """Judge these routes' closed windows and dispatch what the engine decides."""
         self.mark_maintenance(signals, touched)
         actions = self.engine.observe(signals, now, flags, self.cfg.default_precision)
+        nearness, near = self.engine.nearness, self.near
+        for route in touched:
+            if "*" in route:
+                continue
+            how = nearness(*route)
+            if how is None:
+                near.pop(route, None)
+            else:
+                near[route] = how
         if self.evidence is not None:
             self.evidence.observe(signals, touched, now)
         everywhere = any("*" in r for r in touched)

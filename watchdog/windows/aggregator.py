@@ -28,6 +28,7 @@ import json
 import logging
 import math
 import zlib
+from collections.abc import Container
 from typing import Any
 
 import orjson
@@ -95,11 +96,11 @@ class WindowAggregator:
         self._open: dict[tuple[int, str, str, str], Window] = {}
         #: windows closed since the last ``export_changes`` (their checkpoint fields are deleted)
         self._closed_keys: list[tuple[int, str, str, str]] = []
-        #: ``close_due`` with a limit: (closed_end, due keys sorted newest first) of the windows due
-        #: and not closed yet. No key can join it while closed_end holds (``add`` takes such an
-        #: event as late), so the due set is sorted once per closed_end, not once per chunk (10,000
-        #: routes: 20,000 keys sorted for each of ~100 chunks of 200)
-        self._due: tuple[int, list[tuple[int, str, str, str]]] | None = None
+        #: ``close_due`` with a limit: (closed_end, due keys sorted newest first, those of the routes
+        #: asked ``first`` sorted alike) of the windows due and not closed yet. No key can join it while
+        #: closed_end holds (``add`` takes such an event as late), so the due set is sorted once per
+        #: closed_end, not once per chunk (10,000 routes: 20,000 keys sorted for each of ~100 chunks of 200)
+        self._due: tuple[int, list[WindowKey], list[WindowKey]] | None = None
         #: checkpoint fields of windows encoded ahead of the next save (``encode_ahead``), each exact
         #: while its window is not dirty; a dirty window is encoded anew (at the latest by the save)
         self._ahead: dict[WindowKey, str] = {}
@@ -232,11 +233,14 @@ class WindowAggregator:
 
     # --- closing ----------------------------------------------------------------------------
 
-    def close_due(self, now: float, limit: int | None = None) -> list[Signal]:
+    def close_due(self, now: float, limit: int | None = None, first: Container[tuple[str, str]] = (),
+                  first_only: bool = False) -> list[Signal]:
         """Close every window with end + grace <= ``now`` (wall clock); one Signal per scope and window.
         With ``limit``, the oldest ``limit`` of them (and the other precisions of the last route taken,
         so a route's windows close together); the rest stay open but count as closed (an event for
-        them is late) and close at the next call."""
+        them is late) and close at the next call. With ``limit`` and ``first`` ((model, route) pairs,
+        read when a close mark's due windows are first sorted), those routes' due windows close before
+        the others, each route's still oldest first; with ``first_only`` only those close."""
         if self._now is None or now > self._now:
             self._now = now
         upto = math.floor((now - self.grace_s) / self.length_s)
@@ -249,20 +253,18 @@ class WindowAggregator:
         cache = self._due
         if cache is None or cache[0] != closed_end:
             stack = sorted((k for k in self._open if k[0] + 1 <= closed_end), reverse=True)
-            self._due = cache = (closed_end, stack)
-        stack = cache[1]
+            ahead = [k for k in stack if (k[1], k[2]) in first] if first else []
+            if ahead:
+                stack = [k for k in stack if (k[1], k[2]) not in first]
+            self._due = cache = (closed_end, stack, ahead)
+        _, stack, ahead = cache
         opened = self._open
-        while stack and stack[-1] not in opened:  # closed meanwhile (close_all)
-            stack.pop()
-        if len(stack) <= limit:
+        due = _pop_due(ahead, limit, opened) if ahead else []
+        if not first_only and (not due or len(due) < limit):
+            due += _pop_due(stack, limit - len(due), opened)
+        if not stack and not ahead:
             self._due = None
-            due = [k for k in reversed(stack) if k in opened]
-            return self._close(due)
-        # the oldest ``limit`` keys, and the other precisions of the last route taken
-        due = [stack.pop() for _ in range(max(limit, 1))]
-        while stack and stack[-1][:3] == due[-1][:3]:
-            due.append(stack.pop())
-        return self._close([k for k in due if k in opened])
+        return self._close(due)
 
     def close_all(self) -> list[Signal]:
         """Close every open window now (graceful shutdown, end of a backtest)."""
@@ -431,3 +433,18 @@ def encode_export(d: dict[str, Any]) -> str:
 def window_field(key: tuple[int, str, str, str]) -> str:
     """The checkpoint hash field of one open window."""
     return "w" + json.dumps(list(key))
+
+
+def _pop_due(stack: list[WindowKey], n: int, opened: dict[WindowKey, Window]) -> list[WindowKey]:
+    """The oldest ``n`` (at least one) open keys off a stack of due keys sorted newest first, and the
+    other precisions of the last route taken."""
+    while stack and stack[-1] not in opened:  # closed meanwhile (close_all)
+        stack.pop()
+    if len(stack) <= n:
+        due = [k for k in reversed(stack) if k in opened]
+        stack.clear()
+        return due
+    due = [stack.pop() for _ in range(max(n, 1))]
+    while stack and stack[-1][:3] == due[-1][:3]:
+        due.append(stack.pop())
+    return [k for k in due if k in opened]
