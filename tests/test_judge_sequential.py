@@ -336,6 +336,10 @@ def test_baseline_moved_splits_the_shift_into_each_precisions_own_move() -> None
     assert out is not None and out["fails"] and out["fp8_own"] == pytest.approx(0.1)
     # FP16 steady, FP8 0.1 slower: not FP16's move, the difference's judgement stands
     assert baseline_moved([(own8 + 0.1 - level16, 1e-4)] * 3, [level16] * 3, hist, b16, **kw) is None
+    # a pool failed against a capped level (FP8 crept past its anchor): FP16's small move does not excuse it
+    pool = [(own8 + 0.002 - b, 1e-4) for b in [level16 - 0.01] * 3]
+    out = baseline_moved(pool, [level16 - 0.01] * 3, hist, b16, level_offset=0.15, **kw)
+    assert out is not None and out["fails"] and out["fp8_own"] == pytest.approx(0.152)
     # FP16's statistic unknown for the level's windows (a state saved before it was kept)
     assert baseline_moved(pool, pool_b, hist, b16[:-3] + [math.nan] * 3, **kw) is None
 

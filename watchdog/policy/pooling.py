@@ -301,15 +301,21 @@ def _unless_baseline_moved(rule: Rule, out: Judgement, pool: Pool, null: list[di
     j = rule.judge
     assert j is not None
     past = [x for x in null if "e" in x and float(x.get("end", math.inf)) <= first]
+    hist = [float(x["e"]) for x in past]
+    recent = max(1, min(j.recent, len(hist) // 2))
+    # a level capped below the recent one (FP8 crept past its anchor, or beyond level_cap): FP8's own move
+    # is judged against the cap too. A level raised to the anchor (the recent one followed FP16's creep
+    # down) is not: FP8's own move since the recent windows is what says whether FP8 changed
+    offset = max(0.0, sum(hist[-recent:]) / recent - float(out.detail["level"])) if hist else 0.0
     moved = baseline_moved([(float(e["e"]), float(e["v"])) for e in pool],
-                           [float(e.get("base", math.nan)) for e in pool], [float(x["e"]) for x in past],
+                           [float(e.get("base", math.nan)) for e in pool], hist,
                            [float(x.get("base", math.nan)) for x in past], recent=j.recent, alpha=j.alpha,
-                           prior_sd=j.prior_sd, effect=j.effect, gap=gap)
+                           prior_sd=j.prior_sd, effect=j.effect, gap=gap, level_offset=offset)
     if moved is None:
         return
     out.detail["baseline_moved"] = moved
-    split = (f"FP16's own statistic moved {moved['fp16_own']:+.4g}, FP8's {moved['fp8_own']:+.4g} "
-             f"[{moved['fp8_own_low']:+.4g}, {moved['fp8_own_high']:+.4g}]")
+    split = (f"FP16's own statistic moved {moved['fp16_own']:+.4g}, FP8's {moved['fp8_own']:+.4g} against the judged "
+             f"level [{moved['fp8_own_low']:+.4g}, {moved['fp8_own_high']:+.4g}]")
     if moved["fails"]:
         out.message += f"; {split}: FP8 moved too"
         return

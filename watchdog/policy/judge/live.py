@@ -392,7 +392,7 @@ def judge_learned(
 
 def baseline_moved(pool: Sequence[tuple[float, float]], pool_b: Sequence[float], hist: Sequence[float],
                    hist_b: Sequence[float], *, recent: int, alpha: float, prior_sd: float, effect: float,
-                   gap: int = 0) -> dict[str, Any] | None:
+                   gap: int = 0, level_offset: float = 0.0) -> dict[str, Any] | None:
     """FP8's own move, judged, when a shift of the FP8 - FP16 difference that ``judge_learned``
     failed is mostly FP16's (docs/JUDGE.md "Which precision moved"). The difference is FP8's
     statistic minus FP16's (``pool_b`` / ``hist_b``: FP16's own, harm units, NaN where unknown), so
@@ -404,7 +404,12 @@ def baseline_moved(pool: Sequence[tuple[float, float]], pool_b: Sequence[float],
     beyond ``effect``. A load or mix change that moves both precisions moves ``d8`` as well, and that
     wander is in FP8's own null. None when FP16's move is not most of the shift, or when the history
     lacks FP16's statistic for the level or enough windows to learn FP8's wander: the difference's
-    judgement stands."""
+    judgement stands.
+
+    ``level_offset``: how far the level the judge held the pool against was capped below the recent
+    level (``level_cap`` or the anchor's cap; the caller passes 0 for a level raised to the anchor):
+    FP8's own move is judged against the cap too, ``d8 + level_offset``, so a window failed against a
+    capped level (FP8 crept past its anchor) is not excused by a small move of FP16 in the last windows."""
     k, n = len(pool), len(hist)
     recent = max(1, min(recent, n // 2))
     if k == 0 or len(pool_b) != k or len(hist_b) != n or n < recent:
@@ -423,8 +428,9 @@ def baseline_moved(pool: Sequence[tuple[float, float]], pool_b: Sequence[float],
         return None
     var, crit, _, df = _residual_null(own8, k, recent, alpha, prior_sd, gap)
     half = crit * math.sqrt(var)
-    return {"shift": shift, "fp16_own": d16, "fp8_own": d8, "fp8_own_low": d8 - half, "fp8_own_high": d8 + half,
-            "df": df, "fails": d8 - half > effect}
+    own = d8 + level_offset
+    return {"shift": shift, "fp16_own": d16, "fp8_own": own, "fp8_own_low": own - half, "fp8_own_high": own + half,
+            "df": df, "fails": own - half > effect}
 
 
 def _sampling_null(hist: np.ndarray, hv: np.ndarray, v: np.ndarray, recent: int,
