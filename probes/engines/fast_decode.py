@@ -45,9 +45,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from probes import fp8_fused
 from probes.decode_attention import FP8_KV, FP8_KV_STORE, decode_attention, quant_kv, store_prompt_kv
-from probes.engines.fast_forward import forward_layer, fusable, sequence_inputs
+from probes.engines.fast_forward import forward_layer, fused_here, sequence_inputs
 from probes.engines.fast_layers import (
     COUNT_INPUT,
     lin_params,
@@ -263,7 +262,7 @@ class FastDecoder:
             p["share_quant"] = False
             # prefill/scoring quantise and count each FP8 input in one kernel with its norm, residual add
             # or SiLU*up (``probes.fp8_fused``; CUDA with Triton)
-            p["fused_quant"] = on_cuda and fp8_fused.HAVE_TRITON and fusable(p)
+            p["fused_quant"] = fused_here(p, self.device)
             self.layers.append(p)
             mods = [x for g in groups.values() for x in g]
             if all(isinstance(x, Fp8Linear) and x.track_saturation for x in mods):
@@ -343,8 +342,7 @@ class FastDecoder:
             if share_quant is not None:
                 p["share_quant"] = bool(share_quant)
             if fused_quant is not None:
-                on = bool(fused_quant) and self.device.type == "cuda" and fp8_fused.HAVE_TRITON
-                p["fused_quant"] = on and fusable(p)
+                p["fused_quant"] = bool(fused_quant) and fused_here(p, self.device)
             if attention is not None:
                 p["attention"] = attention
         self._apply_gemm()

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from probes import fp8_fused
-from probes.engines.fast_layers import linear, projections, rms_norm, rotate_half
+from probes.engines.fast_layers import linear, mm8, projections, rms_norm, rotate_half
 from probes.fp8 import E4M3_MAX
 
 #: the counts of a layer whose q/k/v and gate/up are merged FP8 entries (``FastDecoder``'s ``p["counts"]``,
@@ -63,6 +63,11 @@ def _shared(p: dict[str, Any], key: str) -> str:
     return key if p.get("share_quant", False) and key in p and p[key]["kind"] == "fp8cols" else ""
 
 
+def fused_here(p: dict[str, Any], device: torch.device) -> bool:
+    """Whether the layer quantises through ``probes.fp8_fused`` on ``device``: CUDA with Triton, and ``fusable``."""
+    return device.type == "cuda" and fp8_fused.HAVE_TRITON and fusable(p)
+
+
 def fusable(p: dict[str, Any]) -> bool:
     """Whether the layer can quantise through ``probes.fp8_fused``: static per-tensor FP8 linears with one
     activation scale for q/k/v and one for gate/up (merged entries), counted as ``FUSED_COUNTS``."""
@@ -71,14 +76,6 @@ def fusable(p: dict[str, Any]) -> bool:
         and all(p[k]["kind"] == "fp8" for k in ("q", "k", "v", "o", "gate", "up", "down"))
         and set(p.get("counts", ())) == set(FUSED_COUNTS)
     )
-
-
-def _mm8(x8: torch.Tensor, lin: dict[str, Any], dtype: torch.dtype) -> torch.Tensor:
-    """The FP8 product of an already quantised input ``x8`` [..., K] with linear ``lin`` (kind fp8)."""
-    out = torch._scaled_mm(
-        x8.reshape(-1, x8.shape[-1]), lin["w"].t(), scale_a=lin["sx"], scale_b=lin["sw"], out_dtype=dtype
-    )
-    return out.reshape(*x8.shape[:-1], out.shape[-1])
 
 
 def fused_layer(
@@ -96,14 +93,14 @@ def fused_layer(
     b, n, dt = x.shape[0], x.shape[1], x.dtype
     d = cos.shape[-1]
     h8, c_h = fp8_fused.rms_quant(x, p["ln1"], p["qkv"]["sx_in"], eps)
-    q, k, v = (_mm8(h8, p[name], dt).view(b, n, -1, d).transpose(1, 2) for name in ("q", "k", "v"))
+    q, k, v = (mm8(h8, p[name], dt).view(b, n, -1, d).transpose(1, 2) for name in ("q", "k", "v"))
     c, s = cos[:, None], sin[:, None]
     q = q * c + rotate_half(q) * s
     k = k * c + rotate_half(k) * s
     a8, c_a = fp8_fused.quant_rows(attention(q, k, v, amask), p["o"]["sx_in"])
-    x, h28, c_h2 = fp8_fused.add_rms_quant(x, _mm8(a8, p["o"], dt), p["ln2"], p["gu"]["sx_in"], eps)
-    m8, c_m = fp8_fused.silu_mul_quant(_mm8(h28, p["gate"], dt), _mm8(h28, p["up"], dt), p["down"]["sx_in"])
-    x = x + _mm8(m8, p["down"], dt)
+    x, h28, c_h2 = fp8_fused.add_rms_quant(x, mm8(a8, p["o"], dt), p["ln2"], p["gu"]["sx_in"], eps)
+    m8, c_m = fp8_fused.silu_mul_quant(mm8(h28, p["gate"], dt), mm8(h28, p["up"], dt), p["down"]["sx_in"])
+    x = x + mm8(m8, p["down"], dt)
     sat = None
     if count > 0:
         counts = {"h": c_h, "a": c_a, "h2": c_h2, "m": c_m}

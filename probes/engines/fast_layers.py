@@ -46,9 +46,7 @@ def linear(x: torch.Tensor, p: dict[str, Any]) -> torch.Tensor:
         scale = p["sx"] * (p["sw"] if kind == "fp8" else p["sw_cols"])
         out = fp8_gemm.scaled_small_mm(quant(x2, p["sx_in"]), p["w"], scale, x.dtype, cfg)
     elif kind == "fp8":
-        out = torch._scaled_mm(
-            quant(x2, p["sx_in"]), p["w"].t(), scale_a=p["sx"], scale_b=p["sw"], out_dtype=x.dtype
-        )
+        out = mm8(quant(x2, p["sx_in"]), p, x.dtype)
     elif kind == "fp8cols":  # merged FP8 linears: each one's per-tensor weight scale applied to its columns
         out = torch._scaled_mm(
             quant(x2, p["sx_in"]), p["w"].t(), scale_a=p["sx"], scale_b=p["one"], out_dtype=torch.float32
@@ -71,13 +69,15 @@ def projections(
         return list(linear(h, p[merged]).split(p[merged]["sizes"], dim=-1))
     if share in p and all(p[n]["kind"] == "fp8" for n in names):
         h8 = quant(h.reshape(-1, h.shape[-1]), p[share]["sx_in"])
-        return [
-            torch._scaled_mm(h8, p[n]["w"].t(), scale_a=p[n]["sx"], scale_b=p[n]["sw"], out_dtype=h.dtype).reshape(
-                *h.shape[:-1], -1
-            )
-            for n in names
-        ]
+        return [mm8(h8, p[n], h.dtype).reshape(*h.shape[:-1], -1) for n in names]
     return [linear(h, p[n]) for n in names]
+
+
+def mm8(x8: torch.Tensor, p: dict[str, Any], dtype: torch.dtype) -> torch.Tensor:
+    """The FP8 product of an already quantised input ``x8`` [..., K] with linear ``p`` (kind fp8)."""
+    out = torch._scaled_mm(x8.reshape(-1, x8.shape[-1]), p["w"].t(), scale_a=p["sx"], scale_b=p["sw"],
+                           out_dtype=dtype)
+    return out.reshape(*x8.shape[:-1], out.shape[-1])
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:

@@ -289,27 +289,26 @@ def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
     if diff[2] is not None:
         out.detail["window_baseline"] = diff[2]  # learned with the window (engine._learn)
     if out.status == "fail" and out.detail.get("learned"):
-        _unless_baseline_moved(rule, out, pool, null or [], first, gap)
+        _unless_baseline_moved(rule, out, pool, hist, null or [], first, gap)
     return out
 
 
-def _unless_baseline_moved(rule: Rule, out: Judgement, pool: Pool, null: list[dict[str, Any]], first: float,
-                           gap: int) -> None:
+def _unless_baseline_moved(rule: Rule, out: Judgement, pool: Pool, hist: list[float], null: list[dict[str, Any]],
+                           first: float, gap: int) -> None:
     """A failed shift that is mostly FP16's own move (``judge_learned``'s ``baseline_moved``) is
     judged on FP8's own move instead: a pass (reason ``baseline_moved``; the window is learned, so
     the level follows FP16's new speed) unless FP8 itself moved beyond the effect."""
     j = rule.judge
     assert j is not None
-    past = [x for x in null if "e" in x and float(x.get("end", math.inf)) <= first]
-    hist = [float(x["e"]) for x in past]
+    # FP16's own statistic of the same windows as ``hist`` (``_null_before``), NaN where not kept
+    base = [float(x.get("base", math.nan)) for x in null if float(x.get("end", math.inf)) <= first]
     recent = max(1, min(j.recent, len(hist) // 2))
     # a level capped below the recent one (FP8 crept past its anchor, or beyond level_cap): FP8's own move
     # is judged against the cap too. A level raised to the anchor (the recent one followed FP16's creep
     # down) is not: FP8's own move since the recent windows is what says whether FP8 changed
     offset = max(0.0, sum(hist[-recent:]) / recent - float(out.detail["level"])) if hist else 0.0
     moved = baseline_moved([(float(e["e"]), float(e["v"])) for e in pool],
-                           [float(e.get("base", math.nan)) for e in pool], hist,
-                           [float(x.get("base", math.nan)) for x in past], recent=j.recent, alpha=j.alpha,
+                           [float(e.get("base", math.nan)) for e in pool], hist, base, recent=j.recent, alpha=j.alpha,
                            prior_sd=j.prior_sd, effect=j.effect, gap=gap, level_offset=offset)
     if moved is None:
         return
