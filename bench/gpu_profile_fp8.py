@@ -84,7 +84,9 @@ VARIANTS = {"old": (False, 0), "own": (True, 0), "new": (True, 128)}  # (own_for
 #: count it there (``probes.fp8_fused``), in every pass; else inductor's kernels and the separate count.
 #: The engine's default since 2026-12-04: fq in passes of ``FUSED_MIN_ROWS`` positions and more (at
 #: this bench's prompts: batch 64 and 128 = "new+fq", batch 16 = "new")
-OPTIONS = ("q1", "gqa", "head8", "nocount", "s8", "tri", "kv8", "tg", "fq")
+#: loop = each pass's saturation counts added per FP8 module (2 small adds each, the engine before the
+#: one counter store of 2026-12-04); else in one store
+OPTIONS = ("q1", "gqa", "head8", "nocount", "s8", "tri", "kv8", "tg", "fq", "loop")
 HEADS: dict[int, tuple[Any, Any]] = {}  # id(engine) -> (its own lm_head module, the FP8 one)
 
 
@@ -101,6 +103,9 @@ def set_variant(engines: list[Any], name: str) -> None:
         fd.own_forward, fd.live_window = own, window
         fd.count_saturation = "nocount" not in opts
         fd.saturation_stride = 8 if "s8" in opts else 1
+        fd._bind_saturation()
+        if "loop" in opts:
+            fd._sat_store = None
         # every option set explicitly: a variant does not inherit the previous one's
         attn = "gqa" if "gqa" in opts else "triton" if "tri" in opts else "sdpa"
         kv = "fp8" if "kv8" in opts and eng.precision == "fp8" else "auto"

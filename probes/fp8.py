@@ -388,6 +388,17 @@ def reset_saturation(model: nn.Module) -> None:
             mod.reset_saturation()
 
 
+def bind_counters(mods: list[Fp8Linear]) -> torch.Tensor:
+    """One float64 store [2, len(mods)] (values quantised, values clipped) whose entries become the
+    modules' own counters (views; what they had counted is carried over), so a pass that counts every
+    module adds to all of them in one kernel instead of two small ones per module."""
+    store = torch.stack([torch.stack([m._n_values, m._n_saturated]) for m in mods], dim=1)
+    for j, m in enumerate(mods):
+        m._n_values = store[0, j]
+        m._n_saturated = store[1, j]
+    return store
+
+
 # -- calibration files -----------------------------------------------------------------------------
 def calibration_path(model_dir: str | Path) -> Path:
     return Path(model_dir) / CALIBRATION_FILE

@@ -125,6 +125,40 @@ def test_own_forward_counts_fp8_saturation_on_valid_tokens() -> None:
     assert fast.saturation().n_saturated == s_fast.n_saturated
 
 
+def test_saturation_counts_added_in_one_store_equal_the_per_module_adds() -> None:
+    """The counters of every FP8 linear are views of one store that a pass adds to at once; per layer
+    the counts equal the per-module adds, and a decoder whose modules another decoder rebound (or a
+    model whose counters were replaced) adds per module, losing nothing."""
+    from probes.engines.fast_decode import FastDecoder
+    from probes.engines.torch_engine import TorchEngine, calibrate_engine
+    from probes.fp8 import saturation_report
+    from probes.tiny_model import byte_tokenizer
+
+    base = _random_llama(5)
+    cal = TorchEngine(precision="fp16", model=copy.deepcopy(base), tokenizer=byte_tokenizer(), fast="off")
+    amax = {k: v * 0.25 for k, v in calibrate_engine(cal, MIXED).items()}
+    _eager, fast = _engines("fp8", calibration=amax)
+    dec = fast.fast_decoder
+    assert dec._sat_store is not None
+    fast.score(MIXED[:3], REFS[:3])
+    stored = saturation_report(fast.model)
+    assert stored.n_saturated > 0 and dec._sat_store[1].sum().item() == stored.n_saturated
+    fast.reset_saturation()
+    assert dec._sat_store.abs().sum().item() == 0
+    dec._sat_store = None  # the per-module adds
+    fast.score(MIXED[:3], REFS[:3])
+    assert saturation_report(fast.model) == stored
+    # a second decoder over the same model takes the counters over; the engine's decoder still counts
+    dec._bind_saturation()
+    fast.reset_saturation()
+    other = FastDecoder(fast.model)
+    assert other._sat_store is not None and other._sat_store.data_ptr() != dec._sat_store.data_ptr()
+    fast.score(MIXED[:3], REFS[:3])
+    assert saturation_report(fast.model) == stored
+    assert other._sat_store[1].sum().item() == stored.n_saturated
+    assert dec._sat_store.abs().sum().item() == 0
+
+
 def test_merged_linears_give_the_separate_products_and_keep_the_weights_shared() -> None:
     """q/k/v (and gate/up) as one GEMM: FP16-style plain weights are concatenated and the modules keep
     views of the merged tensor; FP8 linears with one activation scale multiply with float32 output and

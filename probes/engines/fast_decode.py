@@ -56,7 +56,7 @@ from probes.engines.fast_layers import (
     rms_norm,
     rotate_half,
 )
-from probes.fp8 import Fp8Linear
+from probes.fp8 import Fp8Linear, bind_counters
 
 log = logging.getLogger(__name__)
 
@@ -267,6 +267,7 @@ class FastDecoder:
             mods = [x for g in groups.values() for x in g]
             if all(isinstance(x, Fp8Linear) and x.track_saturation for x in mods):
                 self._sat_mods.append(list(groups.values()))
+        self._bind_saturation()
         self.head = lin_params(model.lm_head)  # type: ignore[attr-defined]
         #: prefill and scoring through ``fast_forward`` (False: the model's transformers forward)
         self.own_forward = True
@@ -567,12 +568,35 @@ class FastDecoder:
         """The lm_head over hidden states (any leading shape)."""
         return linear(h, self.head)
 
+    def _bind_saturation(self) -> None:
+        """Every counted Fp8Linear's counters as views of one store (``probes.fp8.bind_counters``), with
+        each module's row in a pass's flattened counts and its input width: ``_add_saturation`` then adds
+        a whole pass in a few kernels. The 2 x 7 small adds per layer it replaces were ~670 launches per
+        8B-shape pass, host time the GPU waited for at batch 16 (docs/BENCHMARKS.md)."""
+        self._sat_store: torch.Tensor | None = None
+        if not self._sat_mods or len(self._sat_mods) != len(self.layers):
+            return
+        flat = [mod for groups in self._sat_mods for group in groups for mod in group]
+        rows = [i * len(groups) + g for i, groups in enumerate(self._sat_mods)
+                for g, group in enumerate(groups) for _ in group]
+        self._sat_store = bind_counters(flat)
+        self._sat_first = flat[0]
+        self._sat_rows = torch.tensor(rows, device=self._sat_store.device)
+        self._sat_width = torch.tensor([m.in_features for m in flat], dtype=torch.float64,
+                                       device=self._sat_store.device)
+
     def _add_saturation(self, sats: torch.Tensor, mask: torch.Tensor) -> None:
         """sats [layers, counts, B, L'] clipped values per counted token -> the Fp8Linear counters (valid
         tokens; ``mask`` [B, L'] of the counted positions)."""
         valid = mask.to(torch.float64)
         per_count = (sats.to(torch.float64) * valid).sum((2, 3))
         n_valid = valid.sum()
+        store = self._sat_store
+        # the modules' counters are still this store's views (another decoder over the model rebinds them)
+        if store is not None and self._sat_first._n_values.data_ptr() == store.data_ptr():
+            store[0] += n_valid * self._sat_width
+            store[1] += per_count.reshape(-1).index_select(0, self._sat_rows)
+            return
         for groups, row in zip(self._sat_mods, per_count, strict=True):
             for group, n_sat in zip(groups, row, strict=True):
                 for mod in group:
