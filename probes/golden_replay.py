@@ -13,6 +13,7 @@ import inspect
 import json
 import logging
 import math
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -307,6 +308,15 @@ def _parse_options(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
+def _no_loading_bars() -> None:
+    """``--no-progress`` covers the model loaders' bars too (transformers' "Loading weights")."""
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # read when huggingface_hub is first imported
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+
+
 def _cmd_replay(args: argparse.Namespace) -> int:
     try:
         golden = load_golden_set(find_golden_set(args.set, args.root))
@@ -316,6 +326,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         return 2
     if args.max_items is not None:
         golden = golden.head(args.max_items)
+    if args.no_progress:
+        _no_loading_bars()
     from probes.engines import get_engine
 
     if args.compile_cache:

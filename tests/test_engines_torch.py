@@ -245,6 +245,24 @@ def test_shipped_trained_drift_model_loads_and_runs_fp8_through_the_registry() -
     assert abs(sum(s.logprob_sum for s in s8) - sum(s.logprob_sum for s in s16)) < 0.5
 
 
+@pytest.mark.skipif(not (DRIFT_TINY / "model.safetensors").exists(), reason="shipped drift model not present")
+def test_the_readme_replay_on_the_shipped_model_runs_quietly_with_no_progress() -> None:
+    """The README's replay example in a fresh process: a report, and ``--no-progress`` silences the
+    model loader's "Loading weights" bars too."""
+    import subprocess
+    import sys
+
+    root = DRIFT_TINY.parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-m", "watchdog.cli.main", "replay", "--set", "code", "--engine", "torch",
+         "-o", f"model_path={DRIFT_TINY}", "--max-items", "2", "--no-progress", "--json"],
+        cwd=root, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Loading weights" not in proc.stderr
+    assert json.loads(proc.stdout)["n_items"] == 2
+
+
 def test_picked_logprobs_is_the_float_log_softmax_of_the_targets() -> None:
     import torch
 

@@ -80,6 +80,8 @@ def test_good_file_parses_with_defaults() -> None:
          "f.yaml:7:55: judge: null_model applies to a learned null"),
         # YAML syntax
         ("    cooldown: 90s\n", "    cooldown: [90s\n", "f.yaml:4:"),
+        # a name's length in characters (pydantic said "items" of a cleaned name)
+        ("name: p\n", "name: " + "a" * 130 + "\n", "f.yaml:2:11: policies[0].name: should have at most 120 characters, not 130"),
         # a GPU cause that matches nothing (here with a Cyrillic 'а'), pointed at the list item
         ("    cooldown: 90s\n", "    cooldown: 90s\n    inhibit: {gpu_metrics: [xid_critical, therm\u0430l_slowdown]}\n",
          "f.yaml:4:43: policies[0].inhibit.gpu_metrics[1]: unknown GPU metric 'therm\u0430l_slowdown' "

@@ -93,6 +93,11 @@ def _pydantic_messages(fname: str, doc: PosDoc, exc: ValidationError) -> list[tu
             msg = err["msg"]
             if msg.startswith("Value error, "):
                 msg = msg[len("Value error, ") :]
+            elif kind in ("too_long", "too_short") and isinstance(err.get("input"), str):
+                # a cleaned name is a "Value" to pydantic, which then counts "items"
+                ctx = err.get("ctx", {})
+                bound = f"at most {ctx.get('max_length')}" if kind == "too_long" else f"at least {ctx.get('min_length')}"
+                msg = f"should have {bound} characters, not {ctx.get('actual_length', len(err['input']))}"
             pos = doc.pos(loc)
             if len(loc) > 1 and pos == doc.pos(loc[:-1]):
                 # a key the file does not write: a scalar the model spread over several keys
