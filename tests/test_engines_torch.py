@@ -276,6 +276,33 @@ def test_picked_logprobs_is_the_float_log_softmax_of_the_targets() -> None:
     assert got.dtype == torch.float32 and torch.allclose(got, want, atol=1e-6)
 
 
+def test_a_cpu_engine_takes_one_thread_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Torch's thread per core spins while other work holds a core (the README's replay: 25 s against
+    11-15 s with one thread on a shared 2-core box): one thread by default, ``cpu_threads`` or
+    ``OMP_NUM_THREADS`` otherwise."""
+    import torch
+
+    from probes.engines.torch_engine import TorchEngine
+    from probes.tiny_model import byte_tokenizer
+
+    before = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    try:
+        torch.set_num_threads(2)
+        TorchEngine(precision="fp16", model=_random_llama(1), tokenizer=byte_tokenizer(), device="cpu")
+        assert torch.get_num_threads() == 1
+        TorchEngine(precision="fp16", model=_random_llama(1), tokenizer=byte_tokenizer(), device="cpu", cpu_threads=2)
+        assert torch.get_num_threads() == 2
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        TorchEngine(precision="fp16", model=_random_llama(1), tokenizer=byte_tokenizer(), device="cpu")
+        assert torch.get_num_threads() == 2
+        with pytest.raises(ValueError, match="cpu_threads"):
+            TorchEngine(precision="fp16", model=_random_llama(1), tokenizer=byte_tokenizer(), device="cpu",
+                        cpu_threads=0)
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_boolean_engine_options_accept_command_line_text() -> None:
     """``-o fp8_lm_head=true`` arrives as text: the usual spellings parse, anything else is an error
     (a typo must not silently mean False)."""

@@ -20,6 +20,7 @@ import argparse
 import inspect
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -106,6 +107,19 @@ def load_tokenizer(model_path: str | Path):
     return tok
 
 
+def _cpu_threads(torch: Any, threads: Any) -> None:
+    """A CPU engine's intra-op threads, for the whole process: ``threads`` (``-o cpu_threads=N``), else
+    ``OMP_NUM_THREADS`` where set, else one. Torch's default, a thread per core, spins at every op's
+    barrier while other work holds a core: the shipped 3M model's replay took 82 s instead of 8 s with
+    one of two cores busy (README). A sidecar takes one core unless told otherwise."""
+    if threads is None and os.environ.get("OMP_NUM_THREADS"):
+        return
+    n = 1 if threads is None else int(threads)
+    if n < 1:
+        raise ValueError(f"cpu_threads must be at least 1, not {threads!r}")
+    torch.set_num_threads(n)
+
+
 @register("torch")
 class TorchEngine:
     """Greedy batched decoding with a KV cache (left padding), logprobs and teacher-forced scoring."""
@@ -118,7 +132,7 @@ class TorchEngine:
                  model: Any = None, tokenizer: Any = None, track_saturation: bool = True,
                  fast: str | bool = "auto", compile: bool | None = None, cuda_graphs: bool | None = None,
                  compile_cache_dir: str | Path | None = None, fp8_lm_head: bool = False,
-                 fp8_kv_cache: bool = False, fp8_gemm: str = "cublas") -> None:
+                 fp8_kv_cache: bool = False, fp8_gemm: str = "cublas", cpu_threads: int | None = None) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
         if fp8_gemm not in ("cublas", "triton"):
@@ -138,6 +152,8 @@ class TorchEngine:
         self.precision = precision
         self.name = name or f"torch:{Path(model_path).name if model_path else 'model'}:{precision}"
         self.device = _resolve_device(device)
+        if self.device == "cpu":
+            _cpu_threads(torch, cpu_threads)
         self.dtype = _resolve_dtype(precision, self.device, dtype)
         self.batch_size = max(1, int(batch_size))
         self.max_batch_tokens = max_batch_tokens
