@@ -31,17 +31,22 @@ command -v systemd-analyze >/dev/null 2>&1 || pkgs="$pkgs systemd"
 command -v chromium >/dev/null 2>&1 || pkgs="$pkgs chromium"  # tests/test_evidence.py: the evidence page in a real browser
 if [ -n "$pkgs" ]; then
   echo "setup: installing$pkgs (Debian packages)"
-  made_policy=""
   if [ ! -e /usr/sbin/policy-rc.d ]; then
     printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
-    $SUDO chmod +x /usr/sbin/policy-rc.d; made_policy=1
+    $SUDO chmod +x /usr/sbin/policy-rc.d
+    # removed however this script ends (a failed install included)
+    trap '$SUDO rm -f /usr/sbin/policy-rc.d' EXIT
   fi
   apt_get update -qq
   # shellcheck disable=SC2086 # word splitting of the package list is meant
   DEBIAN_FRONTEND=noninteractive apt_get install -y -qq --no-install-recommends $pkgs >/dev/null
-  [ -z "$made_policy" ] || $SUDO rm -f /usr/sbin/policy-rc.d
-  if [ -d /run/systemd/system ]; then
-    $SUDO systemctl disable --now prometheus prometheus-alertmanager >/dev/null 2>&1 || true
+  # only the services this run installed; ones the machine had before are left as they were
+  units=""
+  case " $pkgs " in *" prometheus "*) units="$units prometheus" ;; esac
+  case " $pkgs " in *" prometheus-alertmanager "*) units="$units prometheus-alertmanager" ;; esac
+  if [ -n "$units" ] && [ -d /run/systemd/system ]; then
+    # shellcheck disable=SC2086
+    $SUDO systemctl disable --now $units >/dev/null 2>&1 || true
   fi
 fi
 
