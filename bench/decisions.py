@@ -199,7 +199,7 @@ class LiveSim:
                                           "latency_hist": sk}
                 if prec == "fp8":
                     pairs = int(rng.binomial(ok, 0.02))
-                    # FACTS.md: healthy FP8 vs FP16 ROUGE-L mean 0.906; about 25 % of answers change
+                    # docs/DRIFT.md (3,000-step run): healthy FP8 vs FP16 ROUGE-L mean 0.906; about 25 % of answers change
                     changed = rng.random(pairs) < 0.25
                     scores = np.where(changed, rng.beta(3, 2, pairs), 1.0)
                     detail["shadow_pairs"] = pairs
@@ -332,7 +332,7 @@ def run_live_branches(ps: PolicySet, model: Live, routes: int, windows: int, see
 def drift_shape(variant: str | None) -> np.ndarray | None:
     """Healthy FP8 - FP16 per-item ROUGE-L deltas measured on a trained model (gpu12's
     bench/data/fp8_drift_trained.json, model "main", the named variant), or None for the
-    FACTS.md shape (86.7 % unchanged, 1.2 % below -0.2, 2.3 % above +0.2)."""
+    docs/DRIFT.md 3,000-step shape (86.7 % unchanged, 1.2 % below -0.2, 2.3 % above +0.2)."""
     if variant is None:
         return None
     d = json.loads(DRIFT_SHAPE.read_text())

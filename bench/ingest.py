@@ -15,7 +15,7 @@ every mode, interleaved, and the timer runs from the first non-empty poll to the
 
 Mixes: ``light`` (30 % of events shadowed, short completions) and ``heavy`` (every successful event
 shadowed, logprobs on all, ~40-word completions; a quarter of the shadow pairs differ, as healthy FP8
-does on a trained model, see FACTS.md).
+does on a trained model, docs/DRIFT.md).
 
 All consumers use the daemon's own ``make_consumer`` settings (max_poll_records 2000). The result
 is the ratio pipeline / json per repetition, reported as the median of the repetitions.

@@ -3,7 +3,7 @@ cores' long side ("swap AB") and splits K when the output alone is too few tiles
 
 At decode a product is ``x [M, K] @ w[N, K].T`` with M the batch (16-128) and N, K in the thousands, so
 its time is reading ``w``. cuBLAS's FP8 kernels tile M by 64 or more and reach ~2.8 TB/s there at
-M = 16 (FACTS.md), against ~3.6 TB/s for the FP16 product of the same shape. Here each program computes
+M = 16 (measured on the H200 with `bench/gpu_fp8_gemm.py`, docs/BENCHMARKS.md), against ~3.6 TB/s for the FP16 product of the same shape. Here each program computes
 a ``[BN, BM]`` tile of the transposed product (``w`` tile ``[BN, BK]`` times ``x`` tile transposed, both
 K-contiguous as Hopper's FP8 MMA wants them), over one of ``split`` slices of K.
 
