@@ -241,7 +241,7 @@ class LoopHealth:
 
     def caught_up(self, within: int = 1000) -> bool:
         """At most ``within`` records behind at the last lag check (Tansu's high watermark is off by up
-        to a batch: it counts a produced batch before the batch is readable)."""
+        to a batch: it reports the high watermark at the start of the last batch, not its end)."""
         return self._lag_total is not None and self._lag_total <= within
 
     def _kafka(self, ingest: Ingest, now: float) -> None:
