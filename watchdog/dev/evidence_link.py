@@ -28,4 +28,6 @@ def evidence_link(daemon: Any, model: str, route: str, timeout: float = 10.0) ->
 
 def print_evidence_link(console: Any, daemon: Any, model: str, route: str) -> None:
     link = evidence_link(daemon, model, route)
-    console.print(f"   evidence: {link}" if link else "   [yellow]evidence: no record written yet[/]", soft_wrap=True)
+    # the page is served by the demo's own daemon from its own Redis: both stop with the demo
+    console.print(f"   evidence: {link} (open it while the demo runs)" if link
+                  else "   [yellow]evidence: no record written yet[/]", soft_wrap=True)
