@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from watchdog.alerting.alerter import Alerter
 from watchdog.cli.policy import main as cli_main
 from watchdog.policy import PolicyError, load_policy_files, parse_policy_text
 
@@ -165,6 +166,41 @@ def test_hidden_files_in_a_policy_directory_are_not_policies(tmp_path: Path) -> 
     (tmp_path / ".default.yaml").write_text(GOOD)
     assert [p.name for p in load_policy_files([tmp_path]).policies] == ["p"]
     assert cli_main(["policy", "validate", str(tmp_path)]) == 0
+
+
+def test_candidate_and_baseline_must_be_precisions_the_config_has(tmp_path: Path) -> None:
+    """A config with ``precisions: [fp8]`` and a policy rolling back to fp16: the daemon could never set
+    the flag (``flags set`` refuses it too), so loading refuses the policy where it names the precision,
+    or at the policy where the default is taken."""
+    (tmp_path / "p.yaml").write_text(GOOD)
+    assert load_policy_files([tmp_path / "p.yaml"], precisions={"fp8", "fp16"}).names == ["p"]
+    with pytest.raises(PolicyError) as info:
+        load_policy_files([tmp_path / "p.yaml"], precisions={"fp8"})
+    assert info.value.messages == [f"{tmp_path / 'p.yaml'}:2:5: baseline 'fp16' is not one of the config's "
+                                   "precisions (fp8): the daemon could not set a route to it"]
+    (tmp_path / "p.yaml").write_text(GOOD.replace("    cooldown: 90s\n", "    cooldown: 90s\n    candidate: int8\n"))
+    with pytest.raises(PolicyError) as info:
+        load_policy_files([tmp_path / "p.yaml"], precisions={"fp8", "fp16"})
+    assert [m.split(": ", 1)[0] for m in info.value.messages] == [f"{tmp_path / 'p.yaml'}:4:16"]
+
+
+def test_config_check_and_the_daemon_refuse_a_policy_whose_baseline_the_config_lacks(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from watchdog.cli.main import main
+    from watchdog.config.settings import Config
+    from watchdog.core.metrics import Metrics
+    from watchdog.runtime.policies import PolicyReloader
+
+    (tmp_path / "p.yaml").write_text(GOOD)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"policies: [{tmp_path / 'p.yaml'}]\nprecisions: [fp8]\ndefault_precision: fp8\n")
+    assert main(["config", "check", "--config", str(cfg)]) == 2
+    assert "baseline 'fp16' is not one of the config's precisions (fp8)" in capsys.readouterr().err
+    config = Config(policies=[str(tmp_path / "p.yaml")], precisions=["fp8"], default_precision="fp8")
+    with pytest.raises(PolicyError, match="baseline 'fp16'"):
+        PolicyReloader(config, Metrics(), Alerter([]))
+    cfg.write_text(f"policies: [{tmp_path / 'p.yaml'}]\n")
+    assert main(["config", "check", "--config", str(cfg)]) == 0
 
 
 def test_a_missing_policy_file_names_a_close_one_beside_it(tmp_path: Path) -> None:

@@ -217,7 +217,7 @@ def cmd_config_check(args: argparse.Namespace) -> int:
         return 2
     problems: list[str] = []
     try:  # with the channels the daemon would have: a policy's actions may name those only
-        load_policy_files(cfg.policies, channel_names(list(cfg.alerts.channels)) or None)
+        load_policy_files(cfg.policies, channel_names(list(cfg.alerts.channels)) or None, cfg.precisions)
     except PolicyError as exc:
         problems.extend(exc.messages)
     problems.extend(_golden_job_problems(cfg))

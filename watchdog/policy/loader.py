@@ -115,10 +115,11 @@ def _condition_pos(base: Pos, offset: int) -> Pos:
     return Pos(base.line, base.col + shift + offset)
 
 
-def _semantic_checks(data: dict[str, Any], doc: PosDoc, channels: Collection[str] | None = None
-                     ) -> list[tuple[Pos, str]]:
+def _semantic_checks(data: dict[str, Any], doc: PosDoc, channels: Collection[str] | None = None,
+                     precisions: Collection[str] | None = None) -> list[tuple[Pos, str]]:
     """Checks pydantic cannot place well; runs on the raw data so they report even when the
-    structure has other errors. ``channels``: the alert channel names ``actions`` may use."""
+    structure has other errors. ``channels``: the alert channel names ``actions`` may use;
+    ``precisions``: the ones a route flag may take (the config's), which candidate and baseline must be."""
     out: list[tuple[Pos, str]] = []
     policies = data.get("policies")
     if not isinstance(policies, list):
@@ -138,6 +139,12 @@ def _semantic_checks(data: dict[str, Any], doc: PosDoc, channels: Collection[str
         cand, base = pol.get("candidate", "fp8"), pol.get("baseline", "fp16")
         if cand == base:
             out.append((doc.pos((*ppath, "baseline")), "baseline must differ from candidate"))
+        if precisions is not None:
+            for key, value in (("candidate", cand), ("baseline", base)):
+                if isinstance(value, str) and value.lower() not in precisions:
+                    where = doc.pos((*ppath, key)) if key in pol else doc.pos(ppath)
+                    out.append((where, f"{key} '{value}' is not one of the config's precisions "
+                                       f"({', '.join(sorted(precisions))}): the daemon could not set a route to it"))
         rules = pol.get("rules")
         seen: set[str] = set()
         for ri, rule in enumerate(rules if isinstance(rules, list) else []):
@@ -279,10 +286,10 @@ def parse_policy_text(text: str, fname: str, channels: Collection[str] | None = 
     return found, errors
 
 
-def _parse_text(text: str, fname: str, channels: Collection[str] | None = None
-                ) -> tuple[list[Policy], list[str], PosDoc | None]:
+def _parse_text(text: str, fname: str, channels: Collection[str] | None = None,
+                precisions: Collection[str] | None = None) -> tuple[list[Policy], list[str], PosDoc | None]:
     try:
-        return _parse_text_unguarded(text, fname, channels)
+        return _parse_text_unguarded(text, fname, channels, precisions)
     except RecursionError:
         return [], [f"{fname}:1:1: the file is nested too deeply to validate"], None
     except Exception as exc:  # a bug here must not take a running daemon down with it
@@ -290,7 +297,8 @@ def _parse_text(text: str, fname: str, channels: Collection[str] | None = None
         return [], [f"{fname}:1:1: cannot validate the file ({type(exc).__name__}: {exc})"], None
 
 
-def _parse_text_unguarded(text: str, fname: str, channels: Collection[str] | None
+def _parse_text_unguarded(text: str, fname: str, channels: Collection[str] | None,
+                          precisions: Collection[str] | None = None
                           ) -> tuple[list[Policy], list[str], PosDoc | None]:
     try:
         doc = load_with_positions(text)
@@ -307,7 +315,7 @@ def _parse_text_unguarded(text: str, fname: str, channels: Collection[str] | Non
         # a value the YAML layer refused (reported above) is None here: one message per cause
         refused = {(p.line, p.col) for p, _ in doc.errors}
         problems += [(p, m) for p, m in _pydantic_messages(fname, doc, exc) if (p.line, p.col) not in refused]
-    problems += _semantic_checks(doc.data, doc, channels)
+    problems += _semantic_checks(doc.data, doc, channels, precisions)
     if problems:
         ordered = sorted(problems, key=lambda x: (x[0].line, x[0].col))
         return [], [_fmt(fname, p, m) for p, m in ordered], doc
@@ -338,9 +346,11 @@ def _expand(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
     return out
 
 
-def load_policy_files(paths: Iterable[str | os.PathLike[str]], channels: Collection[str] | None = None) -> PolicySet:
+def load_policy_files(paths: Iterable[str | os.PathLike[str]], channels: Collection[str] | None = None,
+                      precisions: Collection[str] | None = None) -> PolicySet:
     """Load and validate policy files (directories: their *.yaml / *.yml, hidden ones skipped). Raises ``PolicyError``.
-    ``channels``: the alert channel names ``actions.notify``/``page`` may use (None: not checked)."""
+    ``channels``: the alert channel names ``actions.notify``/``page`` may use (None: not checked);
+    ``precisions``: the config's, which each policy's candidate and baseline must be (None: not checked)."""
     errors: list[str] = []
     policies: list[Policy] = []
     origin: dict[str, str] = {}
@@ -360,7 +370,7 @@ def load_policy_files(paths: Iterable[str | os.PathLike[str]], channels: Collect
             errors.append(f"{fname}:1:1: cannot read file: {exc}")
             continue
         sha.update(fname.encode() + b"\0" + text.encode() + b"\0")
-        found, errs, doc = _parse_text(text, fname, channels)
+        found, errs, doc = _parse_text(text, fname, channels, precisions)
         errors += errs
         if errs or doc is None:
             continue
@@ -412,11 +422,14 @@ class PolicyLoader:
         *,
         background: bool = False,
         channels: Collection[str] | None = None,
+        precisions: Collection[str] | None = None,
         raise_at_start: bool = False,
     ) -> None:
         self.paths = list(paths)
         #: the alert channel names policies may route to (None: not checked)
         self.channels = None if channels is None else frozenset(channels)
+        #: the precisions a policy's candidate and baseline may be (None: not checked)
+        self.precisions = None if precisions is None else frozenset(precisions)
         self.on_error = on_error
         self.on_change = on_change
         self.background = background
@@ -431,7 +444,7 @@ class PolicyLoader:
         self._result: PolicySet | PolicyError | None = None
         if raise_at_start:  # the caller reports a bad start (once, as a start-up failure); nothing is logged
             self._seen = _safe_fingerprint(self.paths)
-            first = _load_guarded(self.paths, self.channels)
+            first = _load_guarded(self.paths, self.channels, self.precisions)
             if isinstance(first, PolicyError):
                 self.last_errors = first.messages
                 raise first
@@ -477,7 +490,7 @@ class PolicyLoader:
 
     def _sync_reload(self) -> bool:
         self._seen = _safe_fingerprint(self.paths)
-        return self._apply(_load_guarded(self.paths, self.channels))
+        return self._apply(_load_guarded(self.paths, self.channels, self.precisions))
 
     def _start(self) -> None:
         with self._lock:
@@ -490,7 +503,7 @@ class PolicyLoader:
 
     def _work(self) -> None:
         while True:
-            result = _load_guarded(self.paths, self.channels)
+            result = _load_guarded(self.paths, self.channels, self.precisions)
             with self._lock:
                 if not self._again:
                     self._result = result
@@ -533,10 +546,10 @@ def _safe_fingerprint(paths: Sequence[str | os.PathLike[str]]) -> tuple[tuple[st
         return None
 
 
-def _load_guarded(paths: Sequence[str | os.PathLike[str]], channels: Collection[str] | None = None
-                  ) -> PolicySet | PolicyError:
+def _load_guarded(paths: Sequence[str | os.PathLike[str]], channels: Collection[str] | None = None,
+                  precisions: Collection[str] | None = None) -> PolicySet | PolicyError:
     try:
-        return load_policy_files(paths, channels)
+        return load_policy_files(paths, channels, precisions)
     except PolicyError as exc:
         return exc
     except Exception as exc:  # never let a reload raise into the daemon loop

@@ -29,7 +29,8 @@ class PolicyReloader:
         # no name is checked); reloads run off the main loop
         channels = alerter.channel_names() or None
         # PolicyError on invalid policies: the caller reports it once, as a start-up failure
-        self.loader = PolicyLoader(cfg.policies, background=True, channels=channels, raise_at_start=True)
+        self.loader = PolicyLoader(cfg.policies, background=True, channels=channels, precisions=cfg.precisions,
+                                   raise_at_start=True)
         self.loader.on_error = self._rejected
         self.engine = PolicyEngine(self.loader.policy_set)
         self._requested = threading.Event()
