@@ -263,6 +263,45 @@ def test_the_readme_replay_on_the_shipped_model_runs_quietly_with_no_progress() 
     assert json.loads(proc.stdout)["n_items"] == 2
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_load_model_directly_equals_from_pretrained_and_falls_back_when_the_files_do_not_fit(
+        tmp_path: Path, tied: bool, caplog: pytest.LogCaptureFixture) -> None:
+    """The direct load (an empty model on the device, the shards copied in) gives from_pretrained's
+    weights, buffers and logits, tied embeddings included; files with a key the model lacks take
+    from_pretrained instead."""
+    import logging
+
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM, LlamaForCausalLM
+
+    from probes.engines import torch_engine
+    from probes.tiny_model import tiny_config
+
+    torch.manual_seed(4)
+    cfg = tiny_config(hidden=64, layers=2, intermediate=128)
+    cfg.tie_word_embeddings = tied
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path)
+    want = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    assert torch_engine._load_direct(tmp_path, torch.float32, "cpu") is not None
+    got = torch_engine.load_model(tmp_path, torch.float32, "cpu")
+    a, b = want.state_dict(), got.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert all(torch.equal(x, y) for x, y in zip(want.buffers(), got.buffers(), strict=True))
+    if tied:
+        assert got.lm_head.weight.data_ptr() == got.model.embed_tokens.weight.data_ptr()
+    ids = torch.tensor([[1, 5, 9, 2]])
+    assert torch.equal(want(ids).logits, got(ids).logits)
+    # a key the model does not have: not the direct way's to judge
+    shard = tmp_path / "model.safetensors"
+    tensors = load_file(str(shard))
+    save_file({**tensors, "extra.weight": torch.zeros(2)}, str(shard), metadata={"format": "pt"})
+    assert torch_engine._load_direct(tmp_path, torch.float32, "cpu") is None
+    with caplog.at_level(logging.DEBUG, logger="probes.engines.torch_engine"):
+        fallback = torch_engine.load_model(tmp_path, torch.float32, "cpu")
+    assert torch.equal(fallback(ids).logits, want(ids).logits)
+
+
 def test_picked_logprobs_is_the_float_log_softmax_of_the_targets() -> None:
     import torch
 
