@@ -7,6 +7,7 @@ in its own process (as the CLI does), after the CUDA context is made (timed apar
 * ``cpu_then_to``: ``from_pretrained(dtype=...)`` on the CPU, then ``.to("cuda")`` (the engine before);
 * ``device_map``: ``from_pretrained(dtype=..., device_map="cuda")`` (the weights go to the GPU as read);
 * ``own``: the model built from its config on the GPU, then each shard read to the GPU and loaded into it;
+* ``engine``: ``probes.engines.torch_engine.load_model`` (built empty, no initialisation, shards copied in);
 * ``safetensors``: ``safetensors.torch.load_file(device="cuda")`` of every shard (the files alone).
 
 Each way also reports a checksum of a few weights, so a way that loads the wrong values shows.
@@ -28,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-WAYS = ("cpu_then_to", "device_map", "own", "safetensors")
+WAYS = ("cpu_then_to", "device_map", "own", "engine", "safetensors")
 
 
 def one(model_dir: str, way: str, device: str) -> dict[str, float]:
@@ -49,6 +50,12 @@ def one(model_dir: str, way: str, device: str) -> dict[str, float]:
         n = sum(t.numel() for f in sorted(Path(model_dir).glob("*.safetensors"))
                 for t in load_file(str(f), device=device).values())
         read = time.perf_counter()
+    elif way == "engine":
+        from probes.engines.torch_engine import load_model
+
+        model = load_model(model_dir, dtype, device)
+        read = time.perf_counter()
+        n = sum(p.numel() for p in model.parameters())
     elif way == "own":
         from safetensors.torch import load_file
         from transformers import AutoConfig, AutoModelForCausalLM
@@ -83,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", default="8b")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--ways", default=",".join(WAYS))
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--out")
     ap.add_argument("--child", nargs=3, metavar=("DIR", "WAY", "DEVICE"), help=argparse.SUPPRESS)
@@ -106,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                      "load s | params | checksum |")
         lines.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for rep in range(args.repeats):
-            for way in WAYS:
+            for way in args.ways.split(","):
                 proc = subprocess.run([sys.executable, __file__, "--child", str(model_dir), way, device],
                                       capture_output=True, text=True, cwd=ROOT)
                 if proc.returncode != 0:
