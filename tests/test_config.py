@@ -215,3 +215,24 @@ def test_config_check_finds_what_a_golden_job_would_fail_on(tmp_path: Path, monk
     fixed = cfg.read_text().replace("cdoe", "code").replace("torhc", "torch").replace("modelpath", "model_path")
     cfg.write_text(fixed)
     assert main(["config", "check", "--config", str(cfg)]) == 0
+
+
+@pytest.mark.parametrize("url", ["localhost:6379", "http://db:6379", ":pw@db:6379"])
+def test_a_redis_url_without_a_served_scheme_fails_config_check_and_run_in_one_line(
+        url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("LLMWD_REDIS__URL", url)
+    good = write(tmp_path, f"policies: [{ROOT / 'policies' / 'default.yaml'}]\n")
+    for argv in (["config", "check"], ["run"]):
+        assert main([*argv, "--config", str(good)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "Traceback" not in err
+        assert "$LLMWD_REDIS__URL: redis.url:" in err and "redis://, rediss://, unix://" in err
+        assert "pw" not in err
+
+
+@pytest.mark.parametrize("url", ["redis://db:6379/0", "rediss://db:6380", "unix:///run/redis.sock?db=1",
+                                 "redis+sentinel://h1:26379,h2:26379/llmwd/0", "REDIS://db"])
+def test_every_redis_url_form_the_client_serves_passes(url: str, tmp_path: Path) -> None:
+    assert load_config(write(tmp_path, f"redis: {{url: '{url}'}}\n")).redis.url == url
+    cluster = load_config(write(tmp_path, "redis: {url: 'rediss+cluster://h1:7000', prefix: '{llmwd}'}\n"))
+    assert cluster.redis.url == "rediss+cluster://h1:7000"

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from watchdog.config.yamlfile import ConfigError as ConfigError
 from watchdog.config.yamlfile import env_path, env_value, read_config_file, set_path, validate
 from watchdog.config.yamlpos import PosDoc
-from watchdog.core.keys import require_cluster_prefix
+from watchdog.core.keys import require_cluster_prefix, require_redis_url
 from watchdog.core.signals import Severity
 
 ENV_PREFIX = "LLMWD_"
@@ -104,6 +104,11 @@ class RedisConfig(_Section):
     windows_maxlen: int = Field(100_000, ge=0)
     #: seconds between two checkpoints of a partition that keeps receiving events
     checkpoint_every_s: float = Field(1.0, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _url_scheme_served(cls, url: str) -> str:
+        return require_redis_url(url)
 
     @field_validator("prefix")
     @classmethod

@@ -36,7 +36,7 @@ from pydantic import (
 from watchdog.config.settings import env_overrides
 from watchdog.config.yamlfile import ConfigError, read_config_file, set_path, validate
 from watchdog.config.yamlpos import PosDoc
-from watchdog.core.keys import require_cluster_prefix
+from watchdog.core.keys import require_cluster_prefix, require_redis_url
 from watchdog.ingest.emitter import EventsConfig
 from watchdog.policy.names import check_route
 
@@ -173,6 +173,11 @@ class GatewayConfig(_Section):
     engine: str | None = None
     pools: list[PoolConfig] = Field(default_factory=list)
     events: EventsConfig = Field(default_factory=EventsConfig)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _url_scheme_served(cls, url: str) -> str:
+        return require_redis_url(url)
 
     @field_validator("redis_prefix")
     @classmethod
