@@ -89,6 +89,8 @@ BAD: list[tuple[list[str], str]] = [
      "directory does not exist: missing/dir"),
     (["demo", "--duration", "-1"], "--duration"),
     (["embedded", "--redis-port", "70000"], "not a port"),
+    (["gateway", "--config", "deploy/config.example.yaml", "--port", "99999"], "not a port: '99999' (1-65535)"),
+    (["gateway", "--config", "deploy/config.example.yaml", "--port=-1"], "not a port: '-1'"),
     (["config", "check", "--config", "no/such.yaml"], "no/such.yaml"),
     (["run", "--config", "no/such.yaml"], "no/such.yaml"),
     (["nosuchcommand"], "invalid choice"),

@@ -98,6 +98,14 @@ def non_negative_float(value: str) -> float:
     return x
 
 
+def tcp_port(value: str) -> int:
+    """A port to listen on: 1-65535 (the config's ``port`` fields refuse the same out-of-range values)."""
+    n = _int(value)
+    if not 1 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"not a port: {value!r} (1-65535)")
+    return n
+
+
 def route_name(value: str) -> str:
     """A model or route name as events carry it: not blank, no control characters."""
     if not value.strip():
