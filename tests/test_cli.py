@@ -64,8 +64,8 @@ def _dead_redis() -> str:
 BAD: list[tuple[list[str], str]] = [
     (["flags", "set", "llama", "chat", "FP9"], "did you mean 'fp8'"),
     (["flags", "pin", "llama", "chat", "bf16", "--ttl", "30m"], "not one of the configured precisions"),
-    (["flags", "set", "", "chat", "fp16"], "must not be empty"),
-    (["flags", "pin", "llama", " ", "fp16", "--ttl", "5m"], "must not be empty"),
+    (["flags", "set", "", "chat", "fp16"], "is empty"),
+    (["flags", "pin", "llama", " ", "fp16", "--ttl", "5m"], "a space or control character"),
     (["flags", "get", "llama", "chat\n"], "control character"),
     (["flags", "unpin", "", "chat"], "argument model"),
     (["flags", "audit", "--count", "-1"], "--count"),
