@@ -107,12 +107,14 @@ def test_one_redactor_hides_url_passwords_and_secret_parameters(raw: str, shown:
 def test_config_check_prints_redacted_and_fails_on_problems(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("LLMWD_REDIS__URL", "redis://:topsecret@db:6379/0")
-    monkeypatch.setenv("LLMWD_KAFAK__TOPIC", "typo")
     good = write(tmp_path, f"policies: [{ROOT / 'policies' / 'default.yaml'}]\n")
     assert main(["config", "check", "--config", str(good)]) == 0
     out, err = capsys.readouterr()
     assert "redis://:***@db:6379/0" in out and "topsecret" not in out + err
-    assert "$LLMWD_KAFAK__TOPIC matches no config key" in err
+    monkeypatch.setenv("LLMWD_KAFAK__TOPIC", "typo")
+    assert main(["config", "check", "--config", str(good)]) == 2
+    assert "$LLMWD_KAFAK__TOPIC matches no config key; did you mean $LLMWD_KAFKA__TOPIC?" in capsys.readouterr().err
+    monkeypatch.delenv("LLMWD_KAFAK__TOPIC")
     bad_policy = tmp_path / "p.yaml"
     bad_policy.write_text("policies:\n  - name: x\n    rules: 3\n")
     assert main(["config", "check", "--config", str(write(tmp_path, "policies: [p.yaml]\n"))]) == 2
@@ -236,3 +238,24 @@ def test_every_redis_url_form_the_client_serves_passes(url: str, tmp_path: Path)
     assert load_config(write(tmp_path, f"redis: {{url: '{url}'}}\n")).redis.url == url
     cluster = load_config(write(tmp_path, "redis: {url: 'rediss+cluster://h1:7000', prefix: '{llmwd}'}\n"))
     assert cluster.redis.url == "rediss+cluster://h1:7000"
+
+
+@pytest.mark.parametrize(("var", "meant"), [
+    ("LLMWD_REDS__URL", "$LLMWD_REDIS__URL"), ("LLMWD_SERVER_PORT", "$LLMWD_SERVER__PORT"),
+    ("LLMWD_SERVR_PORT", "$LLMWD_SERVER__PORT"), ("LLMWD_POLICY_POLL", "$LLMWD_POLICY_POLL_S"),
+    ("LLMWD_XYZZY", "")])
+def test_a_misspelt_env_override_fails_config_check_and_run_with_did_you_mean(
+        var: str, meant: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv(var, "1")
+    good = write(tmp_path, f"policies: [{ROOT / 'policies' / 'default.yaml'}]\n")
+    for argv in (["config", "check"], ["run"]):
+        assert main([*argv, "--config", str(good)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"fp8-watchdog: invalid configuration: ${var} matches no config key"
+                       + (f"; did you mean {meant}?" if meant else "")], err
+
+
+def test_variables_other_readers_own_are_not_config_typos(tmp_path: Path) -> None:
+    env = {"LLMWD_LITELLM__TOPIC": "t", "LLMWD_TEST_FULL_EXIT": "1", "LLMWD_TANSU": "/x", "LLMWD_REDIS_URL": "redis://d"}
+    assert load_config(write(tmp_path, "instance: a\n"), env=env).instance == "a"

@@ -19,6 +19,7 @@ Errors name the file, line and column of the bad value (or the environment varia
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -303,7 +304,12 @@ class Config(BaseModel):
 
 
 #: LLMWD_* variables that are read elsewhere, not config keys
-_NOT_CONFIG = {"TANSU", "REDIS_SERVER", "CONFIG", "LITELLM_CONFIG"}
+_NOT_CONFIG = {"TANSU", "REDIS_SERVER", "CONFIG", "LITELLM_CONFIG", "TEST_FULL_EXIT"}
+#: prefixes of LLMWD_* variables that another settings model reads (watchdog/integrations/litellm.py)
+_NOT_CONFIG_PREFIXES = ("LITELLM__",)
+#: variables that match no config key but another command reads (the flags CLI's old spelling of
+#: $LLMWD_REDIS__URL): a warning, not an error, where the daemon's config is loaded
+_READ_ELSEWHERE = {"LLMWD_REDIS_URL"}
 
 
 def env_overrides(env: Mapping[str, str]) -> tuple[list[tuple[tuple[str, ...], Any, str]], list[str]]:
@@ -313,7 +319,8 @@ def env_overrides(env: Mapping[str, str]) -> tuple[list[tuple[tuple[str, ...], A
     out: list[tuple[tuple[str, ...], Any, str]] = []
     unknown: list[str] = []
     for var in sorted(env):
-        if not var.startswith(ENV_PREFIX) or var[len(ENV_PREFIX):] in _NOT_CONFIG:
+        rest = var[len(ENV_PREFIX):]
+        if not var.startswith(ENV_PREFIX) or rest in _NOT_CONFIG or rest.startswith(_NOT_CONFIG_PREFIXES):
             continue
         path = env_path(var, ENV_PREFIX)
         if path[0] not in fields or not all(path):
@@ -324,13 +331,37 @@ def env_overrides(env: Mapping[str, str]) -> tuple[list[tuple[tuple[str, ...], A
 
 
 def env_hint(var: str) -> str:
-    """For a variable that matches no config key: the ``__`` spelling it probably meant, if any
-    (``LLMWD_REDIS_URL`` -> ``; did you mean $LLMWD_REDIS__URL?``)."""
-    rest = var[len(ENV_PREFIX):] if var.startswith(ENV_PREFIX) else ""
-    head, sep, tail = rest.partition("_")
-    if sep and tail and "__" not in rest and head.lower() in Config.model_fields:
-        return f"; did you mean ${ENV_PREFIX}{head}__{tail}?"
-    return ""
+    """For a variable that matches no config key: the spelling it probably meant, if any - the
+    ``__`` a section needs (``LLMWD_REDIS_URL`` -> ``; did you mean $LLMWD_REDIS__URL?``) or the
+    nearest section or top-level key (``LLMWD_REDS__URL`` -> ``$LLMWD_REDIS__URL``)."""
+    rest = var[len(ENV_PREFIX):].lower() if var.startswith(ENV_PREFIX) else ""
+    fields = list(Config.model_fields)
+
+    def near(word: str) -> str | None:
+        found = difflib.get_close_matches(word, fields, n=1, cutoff=0.75)
+        return found[0] if found else None
+
+    head, sep, tail = rest.partition("__")
+    if sep:  # an unknown section: its nearest name
+        meant = near(head)
+        guess = f"{meant}__{tail}" if meant and tail else None
+    else:
+        head, sep, tail = rest.partition("_")
+        if sep and tail and (head in fields or (near(head) and not near(rest))):
+            guess = f"{head if head in fields else near(head)}__{tail}"  # one _ where a section needs two
+        else:
+            guess = near(rest)  # a misspelled top-level key (policy_poll -> policy_poll_s)
+    return f"; did you mean ${ENV_PREFIX}{guess.upper()}?" if guess and len(var) <= 200 else ""
+
+
+def env_problem(env: Mapping[str, str]) -> str | None:
+    """The first ``LLMWD_*`` variable that matches no config key (a typo would otherwise be
+    ignored silently), as one line with the spelling it probably meant; None when all match."""
+    for var in env_overrides(env)[1]:
+        if var not in _READ_ELSEWHERE:
+            shown = var if len(var) <= 80 else var[:80] + "..."
+            return f"${shown} matches no config key{env_hint(var)}"
+    return None
 
 
 def _resolve_paths(data: dict[str, Any], base: Path) -> None:
@@ -351,6 +382,9 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         data, doc = read_config_file(path, env)
         _resolve_paths(data, Path(path).parent)
     data.update(overrides)
+    problem = env_problem(env)
+    if problem is not None:
+        raise ConfigError(problem)
     from_env: dict[tuple[Any, ...], str] = {}
     for key_path, value, var in env_overrides(env)[0]:
         set_path(data, key_path, value, var)
