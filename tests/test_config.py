@@ -259,3 +259,11 @@ def test_a_misspelt_env_override_fails_config_check_and_run_with_did_you_mean(
 def test_variables_other_readers_own_are_not_config_typos(tmp_path: Path) -> None:
     env = {"LLMWD_LITELLM__TOPIC": "t", "LLMWD_TEST_FULL_EXIT": "1", "LLMWD_TANSU": "/x", "LLMWD_REDIS_URL": "redis://d"}
     assert load_config(write(tmp_path, "instance: a\n"), env=env).instance == "a"
+
+
+@pytest.mark.parametrize("field", ["length_s", "grace_s", "max_age_s", "route_idle_s"])
+def test_window_durations_are_bounded_like_policy_durations(field: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=rf"c\.yaml:1:\d+: windows\.{field}: .*1e\+300 s is out of range: "
+                                          r"at most 366 days"):
+        load_config(write(tmp_path, f"windows: {{{field}: 1e300}}\n"), env={})
+    assert getattr(load_config(write(tmp_path, f"windows: {{{field}: 31622400}}\n"), env={}).windows, field) == 31622400

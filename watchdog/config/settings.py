@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from watchdog.config.yamlfile import ConfigError as ConfigError
 from watchdog.config.yamlfile import env_path, env_value, read_config_file, set_path, validate
 from watchdog.config.yamlpos import PosDoc
+from watchdog.core.durations import duration_problem
 from watchdog.core.keys import require_cluster_prefix, require_redis_url
 from watchdog.core.signals import Severity
 
@@ -143,6 +144,15 @@ class WindowConfig(_Section):
     #: engine state and its checkpoint entries, unless its flag is off the default precision, a
     #: flip of it is pending or an incident of it is open
     route_idle_s: float = Field(3_600.0, gt=0)
+
+    @field_validator("length_s", "grace_s", "max_future_s", "max_age_s", "allowed_lateness_s", "clock_skew_s",
+                     "route_idle_s")
+    @classmethod
+    def _at_most_a_year(cls, seconds: float) -> float:
+        problem = duration_problem(seconds)  # the bound of policy durations
+        if problem is not None:
+            raise ValueError(problem)
+        return seconds
 
 
 class AlertChannelConfig(BaseModel):
