@@ -172,11 +172,14 @@ def test_run_on_a_taken_port_is_one_line_and_a_mistyped_variable_is_named(monkey
         taken.listen()
         monkeypatch.setenv("LLMWD_SERVER__PORT", str(taken.getsockname()[1]))
         monkeypatch.setenv("LLMWD_REDIS__URL", _dead_redis())
+        code = main(["run", "--config", str(ROOT / "deploy/config.example.yaml")])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and "cannot serve HTTP on 127.0.0.1:" in err[0], err
         monkeypatch.setenv("LLMWD_KAFKA_BOOTSTRAP_SERVERS", "typo:9092")  # one underscore: not a config key
         code = main(["run", "--config", str(ROOT / "deploy/config.example.yaml")])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and "cannot serve HTTP on 127.0.0.1:" in err[0], err
-    assert "$LLMWD_KAFKA_BOOTSTRAP_SERVERS matches no config key" in caplog.text
+    assert code == 2 and err == ["fp8-watchdog: invalid configuration: $LLMWD_KAFKA_BOOTSTRAP_SERVERS matches no "
+                                 "config key; did you mean $LLMWD_KAFKA__BOOTSTRAP_SERVERS?"], err
 
 
 def test_a_real_process_prints_one_line_and_no_traceback(tmp_path: Path) -> None:
