@@ -365,12 +365,15 @@ def env_hint(var: str) -> str:
 
 
 def env_problem(env: Mapping[str, str]) -> str | None:
-    """The first ``LLMWD_*`` variable that matches no config key (a typo would otherwise be
-    ignored silently), as one line with the spelling it probably meant; None when all match."""
+    """The first ``LLMWD_*`` variable that matches no config key but is a near miss of one (a typo
+    such as ``LLMWD_REDS__URL`` would otherwise be ignored silently), as one line with the spelling
+    it probably meant; None when there is none. A variable like no config key (``LLMWD_DRILL_ROOT``,
+    tooling's own) only gets ``config check``'s and ``run``'s warning."""
     for var in env_overrides(env)[1]:
-        if var not in _READ_ELSEWHERE:
+        hint = env_hint(var)
+        if var not in _READ_ELSEWHERE and hint:
             shown = var if len(var) <= 80 else var[:80] + "..."
-            return f"${shown} matches no config key{env_hint(var)}"
+            return f"${shown} matches no config key{hint}"
     return None
 
 
