@@ -441,3 +441,22 @@ def test_a_healthy_stretch_that_marks_nothing_is_refused(tmp_path: Path, spec: s
     assert rc == 2
     err = capsys.readouterr().err
     assert f"--healthy-until '{spec}': {says}" in err and err.count("\n") == 1
+
+
+def test_a_bad_first_line_is_skipped_and_counted_like_any_other(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    lines = list(read_lines(REGRESSION))
+    pol = tmp_path / "bt.yaml"
+    pol.write_text(POLICY)
+    counts = []
+    for bad_at in (0, 1):  # {oops as line 1, then as line 2
+        events = tmp_path / f"bad{bad_at}.jsonl"
+        events.write_bytes(b"\n".join([*lines[:bad_at], b"{oops", *lines[bad_at:]]) + b"\n")
+        assert policy_cli(["policy", "backtest", "--policy", str(pol), "--events", str(events), "--window", "1m",
+                           "--json"]) == 0
+        counts.append(json.loads(capsys.readouterr().out)["bad_lines"])
+    assert counts[0] == counts[1] >= 1
+    readme = tmp_path / "notes.jsonl"  # another kind of file is still refused before any work
+    readme.write_text("# notes\n" + "text\n" * 30 + '{"ts": 1}\n')
+    assert policy_cli(["policy", "backtest", "--policy", str(pol), "--events", str(readme)]) == 2
+    assert "line 1 is not a JSON object, nor are the next 19 lines" in capsys.readouterr().err

@@ -64,8 +64,8 @@ def _dead_redis() -> str:
 BAD: list[tuple[list[str], str]] = [
     (["flags", "set", "llama", "chat", "FP9"], "did you mean 'fp8'"),
     (["flags", "pin", "llama", "chat", "bf16", "--ttl", "30m"], "not one of the configured precisions"),
-    (["flags", "set", "", "chat", "fp16"], "must not be empty"),
-    (["flags", "pin", "llama", " ", "fp16", "--ttl", "5m"], "must not be empty"),
+    (["flags", "set", "", "chat", "fp16"], "is empty"),
+    (["flags", "pin", "llama", " ", "fp16", "--ttl", "5m"], "a space or control character"),
     (["flags", "get", "llama", "chat\n"], "control character"),
     (["flags", "unpin", "", "chat"], "argument model"),
     (["flags", "audit", "--count", "-1"], "--count"),
@@ -89,6 +89,8 @@ BAD: list[tuple[list[str], str]] = [
      "directory does not exist: missing/dir"),
     (["demo", "--duration", "-1"], "--duration"),
     (["embedded", "--redis-port", "70000"], "not a port"),
+    (["gateway", "--config", "deploy/config.example.yaml", "--port", "99999"], "not a port: '99999' (1-65535)"),
+    (["gateway", "--config", "deploy/config.example.yaml", "--port=-1"], "not a port: '-1'"),
     (["config", "check", "--config", "no/such.yaml"], "no/such.yaml"),
     (["run", "--config", "no/such.yaml"], "no/such.yaml"),
     (["nosuchcommand"], "invalid choice"),
@@ -170,11 +172,14 @@ def test_run_on_a_taken_port_is_one_line_and_a_mistyped_variable_is_named(monkey
         taken.listen()
         monkeypatch.setenv("LLMWD_SERVER__PORT", str(taken.getsockname()[1]))
         monkeypatch.setenv("LLMWD_REDIS__URL", _dead_redis())
+        code = main(["run", "--config", str(ROOT / "deploy/config.example.yaml")])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and "cannot serve HTTP on 127.0.0.1:" in err[0], err
         monkeypatch.setenv("LLMWD_KAFKA_BOOTSTRAP_SERVERS", "typo:9092")  # one underscore: not a config key
         code = main(["run", "--config", str(ROOT / "deploy/config.example.yaml")])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and "cannot serve HTTP on 127.0.0.1:" in err[0], err
-    assert "$LLMWD_KAFKA_BOOTSTRAP_SERVERS matches no config key" in caplog.text
+    assert code == 2 and err == ["fp8-watchdog: invalid configuration: $LLMWD_KAFKA_BOOTSTRAP_SERVERS matches no "
+                                 "config key; did you mean $LLMWD_KAFKA__BOOTSTRAP_SERVERS?"], err
 
 
 def test_a_real_process_prints_one_line_and_no_traceback(tmp_path: Path) -> None:

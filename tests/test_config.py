@@ -107,12 +107,14 @@ def test_one_redactor_hides_url_passwords_and_secret_parameters(raw: str, shown:
 def test_config_check_prints_redacted_and_fails_on_problems(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("LLMWD_REDIS__URL", "redis://:topsecret@db:6379/0")
-    monkeypatch.setenv("LLMWD_KAFAK__TOPIC", "typo")
     good = write(tmp_path, f"policies: [{ROOT / 'policies' / 'default.yaml'}]\n")
     assert main(["config", "check", "--config", str(good)]) == 0
     out, err = capsys.readouterr()
     assert "redis://:***@db:6379/0" in out and "topsecret" not in out + err
-    assert "$LLMWD_KAFAK__TOPIC matches no config key" in err
+    monkeypatch.setenv("LLMWD_KAFAK__TOPIC", "typo")
+    assert main(["config", "check", "--config", str(good)]) == 2
+    assert "$LLMWD_KAFAK__TOPIC matches no config key; did you mean $LLMWD_KAFKA__TOPIC?" in capsys.readouterr().err
+    monkeypatch.delenv("LLMWD_KAFAK__TOPIC")
     bad_policy = tmp_path / "p.yaml"
     bad_policy.write_text("policies:\n  - name: x\n    rules: 3\n")
     assert main(["config", "check", "--config", str(write(tmp_path, "policies: [p.yaml]\n"))]) == 2
@@ -215,3 +217,52 @@ def test_config_check_finds_what_a_golden_job_would_fail_on(tmp_path: Path, monk
     fixed = cfg.read_text().replace("cdoe", "code").replace("torhc", "torch").replace("modelpath", "model_path")
     cfg.write_text(fixed)
     assert main(["config", "check", "--config", str(cfg)]) == 0
+
+
+@pytest.mark.parametrize("url", ["localhost:6379", "http://db:6379", ":pw@db:6379"])
+def test_a_redis_url_without_a_served_scheme_fails_config_check_and_run_in_one_line(
+        url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("LLMWD_REDIS__URL", url)
+    good = write(tmp_path, f"policies: [{ROOT / 'policies' / 'default.yaml'}]\n")
+    for argv in (["config", "check"], ["run"]):
+        assert main([*argv, "--config", str(good)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "Traceback" not in err
+        assert "$LLMWD_REDIS__URL: redis.url:" in err and "redis://, rediss://, unix://" in err
+        assert "pw" not in err
+
+
+@pytest.mark.parametrize("url", ["redis://db:6379/0", "rediss://db:6380", "unix:///run/redis.sock?db=1",
+                                 "redis+sentinel://h1:26379,h2:26379/llmwd/0", "REDIS://db"])
+def test_every_redis_url_form_the_client_serves_passes(url: str, tmp_path: Path) -> None:
+    assert load_config(write(tmp_path, f"redis: {{url: '{url}'}}\n")).redis.url == url
+    cluster = load_config(write(tmp_path, "redis: {url: 'rediss+cluster://h1:7000', prefix: '{llmwd}'}\n"))
+    assert cluster.redis.url == "rediss+cluster://h1:7000"
+
+
+@pytest.mark.parametrize(("var", "meant"), [
+    ("LLMWD_REDS__URL", "$LLMWD_REDIS__URL"), ("LLMWD_SERVER_PORT", "$LLMWD_SERVER__PORT"),
+    ("LLMWD_SERVR_PORT", "$LLMWD_SERVER__PORT"), ("LLMWD_POLICY_POLL", "$LLMWD_POLICY_POLL_S")])
+def test_a_misspelt_env_override_fails_config_check_and_run_with_did_you_mean(
+        var: str, meant: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv(var, "1")
+    good = write(tmp_path, f"policies: [{ROOT / 'policies' / 'default.yaml'}]\n")
+    for argv in (["config", "check"], ["run"]):
+        assert main([*argv, "--config", str(good)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"fp8-watchdog: invalid configuration: ${var} matches no config key; did you mean {meant}?"], err
+
+
+def test_variables_other_readers_own_are_not_config_typos(tmp_path: Path) -> None:
+    env = {"LLMWD_LITELLM__TOPIC": "t", "LLMWD_TEST_FULL_EXIT": "1", "LLMWD_TANSU": "/x", "LLMWD_REDIS_URL": "redis://d",
+           "LLMWD_DRILL_CLOCK_FILE": "/c", "LLMWD_XYZZY": "1"}  # like no key: config check and run only warn
+    assert load_config(write(tmp_path, "instance: a\n"), env=env).instance == "a"
+
+
+@pytest.mark.parametrize("field", ["length_s", "grace_s", "max_age_s", "route_idle_s"])
+def test_window_durations_are_bounded_like_policy_durations(field: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=rf"c\.yaml:1:\d+: windows\.{field}: .*1e\+300 s is out of range: "
+                                          r"at most 366 days"):
+        load_config(write(tmp_path, f"windows: {{{field}: 1e300}}\n"), env={})
+    assert getattr(load_config(write(tmp_path, f"windows: {{{field}: 31622400}}\n"), env={}).windows, field) == 31622400

@@ -390,3 +390,27 @@ def test_a_negative_duration_is_named_as_such(url: str, redis_client: Any, capsy
     assert len(err) == 1 and "argument --ttl: expected one argument ('-5m' is negative; give a positive value)" in err[0]
     assert redis_client.exists("llmwd:route:llama:chat") == 0
     assert "is negative" not in "".join(pin("--ttl"))
+
+
+@pytest.mark.parametrize(("model", "route", "says"), [
+    ("llama", "a\u202eb", "U+202E"), ("llama", "my route", "a space"), ("m" * 300, "chat", "300 characters"),
+    ("llama", "r" * 100_000, "100000 characters"), ("llama", "", "is empty")])
+def test_set_refuses_names_the_event_contract_refuses_even_with_new_route(
+        model: str, route: str, says: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from watchdog.cli.main import main
+
+    monkeypatch.delenv("LLMWD_CONFIG", raising=False)
+    t0 = time.monotonic()
+    code = main(["flags", "set", "--new-route", model, route, "fp16", "--redis-url", "redis://127.0.0.1:1/0"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and says in err[0], err
+    assert len(err[0]) < 400 and time.monotonic() - t0 < 5
+
+
+def test_a_route_name_with_brackets_prints_as_written(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(url, "set", "llama", "[/]", "fp16", "--new-route") == 0
+    assert "llama/[/]: fp16 (epoch 1)" in capsys.readouterr().out
+    assert run(url, "set", "llama", "[/]", "fp8", "--expected-epoch", "0") == 1
+    assert "refused llama/[/]:" in capsys.readouterr().out
+    assert run(url, "list") == 0
+    assert "[/]" in capsys.readouterr().out

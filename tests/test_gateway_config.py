@@ -188,3 +188,12 @@ def test_only_a_w3c_trace_id_from_traceparent_reaches_the_event(tmp_path: Path) 
     assert trace_of(b"00-" + b"x" * 8000 + b"-00f067aa0ba902b7-01") is None
     assert trace_of(b"00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01") is None
     assert trace_of(b"00-\xff\xfe-1-01") is None
+
+
+def test_a_gateway_redis_url_without_a_scheme_is_refused_at_load(tmp_path: Path) -> None:
+    path = tmp_path / "gw.yaml"
+    path.write_text("gateway:\n  redis_url: localhost:6379\n  pools:\n"
+                    "    - {candidate: {url: 'http://a/v1'}, baseline: {url: 'http://b/v1'}}\n")
+    with pytest.raises(GatewayConfigError, match=r"gw\.yaml:2:3: gateway\.redis_url: .*did you mean "
+                                                 r"'redis://localhost:6379'"):
+        load_gateway_config(path)

@@ -55,3 +55,8 @@ def test_unknown_keys_and_bad_values_point_at_the_file(tmp_path: Path) -> None:
     assert any(line.startswith(f"{p}:4:") and "buffer_size" in line for line in lines)
     with pytest.raises(ConfigError, match=r"\$LLMWD_LITELLM__BUFFER_SIZE: buffer_size"):
         LiteLLMSettings.from_file(write(tmp_path, VARIANTS), {"LLMWD_LITELLM__BUFFER_SIZE": "-1"})
+
+
+def test_a_redis_url_without_a_scheme_is_refused_with_its_position(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"llmwd\.yaml:3:\d+: redis_url: .*did you mean 'redis://localhost:6379'"):
+        LiteLLMSettings.from_file(write(tmp_path, VARIANTS + "redis_url: localhost:6379\n"), {})

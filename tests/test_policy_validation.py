@@ -122,6 +122,14 @@ def test_not_a_mapping_and_empty() -> None:
     assert errors_of("policies: []\n")[0].startswith("f.yaml:1:11: policies: List should have at least 1 item")
 
 
+def test_one_file_named_twice_is_loaded_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "pol").mkdir()
+    (tmp_path / "pol" / "a.yaml").write_text(GOOD)
+    monkeypatch.chdir(tmp_path)
+    ps = load_policy_files(["pol", "pol/a.yaml", "./pol/a.yaml", tmp_path / "pol" / "a.yaml"])
+    assert [p.name for p in ps.policies] == ["p"] and ps.origin == {"p": "pol/a.yaml"}
+
+
 def test_load_policy_files_across_files(tmp_path: Path) -> None:
     a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
     a.write_text(GOOD)

@@ -169,3 +169,23 @@ def test_an_unexpected_error_in_the_reader_is_reported_and_survived(redis_servic
         assert reader._thread is not None and reader._thread.is_alive()
         store.flip("llama", "chat", "fp16", expected_epoch=1, reason="r", changed_by="t")
         wait_for(lambda: reader.precision_for("llama", "chat") == "fp16")
+
+
+@pytest.mark.parametrize("factory_error", [ValueError("Redis URL must specify a scheme"), None])
+def test_an_outage_that_repeats_logs_once_not_a_traceback_per_retry(factory_error: Exception | None,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    def failing() -> Any:
+        raise factory_error  # type: ignore[misc]
+
+    kwargs: dict[str, Any] = {"client_factory": failing} if factory_error else {"redis_url": "redis://127.0.0.1:1/0"}
+    caplog.set_level("INFO", logger="watchdog.actuation.routing")
+    reader = RoutingFlags(**kwargs, reconnect_s=0.01, timeout_s=0.2)
+    try:
+        wait_for(lambda: reader.last_error is not None)
+        time.sleep(0.4)  # dozens of retries
+        assert not reader.healthy and reader.precision_for("m", "r") == "fp8"  # the default serves meanwhile
+    finally:
+        reader.close()
+    records = [r for r in caplog.records if r.name == "watchdog.actuation.routing"]
+    assert sum(r.exc_info is not None for r in records) <= 1
+    assert len(records) <= 2, [r.getMessage() for r in records]

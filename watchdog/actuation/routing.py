@@ -215,7 +215,8 @@ class RoutingFlags:
                 self._mark_unhealthy(exc)
                 self._stop.wait(self.reconnect_s)
             except Exception as exc:  # noqa: BLE001 - anything else must not end the reader silently
-                log.exception("routing flags: unexpected error; reconnecting")
+                if f"{type(exc).__name__}: {exc}" != self.last_error:  # one traceback per new error, not per retry
+                    log.exception("routing flags: unexpected error; reconnecting")
                 self._mark_unhealthy(exc)
                 self._stop.wait(self.reconnect_s)
             finally:

@@ -30,6 +30,7 @@ from typing import Any
 import redis
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from watchdog.actuation.actuator import FlagStore, FlipResult
 from watchdog.config.redact import redacted
@@ -125,7 +126,8 @@ def _store(args: argparse.Namespace) -> FlagStore:
 
 
 def _console() -> Console:
-    return Console(file=sys.stdout, width=160)
+    # no markup: model, route and reason texts are printed as written ("[/]" is a valid route name)
+    return Console(file=sys.stdout, width=160, markup=False)
 
 
 def _when(ts: float | None) -> str:
@@ -188,8 +190,8 @@ def _report(args: argparse.Namespace, result: FlipResult) -> int:
         _console().print(f"{result.model}/{result.route} already serves {result.precision} "
                          f"(epoch {result.epoch}); nothing written")
     else:
-        _console().print(f"[red]refused[/red] {result.model}/{result.route}: {result.refused} "
-                         f"(current {result.precision or 'none'}, epoch {result.epoch})")
+        _console().print(Text.assemble(("refused", "red"), f" {result.model}/{result.route}: {result.refused} "
+                                       f"(current {result.precision or 'none'}, epoch {result.epoch})"))
     return 0 if result.refused is None else 1
 
 

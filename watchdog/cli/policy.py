@@ -176,19 +176,34 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     return 0
 
 
+#: lines ``_not_json_lines`` reads to tell a recording with a few bad lines from another kind of file
+_SNIFF_LINES = 20
+
+
 def _not_json_lines(path: str, read_lines: Any) -> str | None:
-    """Why ``path`` is not JSON lines (its first line is not a JSON object), or None."""
+    """Why ``path`` is not JSON lines, or None. It sniffs the first ``_SNIFF_LINES`` non-blank
+    lines to catch another kind of file (a README, a YAML file, one JSON array) before any work:
+    one of them being a JSON object is enough, so a corrupt line 1 is skipped and counted by the
+    backtest like a corrupt line anywhere else."""
+    seen = 0
     try:
-        first = next(iter(read_lines(path)), None)
+        for line in read_lines(path):
+            if not line.strip():
+                continue
+            try:
+                if isinstance(json.loads(line), dict):
+                    return None
+            except ValueError:
+                pass
+            seen += 1
+            if seen >= _SNIFF_LINES:
+                break
     except (OSError, EOFError) as exc:
         return f"cannot read: {exc}"
-    if first is None:
+    if seen == 0:
         return None
-    try:
-        ok = isinstance(json.loads(first), dict)
-    except ValueError:
-        ok = False
-    return None if ok else "line 1 is not a JSON object (expected JSON lines, one event per line)"
+    return (f"line 1 is not a JSON object{f', nor are the next {seen - 1} lines' if seen > 1 else ''} "
+            "(expected JSON lines, one event per line)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,6 +19,7 @@ Errors name the file, line and column of the bad value (or the environment varia
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,7 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from watchdog.config.yamlfile import ConfigError as ConfigError
 from watchdog.config.yamlfile import env_path, env_value, read_config_file, set_path, validate
 from watchdog.config.yamlpos import PosDoc
-from watchdog.core.keys import require_cluster_prefix
+from watchdog.core.durations import duration_problem
+from watchdog.core.keys import require_cluster_prefix, require_redis_url
 from watchdog.core.signals import Severity
 
 ENV_PREFIX = "LLMWD_"
@@ -105,6 +107,11 @@ class RedisConfig(_Section):
     #: seconds between two checkpoints of a partition that keeps receiving events
     checkpoint_every_s: float = Field(1.0, gt=0)
 
+    @field_validator("url")
+    @classmethod
+    def _url_scheme_served(cls, url: str) -> str:
+        return require_redis_url(url)
+
     @field_validator("prefix")
     @classmethod
     def _cluster_prefix_tagged(cls, prefix: str, info: ValidationInfo) -> str:
@@ -137,6 +144,15 @@ class WindowConfig(_Section):
     #: engine state and its checkpoint entries, unless its flag is off the default precision, a
     #: flip of it is pending or an incident of it is open
     route_idle_s: float = Field(3_600.0, gt=0)
+
+    @field_validator("length_s", "grace_s", "max_future_s", "max_age_s", "allowed_lateness_s", "clock_skew_s",
+                     "route_idle_s")
+    @classmethod
+    def _at_most_a_year(cls, seconds: float) -> float:
+        problem = duration_problem(seconds)  # the bound of policy durations
+        if problem is not None:
+            raise ValueError(problem)
+        return seconds
 
 
 class AlertChannelConfig(BaseModel):
@@ -298,7 +314,12 @@ class Config(BaseModel):
 
 
 #: LLMWD_* variables that are read elsewhere, not config keys
-_NOT_CONFIG = {"TANSU", "REDIS_SERVER", "CONFIG", "LITELLM_CONFIG"}
+_NOT_CONFIG = {"TANSU", "REDIS_SERVER", "CONFIG", "LITELLM_CONFIG", "TEST_FULL_EXIT"}
+#: prefixes of LLMWD_* variables that another settings model reads (watchdog/integrations/litellm.py)
+_NOT_CONFIG_PREFIXES = ("LITELLM__",)
+#: variables that match no config key but another command reads (the flags CLI's old spelling of
+#: $LLMWD_REDIS__URL): a warning, not an error, where the daemon's config is loaded
+_READ_ELSEWHERE = {"LLMWD_REDIS_URL"}
 
 
 def env_overrides(env: Mapping[str, str]) -> tuple[list[tuple[tuple[str, ...], Any, str]], list[str]]:
@@ -308,7 +329,8 @@ def env_overrides(env: Mapping[str, str]) -> tuple[list[tuple[tuple[str, ...], A
     out: list[tuple[tuple[str, ...], Any, str]] = []
     unknown: list[str] = []
     for var in sorted(env):
-        if not var.startswith(ENV_PREFIX) or var[len(ENV_PREFIX):] in _NOT_CONFIG:
+        rest = var[len(ENV_PREFIX):]
+        if not var.startswith(ENV_PREFIX) or rest in _NOT_CONFIG or rest.startswith(_NOT_CONFIG_PREFIXES):
             continue
         path = env_path(var, ENV_PREFIX)
         if path[0] not in fields or not all(path):
@@ -319,13 +341,40 @@ def env_overrides(env: Mapping[str, str]) -> tuple[list[tuple[tuple[str, ...], A
 
 
 def env_hint(var: str) -> str:
-    """For a variable that matches no config key: the ``__`` spelling it probably meant, if any
-    (``LLMWD_REDIS_URL`` -> ``; did you mean $LLMWD_REDIS__URL?``)."""
-    rest = var[len(ENV_PREFIX):] if var.startswith(ENV_PREFIX) else ""
-    head, sep, tail = rest.partition("_")
-    if sep and tail and "__" not in rest and head.lower() in Config.model_fields:
-        return f"; did you mean ${ENV_PREFIX}{head}__{tail}?"
-    return ""
+    """For a variable that matches no config key: the spelling it probably meant, if any - the
+    ``__`` a section needs (``LLMWD_REDIS_URL`` -> ``; did you mean $LLMWD_REDIS__URL?``) or the
+    nearest section or top-level key (``LLMWD_REDS__URL`` -> ``$LLMWD_REDIS__URL``)."""
+    rest = var[len(ENV_PREFIX):].lower() if var.startswith(ENV_PREFIX) else ""
+    fields = list(Config.model_fields)
+
+    def near(word: str) -> str | None:
+        found = difflib.get_close_matches(word, fields, n=1, cutoff=0.75)
+        return found[0] if found else None
+
+    head, sep, tail = rest.partition("__")
+    if sep:  # an unknown section: its nearest name
+        meant = near(head)
+        guess = f"{meant}__{tail}" if meant and tail else None
+    else:
+        head, sep, tail = rest.partition("_")
+        if sep and tail and (head in fields or (near(head) and not near(rest))):
+            guess = f"{head if head in fields else near(head)}__{tail}"  # one _ where a section needs two
+        else:
+            guess = near(rest)  # a misspelled top-level key (policy_poll -> policy_poll_s)
+    return f"; did you mean ${ENV_PREFIX}{guess.upper()}?" if guess and len(var) <= 200 else ""
+
+
+def env_problem(env: Mapping[str, str]) -> str | None:
+    """The first ``LLMWD_*`` variable that matches no config key but is a near miss of one (a typo
+    such as ``LLMWD_REDS__URL`` would otherwise be ignored silently), as one line with the spelling
+    it probably meant; None when there is none. A variable like no config key (``LLMWD_DRILL_ROOT``,
+    tooling's own) only gets ``config check``'s and ``run``'s warning."""
+    for var in env_overrides(env)[1]:
+        hint = env_hint(var)
+        if var not in _READ_ELSEWHERE and hint:
+            shown = var if len(var) <= 80 else var[:80] + "..."
+            return f"${shown} matches no config key{hint}"
+    return None
 
 
 def _resolve_paths(data: dict[str, Any], base: Path) -> None:
@@ -346,6 +395,9 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
         data, doc = read_config_file(path, env)
         _resolve_paths(data, Path(path).parent)
     data.update(overrides)
+    problem = env_problem(env)
+    if problem is not None:
+        raise ConfigError(problem)
     from_env: dict[tuple[Any, ...], str] = {}
     for key_path, value, var in env_overrides(env)[0]:
         set_path(data, key_path, value, var)

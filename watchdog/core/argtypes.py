@@ -11,9 +11,12 @@ import difflib
 import logging
 import re
 import sys
+import unicodedata
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NoReturn
+
+from watchdog.core.events import name_problem
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -98,13 +101,23 @@ def non_negative_float(value: str) -> float:
     return x
 
 
+def tcp_port(value: str) -> int:
+    """A port to listen on: 1-65535 (the config's ``port`` fields refuse the same out-of-range values)."""
+    n = _int(value)
+    if not 1 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"not a port: {value!r} (1-65535)")
+    return n
+
+
 def route_name(value: str) -> str:
-    """A model or route name as events carry it: not blank, no control characters."""
-    if not value.strip():
-        raise argparse.ArgumentTypeError("must not be empty")
-    if any(ord(c) < 32 or ord(c) == 127 for c in value):
-        raise argparse.ArgumentTypeError(f"has a control character: {value!r}")
-    return value
+    """A model or route name as events carry it: the event contract's rule
+    (``watchdog.core.events.name_problem``: 1-200 characters, no space, control or invisible
+    character), checked on and returned in the NFKC form the event decoder keeps."""
+    name = value if value.isascii() else unicodedata.normalize("NFKC", value)
+    why = name_problem(name)
+    if why is not None:
+        raise argparse.ArgumentTypeError(f"{name[:40]!r}{'...' if len(name) > 40 else ''} {why}")
+    return name
 
 
 def existing_file(value: str) -> str:

@@ -48,6 +48,33 @@ def is_cluster_url(url: str) -> bool:
     return url.split("://", 1)[0].lower() in CLUSTER_SCHEMES
 
 
+#: every URL scheme ``watchdog.state.redis_conn.client_from_url`` serves (redis-py's own three,
+#: then Sentinel and Cluster)
+REDIS_URL_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel", *CLUSTER_SCHEMES)
+
+
+def redis_url_problem(url: str) -> str | None:
+    """Why ``url`` cannot name a Redis (None when its scheme is one ``client_from_url`` serves):
+    ``localhost:6379`` would otherwise pass a config check and fail only when the client is built."""
+    scheme, sep, _ = url.partition("://")
+    if sep and scheme.lower() in REDIS_URL_SCHEMES:
+        return None
+    forms = ", ".join(f"{s}://" for s in REDIS_URL_SCHEMES)
+    shown = url[:200]
+    if "@" in shown:  # the message is printed: never the password of ``user:pw@host``
+        shown = "***@" + shown.rpartition("@")[2]
+    hint = f" (did you mean 'redis://{shown}'?)" if not sep and shown else ""
+    return f"Redis URL {shown!r} has no scheme this client serves: use one of {forms}{hint}"
+
+
+def require_redis_url(url: str) -> str:
+    """``url``, or ValueError with ``redis_url_problem``'s line (a pydantic validator's body)."""
+    problem = redis_url_problem(url)
+    if problem is not None:
+        raise ValueError(problem)
+    return url
+
+
 def hash_tag(prefix: str) -> str | None:
     """The part Redis Cluster hashes for every key under ``prefix``: the text between the first
     ``{`` and the next ``}``, when that is inside the prefix and not empty; else None (each key

@@ -6,6 +6,8 @@ import argparse
 import logging
 import sys
 
+from watchdog.core.argtypes import tcp_port
+
 log = logging.getLogger(__name__)
 
 
@@ -51,5 +53,5 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 def add_gateway_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("gateway", help="OpenAI-compatible routing gateway that obeys the Redis flags")
     p.add_argument("--config", required=True, help="YAML file with a gateway: section")
-    p.add_argument("--port", type=int, default=None)
+    p.add_argument("--port", type=tcp_port, default=None, help="overrides gateway.port (1-65535)")
     p.set_defaults(func=cmd_gateway)

@@ -33,10 +33,10 @@ from pydantic import (
     model_validator,
 )
 
-from watchdog.config.settings import env_overrides
+from watchdog.config.settings import env_overrides, env_problem
 from watchdog.config.yamlfile import ConfigError, read_config_file, set_path, validate
 from watchdog.config.yamlpos import PosDoc
-from watchdog.core.keys import require_cluster_prefix
+from watchdog.core.keys import require_cluster_prefix, require_redis_url
 from watchdog.ingest.emitter import EventsConfig
 from watchdog.policy.names import check_route
 
@@ -174,6 +174,11 @@ class GatewayConfig(_Section):
     pools: list[PoolConfig] = Field(default_factory=list)
     events: EventsConfig = Field(default_factory=EventsConfig)
 
+    @field_validator("redis_url")
+    @classmethod
+    def _url_scheme_served(cls, url: str) -> str:
+        return require_redis_url(url)
+
     @field_validator("redis_prefix")
     @classmethod
     def _cluster_prefix_tagged(cls, prefix: str, info: ValidationInfo) -> str:
@@ -258,6 +263,9 @@ def load_gateway_config(path: str | Path | None = None, env: Mapping[str, str] |
                 pos = doc.pos(prefix)
                 raise GatewayConfigError(f"{name}:{pos.line}:{pos.col}: gateway: must be a mapping")
             data = dict(section)
+        problem = env_problem(env)
+        if problem is not None:
+            raise GatewayConfigError(problem)
         for key_path, value, var in env_overrides(env)[0]:
             if key_path[0] == "gateway" and len(key_path) > 1:
                 set_path(data, key_path[1:], value, var, label="gateway.")

@@ -38,9 +38,10 @@ from pathlib import Path
 from typing import Any, cast
 
 from litellm.integrations.custom_logger import CustomLogger
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from watchdog.config.yamlfile import ConfigError, env_path, env_value, read_config_file, set_path, validate
+from watchdog.core.keys import require_redis_url
 from watchdog.ingest.emitter import EventEmitter, EventsConfig
 from watchdog.policy.names import check_route
 
@@ -79,6 +80,11 @@ class LiteLLMSettings(BaseModel):
     buffer_size: int = Field(10_000, ge=1)
     #: put completions into the events (live agreement needs them; they may hold customer data)
     log_completions: bool = False
+
+    @field_validator("redis_url")
+    @classmethod
+    def _url_scheme_served(cls, url: str) -> str:
+        return require_redis_url(url)
 
     @classmethod
     def from_file(cls, path: str | Path, env: Mapping[str, str] | None = None) -> LiteLLMSettings:

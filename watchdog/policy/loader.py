@@ -334,15 +334,27 @@ def _sibling_hint(path: Path) -> str:
 
 
 def _expand(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
+    """The policy files ``paths`` name, each once: a file named twice (``policies`` and
+    ``policies/default.yaml``, or two spellings of one path) is read at its first mention, so its
+    policies are not reported as duplicates of themselves."""
     out: list[Path] = []
+    seen: set[Path] = set()
     for raw in paths:
         p = Path(raw)
         if p.is_dir():
             # hidden files are an editor's or a tool's (emacs' .#x.yaml, a .x.yaml being written), not policies
-            out += sorted(x for x in p.iterdir()
-                          if x.suffix in (".yaml", ".yml") and not x.name.startswith(".") and x.is_file())
+            found = sorted(x for x in p.iterdir()
+                           if x.suffix in (".yaml", ".yml") and not x.name.startswith(".") and x.is_file())
         else:
-            out.append(p)
+            found = [p]
+        for x in found:
+            try:
+                key = x.resolve()
+            except (OSError, RuntimeError):  # a symlink loop: its own spelling (reading it fails, named)
+                key = x.absolute()
+            if key not in seen:
+                seen.add(key)
+                out.append(x)
     return out
 
 

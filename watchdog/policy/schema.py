@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from watchdog.core.durations import MAX_DURATION_S
 from watchdog.core.signals import Severity
 from watchdog.policy.conditions import Condition, parse_condition
 from watchdog.policy.names import clean_glob, clean_name
@@ -89,8 +90,6 @@ _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 
 
-#: longest duration a policy may give (cooldowns, promote delays, ages): a year
-MAX_DURATION_S = 366 * 86400.0
 
 
 def parse_duration(value: object) -> float:
