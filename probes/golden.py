@@ -390,6 +390,9 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
+    if args.root is not None and not Path(args.root).is_dir():
+        print(f"{args.root}: {'not a directory' if Path(args.root).exists() else 'no such directory'}", file=sys.stderr)
+        return 2
     rows: list[dict[str, Any]] = []
     for p in list_golden_sets(args.root):
         try:

@@ -94,6 +94,9 @@ BAD: list[tuple[list[str], str]] = [
     (["config", "check", "--config", "no/such.yaml"], "no/such.yaml"),
     (["run", "--config", "no/such.yaml"], "no/such.yaml"),
     (["nosuchcommand"], "invalid choice"),
+    (["init", "README.md"], "README.md exists and is not a directory"),
+    (["golden", "list", "--root", "README.md"], "README.md: not a directory"),
+    (["golden", "list", "--root", "no/such/dir"], "no/such/dir: no such directory"),
 ]
 
 

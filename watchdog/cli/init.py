@@ -24,6 +24,8 @@ def init_dir(target: str | Path, *, force: bool = False) -> list[Path]:
     """Write ``config.yaml``, ``policies/`` and ``golden_sets/`` under ``target``; returns what was
     written. Refuses to overwrite an existing file unless ``force``."""
     root = Path(target)
+    if root.exists() and not root.is_dir():
+        raise InitError(f"{root} exists and is not a directory")
     plan: list[tuple[Path, Path | None]] = [(root / "config.yaml", None)]
     for name in ("policies", "golden_sets"):
         src = starter_path(name)
