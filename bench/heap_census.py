@@ -1,6 +1,6 @@
 """The daemon's GC-tracked containers by type and by owner, counted inside the daemon process.
 
-``bench/gc_trace.py`` calls ``install_from_env``: with ``HEAP_CENSUS=OUT:DELAY`` in the environment a
+``bench/gc_trace.py`` calls ``install_from_env``: with ``HEAP_CENSUS=OUT:DELAY`` in the environment (``%p`` in OUT: the pid) a
 signal handler DELAY seconds after the start unfreezes the heap, counts ``gc.get_objects()`` by type, tuples by
 shape, and for samples of the largest populations the object that refers to them (``Owner.attr`` for a
 slot or instance attribute, ``dict[key]`` for a dict entry), times one full ``gc.collect()`` of the whole
@@ -134,6 +134,7 @@ def install_from_env() -> None:
     spec = os.environ.get("HEAP_CENSUS")
     if spec:
         path, delay = spec.rsplit(":", 1)
+        path = path.replace("%p", str(os.getpid()))  # one file per daemon of an A/B
         # on the main thread (a signal handler), so the daemon's loop stands still while it counts
         signal.signal(signal.SIGUSR1, lambda *_: run(path))
         threading.Timer(float(delay), os.kill, (os.getpid(), signal.SIGUSR1)).start()
