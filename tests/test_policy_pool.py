@@ -115,7 +115,7 @@ def test_pool_keeps_only_the_last_k_windows_and_is_json() -> None:
         sim.step(counts(T0 + 60 * i, (10, 10)), T0 + 60 * i)
     pool = sim.rule("errors").pool
     assert [e["end"] for e in pool] == [T0 + 180, T0 + 240, T0 + 300]
-    assert pool[-1]["candidate"] == [10, 1000] and pool[-1]["samples"] == [1000, 1000]
+    assert pool[-1]["candidate"] == [10, 1000] and list(pool[-1]["samples"]) == [1000, 1000]
     assert sim.rule("errors").last.judgement["detail"]["pooled_windows"] == 3
     json.dumps(sim.engine.export_state(), allow_nan=False)
     # /status shows how many windows are pooled, not their contents
