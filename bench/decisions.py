@@ -270,7 +270,7 @@ def _reset_route(engine: PolicyEngine, route: str) -> None:
         st = ScopeState()
         for name, rs in old.rules.items():
             rs.fails = rs.errors = 0
-            rs.pool.clear()
+            rs.pool = ()
             rs.last = None
             st.rules[name] = rs
         st.last_end = dict(old.last_end)

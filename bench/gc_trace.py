@@ -47,6 +47,9 @@ def main() -> None:
     if len(sys.argv) < 4 or sys.argv[2] != "-m":
         raise SystemExit(__doc__)
     install(Path(sys.argv[1]))
+    from heap_census import install_from_env  # this script's folder is sys.path[0]
+
+    install_from_env()
     del sys.path[0]  # this script's folder: the module comes from the tree on PYTHONPATH
     module = sys.argv[3]
     sys.argv = [module, *sys.argv[4:]]

@@ -123,6 +123,11 @@ class Ingest:
         #: partitions whose offsets went backwards (broker restarted empty, log truncated)
         self._resets: dict[PartitionKey, float] = {}
         self.last_polled: set[PartitionKey] = set()
+        #: one key tuple per partition, handed to the sink with every event: an open window's offsets
+        #: dict keyed by it stays untracked by the cyclic collector (a tuple of a str and an int is
+        #: untracked from its first collection on; a dict holding only untracked keys and values is
+        #: never tracked), where a fresh tuple per poll made each of them a container it walks
+        self._pkeys: dict[tuple[str, int], PartitionKey] = {}
         #: seconds the last ``poll`` spent inside the consumer's poll call (waiting for and fetching records)
         self.poll_call_s = 0.0
         self._commits_in_flight = 0
@@ -156,7 +161,9 @@ class Ingest:
         ok = 0
         self.last_polled = set()
         for tp, records in batches.items():
-            pkey = (tp.topic, tp.partition)
+            pkey = self._pkeys.get(tp)
+            if pkey is None:
+                pkey = self._pkeys[tp] = (tp.topic, tp.partition)
             if not records or not self.accept(pkey):
                 continue
             self.last_polled.add(pkey)

@@ -132,7 +132,7 @@ def joined_replicas(pool: Sequence[Mapping[str, Any]], cand: Signal, base: Signa
     prev = next((e for e in reversed(pool) if float(e.get("end", math.inf)) < cand.end), None)
     length = cand.end - cand.start
     seen = prev.get("r") if prev is not None else None
-    if prev is None or not isinstance(seen, list) or len(seen) != 2 or not length > 0 \
+    if prev is None or not isinstance(seen, list | tuple) or len(seen) != 2 or not length > 0 \
             or abs(float(prev["end"]) - cand.start) > length / 2:
         return (), ()
     return _joined(cand, seen[0]), _joined(base, seen[1])

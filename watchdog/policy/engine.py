@@ -44,6 +44,14 @@ def _seq_memo(rule: Rule, rs: RuleState) -> list[Any] | None:
     return memo
 
 
+def _histories(rule: Rule, rs: RuleState) -> tuple[list[dict[str, Any]] | None, list[dict[str, Any]] | None]:
+    """The rule's pool and learned null for ``evaluate_rule``: none for a ``fail_if`` rule, which
+    reads neither (``RuleState.pool``)."""
+    if rule.judge is None:
+        return None, None
+    return rs.pool_list(), rs.null_list()
+
+
 #: a sequential test whose last look reached this share of its rejection threshold (log 1/alpha) puts
 #: its route first among the windows to judge. In 120 windows of 400 thin routes of bench/growth.py's
 #: traffic (2 events a window) every horizon rollback came after a look at 0.47 or more, and 2 % of
@@ -63,13 +71,14 @@ def _learn(rule: Rule, rs: RuleState, v: Verdict) -> None:
         entry = {"end": v.end, "e": float(est[0]), "v": float(est[1])}
         if isinstance(detail.get("window_baseline"), float):
             entry["base"] = detail["window_baseline"]  # FP16's own statistic (pooling.baseline_moved)
-        rs.null.append(entry)
-        del rs.null[:-j.learn]
+        null = rs.null_list()
+        null.append(entry)
+        del null[:-j.learn]
         if v.status == "pass":  # the long-term anchor moves with passing windows only
-            learn_anchor(rule, rs.horizon, rs.null, float(est[0]))
+            learn_anchor(rule, rs.horizon, null, float(est[0]))
         return
     if j.test == "paired" and j.learn is not None and rs.pool and rs.pool[-1].get("end") == v.end:
-        learn_items(rs.null, rs.pool[-1], j.learn)
+        learn_items(rs.null_list(), rs.pool[-1], j.learn)
 
 
 def _learn_aa(rule: Rule, rs: RuleState, v: Verdict) -> None:
@@ -82,10 +91,10 @@ def _learn_aa(rule: Rule, rs: RuleState, v: Verdict) -> None:
         return
     aa = bt.get("aa")
     if isinstance(aa, list) and len(aa) == 2:
-        _append_bounded(rs.null, "aa", {"end": v.end, "aa": float(aa[0]), "n": int(aa[1])})
+        _append_bounded(rs.null_list(), "aa", {"end": v.end, "aa": float(aa[0]), "n": int(aa[1])})
     change = bt.get("change")
     if v.status == "pass" and isinstance(change, dict) and isinstance(change.get("count"), int):
-        _append_bounded(rs.null, "broken", {"end": v.end, "broken": change["count"], "n": int(bt.get("n") or 0)})
+        _append_bounded(rs.null_list(), "broken", {"end": v.end, "broken": change["count"], "n": int(bt.get("n") or 0)})
 
 
 def _append_bounded(null: list[dict[str, Any]], key: str, entry: dict[str, Any]) -> None:
@@ -261,7 +270,7 @@ class PolicyEngine:
             base = next((s for s in group if s.precision == policy.baseline), None)
             rules = st.rules
             with window_memo():  # the rules of this window share what they read alike
-                judged = [(rule, evaluate_rule(rule, cand, base, rs.pool, rs.null, rs.horizon, _seq_memo(rule, rs)))
+                judged = [(rule, evaluate_rule(rule, cand, base, *_histories(rule, rs), rs.horizon, _seq_memo(rule, rs)))
                           for rule in policy.rules if rule.source == source for rs in (rules[rule.name],)]
             combine_window(policy, judged)
             window = [self._apply(rule, st, v) for rule, v in judged]

@@ -241,7 +241,9 @@ def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
     diff = window_estimate(rule, cand, base, joined)
     if isinstance(diff, str):
         return diff
-    entry: dict[str, Any] = {"start": cand.start, "end": cand.end, "samples": [cand.samples, base.samples],
+    # tuples of numbers and names in pool entries (lists once restored from a checkpoint): untracked by
+    # the cyclic collector, where each list is a container it walks (an entry per window, rule and route)
+    entry: dict[str, Any] = {"start": cand.start, "end": cand.end, "samples": (cand.samples, base.samples),
                              "e": diff[0], "v": diff[1]}
     if diff[2] is not None:
         entry["base"] = diff[2]
@@ -252,7 +254,7 @@ def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
         # the replica names of the newest entry only (the next window's joined_replicas reads them)
         if pool:
             pool[-1].pop("r", None)
-        entry["r"] = [replica_names(cand), replica_names(base)]
+        entry["r"] = (tuple(replica_names(cand)), tuple(replica_names(base)))
     if j.settle is not None:
         # deploys and maintenance (watchdog/policy/changes.py): judge only after both sides settled,
         # latency only once both run the same build (or the hold ran out)
@@ -503,7 +505,7 @@ def judge_pool(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool,
     assert base is not None
     if learned(rule):
         return _judge_learned(rule, cand, base, pool, null, level_cap, level_reset)
-    entry = {"start": cand.start, "end": cand.end, "samples": [cand.samples, base.samples]}
+    entry = {"start": cand.start, "end": cand.end, "samples": (cand.samples, base.samples)}  # as in _judge_learned
     if j.test == "mann_whitney":
         hists = [s.detail.get("latency_hist") for s in (cand, base)]
         if not all(isinstance(h, Mapping) and "relative_accuracy" in h for h in hists):

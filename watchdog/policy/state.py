@@ -44,13 +44,16 @@ class RuleState:
     #: rule compares with the last one before its pool; watchdog/policy/causes.py)
     ref: dict[str, Any] | None = None
     #: pooled judge history (watchdog/policy/pooling.py): the last ``pool`` windows' sketches or
-    #: counts, or the last ``replays`` golden replays' per-item differences; emptied by a flip
-    pool: list[dict[str, Any]] = field(default_factory=list)
+    #: counts, or the last ``replays`` golden replays' per-item differences; emptied by a flip.
+    #: ``pool`` and ``null`` are the empty tuple until a judged rule needs the list (``pool_list``,
+    #: ``null_list``): a ``fail_if`` rule never does, and an empty list per rule and route is a
+    #: container the cyclic collector walks (at 10,000 routes, 120,000 of them for nothing)
+    pool: list[dict[str, Any]] | tuple[()] = ()
     #: learned null (judge.learn): the last healthy windows' differences and their stated sampling
     #: variances {"end", "e", "v"} ("v" absent in states saved before it was kept), or for a
     #: paired rule with ``broken`` the passing replays' broken counts {"end", "broken", "n"};
     #: bounded, kept across flips (it describes healthy FP8 vs FP16, not the serving state)
-    null: list[dict[str, Any]] = field(default_factory=list)
+    null: list[dict[str, Any]] | tuple[()] = ()
     #: what a rule learns over a longer horizon: {"seq": the staggered sequential tests
     #: (watchdog/policy/judge/sequential.py; emptied by a flip), "anchor": the long-term anchor of
     #: the learned null (watchdog/policy/judge/anchor.py; kept across flips)}; absent keys = none yet
@@ -61,6 +64,16 @@ class RuleState:
     #: what the horizon test remembers between two looks (``sequential.evaluate``'s MDEs with their
     #: inputs); not saved: a cache of numbers the state gives again
     seq_memo: list[Any] | None = field(default=None, repr=False, compare=False)
+
+    def pool_list(self) -> list[dict[str, Any]]:
+        if not isinstance(self.pool, list):
+            self.pool = []
+        return self.pool
+
+    def null_list(self) -> list[dict[str, Any]]:
+        if not isinstance(self.null, list):
+            self.null = []
+        return self.null
 
     def tripped(self, rule: Rule) -> bool:
         if self.fails >= rule.for_:
@@ -84,8 +97,8 @@ class RuleState:
         horizon = r.get("horizon") or {}  # absent in states saved before horizon tests and anchors
         if not isinstance(horizon, dict):
             horizon = {}
-        return cls(r["fingerprint"], int(r["fails"]), int(r["errors"]), last, r.get("ref"), list(pool), list(null),
-                   dict(horizon), 1 if last is not None else 0)
+        return cls(r["fingerprint"], int(r["fails"]), int(r["errors"]), last, r.get("ref"), list(pool) if pool else (),
+                   list(null) if null else (), dict(horizon), 1 if last is not None else 0)
 
 
 @dataclass(slots=True)
@@ -109,7 +122,8 @@ class ScopeState:
     def reset_pools(self) -> None:
         """Start every pooled rule afresh: evidence from before a flip is not about after it."""
         for rs in self.rules.values():
-            rs.pool.clear()
+            if isinstance(rs.pool, list):
+                rs.pool.clear()
             rs.horizon.pop("seq", None)  # the horizon tests too; the long-term anchor stays
 
     def to_json(self) -> dict[str, Any]:

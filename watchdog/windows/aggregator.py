@@ -160,14 +160,23 @@ class WindowAggregator:
         if status == "ok":
             # content and speed metrics are over successful requests only
             w.ok += 1
+            # the buffers are the empty tuple until their first value (watchdog/windows/window.py)
             buf = w.latency_buf
+            if isinstance(buf, tuple):
+                buf = w.latency_buf = []
             buf.append(event.latency_ms)
             w.ok_completion_tokens += event.completion_tokens
             ttft = event.ttft_ms
             if ttft is not None:
-                w.ttft_buf.append(ttft)
-            w.fleet.buf.append((event.latency_ms, event.prompt_tokens, event.completion_tokens,
-                                event.replica or event.gpu_uuid))
+                tbuf = w.ttft_buf
+                if isinstance(tbuf, tuple):
+                    tbuf = w.ttft_buf = []
+                tbuf.append(ttft)
+            fleet = w.fleet
+            fbuf = fleet.buf
+            if isinstance(fbuf, tuple):
+                fbuf = fleet.buf = []
+            fbuf.append((event.latency_ms, event.prompt_tokens, event.completion_tokens, event.replica or event.gpu_uuid))
             if len(buf) >= BUFFERED:
                 w.flush()
             completion = event.completion
@@ -207,11 +216,11 @@ class WindowAggregator:
             return
         w.shadow_sampled += 1
         heap = w.pairs
-        if len(heap) >= cap and -heap[0][0] <= h:
+        if isinstance(heap, list) and len(heap) >= cap and -heap[0][0] <= h:
             return  # not among the window's smallest hashes
         bheap = w.bleu
         bcap = self.shadow_bleu_max_pairs
-        in_bleu = bcap > 0 and (len(bheap) < bcap or -bheap[0][0] > h)
+        in_bleu = bcap > 0 and (isinstance(bheap, tuple) or len(bheap) < bcap or -bheap[0][0] > h)
         chars = self.shadow_max_chars
         try:
             rouge, bleu = pair_scores(completion[:chars], shadow[:chars], in_bleu)
@@ -221,11 +230,15 @@ class WindowAggregator:
             w.shadow_error = f"{type(exc).__name__}: {exc}"[:200]
             return
         item = (-h, rouge)
+        if isinstance(heap, tuple):  # the window's first sampled pair
+            heap = w.pairs = []
         if len(heap) < cap:
             heapq.heappush(heap, item)
         else:
             heapq.heapreplace(heap, item)
         if in_bleu and bleu is not None:
+            if isinstance(bheap, tuple):
+                bheap = w.bleu = []
             if len(bheap) < bcap:
                 heapq.heappush(bheap, (-h, bleu))
             else:

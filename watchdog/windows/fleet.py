@@ -200,7 +200,7 @@ class FleetStats:
         self.replicas: dict[str, _Replica] = {}
         self.builds: dict[str, int] = {}
         #: ok requests not folded yet: (latency_ms, prompt_tokens, completion_tokens, replica id)
-        self.buf: list[tuple[float, int, int, str | None]] = []
+        self.buf: list[tuple[float, int, int, str | None]] | tuple[()] = ()  # as Window.latency_buf
 
     def count_build(self, build: str) -> None:
         b = self.builds
@@ -213,7 +213,7 @@ class FleetStats:
         buf = self.buf
         if not buf:
             return
-        self.buf = []
+        self.buf = ()
         cells = self.cells
         tails = self.tails
         reps = self.replicas
@@ -267,7 +267,7 @@ class FleetStats:
         """An independent copy, buffer folded first (a checkpoint snapshot)."""
         self.flush()
         f = FleetStats.__new__(FleetStats)
-        f.buf = []
+        f.buf = ()
         f.cells = {k: v[:] for k, v in self.cells.items()}
         f.tails = {k: dict(h) for k, h in self.tails.items()}
         reps = f.replicas = {}

@@ -69,18 +69,21 @@ class Window:
         self.shadow_seen = 0
         self.shadow_sampled = 0
         self.shadow_precisions: dict[str, int] = {}
+        # the score heaps and the buffers below are the empty tuple until a value comes (and the buffers
+        # again after ``flush``): at 10,000 routes most windows hold an event or two, and an empty list
+        # per window and field is a container the cyclic collector walks (watchdog/runtime/collector.py)
         #: max-heap (by negated hash) of the sampled pairs' (-crc32(request_id), rouge_l)
-        self.pairs: list[tuple[int, float]] = []
+        self.pairs: list[tuple[int, float]] | tuple[()] = ()
         #: changed since the last checkpoint export
         self.dirty = True
         self.shadow_error: str | None = None
         #: the same for BLEU (5x the cost of ROUGE-L) over the ``shadow_bleu_max_pairs`` smallest hashes
-        self.bleu: list[tuple[int, float]] = []
+        self.bleu: list[tuple[int, float]] | tuple[()] = ()
         self.offsets: dict[PartitionKey, int] = {}
         # latencies and TTFTs not yet in the sketches: appending is far cheaper per event than a
         # sketch update, and ``flush`` adds them in C-level batches (at most BUFFERED each)
-        self.latency_buf: list[float] = []
-        self.ttft_buf: list[float] = []
+        self.latency_buf: list[float] | tuple[()] = ()
+        self.ttft_buf: list[float] | tuple[()] = ()
         #: request mix cells, per-replica latency, build counts (watchdog/windows/fleet.py)
         self.fleet = FleetStats()
 
@@ -91,13 +94,13 @@ class Window:
             self.latency.add_many(buf)
             # ok_latency_s: the same left-to-right sum of latency / 1000 as per-event adding builds
             self.ok_latency_s = reduce(_plus, map(_div, buf, repeat(1000.0)), self.ok_latency_s)
-            self.latency_buf = []
+            self.latency_buf = ()
         buf = self.ttft_buf
         if buf:
             if self.ttft is None:
                 self.ttft = QuantileSketch()
             self.ttft.add_many(buf)
-            self.ttft_buf = []
+            self.ttft_buf = ()
         self.fleet.flush()
 
     def to_signal(self, model: str, route: str, precision: str, length_s: float) -> Signal:
@@ -183,8 +186,8 @@ class Window:
         w.pairs = self.pairs[:]
         w.bleu = self.bleu[:]
         w.offsets = dict(self.offsets)
-        w.latency_buf = []
-        w.ttft_buf = []
+        w.latency_buf = ()
+        w.ttft_buf = ()
         w.fleet = self.fleet.copy()
         return w
 
@@ -216,10 +219,12 @@ class Window:
         w.latency = QuantileSketch.load(d["lat"])  # a dict in checkpoints written before ``pack``
         w.ttft = QuantileSketch.load(d["ttft"]) if d.get("ttft") else None
         w.shadow_precisions = {str(k): int(v) for k, v in (d.get("sp") or {}).items()}
-        w.pairs = _unpack(d.get("pairs") or "")
-        heapq.heapify(w.pairs)
-        w.bleu = _unpack(d.get("bleu") or "")
-        heapq.heapify(w.bleu)
+        if d.get("pairs"):
+            w.pairs = _unpack(d["pairs"])
+            heapq.heapify(w.pairs)
+        if d.get("bleu"):
+            w.bleu = _unpack(d["bleu"])
+            heapq.heapify(w.bleu)
         w.shadow_error = d.get("err")
         w.offsets = {(str(t), int(p)): int(o) for t, p, o in d.get("off") or []}
         w.fleet = FleetStats.from_export(d.get("fleet"))  # absent in checkpoints written before it
@@ -228,7 +233,7 @@ class Window:
         return w
 
 
-def _pack(items: list[tuple[int, float]]) -> str:
+def _pack(items: list[tuple[int, float]] | tuple[()]) -> str:
     """(negated crc32, score) pairs as base64 of little-endian uint32 + float64 (exact, ~1/3 of JSON)."""
     if not items:
         return ""  # what the general form gives for no pairs (most windows), without struct and base64

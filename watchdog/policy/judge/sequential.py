@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from statistics import NormalDist
 from typing import Any
 
@@ -144,15 +144,14 @@ def update(state: dict[str, Any], x: float, v: float, *, end: float, between_sd:
         return
     if cap is not None:
         x = min(x, cap[0] + cap[1] * math.sqrt(w))
-    tests: list[list[float]] = state.setdefault("tests", [])
+    tests: list[Sequence[float]] = state.get("tests") or []
     count = int(state.get("count", 0))
     if count % max(restart, 1) == 0:
-        tests.append([end, 0, 0.0, 0.0])
-    for t in tests:
-        t[1] = int(t[1]) + 1
-        t[2] = float(t[2]) + x / w
-        t[3] = float(t[3]) + 1.0 / w
-    state["tests"] = [t for t in tests if int(t[1]) <= windows]
+        tests = [*tests, (end, 0, 0.0, 0.0)]
+    # each test a new tuple of numbers (a list in a restored state): the cyclic collector stops
+    # tracking a tuple of numbers, where a list per test and route is a container it walks
+    state["tests"] = [(t[0], k, float(t[2]) + x / w, float(t[3]) + 1.0 / w) for t in tests
+                      if (k := int(t[1]) + 1) <= windows]
     state["count"] = count + 1
     state["end"] = end
     # a running typical window variance, for the MDE of windows still to come
