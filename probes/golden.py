@@ -333,6 +333,20 @@ def list_golden_sets(root: str | os.PathLike[str] | None = None) -> list[Path]:
     return sorted(p for p in base.iterdir() if (p / MANIFEST).is_file())
 
 
+def not_sets(root: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Directories under ``root`` that ``list_golden_sets`` passes over for want of a manifest (hidden ones aside)."""
+    base = Path(root) if root is not None else default_root()
+    if not base.is_dir():
+        return []
+    return sorted(p for p in base.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))
+                  and not (p / MANIFEST).is_file())
+
+
+def _say_not_sets(root: str | os.PathLike[str] | None) -> None:
+    for p in not_sets(root):
+        print(f"{p}: skipped, no {MANIFEST} (not a golden set)", file=sys.stderr)
+
+
 def find_golden_set(name_or_path: str, root: str | os.PathLike[str] | None = None) -> Path:
     """A set directory from a name (looked up under ``root``) or a path."""
     direct = Path(name_or_path)
@@ -372,6 +386,8 @@ def sets_for_route(route: str, root: str | os.PathLike[str] | None = None) -> li
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     paths = [Path(p) for p in args.paths] or list_golden_sets(args.root)
+    if not args.paths:
+        _say_not_sets(args.root)
     if not paths:
         base = Path(args.root) if args.root is not None else default_root()
         why = "no set directories (with manifest.yaml) in it" if base.is_dir() else "no such directory"
@@ -393,6 +409,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
     if args.root is not None and not Path(args.root).is_dir():
         print(f"{args.root}: {'not a directory' if Path(args.root).exists() else 'no such directory'}", file=sys.stderr)
         return 2
+    _say_not_sets(args.root)
     rows: list[dict[str, Any]] = []
     for p in list_golden_sets(args.root):
         try:

@@ -154,6 +154,19 @@ def test_cli_validate_and_list(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert exported[0]["prompt"] == f"Task: {code.items[0].prompt}\nAnswer:\n"
 
 
+def test_a_directory_without_a_manifest_under_the_root_is_named_as_skipped(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    make_set(tmp_path)
+    (tmp_path / "draft").mkdir()
+    (tmp_path / ".hidden").mkdir()
+    assert cli(["golden", "--root", str(tmp_path), "validate"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"{tmp_path / 'draft'}: skipped, no manifest.yaml (not a golden set)"]
+    assert cli(["golden", "--root", str(tmp_path), "list", "--json"]) == 0
+    out = capsys.readouterr()
+    assert len(json.loads(out.out)) == 1 and "draft: skipped" in out.err
+
+
 def test_cli_root_after_the_subcommand_and_a_missing_root_is_named(tmp_path: Path,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     assert cli(["golden", "validate", "--root", str(REPO_SETS)]) == 0  # was "unrecognized arguments: --root"
