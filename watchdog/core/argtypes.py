@@ -11,12 +11,11 @@ import difflib
 import logging
 import re
 import sys
-import unicodedata
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from watchdog.core.events import name_problem
+from watchdog.core.events import kept_name, name_problem
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -113,7 +112,7 @@ def route_name(value: str) -> str:
     """A model or route name as events carry it: the event contract's rule
     (``watchdog.core.events.name_problem``: 1-200 characters, no space, control or invisible
     character), checked on and returned in the NFKC form the event decoder keeps."""
-    name = value if value.isascii() else unicodedata.normalize("NFKC", value)
+    name = kept_name(value)
     why = name_problem(name)
     if why is not None:
         raise argparse.ArgumentTypeError(f"{name[:40]!r}{'...' if len(name) > 40 else ''} {why}")

@@ -295,11 +295,16 @@ def _shadow(v: Any) -> ShadowResult | None:
     )
 
 
+def kept_name(raw: str) -> str:
+    """A model or route name in the form events keep it: NFKC (ASCII is already)."""
+    return raw if raw.isascii() else unicodedata.normalize("NFKC", raw)
+
+
 def _checked_name(raw: str, field: str) -> str:
     """``raw`` NFKC-normalised if ``name_problem`` accepts it (remembered in ``_NAMES``); otherwise
     ``out_of_range:<field>`` when too long, ``bad_value:<field>`` for a space, control, invisible or
     unassigned character."""
-    name = raw if raw.isascii() else unicodedata.normalize("NFKC", raw)
+    name = kept_name(raw)
     why = name_problem(name)
     if why is not None:
         if len(name) > MAX_NAME_CHARS:

@@ -90,8 +90,6 @@ _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 
 
-
-
 def parse_duration(value: object) -> float:
     """``"90s"``, ``"5m"``, ``"1h30m"``, ``"2d"`` or a number of seconds -> seconds."""
     total = _parse_duration(value)
