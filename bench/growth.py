@@ -22,6 +22,8 @@ carry a quality regression, so agreement scoring runs and rollbacks happen). Aft
   bytes summed over partitions;
 * the cyclic collector's passes in the span, by generation (young / middle / full): how many, the longest,
   their sum and the objects they collected, written by the daemon process itself through ``bench/gc_trace.py`` (any tree);
+* events sent that no committed Kafka offset covers at the end (what a SIGKILL then would read again), and
+  every 5 s whether reading was held (``llmwd_reading_held``: judging ran behind, the back-pressure);
 * event-time lag at the end: now minus the slowest partition's watermark (``llmwd_watermark_seconds``),
   which includes the 2 s grace and half a window.
 
@@ -52,7 +54,7 @@ import httpx  # noqa: E402
 import redis  # noqa: E402
 from common import MODEL, ROOT, machine_note, process_cpu_s, route_names, services, table  # noqa: E402
 from gc_trace import read as read_gc_trace  # noqa: E402
-from kafka import KafkaProducer  # noqa: E402
+from kafka import KafkaAdminClient, KafkaProducer  # noqa: E402
 from memory import check_alive, daemon_process, rss_mb  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
@@ -66,7 +68,7 @@ HISTOGRAMS = ("llmwd_checkpoint_seconds", "llmwd_checkpoint_loop_seconds", "llmw
 def snapshot(url: str) -> dict[str, Any]:
     """Counters, gauges and histogram buckets of the daemon's /metrics that this bench reads."""
     text = httpx.get(f"{url}/metrics", timeout=10).text
-    out: dict[str, Any] = {"events": 0.0, "watermarks": [], "ckpt_bytes": 0.0, "flips": 0.0,
+    out: dict[str, Any] = {"events": 0.0, "watermarks": [], "ckpt_bytes": 0.0, "flips": 0.0, "held": float("nan"),
                            **{h: {} for h in HISTOGRAMS}}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
@@ -78,6 +80,8 @@ def snapshot(url: str) -> dict[str, Any]:
                 out["ckpt_bytes"] += s.value
             elif s.name == "llmwd_flips_total":
                 out["flips"] += s.value
+            elif s.name == "llmwd_reading_held":  # absent in a tree without back-pressure
+                out["held"] = s.value
             elif s.name.endswith("_bucket") and s.name[:-7] in HISTOGRAMS:
                 le = float(s.labels["le"])
                 out[s.name[:-7]][le] = out[s.name[:-7]].get(le, 0.0) + s.value
@@ -161,12 +165,20 @@ def run_one(n_routes: int, args: argparse.Namespace, code: Path = ROOT, label: s
                 check_alive(proc, log_path)
                 m0, cpu0, sent0, wall0 = snapshot(url), process_cpu_s(proc.pid), gen.sent, time.time()
                 in0, t0 = r.info("stats")["total_net_input_bytes"], time.monotonic()
-                rss = [rss_mb(proc.pid)]
+                rss, held = [rss_mb(proc.pid)], []
                 while time.monotonic() - t0 < args.seconds:
                     time.sleep(5.0)
                     check_alive(proc, log_path)
                     rss.append(rss_mb(proc.pid))
+                    held.append(snapshot(url)["held"])
                 m1, cpu1, sent1, wall1 = snapshot(url), process_cpu_s(proc.pid), gen.sent, time.time()
+                # what a SIGKILL now would read again: events sent that no committed offset covers yet
+                admin = KafkaAdminClient(bootstrap_servers=svc.kafka_address)
+                try:
+                    offsets = admin.list_group_offsets(f"g-{topic}").get(f"g-{topic}", {})
+                    uncommitted = gen.sent - sum(o.offset for o in offsets.values() if o.offset >= 0)
+                finally:
+                    admin.close()
                 in1, t1 = r.info("stats")["total_net_input_bytes"], time.monotonic()
                 lag = time.time() - min(m1["watermarks"]) if m1["watermarks"] else float("nan")
                 used = r.info("memory")["used_memory"]
@@ -179,6 +191,7 @@ def run_one(n_routes: int, args: argparse.Namespace, code: Path = ROOT, label: s
                     print("  daemon:", line.strip()[-300:])
         gc_passes = read_gc_trace(trace, wall0, wall1)
         print("  RSS MB every 5 s of the span:", " ".join(f"{x:.0f}" for x in rss), flush=True)
+        print("  reading held (llmwd_reading_held) every 5 s:", " ".join(f"{x:.0f}" for x in held), flush=True)
         r.close()
     span = t1 - t0
     consumed = m1["events"] - m0["events"]
@@ -195,7 +208,7 @@ def run_one(n_routes: int, args: argparse.Namespace, code: Path = ROOT, label: s
            100 * (cpu1 - cpu0) / span, max(rss), rss[-1], (in1 - in0) / span / 1e3, used / 1e6,
            m1["ckpt_bytes"] / 1e6, f"{ck[0] * 1e3:g} / {ck[1] * 1e3:g}", f"{ck[2] * 1e3:g} / {ck[3] * 1e3:g}",
            f"{loop99 * 1e3:g} / {loop_top * 1e3:g}", *gc_cells,
-           f"{close99 * 1e3:g}" if m1["llmwd_close_to_flip_seconds"] else "-", f"{end99 * 1e3:g} ({flips:.0f})", lag]
+           f"{close99 * 1e3:g}" if m1["llmwd_close_to_flip_seconds"] else "-", f"{end99 * 1e3:g} ({flips:.0f})", lag, uncommitted]
     print(table(HEADER, [row]), flush=True)
     return row
 
@@ -204,7 +217,7 @@ HEADER = ["tree", "routes", "sent ev/s", "consumed ev/s", "CPU µs/event", "CPU 
           "RSS end MB", "Redis in kB/s", "Redis used MB", "last ckpt MB (all partitions)",
           "ckpt ms p50 / p99", "ckpt loop ms p50 / p99", "loop busy ms p99 / max bucket",
           "GC young: passes / max ms / sum s / objects collected", "GC middle", "GC full", "close->flip ms p99",
-          "window end->flip ms p99 (flips)", "event-time lag s"]
+          "window end->flip ms p99 (flips)", "event-time lag s", "sent not committed at the end"]
 
 
 def main() -> int:

@@ -7,6 +7,7 @@ slot or instance attribute, ``dict[key]`` for a dict entry), times one full ``gc
 heap and freezes it again. The report goes to OUT. The daemon stalls for the census (seconds).
 
     HEAP_CENSUS=/tmp/census.txt:70 .venv/bin/python bench/growth.py --routes 10000 --seconds 20 --warmup 60
+    HEAP_CENSUS=/tmp/census.txt:60,180 ...   # two censuses, to /tmp/census.txt.0 and .1: what grows between
 """
 
 from __future__ import annotations
@@ -133,8 +134,13 @@ def run(path: str) -> None:
 def install_from_env() -> None:
     spec = os.environ.get("HEAP_CENSUS")
     if spec:
-        path, delay = spec.rsplit(":", 1)
+        path, delays = spec.rsplit(":", 1)
         path = path.replace("%p", str(os.getpid()))  # one file per daemon of an A/B
+        # several delays (comma-separated): one census each, the n-th to OUT.n (what grows between them)
+        times = [float(d) for d in delays.split(",")]
+        outs = [path] if len(times) == 1 else [f"{path}.{i}" for i in range(len(times))]
+        nth = iter(outs)
         # on the main thread (a signal handler), so the daemon's loop stands still while it counts
-        signal.signal(signal.SIGUSR1, lambda *_: run(path))
-        threading.Timer(float(delay), os.kill, (os.getpid(), signal.SIGUSR1)).start()
+        signal.signal(signal.SIGUSR1, lambda *_: run(next(nth)))
+        for t in times:
+            threading.Timer(t, os.kill, (os.getpid(), signal.SIGUSR1)).start()

@@ -40,6 +40,14 @@ class Metrics:
         self.flips = Counter("llmwd_flips_total", "Precision flags written to Redis, by result",
                              ["result"], registry=r)
         self.pending = Gauge("llmwd_pending_decisions", "Flag changes waiting for Redis", registry=r)
+        self.judging_backlog_routes = Gauge("llmwd_judging_backlog_routes",
+                                            "Routes whose closed windows wait to be judged", registry=r)
+        self.judging_backlog_seconds = Gauge(
+            "llmwd_judging_backlog_seconds", "How long the longest-waiting closed window has waited to be judged "
+            "(0 when none waits)", registry=r)
+        self.reading_held = Gauge(
+            "llmwd_reading_held", "1 while reading from Kafka is held because judging runs behind (what the replica "
+            "cannot judge in time waits in Kafka, not in memory)", registry=r)
         self.lag = Gauge("llmwd_consumer_lag", "Kafka consumer lag in messages", ["partition"], registry=r)
         self.redis_up = Gauge("llmwd_redis_up", "1 when the last Redis operation succeeded", registry=r)
         self.kafka_up = Gauge("llmwd_kafka_up", "1 when the last Kafka poll succeeded", registry=r)

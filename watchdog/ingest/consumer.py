@@ -139,6 +139,10 @@ class Ingest:
         self.broker_wait = BrokerWait(broker_timeout_ms, clock)
         #: checkpointed offsets to commit synchronously at close (set by the daemon's shutdown)
         self._final_offsets: dict[PartitionKey, int] = {}
+        #: partitions ``pause`` stopped (their owner's reasons: not restored, fenced)
+        self._paused: set[PartitionKey] = set()
+        #: True while ``hold`` keeps every assigned partition paused
+        self.held = False
         #: the dead-letter topic's writer: a partition never checkpoints past an unacknowledged one
         self.dead_letters = DeadLetters(consumer, producer, dlq_topic, metrics)
         consumer.subscribe([topic], listener=_Rebalance(on_assigned, on_revoked))
@@ -204,6 +208,7 @@ class Ingest:
     def forget(self, pkey: PartitionKey) -> None:
         """A revoked partition: its dead letters and marks are someone else's now."""
         self.dead_letters.forget(pkey)
+        self._paused.discard(pkey)
         self._final_offsets.pop(pkey, None)
         self.next_offset.pop(pkey, None)  # (``_resets`` stay: readiness reports them for a while)
         self.metrics.forget_partition(pkey[1])
@@ -214,10 +219,34 @@ class Ingest:
         self.next_offset[pkey] = offset
 
     def pause(self, pkey: PartitionKey) -> None:
+        self._paused.add(pkey)
         self.consumer.pause(TopicPartition(*pkey))
 
     def resume(self, pkey: PartitionKey) -> None:
-        self.consumer.resume(TopicPartition(*pkey))
+        self._paused.discard(pkey)
+        if not self.held:
+            self.consumer.resume(TopicPartition(*pkey))
+
+    def hold(self, on: bool) -> None:
+        """Stop reading every assigned partition (``on``), or read again: the daemon holds reading while
+        the judging of closed windows runs behind, so that what it cannot judge in time waits in Kafka,
+        not in its memory. Polling goes on (group membership, rebalances); kafka-python keeps records
+        fetched for a paused partition and hands them over once it is resumed. A partition stopped for
+        its own reason (``pause``, a dead letter not written) stays stopped."""
+        if on:
+            assigned = self.consumer.assignment()
+            if assigned:
+                self.consumer.pause(*assigned)  # again each time: a partition assigned since is held too
+            self.held = True
+            return
+        if not self.held:
+            return
+        self.held = False
+        failed = self.dead_letters.failures()
+        for tp in self.consumer.assignment():
+            pkey = (tp.topic, tp.partition)
+            if pkey not in self._paused and pkey not in failed:
+                self.consumer.resume(tp)
 
     def end_offsets(self, pkeys: list[PartitionKey]) -> dict[PartitionKey, int] | None:
         """The log end of each partition, asked of the broker with the adaptive wait

@@ -72,6 +72,8 @@ class WindowCloser:
         """Partitions that gave no record this poll: caught up if the broker says their log ends there."""
         ingest = self.ingest
         assert ingest is not None
+        if ingest.held:
+            return  # reading is held (judging runs behind): a partition not read now is not caught up
         took = ingest.broker_wait.last_s or 0.0
         # a slow broker is asked less often: the loop waits for each answer
         if now - self._last_confirm < max(CONFIRM_EVERY_S, 2 * took):

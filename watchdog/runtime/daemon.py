@@ -75,6 +75,14 @@ SignalSource = Callable[[float], list[Signal]]
 #: ``SLOW_LOOP_LOG_EVERY_S`` (issue 19's bound on an iteration)
 SLOW_LOOP_S = 0.25
 SLOW_LOOP_LOG_EVERY_S = 60.0
+#: reading from Kafka is held while a closed window has waited longer than a window's length to be judged,
+#: bounded to this range of seconds (``hold_after_s``)
+HOLD_AFTER_MIN_S = 5.0
+HOLD_AFTER_MAX_S = 30.0
+#: ... or while the routes waiting have more than this many windows each waiting on average (a route's
+#: next window closed before its last was judged), counted once at least ``HOLD_MIN_WINDOWS`` wait
+HOLD_WINDOWS_PER_ROUTE = 2.5
+HOLD_MIN_WINDOWS = 500
 #: name prefixes of the daemon's long-lived threads (readiness ticker, alert senders, GPU monitor,
 #: flag reader, checkpoint writer)
 OWN_THREADS = ("readiness", "alerts-", "gpu-monitor", "llmwd-routing-flags", "checkpoint-writer")
@@ -164,6 +172,9 @@ class Daemon:
         self.step_deadline = self.closer.step = self.decisions.step = self.checkpointer.step = StepDeadline()
         self._stop = threading.Event()
         self._slow_logged = -math.inf
+        #: when reading was last held, and since when it is held now (None: reading); the log lines
+        self._held_since: float | None = None
+        self._held_logged = -math.inf
         self._failed_sources: set[str] = set()
         #: whether this daemon's loop holds the process's collector settings (LOOP_GC)
         self._gc_entered = False
@@ -265,6 +276,7 @@ class Daemon:
         # an event is ``future`` only when ahead of both the steady and the host clock: neither a step
         # of the host clock nor a start-up anchor the host corrected since drops real events
         self.ownership.poll_now = max(self.clock(), self.clock.wall())
+        self._hold_reading(t0)
         # no wait for records while closed windows wait to be judged either: with the iteration's shared
         # deadline the judging of a backlog is spread over many iterations, each of which waited poll_ms
         ingest.poll(0 if self.closer.behind or self.decisions.deferred_routes else poll_ms)
@@ -320,6 +332,48 @@ class Daemon:
                         "one such line per %.0f s", busy,
                         ", ".join(f"{p} {d:.2f} s" for d, p in sorted(spans, reverse=True)[:4]),
                         sum(seconds for _, seconds in gc_passes), SLOW_LOOP_LOG_EVERY_S)
+
+    def hold_after_s(self) -> float:
+        """How long a closed window may wait to be judged before reading is held: a window's length
+        (judging one window's close must not take longer than the next window), within
+        [``HOLD_AFTER_MIN_S``, ``HOLD_AFTER_MAX_S``]."""
+        return min(max(self.cfg.windows.length_s, HOLD_AFTER_MIN_S), HOLD_AFTER_MAX_S)
+
+    def _hold_reading(self, mono: float) -> None:
+        """Back-pressure. When the replica judges closed windows more slowly than they close (more routes
+        than its CPU judges in time), reading on would pile their signals, their window records and the
+        checkpoints they hold back (a partition with a window not judged is not saved) into memory without
+        bound: at 10,000 routes on a saturated 2-core machine, RSS grew 2.5-3 MB/s and almost no checkpoint was
+        saved (docs/BENCHMARKS.md, "Back-pressure").
+        While the longest-waiting window has waited more than ``hold_after_s``, or the routes waiting have
+        more than ``HOLD_WINDOWS_PER_ROUTE`` windows each waiting (a read that catches up on the topic closes
+        several windows of every route in a few seconds, faster than the wait grows), no partition is read
+        (no more windows close), so the backlog is judged, the partitions are saved and their offsets
+        committed; the rest waits in Kafka, where the consumer-lag metric and alert see it."""
+        backlog = self.decisions.backlog
+        age = backlog.age(mono)
+        m = self.metrics
+        m.judging_backlog_routes.set(len(backlog))
+        m.judging_backlog_seconds.set(age)
+        ingest = self.ingest
+        assert ingest is not None
+        hold = age > self.hold_after_s() or (backlog.windows >= HOLD_MIN_WINDOWS
+                                             and backlog.windows_per_route() > HOLD_WINDOWS_PER_ROUTE)
+        if not hold and not ingest.held:
+            return
+        ingest.hold(hold)
+        m.reading_held.set(1 if hold else 0)
+        if hold and self._held_since is None:
+            self._held_since = mono
+            if mono - self._held_logged >= SLOW_LOOP_LOG_EVERY_S:
+                self._held_logged = mono
+                log.warning("judging runs behind: a closed window has waited %.1f s (%d routes, %d windows "
+                            "waiting); reading from Kafka is held until they are judged (more routes than this "
+                            "replica judges in time: add replicas and partitions, or longer windows); at most one "
+                            "such line per %.0f s", age, len(backlog), backlog.windows, SLOW_LOOP_LOG_EVERY_S)
+        elif not hold and self._held_since is not None:
+            log.info("judging caught up: reading again after %.1f s held", mono - self._held_since)
+            self._held_since = None
 
     def _close_and_judge(self, now: float, lap: Callable[[str], None]) -> None:
         """Not inline in ``step``: a frame kafka-python keeps in a reference cycle after a poll (a timed-out

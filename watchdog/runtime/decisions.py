@@ -108,11 +108,34 @@ class Backlog:
         self.order: tuple[deque[P.Route], ...] = (deque(), deque(), deque())
         #: the routes waiting (the same set object all along: the checkpointer holds it)
         self.routes: set[P.Route] = set()
+        #: each waiting route's arrival (monotonic seconds of its first waiting signal): ``age``
+        self.since: dict[P.Route, float] = {}
+        #: each waiting route's windows waiting (its precisions' signals of one window end count once)
+        #: and the end of its newest, and the windows waiting in all
+        self.ends: dict[P.Route, tuple[int, float]] = {}
+        self.windows = 0
 
     def __bool__(self) -> bool:
         return bool(self.stars) or bool(self.by_route)
 
+    def __len__(self) -> int:
+        """The routes waiting."""
+        return len(self.by_route)
+
+    def windows_per_route(self) -> float:
+        """Windows waiting per waiting route: about 1 while each route's window is judged before its next
+        closes, more when judging runs behind the windows closing."""
+        return self.windows / len(self.by_route) if self.by_route else 0.0
+
+    def age(self, now: float) -> float:
+        """Seconds (monotonic ``now``) the longest-waiting route has waited; 0.0 when none waits. Each
+        rank's queue is in arrival order, so its oldest route is its first."""
+        since = self.since
+        first = [since[q[0]] for q in self.order if q]
+        return now - min(first) if first else 0.0
+
     def add(self, signals: list[Signal]) -> None:
+        at = time.monotonic()
         for s in signals:
             self.seq += 1
             route = (s.model, s.route)
@@ -124,7 +147,12 @@ class Backlog:
                 waiting = self.by_route[route] = []
                 self.order[self.rank(*route)].append(route)
                 self.routes.add(route)
+                self.since[route] = at
             waiting.append((self.seq, s))
+            n, end = self.ends.get(route, (0, None))
+            if end != s.end:
+                self.ends[route] = (n + 1, s.end)
+                self.windows += 1
 
     def take(self, max_routes: int, max_rank: int = 2) -> list[Signal]:
         """With ``max_rank`` 0, only routes near a rollback (and no ``*`` signal)."""
@@ -138,11 +166,16 @@ class Backlog:
             while n and queue:
                 route = queue.popleft()
                 picked += self.by_route.pop(route)
-                self.routes.discard(route)
+                self._forget(route)
                 n -= 1
             picked.sort(key=_arrival)
             out += [s for _, s in picked]
         return out
+
+    def _forget(self, route: P.Route) -> None:
+        self.routes.discard(route)
+        del self.since[route]
+        self.windows -= self.ends.pop(route)[0]
 
     def drop(self, gone: set[P.Route] | frozenset[P.Route]) -> None:
         """Forget the waiting signals of these routes."""
@@ -151,7 +184,7 @@ class Backlog:
             return
         for route in hit:
             del self.by_route[route]
-            self.routes.discard(route)
+            self._forget(route)
         self.order = tuple(deque(r for r in queue if r in self.by_route) for queue in self.order)
 
 

@@ -1,0 +1,108 @@
+"""Back-pressure (watchdog/runtime/daemon.py ``_hold_reading``): while judging closed windows runs behind,
+reading from Kafka is held, so what the replica cannot judge in time waits in Kafka, not in its memory;
+every event still counts once."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.daemon_harness import CountingProducer, make_config, recorded_windows, running_daemon, write_policy
+from tests.helpers import wait_until
+from watchdog.core.signals import Signal
+from watchdog.ingest.consumer import Ingest
+from watchdog.policy.engine import PolicyEngine
+from watchdog.runtime import daemon as daemon_mod
+from watchdog.runtime.decisions import Backlog
+
+
+def _signal(route: str, precision: str = "fp8", end: float = 1.0) -> Signal:
+    return Signal(source="live", model="m", route=route, precision=precision, start=end - 1.0, end=end, samples=1,
+                  values={}, detail={})
+
+
+def test_the_backlog_age_is_its_longest_waiting_route_whatever_its_rank(monkeypatch) -> None:
+    clock = [100.0]
+    monkeypatch.setattr("watchdog.runtime.decisions.time.monotonic", lambda: clock[0])
+    backlog = Backlog(lambda model, route: 2 if route.startswith("new") else 1)
+    assert backlog.age(100.0) == 0.0 and len(backlog) == 0
+    backlog.add([_signal("new-a")])
+    clock[0] = 103.0
+    backlog.add([_signal("known-b"), _signal("new-a", "fp16")])  # new-a keeps its first arrival
+    assert len(backlog) == 2
+    assert backlog.age(110.0) == 10.0
+    assert [s.route for s in backlog.take(1)] == ["known-b"]  # rank 1 first; new-a still waits
+    assert backlog.age(110.0) == 10.0
+    backlog.take(1)
+    assert backlog.age(110.0) == 0.0 and len(backlog) == 0
+    backlog.add([_signal("known-c")])
+    backlog.drop({("m", "known-c")})
+    assert backlog.age(200.0) == 0.0 and not backlog.since
+
+
+def test_the_backlog_counts_a_routes_windows_not_its_precisions_signals() -> None:
+    backlog = Backlog(lambda model, route: 1)
+    backlog.add([_signal(r, p, 10.0) for r in ("a", "b") for p in ("fp8", "fp16")])
+    assert backlog.windows == 2 and backlog.windows_per_route() == 1.0  # one window each, two precisions
+    backlog.add([_signal("a", p, 20.0) for p in ("fp8", "fp16")])  # a's next window closed before it was judged
+    assert backlog.windows == 3 and backlog.windows_per_route() == 1.5
+    backlog.take(1)
+    assert backlog.windows == 1 and backlog.windows_per_route() == 1.0
+    backlog.drop({("m", "b")})
+    assert backlog.windows == 0 and backlog.windows_per_route() == 0.0 and not backlog.ends
+
+
+@pytest.mark.services
+def test_reading_is_held_while_judging_runs_behind_and_every_event_counts_once(kafka_service, redis_service,
+                                                                               redis_client, topic, tmp_path,
+                                                                               monkeypatch):
+    monkeypatch.setattr(daemon_mod, "HOLD_AFTER_MIN_S", 1.0)  # 1 s windows: hold once a window waited 1 s
+    real_observe = PolicyEngine.observe
+
+    def slow_observe(self, signals, *args, **kwargs):  # type: ignore[no-untyped-def]
+        # judging 20 routes' windows takes ~3 s: three times a window, so judging falls behind
+        time.sleep(0.15 * len({s.route for s in signals}))
+        return real_observe(self, signals, *args, **kwargs)
+
+    monkeypatch.setattr(PolicyEngine, "observe", slow_observe)
+    real_poll, real_hold = Ingest.poll, Ingest.hold
+    read_while_held: list[int] = []
+    held: list[bool] = []
+
+    def poll(self, timeout_ms: int = 200) -> int:  # type: ignore[no-untyped-def]
+        was = self.held
+        seen = real_poll(self, timeout_ms)
+        if was:
+            read_while_held.append(seen)
+        return seen
+
+    def hold(self, on: bool) -> None:  # type: ignore[no-untyped-def]
+        held.append(on)
+        real_hold(self, on)
+
+    monkeypatch.setattr(Ingest, "poll", poll)
+    monkeypatch.setattr(Ingest, "hold", hold)
+    cfg = make_config(kafka_service.address, redis_service.port, topic, write_policy(tmp_path / "p.yaml"), None,
+                      windows={"length_s": 1.0, "grace_s": 0.3})
+    prod = CountingProducer(kafka_service.address, topic, [f"r{i:02d}" for i in range(20)], rate=5.0).start()
+    ages: list[float] = []
+    try:
+        with running_daemon(cfg) as (daemon, _server):
+            t_end = time.monotonic() + 8.0
+            while time.monotonic() < t_end:
+                ages.append(daemon.metrics.judging_backlog_seconds._value.get())
+                time.sleep(0.1)
+            prod.stop()
+            wait_until(lambda: sum(recorded_windows(redis_client)[0].values()) >= prod.total(), 60)
+            wait_until(lambda: not daemon.ingest.held and not daemon.decisions.backlog, 30)
+    finally:
+        if prod._thread.is_alive():
+            prod.stop()
+    assert True in held, "judging three times slower than the windows close never held reading"
+    assert read_while_held and sum(read_while_held) == 0, "records were read while reading was held"
+    assert held[-1] is False  # reading again once the backlog was judged
+    seen, twice = recorded_windows(redis_client)
+    assert twice == 0 and seen == dict(prod.acked)
+    # the wait is bounded by the hold (1 s) plus the judging of what one read closed; the metric showed it
+    assert 1.0 < max(ages) < 8.0
