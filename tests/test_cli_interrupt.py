@@ -130,3 +130,15 @@ def test_a_signal_landing_while_the_main_thread_holds_the_stop_events_lock_is_ha
         signals.close()
     assert ran_on == ["llmwd-signals"]
     assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL  # close() put the previous handler back
+
+
+def test_sigint_during_the_extension_imports_never_crashes_the_process() -> None:
+    """orjson's module init died of SIGSEGV when a KeyboardInterrupt landed inside it (``config check``
+    interrupted at 50 ms: 1 run in 3); ``main`` imports it with SIGINT blocked. 24 runs over the window in
+    which the imports happen."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LLMWD_REDIS__URL": _dead_redis()}
+    env.pop("LLMWD_CONFIG", None)
+    codes = [_interrupt(["config", "check", "--config", "deploy/config.example.yaml"], 0.02 + 0.0025 * i, env)[0]
+             for i in range(24)]
+    assert -signal.SIGSEGV not in codes, codes
+    assert set(codes) <= {130, 0, -signal.SIGINT}, codes
