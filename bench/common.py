@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -138,6 +139,12 @@ def machine_note() -> str:
     load = os.getloadavg()
     return (f"cpus={os.cpu_count()} load_avg={load[0]:.2f}/{load[1]:.2f}/{load[2]:.2f} "
             f"python={sys.version.split()[0]}")
+
+
+def committed(admin: Any, group: str, topic: str) -> int:
+    """Records of ``topic`` the consumer group's committed offsets cover (summed over partitions)."""
+    offsets = admin.list_group_offsets(group).get(group, {})
+    return sum(o.offset for tp, o in offsets.items() if tp.topic == topic and o.offset >= 0)
 
 
 def process_cpu_s(pid: int) -> float:

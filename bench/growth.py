@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx  # noqa: E402
 import redis  # noqa: E402
-from common import MODEL, ROOT, machine_note, process_cpu_s, route_names, services, table  # noqa: E402
+from common import MODEL, ROOT, committed, machine_note, process_cpu_s, route_names, services, table  # noqa: E402
 from gc_trace import read as read_gc_trace  # noqa: E402
 from kafka import KafkaAdminClient, KafkaProducer  # noqa: E402
 from memory import check_alive, daemon_process, rss_mb  # noqa: E402
@@ -175,8 +175,7 @@ def run_one(n_routes: int, args: argparse.Namespace, code: Path = ROOT, label: s
                 # what a SIGKILL now would read again: events sent that no committed offset covers yet
                 admin = KafkaAdminClient(bootstrap_servers=svc.kafka_address)
                 try:
-                    offsets = admin.list_group_offsets(f"g-{topic}").get(f"g-{topic}", {})
-                    uncommitted = gen.sent - sum(o.offset for o in offsets.values() if o.offset >= 0)
+                    uncommitted = gen.sent - committed(admin, f"g-{topic}", topic)
                 finally:
                     admin.close()
                 in1, t1 = r.info("stats")["total_net_input_bytes"], time.monotonic()

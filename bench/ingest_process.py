@@ -47,7 +47,7 @@ from kafka import KafkaAdminClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import ROOT, machine_note, median, process_cpu_s, produce_events, services, table  # noqa: E402
+from common import ROOT, committed, machine_note, median, process_cpu_s, produce_events, services, table  # noqa: E402
 from ingest import consume, produce_heavy  # noqa: E402
 
 from watchdog.dev.embedded import free_port  # noqa: E402
@@ -103,11 +103,6 @@ def _processed(url: str) -> tuple[float, int]:
     with urllib.request.urlopen(f"{url}/metrics", timeout=2) as resp:  # noqa: S310 - loopback
         text = resp.read().decode()
     return sum(float(x) for x in _COUNTER.findall(text)), len(text)
-
-
-def _committed(admin: Any, group: str, topic: str) -> int:
-    offsets = admin.list_group_offsets(group).get(group, {})
-    return sum(o.offset for tp, o in offsets.items() if tp.topic == topic and o.offset >= 0)
 
 
 def run_daemon(svc: Any, topic: str, n: int, timeout_s: float, scrape_s: float,
@@ -172,7 +167,7 @@ def run_daemon(svc: Any, topic: str, n: int, timeout_s: float, scrape_s: float,
         try:
             until = time.monotonic() + 20
             while time.monotonic() < until:
-                if _committed(admin, group, topic) >= n:
+                if committed(admin, group, topic) >= n:
                     committed_s = time.perf_counter() - last[0]
                     break
                 time.sleep(0.1)
