@@ -72,9 +72,12 @@ def prepare(model_dir: Path, shape_name: str, set_name: str, device: str) -> flo
     return time.perf_counter() - t0
 
 
-def cli_run(model_dir: Path, set_name: str, cache: Path, batch: int, extra: list[str]) -> dict[str, Any]:
-    """One ``replay`` process: wall seconds, the --timings split, items measured, return code."""
-    cmd = [sys.executable, "-m", "watchdog.cli.main", "replay", "--set", set_name, "--engine", "torch",
+def cli_run(model_dir: Path, set_name: str, cache: Path, batch: int, extra: list[str],
+            profile: Path | None = None) -> dict[str, Any]:
+    """One ``replay`` process: wall seconds, the --timings split, items measured, return code. With
+    ``profile``, the process runs under cProfile and writes its statistics there."""
+    prof = ["-m", "cProfile", "-o", str(profile)] if profile else []
+    cmd = [sys.executable, *prof, "-m", "watchdog.cli.main", "replay", "--set", set_name, "--engine", "torch",
            "-o", f"model_path={model_dir}", "--batch-size", str(batch), "-o", f"batch_size={batch}",
            "--compile-cache", str(cache), "--timings", "--no-progress", "--json", *extra]
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
@@ -144,6 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-dir", default=None, help="default: a temporary directory")
     ap.add_argument("--warm-runs", type=int, default=2)
     ap.add_argument("--resident-rounds", type=int, default=2, help="0: skip the resident-engine part")
+    ap.add_argument("--also", action="append", default=[], metavar="K=V[,K=V...]",
+                    help="another series with these engine options (each passed as -o): a cold and a warm run, "
+                         "with a compile cache of its own; repeatable")
+    ap.add_argument("--profile", default=None, metavar="DIR",
+                    help="run every CLI process under cProfile, its statistics in DIR/<n>.prof (slower runs)")
     ap.add_argument("--smoke", action="store_true", help="tiny shape on CPU: exercises every step")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
@@ -160,9 +168,25 @@ def main(argv: list[str] | None = None) -> int:
         say(f"prepared {shape} model + calibration in {prepare(model_dir, shape, args.set, device):.1f} s "
             f"({sum(f.stat().st_size for f in model_dir.iterdir()) / 1e9:.2f} GB on disk)")
     cache = work / "compile-cache"
-    runs = [("cold (empty compile cache)", cli_run(model_dir, args.set, cache, args.batch, extra))]
+    profiles = Path(args.profile) if args.profile else None
+    if profiles:
+        profiles.mkdir(parents=True, exist_ok=True)
+
+    def run(label: str, cache: Path, more: list[str]) -> None:
+        prof = profiles / f"{len(runs)}.prof" if profiles else None
+        runs.append((label, cli_run(model_dir, args.set, cache, args.batch, extra + more, prof)))
+        if prof:
+            say(f"profile of {label!r}: {prof}")
+
+    runs: list[tuple[str, dict[str, Any]]] = []
+    run("cold (empty compile cache)", cache, [])
     for i in range(args.warm_runs):
-        runs.append((f"warm {i + 1} (cache of the cold run)", cli_run(model_dir, args.set, cache, args.batch, extra)))
+        run(f"warm {i + 1} (cache of the cold run)", cache, [])
+    series = len(runs)
+    for n, opts in enumerate(args.also):
+        more = [x for kv in opts.split(",") for x in ("-o", kv)]
+        for label in ("cold", "warm"):
+            run(f"{opts}: {label}", work / f"compile-cache-{n + 1}", more)
     say(f"command: {runs[0][1]['cmd']}")
     say(f"set {args.set}, batch {args.batch}; items measured: {[r['measured'] for _l, r in runs]}; "
         f"compile cache {sum(f.stat().st_size for f in cache.rglob('*') if f.is_file()) / 1e6:.0f} MB")
@@ -170,9 +194,11 @@ def main(argv: list[str] | None = None) -> int:
     say("| run | wall s | import s | load s FP8 / FP16 | FP8 quantise s | compile + graph capture s FP8 / FP16 | "
         "generate s FP8 / FP16 | score s FP8 / FP16 | metrics s |")
     say("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for label, run in runs:
-        say(split_row(label, run))
-    warm = [r["wall_s"] for _l, r in runs[1:]]
+    for label, done in runs:
+        say(split_row(label, done))
+    for label, done in runs:
+        say(f"timings of {label!r}: {json.dumps(done['timings'], sort_keys=True)}")
+    warm = [r["wall_s"] for _l, r in runs[1:series]]
     if warm:
         say(f"\ncold {runs[0][1]['wall_s']:.1f} s, warm median {statistics.median(warm):.1f} s "
             f"({runs[0][1]['wall_s'] / statistics.median(warm):.2f}x)")

@@ -369,3 +369,19 @@ def test_fused_fp8_quantisers_give_the_separate_steps() -> None:
     assert got[True][1].n_saturated == got[False][1].n_saturated > 0
     assert got[True][1].layers == got[False][1].layers
     assert got[True][1].n_values == got[False][1].n_values
+
+
+def test_compile_decode_only_leaves_the_passes_eager() -> None:
+    """``compile="decode"`` compiles the decode step and leaves prefill and scoring eager (a one-off replay
+    never earns back their dynamic-shape trace); any other word is refused in one line."""
+    from probes.engines.fast_decode import FastDecoder, decode_layer, forward_layer
+
+    model = _random_llama(5)
+    dec = FastDecoder(model, compile="decode")
+    assert dec.compile and not dec.compile_passes
+    assert dec._forward_fn is forward_layer and dec._layer_fn is not decode_layer
+    whole = FastDecoder(model, compile=True)
+    assert whole.compile_passes and whole._forward_fn is not forward_layer
+    assert not FastDecoder(model, compile=False).compile_passes
+    with pytest.raises(ValueError, match="compile must be"):
+        FastDecoder(model, compile="fast")

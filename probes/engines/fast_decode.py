@@ -220,8 +220,12 @@ class _Bucket:
 class FastDecoder:
     """Greedy decoding of a Llama-shaped HF model (fp16/bf16/fp32 or with ``Fp8Linear`` layers)."""
 
-    def __init__(self, model: nn.Module, *, compile: bool | None = None, cuda_graphs: bool | None = None,
+    def __init__(self, model: nn.Module, *, compile: bool | str | None = None, cuda_graphs: bool | None = None,
                  check_every: int = 8, max_batch: int = 16, merge: bool = True) -> None:
+        """``compile``: None (on CUDA: everything), True, False, or "decode" - the decode step only, the
+        prefill and scoring passes eager. Their trace has dynamic shapes and costs seconds per process
+        (FP8 more than FP16), which a one-off replay of a few batches never earns back; the decode
+        step's trace is one small static-shape function, reused for every step."""
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"fast decode not supported: {reason}")
@@ -230,7 +234,11 @@ class FastDecoder:
         first = next(model.parameters())
         self.device, self.dtype = first.device, first.dtype
         on_cuda = self.device.type == "cuda"
+        if compile not in (None, True, False, "decode"):
+            raise ValueError(f"compile must be true, false or decode, not {compile!r}")
         self.compile = on_cuda if compile is None else bool(compile)
+        #: the prefill and scoring passes compiled too (not with compile="decode")
+        self.compile_passes = self.compile and compile != "decode"
         self.cuda_graphs = on_cuda if cuda_graphs is None else (bool(cuda_graphs) and on_cuda)
         self.check_every = max(1, int(check_every))
         self.max_batch = max(1, int(max_batch))
@@ -306,6 +314,7 @@ class FastDecoder:
             self._layer_fn = torch.compile(decode_layer, dynamic=False, fullgraph=True)
             self._head_fn = torch.compile(decode_head, dynamic=False, fullgraph=True)
             self._inputs_fn = torch.compile(step_inputs, dynamic=False, fullgraph=True)
+        if self.compile_passes:
             # batch and length are marked dynamic per call (``hidden``): one compile serves every shape;
             # two graphs per layer, split around the (eager) attention
             self._forward_fn = torch.compile(forward_layer)
@@ -550,7 +559,7 @@ class FastDecoder:
         fused = ids.shape[0] * width >= self.fused_min_rows
         sats = []
         for i, p in enumerate(self.layers):
-            if self.compile:
+            if self.compile_passes:
                 for t in (x, cos, sin, amask):
                     torch._dynamo.maybe_mark_dynamic(t, 0)
                     torch._dynamo.maybe_mark_dynamic(t, 1 if t is not amask else 2)

@@ -183,7 +183,7 @@ class TorchEngine:
                  fp8_weight_scale: str = "tensor", fp8_activation: str = "static",
                  scale_multiplier: float = 1.0, max_batch_tokens: int | None = None, name: str | None = None,
                  model: Any = None, tokenizer: Any = None, track_saturation: bool = True,
-                 fast: str | bool = "auto", compile: bool | None = None, cuda_graphs: bool | None = None,
+                 fast: str | bool = "auto", compile: bool | str | None = None, cuda_graphs: bool | None = None,
                  compile_cache_dir: str | Path | None = None, fp8_lm_head: bool = False,
                  fp8_kv_cache: bool = False, fp8_gemm: str = "cublas", cpu_threads: int | None = None) -> None:
         if precision not in PRECISIONS:
@@ -283,7 +283,7 @@ class TorchEngine:
             total += self.fast_decoder.cache_bytes()
         return int(total)
 
-    def _setup_fast(self, fast: str | bool, compile: bool | None, cuda_graphs: bool | None) -> str:
+    def _setup_fast(self, fast: str | bool, compile: bool | str | None, cuda_graphs: bool | None) -> str:
         """Build the static-cache decoder (probes.engines.fast_decode); returns why it is (not) used.
 
         ``fast``: "auto" (on CUDA when the model is supported), "on"/True (also on CPU, eagerly; an
@@ -304,7 +304,9 @@ class TorchEngine:
         self.fast_decoder = FastDecoder(self.model, compile=compile, cuda_graphs=cuda_graphs,
                                         max_batch=self.batch_size)
         self.fast_decoder.cache_arg = self._cache_arg
-        return (f"fast decode (static cache, compile {self.fast_decoder.compile}, "
+        compiled = "decode only" if self.fast_decoder.compile and not self.fast_decoder.compile_passes else (
+            self.fast_decoder.compile)
+        return (f"fast decode (static cache, compile {compiled}, "
                 f"CUDA graphs {self.fast_decoder.cuda_graphs})")
 
     # -- tokenisation -------------------------------------------------------------------------------
