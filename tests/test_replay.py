@@ -420,3 +420,32 @@ def test_replay_cli_bad_input_is_one_line_naming_the_cause(capsys: pytest.Captur
     assert _replay_cli(["--set", "code", *common, "--candidate-option", "fail_all=true"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"no item measured; first error (candidate, item {gs.items[0].id}): ")
+
+
+def test_one_off_replay_compiles_the_torch_decode_step_only_when_it_pays(monkeypatch: pytest.MonkeyPatch,
+                                                                         tmp_path: Path) -> None:
+    """A replay of a golden set this size runs the torch engines uncompiled (faster end to end), a large set
+    or a kept compile cache compiles the decode step, and the user's ``-o compile=...`` decides over both."""
+    import probes.engines as engines
+    from probes.golden_replay import CLI_COMPILE_MIN_STEPS, cli_compile
+
+    assert cli_compile(4 * 64, cache=False) is False
+    assert cli_compile(CLI_COMPILE_MIN_STEPS, cache=False) == "decode"
+    assert cli_compile(1, cache=True) == "decode"
+    seen: list[dict] = []
+
+    def fake_engine(kind: str, **opts):
+        seen.append({"kind": kind, **opts})
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(engines, "get_engine", fake_engine)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "before"))  # restored after the test
+    parser = argparse.ArgumentParser()
+    add_replay_command(parser.add_subparsers())
+    for extra, want in (([], False), (["--compile-cache", str(tmp_path / "cache")], "decode"),
+                        (["-o", "compile=true"], True)):
+        seen.clear()
+        args = parser.parse_args(["replay", "--set", "code", "--root", str(REPO_SETS), "--engine", "torch",
+                                  "--no-progress", *extra])
+        assert args.func(args) == 1
+        assert seen and seen[0]["compile"] == want
