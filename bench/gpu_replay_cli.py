@@ -72,14 +72,14 @@ def prepare(model_dir: Path, shape_name: str, set_name: str, device: str) -> flo
     return time.perf_counter() - t0
 
 
-def cli_run(model_dir: Path, set_name: str, cache: Path, batch: int, extra: list[str],
+def cli_run(model_dir: Path, set_name: str, cache: Path | None, batch: int, extra: list[str],
             profile: Path | None = None) -> dict[str, Any]:
     """One ``replay`` process: wall seconds, the --timings split, items measured, return code. With
     ``profile``, the process runs under cProfile and writes its statistics there."""
     prof = ["-m", "cProfile", "-o", str(profile)] if profile else []
     cmd = [sys.executable, *prof, "-m", "watchdog.cli.main", "replay", "--set", set_name, "--engine", "torch",
            "-o", f"model_path={model_dir}", "--batch-size", str(batch), "-o", f"batch_size={batch}",
-           "--compile-cache", str(cache), "--timings", "--no-progress", "--json", *extra]
+           *(["--compile-cache", str(cache)] if cache else []), "--timings", "--no-progress", "--json", *extra]
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
@@ -145,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", default="rag-enterprise")
     ap.add_argument("--batch", type=int, default=16, help="replay batch (the CLI default is 16)")
     ap.add_argument("--model-dir", default=None, help="default: a temporary directory")
-    ap.add_argument("--warm-runs", type=int, default=2)
+    ap.add_argument("--plain-runs", type=int, default=1,
+                    help="first, runs as a user types it: no --compile-cache, no -o compile (the CLI chooses)")
+    ap.add_argument("--warm-runs", type=int, default=2, help="-1: no cold run either")
     ap.add_argument("--resident-rounds", type=int, default=2, help="0: skip the resident-engine part")
     ap.add_argument("--also", action="append", default=[], metavar="K=V[,K=V...]",
                     help="another series with these engine options (each passed as -o): a cold and a warm run, "
@@ -172,14 +174,18 @@ def main(argv: list[str] | None = None) -> int:
     if profiles:
         profiles.mkdir(parents=True, exist_ok=True)
 
-    def run(label: str, cache: Path, more: list[str]) -> None:
+    def run(label: str, cache: Path | None, more: list[str]) -> None:
         prof = profiles / f"{len(runs)}.prof" if profiles else None
         runs.append((label, cli_run(model_dir, args.set, cache, args.batch, extra + more, prof)))
         if prof:
             say(f"profile of {label!r}: {prof}")
 
     runs: list[tuple[str, dict[str, Any]]] = []
-    run("cold (empty compile cache)", cache, [])
+    for i in range(args.plain_runs):
+        run(f"plain {i + 1} (no --compile-cache: the CLI's choice)", None, [])
+    plain = len(runs)
+    if args.warm_runs >= 0:
+        run("cold (empty compile cache)", cache, [])
     for i in range(args.warm_runs):
         run(f"warm {i + 1} (cache of the cold run)", cache, [])
     series = len(runs)
@@ -189,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             run(f"{opts}: {label}", work / f"compile-cache-{n + 1}", more)
     say(f"command: {runs[0][1]['cmd']}")
     say(f"set {args.set}, batch {args.batch}; items measured: {[r['measured'] for _l, r in runs]}; "
-        f"compile cache {sum(f.stat().st_size for f in cache.rglob('*') if f.is_file()) / 1e6:.0f} MB")
+        f"compile cache {sum(f.stat().st_size for f in cache.rglob('*') if f.is_file()) / 1e6 if cache.exists() else 0:.0f} MB")
     say("")
     say("| run | wall s | import s | load s FP8 / FP16 | FP8 quantise s | compile + graph capture s FP8 / FP16 | "
         "generate s FP8 / FP16 | score s FP8 / FP16 | metrics s |")
@@ -198,10 +204,10 @@ def main(argv: list[str] | None = None) -> int:
         say(split_row(label, done))
     for label, done in runs:
         say(f"timings of {label!r}: {json.dumps(done['timings'], sort_keys=True)}")
-    warm = [r["wall_s"] for _l, r in runs[1:series]]
-    if warm:
-        say(f"\ncold {runs[0][1]['wall_s']:.1f} s, warm median {statistics.median(warm):.1f} s "
-            f"({runs[0][1]['wall_s'] / statistics.median(warm):.2f}x)")
+    warm = [r["wall_s"] for _l, r in runs[plain + 1:series]]
+    if warm and plain < series:
+        cold = runs[plain][1]["wall_s"]
+        say(f"\ncold {cold:.1f} s, warm median {statistics.median(warm):.1f} s ({cold / statistics.median(warm):.2f}x)")
     if args.resident_rounds > 0:
         res = resident(model_dir, args.set, args.batch, cache, args.resident_rounds)
         say("\n## resident engines (watchdog.sources.engine_cache, in one process)")

@@ -412,6 +412,8 @@ def engine_timings(candidate: Engine, baseline: Engine, build_s: float, spent: d
             parts["compile_capture_s"] = fast.warmup_seconds
             parts.update({k: v for k, v in fast.stats.items() if k.endswith("_s")})
         out[side] = {k: round(float(v), 3) for k, v in parts.items()}
+        if getattr(engine, "fast_reason", None):
+            out.setdefault("paths", {})[side] = engine.fast_reason  # which decode path and compile ran
     return out
 
 
