@@ -229,3 +229,44 @@ def test_build_hold_is_validated(tmp_path: Path) -> None:
 """)
     rule = load_policy_files([str(f)]).policies[0].rules[0]
     assert rule.judge is not None and rule.judge.hold == 0
+
+
+def _staggered_unnamed_fp16(slower: float, lag: int):  # type: ignore[no-untyped-def]
+    """A deploy of build v1 (``slower`` on both precisions) reaching FP8 at window 60 and FP16 ``lag``
+    windows later; only FP8's events name the build (FP16's producer sends no build field)."""
+    def sides(t: int) -> tuple[Side, Side]:
+        new8, new16 = t >= 60, t >= 60 + lag
+        return (_fleet("fp8", 8, "v1" if new8 else "v0", (slower if new8 else 1.0) * (1.3 if t == 60 else 1.0)),
+                _fleet("fp16", 3, "", (slower if new16 else 1.0) * (1.3 if t == 60 + lag else 1.0)))
+    return sides
+
+
+def test_a_staggered_deploy_named_on_fp8_only_is_not_fp8s_regression(shipped: PolicySet) -> None:
+    """outside check 2, deploy-fp8-named: FP16 names no build, so when it gets v1 (15 % slower on both)
+    8 windows after FP8 the engine cannot see it. Before: the deploy had settled after 6 windows and FP8
+    on v1 against FP16 still on v0 rolled back (windows 66-67). Now a change of the named side's build
+    holds the latency rules as two named builds that differ would."""
+    assert _run(PolicyEngine(shipped), "chat/unnamed", _staggered_unnamed_fp16(1.15, 8), 120, 4) == []
+
+
+def test_an_fp8_only_build_against_an_unnamed_fp16_is_judged_once_the_hold_ran_out(shipped: PolicySet) -> None:
+    def sides(t: int) -> tuple[Side, Side]:
+        return _fleet("fp8", 8, "v0-cal2" if t >= 60 else "v0", 1.15 if t >= 60 else 1.0), _fleet("fp16", 3, "")
+
+    got = _run(PolicyEngine(shipped), "chat/cal-unnamed", sides, 60 + DEFAULT_BUILD_HOLD + 20, 3)
+    assert got and 60 + DEFAULT_BUILD_HOLD <= got[0] < 60 + DEFAULT_BUILD_HOLD + 12, got
+
+
+def test_one_side_unnamed_counts_from_a_change_of_the_named_side_only() -> None:
+    rng = np.random.default_rng(2)
+
+    def sig(t: int, b8: str, b16: str) -> tuple[Signal, Signal]:
+        w = _window(t, "r", rng, _fleet("fp8", 2, b8), _fleet("fp16", 2, b16), n8=200, n16=200)
+        return w[0], w[1]
+
+    pool: list[dict] = []
+    for t, (b8, b16) in enumerate([("a", ""), ("a", ""), ("b", ""), ("b", ""), ("b", ""), ("b", ""), ("c", "")]):
+        pool.append(change_entry(pool, *sig(t, b8, b16), settle=1, hold=3))
+    assert [e.get("apart", 0) for e in pool] == [0, 0, 1, 2, 3, 4, 1]   # a steady pair is not held
+    assert "FP16 names no build" in str(held(pool[3], 1, 3))
+    assert held(pool[5], 1, 3) is None
