@@ -270,3 +270,46 @@ def test_one_side_unnamed_counts_from_a_change_of_the_named_side_only() -> None:
     assert [e.get("apart", 0) for e in pool] == [0, 0, 1, 2, 3, 4, 1]   # a steady pair is not held
     assert "FP16 names no build" in str(held(pool[3], 1, 3))
     assert held(pool[5], 1, 3) is None
+
+
+#: per-replica log offsets of a fleet whose replicas differ by ~10-15 % (outside check 2, cold-noisy15):
+#: FP8's eight average +0.10 against FP16's three at 0.00, per request FP8 = FP16
+_WIDE8 = [0.2, -0.05, 0.15, 0.0, 0.25, 0.05, 0.18, 0.02]
+_WIDE16 = [-0.12, 0.1, 0.02]
+
+
+def _spread_fleet(off8: list[float], off16: list[float], fp8_extra: float = 1.0) -> tuple[Side, Side]:
+    return ({f"fp8-{i}": ("", math.exp(o) * fp8_extra) for i, o in enumerate(off8)},
+            {f"fp16-{i}": ("", math.exp(o)) for i, o in enumerate(off16)})
+
+
+def test_a_new_route_whose_replicas_differ_widely_is_not_rolled_back_for_where_they_landed(shipped: PolicySet) -> None:
+    """A new route, FP8's pool +10 % slower than FP16's only because of which replicas it runs on (replica
+    spread ~12 %). Before: the horizon's 5 % cold-start tolerance (and the learned 10 % cap) rolled it
+    back within a few windows, and again after every promote. Now the tolerance is at least what the
+    measured spread of the replicas explains (``pooling.replica_allowance``)."""
+    assert _run(PolicyEngine(shipped), "chat/wide", lambda t: _spread_fleet(_WIDE8, _WIDE16), 120, 5) == []
+
+
+def test_fp8_slower_on_every_replica_of_a_tight_fleet_is_still_caught_from_the_first_window(shipped: PolicySet) -> None:
+    """Replica spread ~1.5 %: the allowance (~3 %) stays below the 5 % tolerance, so a cold start at
+    +10 % is judged as before."""
+    off8 = [x / 10 for x in _WIDE8]
+    off16 = [x / 10 for x in _WIDE16]
+    got = _run(PolicyEngine(shipped), "chat/tight", lambda t: _spread_fleet(off8, off16, 1.10), 12, 6)
+    assert got and got[0] < 10, got
+
+
+def test_replica_spread_estimates_the_offsets_beyond_sampling() -> None:
+    from watchdog.policy.judge.fleet import replica_spread
+
+    rng = np.random.default_rng(3)
+    fp8, _ = _spread_fleet(_WIDE8, _WIDE16)
+    w = _window(0, "r", rng, fp8, {"fp16-0": ("", 1.0)}, n8=8000, n16=100)
+    tau2, w2, k = replica_spread(w[0].detail["replicas"])
+    assert k == 8 and abs(w2 - 1 / 8) < 0.01
+    assert abs(math.sqrt(tau2) - float(np.std(_WIDE8, ddof=1))) < 0.03
+    same, _ = _spread_fleet([0.0] * 8, [0.0])
+    tau2, _, _ = replica_spread(_window(0, "r", rng, same, {"fp16-0": ("", 1.0)}, n8=8000, n16=100)[0].detail["replicas"])
+    assert tau2 < 0.002 ** 2 * 50   # sampling alone: near 0
+    assert replica_spread({"fp8-0": w[0].detail["replicas"]["fp8-0"]}) is None

@@ -100,6 +100,24 @@ def _difference(rule: Rule, cand: Signal | None, base: Signal | None,
     return None if isinstance(out, str) else out
 
 
+def _allowance(rule: Rule, cand: Signal | None, base: Signal | None, pool: list[dict[str, Any]] | None,
+               horizon: dict[str, Any], windows: int) -> float:
+    """The horizon tolerance's floor for the draw of replicas (``pooling.replica_allowance``) from the
+    route's running mean of the windows' replica-draw variances (``horizon["draw"]``: [mean, windows],
+    at most ``windows`` counted): the replicas are the same from window to window, so their spread is
+    averaged over the windows the tests cover rather than taken from one window's few replicas."""
+    from watchdog.policy.pooling import joined_of, replica_allowance, replica_draw_sd
+
+    if cand is not None and base is not None:
+        sd = replica_draw_sd(rule, cand, base, joined_of(rule, pool or [], cand, base))
+        if sd > 0 or "draw" in horizon:
+            m, c = horizon.get("draw") or (0.0, 0)
+            c = min(int(c) + 1, max(windows, 1))
+            horizon["draw"] = [float(m) + (sd * sd - float(m)) / c, c]
+    m = (horizon.get("draw") or (0.0, 0))[0]
+    return replica_allowance(rule, math.sqrt(max(float(m), 0.0)))
+
+
 def null_learned(rule: Rule, null: list[dict[str, Any]] | None, seq: Mapping[str, Any] | None = None) -> bool:
     """Whether the route's level is known: the rule's learned null holds ``learn_min`` healthy
     windows, or (a route too thin for the per-window judge, whose null never fills) the horizon
@@ -151,6 +169,11 @@ def apply_horizon(rule: Rule, cand: Signal | None, base: Signal | None, v: Any,
     learned = null_learned(rule, null, seq)
     tol, gamma = j.horizon_tolerance_at(learned), j.horizon_mixture_sd
     diff = None if held_now else _difference(rule, cand, base, v.judgement, pool)
+    allow = _allowance(rule, cand, base, pool, horizon, h.windows)
+    if allow > tol:
+        # the replicas' draw alone may put FP8's pool this far from FP16's: within it the tolerance
+        # cannot tell FP8 from where its replicas landed (docs/JUDGE.md "The draw of replicas")
+        tol = allow
     if diff is not None:
         sequential.update(seq, diff[0], diff[1], end=v.end, between_sd=j.horizon_between_sd,
                           restart=h.restart, windows=h.windows, cap=(tol, h.max_step_sd) if h.max_step_sd else None)
@@ -161,6 +184,8 @@ def apply_horizon(rule: Rule, cand: Signal | None, base: Signal | None, v: Any,
     summary = {k: ev[k] for k in ("reject", "log_lr", "threshold", "windows", "estimate", "se", "tests",
                                   "mde_now", "mde_horizon")}
     summary["tolerance"] = tol
+    if allow > 0:
+        summary["replica_allowance"] = allow
     summary["level_learned"] = learned
     if v.judgement is not None:
         v.judgement.setdefault("detail", {})["horizon"] = summary

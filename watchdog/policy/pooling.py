@@ -18,11 +18,19 @@ from typing import Any
 
 from watchdog.core.signals import Signal
 from watchdog.policy.changes import change_entry, held, joined_replicas, replica_names
-from watchdog.policy.judge.fleet import FleetOptions, fleet_side, mix_log_diff, mix_shift, mix_tail_contrast
+from watchdog.policy.judge.fleet import (
+    FleetOptions,
+    fleet_side,
+    mix_log_diff,
+    mix_shift,
+    mix_tail_contrast,
+    replica_spread,
+)
 from watchdog.policy.judge.live import baseline_moved, judge_learned, quantile_log_sides, rate_diff_estimate
 from watchdog.policy.judge.memo import cached
 from watchdog.policy.judge.paired import judge_paired_replays
 from watchdog.policy.judge.pooled import judge_rate_pooled, judge_unpaired_pooled
+from watchdog.policy.judge.stats import z_quantile
 from watchdog.policy.judge.verdict import Judgement
 from watchdog.policy.schema import RATE_COUNTS, Rule
 
@@ -232,6 +240,43 @@ def _fleet_difference(rule: Rule, cand: Signal, base: Signal, sign: float,
     return sign * out[0], out[1], _signed(sign, own if _splits(rule) else None)
 
 
+def replica_draw_sd(rule: Rule, cand: Signal, base: Signal,
+                    joined: tuple[tuple[str, ...], tuple[str, ...]] = NONE_JOINED) -> float:
+    """The sd by which the draw of replicas alone moves FP8's pooled latency level against FP16's:
+    ``sqrt(sum over the precisions of tau_p^2 * sum w^2)``, ``replica_spread`` of each precision's
+    replicas after the joined and outlier ones are left out, pooled over both precisions (one fleet's
+    hardware; 3 FP16 replicas alone give a spread on 2 degrees of freedom): ``tau^2`` on
+    ``sum (k_p - 1)`` degrees of freedom. A precision with one replica has ``sum w^2 = 1``; with
+    fewer than two replicas on both it is 0. Only for a latency level with ``replicas: robust`` (a
+    tail contrast is relative to each precision's own mean: replica offsets cancel)."""
+    j = rule.judge
+    if j is None or j.replicas != "robust" or not _splits(rule):
+        return 0.0
+    opts = FleetOptions(j.adjust, j.replicas)
+    sides = []
+    for sig, new in ((cand, joined[0]), (base, joined[1])):
+        reps = sig.detail.get("replicas")
+        if not isinstance(reps, Mapping):
+            return 0.0
+        dropped = tuple(fleet_side(sig.detail, opts, new)[2])
+        sides.append(replica_spread(reps, dropped))
+    known = [x for x in sides if x is not None]
+    if not known:
+        return 0.0
+    tau2 = sum(x[0] * (x[2] - 1) for x in known) / sum(x[2] - 1 for x in known)
+    return math.sqrt(tau2 * sum(x[1] if x is not None else 1.0 for x in sides))
+
+
+def replica_allowance(rule: Rule, draw_sd: float) -> float:
+    """How far FP8's level may sit from FP16's by the draw of replicas alone (``replica_draw_sd``), at
+    the rule's horizon alpha, one-sided (the rule's alpha without a horizon)."""
+    j = rule.judge
+    if j is None or draw_sd <= 0:
+        return 0.0
+    alpha = j.horizon.alpha if j.horizon is not None else j.alpha
+    return z_quantile(1.0 - alpha) * draw_sd
+
+
 def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
                    null: list[dict[str, Any]] | None, level_cap: float | None = None,
                    level_reset: tuple[float, float] | None = None) -> Judgement | str:
@@ -282,12 +327,24 @@ def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
     hist, hist_v = _null_before(null or [], first) if j.learn is not None else ([], [])
     unit = " (log ratio)" if j.test != "rate" else " pts"
     gap = _gap(null or [], first, cand.end - cand.start) if hist else 0
+    cap = j.level_cap if level_cap is None else level_cap
+    draw = replica_draw_sd(rule, cand, base, joined)
+    allow = replica_allowance(rule, draw)
+    if cap is not None and allow > cap:
+        # the two pools' replicas alone may put FP8's level this far from FP16's: a level within it
+        # is credited (the draw of replicas is not FP8's), a shift against it is judged as ever
+        cap = allow
+    warm_sd = j.level_sd
+    if draw > (j.prior_sd if warm_sd is None else warm_sd):
+        warm_sd = draw  # before the level is learned, its prior spread is at least the replicas' draw
     out = judge_learned([(float(e["e"]), float(e["v"])) for e in pool], hist, effect_threshold=j.effect,
-                        level_cap=j.level_cap if level_cap is None else level_cap, level_reset=level_reset,
+                        level_cap=cap, level_reset=level_reset,
                         alpha=j.alpha, prior_sd=j.prior_sd, learn_min=j.learn_min, recent=j.recent,
-                        metric=rule.metric, unit=unit, null_v=hist_v, null_model=j.null_model, level_sd=j.level_sd,
+                        metric=rule.metric, unit=unit, null_v=hist_v, null_model=j.null_model, level_sd=warm_sd,
                         gap=gap)
     out.detail["pool_size"] = len(pool)
+    if allow > 0:
+        out.detail["replica_allowance"] = allow
     if diff[2] is not None:
         out.detail["window_baseline"] = diff[2]  # learned with the window (engine._learn)
     if out.status == "fail" and out.detail.get("learned"):
