@@ -103,19 +103,22 @@ def _difference(rule: Rule, cand: Signal | None, base: Signal | None,
 def _allowance(rule: Rule, cand: Signal | None, base: Signal | None, pool: list[dict[str, Any]] | None,
                horizon: dict[str, Any], windows: int) -> float:
     """The horizon tolerance's floor for the draw of replicas (``pooling.replica_allowance``) from the
-    route's running mean of the windows' replica-draw variances (``horizon["draw"]``: [mean, windows],
-    at most ``windows`` counted): the replicas are the same from window to window, so their spread is
-    averaged over the windows the tests cover rather than taken from one window's few replicas."""
-    from watchdog.policy.pooling import joined_of, replica_allowance, replica_draw_sd
+    route's running means of the windows' replica-draw variances and their sampling variances
+    (``horizon["draw"]``: [mean, mean sampling variance, windows], at most ``windows`` counted): the
+    replicas are the same from window to window, so their spread is averaged over the windows the
+    tests cover (the noise of the average shrinks with them) rather than read from one window."""
+    from watchdog.policy.pooling import draw_sd, joined_of, replica_allowance, replica_draw
 
-    if cand is not None and base is not None:
-        sd = replica_draw_sd(rule, cand, base, joined_of(rule, pool or [], cand, base))
-        if sd > 0 or "draw" in horizon:
-            m, c = horizon.get("draw") or (0.0, 0)
-            c = min(int(c) + 1, max(windows, 1))
-            horizon["draw"] = [float(m) + (sd * sd - float(m)) / c, c]
-    m = (horizon.get("draw") or (0.0, 0))[0]
-    return replica_allowance(rule, math.sqrt(max(float(m), 0.0)))
+    got = replica_draw(rule, cand, base, joined_of(rule, pool or [], cand, base)) \
+        if cand is not None and base is not None else None
+    if got is not None:
+        m, mv, c = horizon.get("draw") or (0.0, 0.0, 0)
+        c = min(int(c) + 1, max(windows, 1))
+        horizon["draw"] = [float(m) + (got[0] - float(m)) / c, float(mv) + (got[1] - float(mv)) / c, c]
+    d = horizon.get("draw")
+    if not d:
+        return 0.0
+    return replica_allowance(rule, draw_sd(float(d[0]), float(d[1]) / max(int(d[2]), 1)))
 
 
 def null_learned(rule: Rule, null: list[dict[str, Any]] | None, seq: Mapping[str, Any] | None = None) -> bool:

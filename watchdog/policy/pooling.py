@@ -240,41 +240,55 @@ def _fleet_difference(rule: Rule, cand: Signal, base: Signal, sign: float,
     return sign * out[0], out[1], _signed(sign, own if _splits(rule) else None)
 
 
-def replica_draw_sd(rule: Rule, cand: Signal, base: Signal,
-                    joined: tuple[tuple[str, ...], tuple[str, ...]] = NONE_JOINED) -> float:
-    """The sd by which the draw of replicas alone moves FP8's pooled latency level against FP16's:
-    ``sqrt(sum over the precisions of tau_p^2 * sum w^2)``, ``replica_spread`` of each precision's
-    replicas after the joined and outlier ones are left out, pooled over both precisions (one fleet's
-    hardware; 3 FP16 replicas alone give a spread on 2 degrees of freedom): ``tau^2`` on
-    ``sum (k_p - 1)`` degrees of freedom. A precision with one replica has ``sum w^2 = 1``; with
-    fewer than two replicas on both it is 0. Only for a latency level with ``replicas: robust`` (a
-    tail contrast is relative to each precision's own mean: replica offsets cancel)."""
+#: the draw of replicas counts beyond this many sds of its own estimate's sampling noise: with a few
+#: hundred requests per replica the replicas' means scatter by sampling alone about as much as 1-2 %
+#: offsets do, and a spread read into that noise would only widen the tolerance by chance
+DRAW_Z = 2.0
+
+
+def replica_draw(rule: Rule, cand: Signal, base: Signal,
+                 joined: tuple[tuple[str, ...], tuple[str, ...]] = NONE_JOINED) -> tuple[float, float] | None:
+    """(variance, its sampling variance) by which the draw of replicas alone moves FP8's pooled latency
+    level against FP16's: ``tau^2 * sum over the precisions of sum w^2``, ``tau^2`` the replicas'
+    ``replica_spread`` after the joined and outlier ones are left out, pooled over both precisions
+    (one fleet's hardware; 3 FP16 replicas alone give a spread on 2 degrees of freedom). A precision
+    with one replica counts ``sum w^2 = 1``; None with fewer than two replicas on both, or for a rule
+    that is not a latency level with ``replicas: robust`` (a tail contrast is relative to each
+    precision's own mean: replica offsets cancel)."""
     j = rule.judge
     if j is None or j.replicas != "robust" or not _splits(rule):
-        return 0.0
+        return None
     opts = FleetOptions(j.adjust, j.replicas)
     sides = []
     for sig, new in ((cand, joined[0]), (base, joined[1])):
         reps = sig.detail.get("replicas")
         if not isinstance(reps, Mapping):
-            return 0.0
+            return None
         dropped = tuple(fleet_side(sig.detail, opts, new)[2])
         sides.append(replica_spread(reps, dropped))
     known = [x for x in sides if x is not None]
     if not known:
-        return 0.0
-    tau2 = sum(x[0] * (x[2] - 1) for x in known) / sum(x[2] - 1 for x in known)
-    return math.sqrt(tau2 * sum(x[1] if x is not None else 1.0 for x in sides))
+        return None
+    df = [x[3] - 1 for x in known]
+    tau2 = sum(x[0] * d for x, d in zip(known, df, strict=True)) / sum(df)
+    tau2_v = sum(x[1] * d * d for x, d in zip(known, df, strict=True)) / sum(df) ** 2
+    w2 = sum(x[2] if x is not None else 1.0 for x in sides)
+    return tau2 * w2, tau2_v * w2 * w2
 
 
-def replica_allowance(rule: Rule, draw_sd: float) -> float:
-    """How far FP8's level may sit from FP16's by the draw of replicas alone (``replica_draw_sd``), at
-    the rule's horizon alpha, one-sided (the rule's alpha without a horizon)."""
+def draw_sd(var: float, var_v: float) -> float:
+    """The replicas' draw sd that counts: the estimate less ``DRAW_Z`` of its sampling sds, at least 0."""
+    return math.sqrt(max(var - DRAW_Z * math.sqrt(max(var_v, 0.0)), 0.0))
+
+
+def replica_allowance(rule: Rule, sd: float) -> float:
+    """How far FP8's level may sit from FP16's by the draw of replicas alone (sd ``sd``), at the rule's
+    horizon alpha, one-sided (the rule's alpha without a horizon)."""
     j = rule.judge
-    if j is None or draw_sd <= 0:
+    if j is None or sd <= 0:
         return 0.0
     alpha = j.horizon.alpha if j.horizon is not None else j.alpha
-    return z_quantile(1.0 - alpha) * draw_sd
+    return z_quantile(1.0 - alpha) * sd
 
 
 def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
@@ -328,7 +342,8 @@ def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
     unit = " (log ratio)" if j.test != "rate" else " pts"
     gap = _gap(null or [], first, cand.end - cand.start) if hist else 0
     cap = j.level_cap if level_cap is None else level_cap
-    draw = replica_draw_sd(rule, cand, base, joined)
+    got = replica_draw(rule, cand, base, joined)
+    draw = draw_sd(*got) if got is not None else 0.0
     allow = replica_allowance(rule, draw)
     if cap is not None and allow > cap:
         # the two pools' replicas alone may put FP8's level this far from FP16's: a level within it
