@@ -36,10 +36,11 @@ Golden ``golden-fp8-sampled``: FP8 serves sampled answers (each open item re-sam
 check's sampled serving, on 40 % of items), FP16 greedy: the A/A pass (two FP16 answers) shows no
 movement. Per-item levels and the rest as ``bench/outside_check.py``'s ``GSim``.
 
-Power (``--parts power``): whole +10 % within 3 windows (``gc-2v12``, ``bias-flip20``,
+Power (``--parts power``; onset at window 100, a learned level, except the cold start): whole +10 % within 3 windows (``gc-2v12``, ``bias-flip20``,
 ``deploy-fp8-named``, ``share3``), p99 +10 % within 5 (``gc-2v12``), FP8 errors +2 points within 5
 (``share3``) and within 30 (``thin-10-30``, +3 points), +30 % within 30 (``thin-10-30``), cold start
-+10 % from window 0 within 10 (``cold-noisy15``).
++10 % from window 0 within 10 (``cold-noisy15``, and ``clean``: the base fleet at 1.5 % replica noise),
+whole +10 % within 3 after the level is learned (``cold-noisy15``).
 
 Run: ``PYTHONPATH=. nice -n 15 python bench/outside_check2.py [--quick] [--parts healthy,golden,power]
 [--shapes a,b] [--routes R --windows W] [--json out.json]``.
@@ -248,16 +249,20 @@ def run_golden_fp8_sampled(ps: PolicySet, routes: int, replays: int, seed: int, 
 
 
 POWER = [  # (background, name, regression, within)
-    ("gc-2v12", "whole +10 %", Reg2(shift=0.10, onset=60), 3),
-    ("gc-2v12", "p99 +10 %", Reg2(p99=0.10, onset=60), 5),
-    ("bias-flip20", "whole +10 %", Reg2(shift=0.10, onset=60), 3),
-    ("deploy-fp8-named", "whole +10 %", Reg2(shift=0.10, onset=60), 3),
-    ("share3", "whole +10 %", Reg2(shift=0.10, onset=60), 3),
-    ("share3", "errors +2 points", Reg2(errors=0.02, onset=60), 5),
+    ("gc-2v12", "whole +10 %", Reg2(shift=0.10, onset=100), 3),
+    ("gc-2v12", "p99 +10 %", Reg2(p99=0.10, onset=100), 5),
+    ("bias-flip20", "whole +10 %", Reg2(shift=0.10, onset=100), 3),
+    ("deploy-fp8-named", "whole +10 %", Reg2(shift=0.10, onset=100), 3),
+    ("share3", "whole +10 %", Reg2(shift=0.10, onset=100), 3),
+    ("share3", "errors +2 points", Reg2(errors=0.02, onset=100), 5),
     ("thin-10-30", "+30 %", Reg2(shift=0.30, onset=100), 30),
     ("thin-10-30", "errors +3 points", Reg2(errors=0.03, onset=100), 30),
     ("cold-noisy15", "+10 % from window 0", Reg2(shift=0.10, onset=0), 10),
+    ("cold-noisy15", "whole +10 %", Reg2(shift=0.10, onset=100), 3),
+    ("clean", "+10 % from window 0", Reg2(shift=0.10, onset=0), 10),
 ]
+#: power-only background: the base fleet without any of the shapes' confounders (1.5 % replica noise)
+CLEAN = Fleet("clean", base=F)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -290,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         c = run_golden_fp8_sampled(ps, 4 if q else 20, 20 if q else 100, args.seed + 100)
         report_row(res, "golden", GOLDEN.name, c, t0)
     if "power" in parts:
-        by = {f.name: f for f in SHAPES}
+        by = {f.name: f for f in [*SHAPES, CLEAN]}
         pr = args.power_routes or (4 if q else 20)
         for j, (bg, name, reg, within) in enumerate(POWER):
             if pick and bg not in pick:
