@@ -314,3 +314,24 @@ def test_replica_spread_estimates_the_offsets_beyond_sampling() -> None:
                                                 n16=100)[0].detail["replicas"])
     assert abs(tau2) < 3 * math.sqrt(tau2_v)   # sampling alone: 0 within its own noise
     assert replica_spread({"fp8-0": w[0].detail["replicas"]["fp8-0"]}) is None
+
+
+def test_the_replicas_draw_is_averaged_over_the_windows_for_the_learned_cap(shipped: PolicySet) -> None:
+    """FP8's pool +0.22 against FP16's (replica spread ~12 %), thin per-replica traffic (~100 requests
+    each): one window's spread estimate, less 2 of its sampling sds, is too small, so the warm-up
+    prior and the 10 % level cap held the level under the pool and windows failed from window 10 on
+    (outside check 2 cold-noisy15, seed 6005, legal/h6). The route's spread averaged over its windows
+    (``horizon["draw"]``) is what the cap and the warm-up prior use."""
+    off8 = [x + 0.12 for x in _WIDE8]
+    rng = np.random.default_rng(7)
+    eng = PolicyEngine(shipped)
+    flags = {("m", "chat/wide-thin"): "fp8"}
+    got = []
+    for t in range(150):
+        fp8, fp16 = _spread_fleet(off8, _WIDE16)
+        acts = eng.observe(_window(t, "chat/wide-thin", rng, fp8, fp16, n8=800, n16=300), T0 + 300.0 * (t + 1) + 1,
+                           flags)
+        if any(a.kind == "rollback" and a.policy == "fp8-default" for a in acts):
+            got.append(t)
+            eng.states[("fp8-default", "m", "chat/wide-thin")].reset_pools()
+    assert got == []

@@ -27,7 +27,7 @@ from watchdog.policy.judge.anchor import anchor_cap, anchor_reset, update_anchor
 from watchdog.policy.judge.stats import z_quantile
 from watchdog.policy.schema import Rule
 
-__all__ = ["MDE_POWER", "apply_horizon", "judgeability", "learn_anchor", "level_cap", "level_reset", "null_learned", "settling", "window_mde"]
+__all__ = ["MDE_POWER", "apply_horizon", "averaged_draw_sd", "judgeability", "learn_anchor", "level_cap", "level_reset", "null_learned", "settling", "window_mde"]
 
 #: the power at which minimum detectable effects are stated
 MDE_POWER = 0.8
@@ -107,7 +107,7 @@ def _allowance(rule: Rule, cand: Signal | None, base: Signal | None, pool: list[
     (``horizon["draw"]``: [mean, mean sampling variance, windows], at most ``windows`` counted): the
     replicas are the same from window to window, so their spread is averaged over the windows the
     tests cover (the noise of the average shrinks with them) rather than read from one window."""
-    from watchdog.policy.pooling import draw_sd, joined_of, replica_allowance, replica_draw
+    from watchdog.policy.pooling import joined_of, replica_allowance, replica_draw
 
     got = replica_draw(rule, cand, base, joined_of(rule, pool or [], cand, base)) \
         if cand is not None and base is not None else None
@@ -115,10 +115,18 @@ def _allowance(rule: Rule, cand: Signal | None, base: Signal | None, pool: list[
         m, mv, c = horizon.get("draw") or (0.0, 0.0, 0)
         c = min(int(c) + 1, max(windows, 1))
         horizon["draw"] = [float(m) + (got[0] - float(m)) / c, float(mv) + (got[1] - float(mv)) / c, c]
-    d = horizon.get("draw")
+    return replica_allowance(rule, averaged_draw_sd(horizon))
+
+
+def averaged_draw_sd(horizon: Mapping[str, Any] | None) -> float:
+    """The route's replica-draw sd averaged over the windows (``horizon["draw"]``, ``_allowance``),
+    counted beyond its own sampling noise (``pooling.draw_sd``); 0 before any window measured one."""
+    from watchdog.policy.pooling import draw_sd
+
+    d = (horizon or {}).get("draw")
     if not d:
         return 0.0
-    return replica_allowance(rule, draw_sd(float(d[0]), float(d[1]) / max(int(d[2]), 1)))
+    return draw_sd(float(d[0]), float(d[1]) / max(int(d[2]), 1))
 
 
 def null_learned(rule: Rule, null: list[dict[str, Any]] | None, seq: Mapping[str, Any] | None = None) -> bool:

@@ -293,7 +293,7 @@ def replica_allowance(rule: Rule, sd: float) -> float:
 
 def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
                    null: list[dict[str, Any]] | None, level_cap: float | None = None,
-                   level_reset: tuple[float, float] | None = None) -> Judgement | str:
+                   level_reset: tuple[float, float] | None = None, avg_draw: float = 0.0) -> Judgement | str:
     j = rule.judge
     assert j is not None
     joined = joined_of(rule, pool, cand, base)
@@ -343,7 +343,7 @@ def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
     gap = _gap(null or [], first, cand.end - cand.start) if hist else 0
     cap = j.level_cap if level_cap is None else level_cap
     got = replica_draw(rule, cand, base, joined)
-    draw = draw_sd(*got) if got is not None else 0.0
+    draw = max(draw_sd(*got) if got is not None else 0.0, avg_draw)  # this window's, or the route's average
     allow = replica_allowance(rule, draw)
     if cap is not None and allow > cap:
         # the two pools' replicas alone may put FP8's level this far from FP16's: a level within it
@@ -534,11 +534,13 @@ def _against_items(rule: Rule, pool: Pool, replays: list[list[float]], null: lis
 
 def judge_pool(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool,
                paired_items: list[float] | None, null: list[dict[str, Any]] | None = None,
-               level_cap: float | None = None, level_reset: tuple[float, float] | None = None) -> Judgement | str:
+               level_cap: float | None = None, level_reset: tuple[float, float] | None = None,
+               avg_draw: float = 0.0) -> Judgement | str:
     """Add this window (or replay) to ``pool`` and judge the pool; a string is an inconclusive
     reason (this window is unreadable, or the pool holds too few events for ``min_samples``).
     ``level_cap`` replaces the rule's cap on a learned null's level (the long-term anchor's);
-    ``level_reset``: (below, level), a learned level below ``below`` is judged as ``level`` (the anchor)."""
+    ``level_reset``: (below, level), a learned level below ``below`` is judged as ``level`` (the anchor).
+    ``avg_draw``: the route's replica-draw sd averaged over its windows (``horizon.averaged_draw_sd``)."""
     j = rule.judge
     assert j is not None and cand is not None
     k = j.history
@@ -576,7 +578,7 @@ def judge_pool(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool,
         return out
     assert base is not None
     if learned(rule):
-        return _judge_learned(rule, cand, base, pool, null, level_cap, level_reset)
+        return _judge_learned(rule, cand, base, pool, null, level_cap, level_reset, avg_draw)
     entry = {"start": cand.start, "end": cand.end, "samples": (cand.samples, base.samples)}  # as in _judge_learned
     if j.test == "mann_whitney":
         hists = [s.detail.get("latency_hist") for s in (cand, base)]
