@@ -98,8 +98,10 @@ def _base(prompt: np.ndarray, completion: np.ndarray) -> np.ndarray:
 
 
 class DaySim(Sim):
-    def __init__(self, d: Day, routes: int, windows: int, seed: int, reg: Reg | None = None) -> None:
-        super().__init__(Shape(d.name, **BASE), routes, windows, seed, reg)
+    def __init__(self, d: Day, routes: int, windows: int, seed: int, reg: Reg | None = None,
+                 base: dict[str, Any] | None = None) -> None:
+        self.base = dict(base or BASE)
+        super().__init__(Shape(d.name, **self.base), routes, windows, seed, reg)
         self.d = d
         rng = self.rng
         n = windows + 4
@@ -109,7 +111,7 @@ class DaySim(Sim):
         self.nrep = {p: np.full((routes, n), self.k[p], dtype=int) for p in ("fp8", "fp16")}
         self.rep_off = {p: np.concatenate([o, rng.normal(0, 0.015, (routes, KMAX - o.shape[1]))], axis=1)
                         for p, o in self.rep_off.items()}
-        self.share = np.full((routes, n), BASE["fp16_share"])
+        self.share = np.full((routes, n), self.base["fp16_share"])
         self.skew: dict[tuple[int, int], tuple[str, int, int]] = {}   # (r, t) -> (precision, replica, d)
         self.cancel: dict[tuple[int, int, str], float] = {}
         self.cancelled: dict[tuple[int, str], int] = {}
@@ -261,7 +263,7 @@ class DaySim(Sim):
         share = self.share[r, t] if prec == "fp16" else 1 - self.share[r, t]
         if d.late or d.load_coupled:
             load = _load(t)
-        n = max(int(rng.poisson(BASE["total"] * share * load)), 1)
+        n = max(int(rng.poisson(self.base["total"] * share * load)), 1)
         cut = self.cancel.get((r, t, prec), 0.0)
         if cut:   # half of the cancelled requests are logged "cancelled": not in the window's count
             gone = int(rng.binomial(n, cut / 2))

@@ -27,7 +27,10 @@ build slower on both precisions then looks like FP8's regression. The entry coun
 (``apart``: consecutive windows in which each precision runs one named build and the two differ) and
 the latency rules judge nothing while ``0 < apart <= build_hold`` (``held``); after ``build_hold``
 windows they judge anyway, so an FP8-only build (a new calibration) is judged, late. Rates are not
-confounded by a build's speed and keep judging.
+confounded by a build's speed and keep judging. **A build one side does not name is unknown, not the
+same**: when one precision's events carry the build field and the other's do not (an older gateway
+on one pool), a change of the named side's build starts the same count, since the unnamed side may
+get the same deploy windows later, unseen (outside check 2, ``deploy-fp8-named``).
 
 **Replicas that joined (``replicas: robust``).** A replica whose name was not in the previous window
 of its precision (a scale-out, a rescheduled pod) serves its first window cold, like a new build.
@@ -91,6 +94,15 @@ def change_entry(pool: Sequence[Mapping[str, Any]], cand: Signal, base: Signal, 
     out: dict[str, Any] = {"b": sigs}
     if hold and all(sigs) and sigs[0] != sigs[1] and not any("+" in s for s in sigs):
         out["apart"] = min(int(prev.get("apart", 0)) + 1 if prev is not None else 1, hold + 1)
+    elif hold and bool(sigs[0]) != bool(sigs[1]):
+        # one precision names its builds, the other names none: a build the other side does not
+        # name is not known to be the same build. From a change of the named side's build on, the
+        # two may run different builds (the same deploy reaching the unnamed side later, unseen), so
+        # the count runs as for two named builds that differ; without a change it does not start
+        if why.startswith(("build change", "mixed builds")):
+            out["apart"] = 1
+        elif prev is not None and int(prev.get("apart", 0)) > 0:
+            out["apart"] = min(int(prev["apart"]) + 1, hold + 1)
     if why:
         return {**out, "since": 0, "why": why}
     since = int(prev.get("since", settle)) + 1 if prev is not None else settle
@@ -110,6 +122,10 @@ def held(entry: Mapping[str, Any], settle: int, hold: int) -> str | None:
     apart = int(entry.get("apart", 0))
     if 0 < apart <= hold:
         b = entry.get("b") or ["-", "-"]
+        if not (b[0] and b[1]):
+            return (f"{'FP16' if b[0] else 'FP8'} names no build since {'FP8' if b[0] else 'FP16'}'s build changed "
+                    f"({b[0] or '-'} / {b[1] or '-'}): whether both run the same build is unknown, latency judged "
+                    f"after {hold} windows ({apart} so far)")
         return (f"FP8 and FP16 run different builds ({b[0]} / {b[1]}): latency not comparable until both run "
                 f"the same build, judged anyway after {hold} windows ({apart} so far)")
     return None

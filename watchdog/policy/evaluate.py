@@ -18,7 +18,7 @@ from typing import Any
 
 from watchdog.core.signals import Signal, VerdictStatus
 from watchdog.policy.conditions import Condition
-from watchdog.policy.horizon import apply_horizon, level_cap, level_reset
+from watchdog.policy.horizon import apply_horizon, averaged_draw_sd, level_cap, level_reset
 from watchdog.policy.judge.paired import judge_broken, judge_paired
 from watchdog.policy.judge.unpaired import judge_rate, judge_unpaired
 from watchdog.policy.judge.verdict import Judgement, combine
@@ -132,7 +132,7 @@ def evaluate_rule(rule: Rule, candidate: Signal | None, baseline: Signal | None,
             return v
     if rule.judge is not None:
         v = _evaluate_judged(rule, candidate, baseline, v, pool, null, level_cap(rule, horizon),
-                             level_reset(rule, horizon))
+                             level_reset(rule, horizon), averaged_draw_sd(horizon))
         if v.status != "error":
             apply_horizon(rule, candidate, baseline, v, horizon, null, pool, memo)
         return v
@@ -417,15 +417,16 @@ def _level_adjusted(rule: Rule, items: list[float], ids: list[Any] | None, null:
 
 def _run_judge(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool | None,
                null: list[dict[str, Any]] | None = None, cap: float | None = None,
-               reset: tuple[float, float] | None = None) -> Judgement | str:
+               reset: tuple[float, float] | None = None, draw: float = 0.0) -> Judgement | str:
     """The judge's verdict, or why it could not run (an inconclusive reason); ``cap``: a lower
     cap on a learned null's level (the long-term anchor's); ``reset``: (below, level), a learned
-    level below ``below`` is judged as ``level`` (the anchor)."""
+    level below ``below`` is judged as ``level`` (the anchor); ``draw``: the route's replica-draw sd
+    averaged over its windows (``horizon.averaged_draw_sd``)."""
     j = rule.judge
     assert j is not None
     if j.test != "paired" and learned(rule):
         return judge_pool(rule, cand, base, pool if pool is not None else [], None, null, level_cap=cap,
-                          level_reset=reset)
+                          level_reset=reset, avg_draw=draw)
     if pool is not None and j.history > 1:
         items = _paired_items(rule, cand, base)
         if j.test == "paired" and j.broken is not None:
@@ -469,7 +470,7 @@ def _run_judge(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool 
 
 def _evaluate_judged(rule: Rule, candidate: Signal | None, baseline: Signal | None, v: Verdict,
                      pool: Pool | None, null: list[dict[str, Any]] | None = None, cap: float | None = None,
-                     reset: tuple[float, float] | None = None) -> Verdict:
+                     reset: tuple[float, float] | None = None, draw: float = 0.0) -> Verdict:
     j = rule.judge
     assert j is not None
     # a pooled live rule applies min_samples to the pool's events (judge_pool), not to one window
@@ -498,7 +499,7 @@ def _evaluate_judged(rule: Rule, candidate: Signal | None, baseline: Signal | No
         raw = sig.values.get(rule.metric)
         if raw is not None and not math.isnan(float(raw)):
             setattr(v, role, float(raw))
-    result = _run_judge(rule, candidate, baseline, pool, null, cap, reset)
+    result = _run_judge(rule, candidate, baseline, pool, null, cap, reset, draw)
     if isinstance(result, str):
         v.reason = f"{rule.metric}: {result}"
         return v

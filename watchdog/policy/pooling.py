@@ -18,11 +18,19 @@ from typing import Any
 
 from watchdog.core.signals import Signal
 from watchdog.policy.changes import change_entry, held, joined_replicas, replica_names
-from watchdog.policy.judge.fleet import FleetOptions, fleet_side, mix_log_diff, mix_shift, mix_tail_contrast
+from watchdog.policy.judge.fleet import (
+    FleetOptions,
+    fleet_side,
+    mix_log_diff,
+    mix_shift,
+    mix_tail_contrast,
+    replica_spread,
+)
 from watchdog.policy.judge.live import baseline_moved, judge_learned, quantile_log_sides, rate_diff_estimate
 from watchdog.policy.judge.memo import cached
 from watchdog.policy.judge.paired import judge_paired_replays
 from watchdog.policy.judge.pooled import judge_rate_pooled, judge_unpaired_pooled
+from watchdog.policy.judge.stats import z_quantile
 from watchdog.policy.judge.verdict import Judgement
 from watchdog.policy.schema import RATE_COUNTS, Rule
 
@@ -232,9 +240,60 @@ def _fleet_difference(rule: Rule, cand: Signal, base: Signal, sign: float,
     return sign * out[0], out[1], _signed(sign, own if _splits(rule) else None)
 
 
+#: the draw of replicas counts beyond this many sds of its own estimate's sampling noise: with a few
+#: hundred requests per replica the replicas' means scatter by sampling alone about as much as 1-2 %
+#: offsets do, and a spread read into that noise would only widen the tolerance by chance
+DRAW_Z = 2.0
+
+
+def replica_draw(rule: Rule, cand: Signal, base: Signal,
+                 joined: tuple[tuple[str, ...], tuple[str, ...]] = NONE_JOINED) -> tuple[float, float] | None:
+    """(variance, its sampling variance) by which the draw of replicas alone moves FP8's pooled latency
+    level against FP16's: ``tau^2 * sum over the precisions of sum w^2``, ``tau^2`` the replicas'
+    ``replica_spread`` after the joined and outlier ones are left out, pooled over both precisions
+    (one fleet's hardware; 3 FP16 replicas alone give a spread on 2 degrees of freedom). A precision
+    with one replica counts ``sum w^2 = 1``; None with fewer than two replicas on both, or for a rule
+    that is not a latency level with ``replicas: robust`` (a tail contrast is relative to each
+    precision's own mean: replica offsets cancel)."""
+    j = rule.judge
+    if j is None or j.replicas != "robust" or not _splits(rule):
+        return None
+    opts = FleetOptions(j.adjust, j.replicas)
+    sides = []
+    for sig, new in ((cand, joined[0]), (base, joined[1])):
+        reps = sig.detail.get("replicas")
+        if not isinstance(reps, Mapping):
+            return None
+        dropped = tuple(fleet_side(sig.detail, opts, new)[2])
+        sides.append(replica_spread(reps, dropped))
+    known = [x for x in sides if x is not None]
+    if not known:
+        return None
+    df = [x[3] - 1 for x in known]
+    tau2 = sum(x[0] * d for x, d in zip(known, df, strict=True)) / sum(df)
+    tau2_v = sum(x[1] * d * d for x, d in zip(known, df, strict=True)) / sum(df) ** 2
+    w2 = sum(x[2] if x is not None else 1.0 for x in sides)
+    return tau2 * w2, tau2_v * w2 * w2
+
+
+def draw_sd(var: float, var_v: float) -> float:
+    """The replicas' draw sd that counts: the estimate less ``DRAW_Z`` of its sampling sds, at least 0."""
+    return math.sqrt(max(var - DRAW_Z * math.sqrt(max(var_v, 0.0)), 0.0))
+
+
+def replica_allowance(rule: Rule, sd: float) -> float:
+    """How far FP8's level may sit from FP16's by the draw of replicas alone (sd ``sd``), at the rule's
+    horizon alpha, one-sided (the rule's alpha without a horizon)."""
+    j = rule.judge
+    if j is None or sd <= 0:
+        return 0.0
+    alpha = j.horizon.alpha if j.horizon is not None else j.alpha
+    return z_quantile(1.0 - alpha) * sd
+
+
 def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
                    null: list[dict[str, Any]] | None, level_cap: float | None = None,
-                   level_reset: tuple[float, float] | None = None) -> Judgement | str:
+                   level_reset: tuple[float, float] | None = None, avg_draw: float = 0.0) -> Judgement | str:
     j = rule.judge
     assert j is not None
     joined = joined_of(rule, pool, cand, base)
@@ -282,12 +341,25 @@ def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
     hist, hist_v = _null_before(null or [], first) if j.learn is not None else ([], [])
     unit = " (log ratio)" if j.test != "rate" else " pts"
     gap = _gap(null or [], first, cand.end - cand.start) if hist else 0
+    cap = j.level_cap if level_cap is None else level_cap
+    got = replica_draw(rule, cand, base, joined)
+    draw = max(draw_sd(*got) if got is not None else 0.0, avg_draw)  # this window's, or the route's average
+    allow = replica_allowance(rule, draw)
+    if cap is not None and allow > cap:
+        # the two pools' replicas alone may put FP8's level this far from FP16's: a level within it
+        # is credited (the draw of replicas is not FP8's), a shift against it is judged as ever
+        cap = allow
+    warm_sd = j.level_sd
+    if draw > (j.prior_sd if warm_sd is None else warm_sd):
+        warm_sd = draw  # before the level is learned, its prior spread is at least the replicas' draw
     out = judge_learned([(float(e["e"]), float(e["v"])) for e in pool], hist, effect_threshold=j.effect,
-                        level_cap=j.level_cap if level_cap is None else level_cap, level_reset=level_reset,
+                        level_cap=cap, level_reset=level_reset,
                         alpha=j.alpha, prior_sd=j.prior_sd, learn_min=j.learn_min, recent=j.recent,
-                        metric=rule.metric, unit=unit, null_v=hist_v, null_model=j.null_model, level_sd=j.level_sd,
+                        metric=rule.metric, unit=unit, null_v=hist_v, null_model=j.null_model, level_sd=warm_sd,
                         gap=gap)
     out.detail["pool_size"] = len(pool)
+    if allow > 0:
+        out.detail["replica_allowance"] = allow
     if diff[2] is not None:
         out.detail["window_baseline"] = diff[2]  # learned with the window (engine._learn)
     if out.status == "fail" and out.detail.get("learned"):
@@ -462,11 +534,13 @@ def _against_items(rule: Rule, pool: Pool, replays: list[list[float]], null: lis
 
 def judge_pool(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool,
                paired_items: list[float] | None, null: list[dict[str, Any]] | None = None,
-               level_cap: float | None = None, level_reset: tuple[float, float] | None = None) -> Judgement | str:
+               level_cap: float | None = None, level_reset: tuple[float, float] | None = None,
+               avg_draw: float = 0.0) -> Judgement | str:
     """Add this window (or replay) to ``pool`` and judge the pool; a string is an inconclusive
     reason (this window is unreadable, or the pool holds too few events for ``min_samples``).
     ``level_cap`` replaces the rule's cap on a learned null's level (the long-term anchor's);
-    ``level_reset``: (below, level), a learned level below ``below`` is judged as ``level`` (the anchor)."""
+    ``level_reset``: (below, level), a learned level below ``below`` is judged as ``level`` (the anchor).
+    ``avg_draw``: the route's replica-draw sd averaged over its windows (``horizon.averaged_draw_sd``)."""
     j = rule.judge
     assert j is not None and cand is not None
     k = j.history
@@ -504,7 +578,7 @@ def judge_pool(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool,
         return out
     assert base is not None
     if learned(rule):
-        return _judge_learned(rule, cand, base, pool, null, level_cap, level_reset)
+        return _judge_learned(rule, cand, base, pool, null, level_cap, level_reset, avg_draw)
     entry = {"start": cand.start, "end": cand.end, "samples": (cand.samples, base.samples)}  # as in _judge_learned
     if j.test == "mann_whitney":
         hists = [s.detail.get("latency_hist") for s in (cand, base)]

@@ -37,7 +37,7 @@ import numpy as np
 from watchdog.policy.judge.memo import cached
 
 __all__ = ["POOLED_IDS", "FleetOptions", "clean_side", "counts_at_least", "fleet_inputs", "fleet_side", "mix_log_diff",
-           "mix_shift", "mix_tail_contrast", "outlier_replicas"]
+           "mix_shift", "mix_tail_contrast", "outlier_replicas", "replica_spread"]
 
 #: replica ids never left out: the overflow of more than MAX_REPLICAS and requests without an id
 POOLED_IDS = frozenset({"_other", "_none"})
@@ -351,6 +351,34 @@ def outlier_replicas(replicas: Mapping[str, Any] | None, opts: FleetOptions) -> 
         keep[worst] = False
         dropped.append(ids[worst])
     return dropped, excess
+
+
+def replica_spread(replicas: Mapping[str, Any] | None, leave_out: tuple[str, ...] = ()
+                   ) -> tuple[float, float, float, int] | None:
+    """(tau^2, its sampling variance, sum of squared traffic shares, replicas) of one precision's named
+    replicas with at least 20 requests, ``leave_out`` excepted. tau^2 is the variance of the replicas'
+    mean log latencies beyond what each one's own sampling explains (method of moments; not cut at 0,
+    so that averages over windows stay unbiased), ``tau^2 * sum w^2`` the variance the draw of these
+    replicas adds to the precision's pooled mean. The sampling variance of tau^2 is the chi-square
+    one of the replica means' own noise, ``2 mean(v)^2 / (k - 1)``. None with fewer than two such
+    replicas. Inside ``memo.window_memo`` computed once per window."""
+    if not isinstance(replicas, Mapping):
+        return None
+    return cached("replica_spread", (replicas,), (leave_out,), lambda: _replica_spread(replicas, leave_out))
+
+
+def _replica_spread(replicas: Mapping[str, Any], leave_out: tuple[str, ...]) -> tuple[float, float, float, int] | None:
+    reps = {k: v for k, v in replicas.items()
+            if k not in POOLED_IDS and k not in leave_out and isinstance(v, Mapping) and counts_at_least(v, 20)}
+    if len(reps) < 2:
+        return None
+    _, x, mat, _, _ = _matrix(reps)
+    m, vm = _mean_rows(x, mat)
+    n = mat.sum(axis=1)
+    w = n / max(float(n.sum()), 1.0)
+    k = len(reps)
+    noise = float(np.mean(vm))
+    return float(np.var(m, ddof=1)) - noise, 2.0 * noise * noise / (k - 1), float((w * w).sum()), k
 
 
 def _without(hist: Mapping[str, Any], replicas: Mapping[str, Any], dropped: list[str]) -> dict[str, Any]:
