@@ -7,6 +7,7 @@ traffic (an MDE of inf) included; and engine states a previous release wrote (``
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import math
 from pathlib import Path
@@ -77,8 +78,17 @@ def test_what_orjson_would_write_differently_goes_to_json_dumps() -> None:
     class Thing:
         x: int = 1
 
-    for doc in ({1: "int key"}, {"a": Name("x")}, {"a": 2**70}, {"a": "\ud800"}):
+    class Level(float, enum.Enum):  # orjson writes an enum's value: inf would be null
+        TOP = INF
+
+    class Size(enum.IntEnum):
+        BIG = 3
+
+    for doc in ({1: "int key"}, {"a": Name("x")}, {"a": 2**70}, {"a": "\ud800"}, {"a": [Level.TOP]},
+                {"a": (Size.BIG,)}):
         assert exact_json.dumps(doc) == json.dumps(doc)
+    assert not exact_json.finite({"a": [Level.TOP]}) and not exact_json.finite({"a": Name("x")})
+    assert json.loads(exact_json.dumps({"a": [Level.TOP]}))["a"] == [INF]
     for bad in ({"a": Thing()}, {"a": object()}):
         with pytest.raises(TypeError):
             exact_json.dumps(bad)
