@@ -6,6 +6,7 @@ bounded number of spacings) while many judged routes are not encoded yet."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import pytest
@@ -89,7 +90,7 @@ def test_a_full_save_takes_the_encoded_states_and_encodes_the_rest(redis_client)
     ck.drain()
     (save,) = sent
     assert not save.incremental and save.engines == _fresh(ck, part.routes)
-    assert '"healthy": 99' in save.engines[ck.keys.engine("g", "m", "r0")]
+    assert json.loads(save.engines[ck.keys.engine("g", "m", "r0")])["scopes"][POLICY]["healthy"] == 99
 
 
 def test_a_policy_reload_or_a_new_owner_drops_what_was_encoded(redis_client) -> None:

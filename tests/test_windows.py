@@ -739,3 +739,40 @@ def test_close_due_closes_the_routes_asked_first_first_and_the_same_windows_as_w
                 assert s.end >= last.get(s.route, -1.0)  # a route's windows oldest first
                 last[s.route] = s.end
     agg.close_all()
+
+
+def test_close_due_does_not_look_over_the_open_windows_again_until_the_close_mark_moves() -> None:
+    """Once the due windows of a close mark are closed, the next calls for that mark (the loop makes
+    one per partition per iteration) find nothing due without a pass over every open window; a new mark,
+    a restore and ``set_closed_end`` look again. What closes is what sorting every call closed
+    (``test_close_due_in_chunks_closes_what_sorting_every_call_closed``)."""
+
+    class Counted(dict):  # type: ignore[type-arg]
+        passes = 0
+
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            Counted.passes += 1
+            return super().__iter__()
+
+    agg = WindowAggregator(length_s=10.0, grace_s=0.0)
+    agg._open = Counted()
+    for i in range(50):
+        for t in (5.0, 15.0):
+            agg.add(InferenceEvent(request_id=f"q{i}-{t}", ts=t, model="m", route=f"r{i}", precision="fp8",
+                                   status="ok", latency_ms=100.0))
+    closed = []
+    while True:
+        got = agg.close_due(10.0, limit=7)
+        closed += got
+        if not got:
+            break
+    assert len(closed) == 50 and Counted.passes == 1
+    for _ in range(20):
+        assert agg.close_due(11.0, limit=7) == [] and agg.close_due(12.0, limit=7, first={("m", "r3")},
+                                                                    first_only=True) == []
+    assert Counted.passes == 1 and len(agg._open) == 50
+    assert not agg.add(InferenceEvent(request_id="late", ts=9.0, model="m", route="r9", precision="fp16",
+                                      status="ok", latency_ms=1.0))  # late: nothing joins the due set
+    assert len(agg.close_due(20.0, limit=100)) == 50 and Counted.passes == 2  # the next mark: one more look
+    agg.import_open([])
+    assert agg.close_due(20.0, limit=100) == [] and Counted.passes == 3

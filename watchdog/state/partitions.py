@@ -7,11 +7,11 @@ route: its windows, its policy-engine state (all policies' scope state for the r
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from watchdog.core import exact_json
 from watchdog.core.signals import Signal
 from watchdog.policy import PolicyEngine
 from watchdog.policy.state import ScopeState
@@ -74,7 +74,9 @@ def engine_states_by_route(engine: PolicyEngine, routes: set[Route] | None = Non
 
 
 def engine_json(scopes: dict[str, Any]) -> str:
-    return json.dumps({"schema": SCHEMA, "scopes": scopes}, check_circular=False)
+    """A route's engine-state document (``load_engine_states`` reads it back through ``json.loads``):
+    orjson's text, or ``json.dumps``'s when a float in it is not finite (``core.exact_json``)."""
+    return exact_json.dumps({"schema": SCHEMA, "scopes": scopes})
 
 
 def load_engine_states(engine: PolicyEngine, saved: dict[Route, dict[str, Any]]) -> None:
@@ -91,13 +93,13 @@ def drop_engine_states(engine: PolicyEngine, routes: set[Route]) -> None:
 
 
 def window_record(sig: Signal, instance: str) -> str:
-    return json.dumps({"schema": 1, "source": sig.source, "model": sig.model, "route": sig.route,
+    return exact_json.dumps({"schema": 1, "source": sig.source, "model": sig.model, "route": sig.route,
                        "precision": sig.precision, "start": sig.start, "end": sig.end, "samples": sig.samples,
                        "values": sig.values, "instance": instance})
 
 
 def checkpoint_blob(part: Partition, offset: int | None, max_ts: float | None, instance: str, now: float,
                     topic_id: str | None = None) -> str:
-    return json.dumps({"schema": SCHEMA, "offset": offset, "max_ts": max_ts, "closed_end": part.agg.closed_end,
-                       "routes": sorted(part.routes), "instance": instance, "saved_at": now, "topic_id": topic_id},
-                      check_circular=False)
+    return exact_json.dumps({"schema": SCHEMA, "offset": offset, "max_ts": max_ts, "closed_end": part.agg.closed_end,
+                             "routes": sorted(part.routes), "instance": instance, "saved_at": now,
+                             "topic_id": topic_id})
