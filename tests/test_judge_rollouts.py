@@ -187,22 +187,24 @@ def test_most_of_a_side_joined_is_not_comparable(shipped: PolicySet) -> None:
         assert "most baseline replicas joined in this window (3 of 3)" in last["reason"], last
 
 
+def _builds(rng: np.random.Generator, t: int, b8: str, b16: str) -> tuple[Signal, Signal]:
+    """Window ``t`` of a 2 + 2 replica fleet whose FP8 / FP16 events name builds ``b8`` / ``b16``."""
+    w = _window(t, "r", rng, _fleet("fp8", 2, b8), _fleet("fp16", 2, b16), n8=200, n16=200)
+    return w[0], w[1]
+
+
 def test_change_entry_counts_windows_apart_and_holds_latency() -> None:
     rng = np.random.default_rng(1)
 
-    def sig(t: int, b8: str, b16: str) -> tuple[Signal, Signal]:
-        w = _window(t, "r", rng, _fleet("fp8", 2, b8), _fleet("fp16", 2, b16), n8=200, n16=200)
-        return w[0], w[1]
-
     pool: list[dict] = []
     for t, (b8, b16) in enumerate([("a", "a"), ("b", "a"), ("b", "a"), ("b", "a"), ("b", "a"), ("b", "b")]):
-        e = change_entry(pool, *sig(t, b8, b16), settle=2, hold=3)
+        e = change_entry(pool, *_builds(rng, t, b8, b16), settle=2, hold=3)
         pool.append(e)
     assert [e.get("apart", 0) for e in pool] == [0, 1, 2, 3, 4, 0]
     assert [held(e, 2, 3) is not None for e in pool] == [False, True, True, True, False, True]
     assert "different builds (b / a)" in str(held(pool[3], 2, 3))
     assert held(pool[3], 2, 0) is None                                  # build_hold: 0 never holds
-    assert "apart" not in change_entry(pool[:2], *sig(9, "b", "a"), settle=2)   # no hold: not counted
+    assert "apart" not in change_entry(pool[:2], *_builds(rng, 9, "b", "a"), settle=2)   # no hold: not counted
 
 
 def test_build_hold_is_validated(tmp_path: Path) -> None:
@@ -260,13 +262,9 @@ def test_an_fp8_only_build_against_an_unnamed_fp16_is_judged_once_the_hold_ran_o
 def test_one_side_unnamed_counts_from_a_change_of_the_named_side_only() -> None:
     rng = np.random.default_rng(2)
 
-    def sig(t: int, b8: str, b16: str) -> tuple[Signal, Signal]:
-        w = _window(t, "r", rng, _fleet("fp8", 2, b8), _fleet("fp16", 2, b16), n8=200, n16=200)
-        return w[0], w[1]
-
     pool: list[dict] = []
     for t, (b8, b16) in enumerate([("a", ""), ("a", ""), ("b", ""), ("b", ""), ("b", ""), ("b", ""), ("c", "")]):
-        pool.append(change_entry(pool, *sig(t, b8, b16), settle=1, hold=3))
+        pool.append(change_entry(pool, *_builds(rng, t, b8, b16), settle=1, hold=3))
     assert [e.get("apart", 0) for e in pool] == [0, 0, 1, 2, 3, 4, 1]   # a steady pair is not held
     assert "FP16 names no build" in str(held(pool[3], 1, 3))
     assert held(pool[5], 1, 3) is None
