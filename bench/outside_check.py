@@ -512,17 +512,23 @@ def broken_live(ps: PolicySet, windows: int = 12) -> dict[str, Any]:
 # --- main ---------------------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="outside check of the shipped decision engine")
+def check_args(description: str, seed: int, parts: str) -> argparse.ArgumentParser:
+    """The options an outside check takes: the policy files (default: the shipped ones), --quick,
+    --seed, --parts, --shapes, --routes, --windows and --json."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("policies", nargs="*", default=[str(p) for p in sorted((ROOT / "policies").glob("*.yaml"))])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--seed", type=int, default=1717)
-    ap.add_argument("--parts", default="healthy,golden,power,broken")
+    ap.add_argument("--seed", type=int, default=seed)
+    ap.add_argument("--parts", default=parts)
     ap.add_argument("--shapes", default="")
     ap.add_argument("--routes", type=int, default=0)
     ap.add_argument("--windows", type=int, default=0)
     ap.add_argument("--json")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = check_args("outside check of the shipped decision engine", 1717, "healthy,golden,power,broken").parse_args(argv)
     ps = load_policy_files(args.policies)
     q = args.quick
     routes = args.routes or (4 if q else 8)

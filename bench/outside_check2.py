@@ -48,7 +48,6 @@ Run: ``PYTHONPATH=. nice -n 15 python bench/outside_check2.py [--quick] [--parts
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import time
@@ -58,9 +57,9 @@ from typing import Any
 
 import numpy as np
 
-from bench.decisions import ROOT, WINDOW_S
+from bench.decisions import WINDOW_S
 from bench.ordinary_days import KMAX, Day, DaySim, _base, _episodes
-from bench.outside_check import GShape, GSim, Reg, power, report_row, run_golden, run_sim
+from bench.outside_check import GShape, GSim, Reg, check_args, power, report_row, run_golden, run_sim
 from watchdog.core.signals import Signal
 from watchdog.policy.loader import PolicySet, load_policy_files
 
@@ -266,16 +265,8 @@ CLEAN = Fleet("clean", base=F)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="outside check, second pass, through the shipped engine")
-    ap.add_argument("policies", nargs="*", default=[str(p) for p in sorted((ROOT / "policies").glob("*.yaml"))])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--seed", type=int, default=5005)
-    ap.add_argument("--parts", default="healthy,golden,power")
-    ap.add_argument("--shapes", default="")
-    ap.add_argument("--routes", type=int, default=0)
-    ap.add_argument("--windows", type=int, default=0)
+    ap = check_args("outside check, second pass, through the shipped engine", 5005, "healthy,golden,power")
     ap.add_argument("--power-routes", type=int, default=0)
-    ap.add_argument("--json")
     args = ap.parse_args(argv)
     ps = load_policy_files(args.policies)
     q = args.quick
