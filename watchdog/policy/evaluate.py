@@ -132,7 +132,7 @@ def evaluate_rule(rule: Rule, candidate: Signal | None, baseline: Signal | None,
             return v
     if rule.judge is not None:
         v = _evaluate_judged(rule, candidate, baseline, v, pool, null, level_cap(rule, horizon),
-                             level_reset(rule, horizon), averaged_draw_sd(horizon))
+                             level_reset(rule, horizon), averaged_draw_sd(horizon), horizon)
         if v.status != "error":
             apply_horizon(rule, candidate, baseline, v, horizon, null, pool, memo)
         return v
@@ -417,16 +417,18 @@ def _level_adjusted(rule: Rule, items: list[float], ids: list[Any] | None, null:
 
 def _run_judge(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool | None,
                null: list[dict[str, Any]] | None = None, cap: float | None = None,
-               reset: tuple[float, float] | None = None, draw: float = 0.0) -> Judgement | str:
+               reset: tuple[float, float] | None = None, draw: float = 0.0,
+               horizon: dict[str, Any] | None = None) -> Judgement | str:
     """The judge's verdict, or why it could not run (an inconclusive reason); ``cap``: a lower
     cap on a learned null's level (the long-term anchor's); ``reset``: (below, level), a learned
     level below ``below`` is judged as ``level`` (the anchor); ``draw``: the route's replica-draw sd
-    averaged over its windows (``horizon.averaged_draw_sd``)."""
+    averaged over its windows (``horizon.averaged_draw_sd``); ``horizon``: the rule's longer-horizon
+    state (a latency rule's precisions' shapes, watchdog/policy/stalls.py)."""
     j = rule.judge
     assert j is not None
     if j.test != "paired" and learned(rule):
         return judge_pool(rule, cand, base, pool if pool is not None else [], None, null, level_cap=cap,
-                          level_reset=reset, avg_draw=draw)
+                          level_reset=reset, avg_draw=draw, horizon=horizon)
     if pool is not None and j.history > 1:
         items = _paired_items(rule, cand, base)
         if j.test == "paired" and j.broken is not None:
@@ -470,7 +472,8 @@ def _run_judge(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool 
 
 def _evaluate_judged(rule: Rule, candidate: Signal | None, baseline: Signal | None, v: Verdict,
                      pool: Pool | None, null: list[dict[str, Any]] | None = None, cap: float | None = None,
-                     reset: tuple[float, float] | None = None, draw: float = 0.0) -> Verdict:
+                     reset: tuple[float, float] | None = None, draw: float = 0.0,
+                     horizon: dict[str, Any] | None = None) -> Verdict:
     j = rule.judge
     assert j is not None
     # a pooled live rule applies min_samples to the pool's events (judge_pool), not to one window
@@ -499,7 +502,7 @@ def _evaluate_judged(rule: Rule, candidate: Signal | None, baseline: Signal | No
         raw = sig.values.get(rule.metric)
         if raw is not None and not math.isnan(float(raw)):
             setattr(v, role, float(raw))
-    result = _run_judge(rule, candidate, baseline, pool, null, cap, reset, draw)
+    result = _run_judge(rule, candidate, baseline, pool, null, cap, reset, draw, horizon)
     if isinstance(result, str):
         v.reason = f"{rule.metric}: {result}"
         return v

@@ -26,6 +26,7 @@ from watchdog.policy.judge import sequential
 from watchdog.policy.judge.anchor import anchor_cap, anchor_reset, update_anchor
 from watchdog.policy.judge.stats import z_quantile
 from watchdog.policy.schema import Rule
+from watchdog.policy.stalls import held_by_stall
 
 __all__ = ["MDE_POWER", "apply_horizon", "averaged_draw_sd", "judgeability", "learn_anchor", "level_cap", "level_reset", "null_learned", "settling", "window_mde"]
 
@@ -146,12 +147,15 @@ def settling(rule: Rule, cand: Signal | None, pool: list[dict[str, Any]] | None)
     or in a latency rule's hold while the two precisions run different builds (``judge.build_hold``;
     watchdog/policy/changes.py): the pool's entry for this window says so (``changes.held``). Such a
     window is not judged, and its difference - FP8 and FP16 on different builds, or a new build's
-    cold first window - is not FP8's either."""
+    cold first window - is not FP8's either. So is a window where a precision stalled as a whole
+    (watchdog/policy/stalls.py)."""
     j = rule.judge
-    if j is None or j.settle is None or not pool or cand is None:
+    if j is None or not pool or cand is None:
         return False
     last = pool[-1]
-    return float(last.get("end", math.nan)) == float(cand.end) and held(last, j.settle, j.hold) is not None
+    if float(last.get("end", math.nan)) != float(cand.end):
+        return False
+    return held_by_stall(last) or (j.settle is not None and held(last, j.settle, j.hold) is not None)
 
 
 def apply_horizon(rule: Rule, cand: Signal | None, base: Signal | None, v: Any,

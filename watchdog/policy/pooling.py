@@ -33,6 +33,7 @@ from watchdog.policy.judge.pooled import judge_rate_pooled, judge_unpaired_poole
 from watchdog.policy.judge.stats import z_quantile
 from watchdog.policy.judge.verdict import Judgement
 from watchdog.policy.schema import RATE_COUNTS, Rule
+from watchdog.policy.stalls import held_by_stall, stalled
 
 #: a rule's pooled history, oldest first (JSON-able)
 Pool = list[dict[str, Any]]
@@ -293,7 +294,8 @@ def replica_allowance(rule: Rule, sd: float) -> float:
 
 def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
                    null: list[dict[str, Any]] | None, level_cap: float | None = None,
-                   level_reset: tuple[float, float] | None = None, avg_draw: float = 0.0) -> Judgement | str:
+                   level_reset: tuple[float, float] | None = None, avg_draw: float = 0.0,
+                   horizon: dict[str, Any] | None = None) -> Judgement | str:
     j = rule.judge
     assert j is not None
     joined = joined_of(rule, pool, cand, base)
@@ -314,6 +316,9 @@ def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
         if pool:
             pool[-1].pop("r", None)
         entry["r"] = (tuple(replica_names(cand)), tuple(replica_names(base)))
+    run, stall_why = stalled(rule, cand, base, joined, horizon)
+    if run:
+        entry["stall"] = run
     if j.settle is not None:
         # deploys and maintenance (watchdog/policy/changes.py): judge only after both sides settled,
         # latency only once both run the same build (or the hold ran out)
@@ -327,6 +332,12 @@ def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
         pool[:] = [e for e in pool if int(e.get("since", 1)) > 0]
     else:
         _push_window(pool, entry, j.pool or 1)
+    if held_by_stall(entry):
+        # a precision paused as a whole in this window (watchdog/policy/stalls.py): not FP8's serving
+        # unless it lasts STALL_RUN windows, when the pool is judged with the stalled windows in it
+        return f"{stall_why}: a stall, not comparable like with like in this window"
+    if not run and any("stall" in e for e in pool):
+        pool[:] = [e for e in pool if "stall" not in e]
     n_cand = min(int(e["samples"][0]) for e in pool)
     n_base = min(int(e["samples"][1]) for e in pool)
     if min(n_cand, n_base) < max(rule.min_samples, j.min_n):
@@ -535,12 +546,14 @@ def _against_items(rule: Rule, pool: Pool, replays: list[list[float]], null: lis
 def judge_pool(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool,
                paired_items: list[float] | None, null: list[dict[str, Any]] | None = None,
                level_cap: float | None = None, level_reset: tuple[float, float] | None = None,
-               avg_draw: float = 0.0) -> Judgement | str:
+               avg_draw: float = 0.0, horizon: dict[str, Any] | None = None) -> Judgement | str:
     """Add this window (or replay) to ``pool`` and judge the pool; a string is an inconclusive
     reason (this window is unreadable, or the pool holds too few events for ``min_samples``).
     ``level_cap`` replaces the rule's cap on a learned null's level (the long-term anchor's);
     ``level_reset``: (below, level), a learned level below ``below`` is judged as ``level`` (the anchor).
-    ``avg_draw``: the route's replica-draw sd averaged over its windows (``horizon.averaged_draw_sd``)."""
+    ``avg_draw``: the route's replica-draw sd averaged over its windows (``horizon.averaged_draw_sd``).
+    ``horizon``: the rule's ``RuleState.horizon``, where a latency rule keeps its precisions' shapes
+    (watchdog/policy/stalls.py)."""
     j = rule.judge
     assert j is not None and cand is not None
     k = j.history
@@ -578,7 +591,7 @@ def judge_pool(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool,
         return out
     assert base is not None
     if learned(rule):
-        return _judge_learned(rule, cand, base, pool, null, level_cap, level_reset, avg_draw)
+        return _judge_learned(rule, cand, base, pool, null, level_cap, level_reset, avg_draw, horizon)
     entry = {"start": cand.start, "end": cand.end, "samples": (cand.samples, base.samples)}  # as in _judge_learned
     if j.test == "mann_whitney":
         hists = [s.detail.get("latency_hist") for s in (cand, base)]

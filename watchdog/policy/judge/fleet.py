@@ -37,7 +37,8 @@ import numpy as np
 from watchdog.policy.judge.memo import cached
 
 __all__ = ["POOLED_IDS", "FleetOptions", "clean_side", "counts_at_least", "fleet_inputs", "fleet_side", "mix_log_diff",
-           "mix_shift", "mix_tail_contrast", "outlier_replicas", "replica_spread"]
+           "mix_shift", "mix_tail_contrast", "outlier_replicas", "replica_spread",
+           "within_tail_contrast"]
 
 #: replica ids never left out: the overflow of more than MAX_REPLICAS and requests without an id
 POOLED_IDS = frozenset({"_other", "_none"})
@@ -231,6 +232,34 @@ def _mix_tail_contrast(cand_mix: Any, base_mix: Any, p: float) -> tuple[float, f
     tot_b = sum(float(v[1].sum()) for v in b.values())
     return ca - cb, va + vb, {"cells": len(common), "support": [float(na.sum()) / tot_a, float(nb.sum()) / tot_b],
                               "effective_n": float(h.sum())}
+
+
+def within_tail_contrast(mix: Any, p: float, least: int = 20) -> tuple[float, float] | None:
+    """(One precision's latency *shape* net of the request mix, its sampling variance): the tail
+    contrast (mean log latency above the ``p`` quantile minus the mean) within each request-mix cell
+    of ``least`` or more requests, averaged over those cells with their own request counts as weights,
+    from the window's per-cell tail histograms (``latency_mix.tails``); None without them. A mix that
+    moves between cells does not move it; a share of the precision's requests many times slower (a
+    pause) raises every cell's. Inside ``memo.window_memo`` once per window and ``p``."""
+    return cached("within_tail_contrast", (mix,), (p, least), lambda: _within_tail_contrast(mix, p, least))
+
+
+def _within_tail_contrast(mix: Any, p: float, least: int) -> tuple[float, float] | None:
+    got = _tails(mix)
+    if got is None or not 0.0 < p < 1.0:
+        return None
+    cells, width = got
+    rows = [v for v in cells.values() if float(v[1].sum()) >= least]
+    if not rows:
+        return None
+    keys = np.unique(np.concatenate([r[0] for r in rows]))
+    mat = np.zeros((len(rows), len(keys)))
+    for i, (idx, counts) in enumerate(rows):
+        mat[i, np.searchsorted(keys, idx)] = counts
+    c, v = _contrast_rows((keys - 0.5) * width, mat, p)
+    n = mat.sum(axis=1)
+    w = n / n.sum()
+    return float((w * c).sum()), float((w * w * v).sum())
 
 
 # --- replicas ----------------------------------------------------------------------------------
