@@ -40,7 +40,8 @@ Power (``--parts power``; onset at window 100, a learned level, except the cold 
 ``deploy-fp8-named``, ``share3``), p99 +10 % within 5 (``gc-2v12``), FP8 errors +2 points within 5
 (``share3``) and within 30 (``thin-10-30``, +3 points), +30 % within 30 (``thin-10-30``), cold start
 +10 % from window 0 within 10 (``cold-noisy15``, and ``clean``: the base fleet at 1.5 % replica noise),
-whole +10 % within 3 after the level is learned (``cold-noisy15``).
+whole +10 % within 3 after the level is learned (``cold-noisy15``); whole +10 % within 3 and p99 +10 % within 5 on
+``gc-1v1`` (what the stall check costs where it acts).
 
 Run: ``PYTHONPATH=. nice -n 15 python bench/outside_check2.py [--quick] [--parts healthy,golden,power]
 [--shapes a,b] [--routes R --windows W] [--json out.json]``.
@@ -259,6 +260,8 @@ POWER = [  # (background, name, regression, within)
     ("cold-noisy15", "+10 % from window 0", Reg2(shift=0.10, onset=0), 10),
     ("cold-noisy15", "whole +10 %", Reg2(shift=0.10, onset=100), 3),
     ("clean", "+10 % from window 0", Reg2(shift=0.10, onset=0), 10),
+    ("gc-1v1", "whole +10 %", Reg2(shift=0.10, onset=100), 3),
+    ("gc-1v1", "p99 +10 %", Reg2(p99=0.10, onset=100), 5),
 ]
 #: power-only background: the base fleet without any of the shapes' confounders (1.5 % replica noise)
 CLEAN = Fleet("clean", base=F)

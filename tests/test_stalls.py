@@ -40,6 +40,17 @@ def test_a_stall_that_lasts_is_judged() -> None:
     assert all(60 + stalls.STALL_RUN - 1 <= t < 60 + stalls.STALL_RUN + 2 for t in c.first), c.first
 
 
+def test_stalls_that_come_too_often_to_be_pauses_are_judged() -> None:
+    sim = oc2.FleetSim(dataclasses.replace(ONE_EACH, gc=0.0, host=0.0), 4, 200, 9)
+    rng = np.random.default_rng(9)
+    for r in range(4):
+        for t in range(60, 200):
+            if rng.random() < 0.4 and not all((r, t - k) in sim.pause for k in (1, 2, 3)):
+                sim.pause[(r, t)] = [("fp8", 0, 0.15)]  # FP8 stalls in ~40 % of windows, never 4 in a row
+    c = run_sim(PS, sim, 4, 200, "legal/h")
+    assert all(60 < t < 160 for t in c.first), c.first
+
+
 def _mix(lat: np.ndarray, prompt: np.ndarray) -> dict:
     f = FleetStats()
     f.buf = [(float(x), int(p), 100, "a") for x, p in zip(lat, prompt, strict=True)]

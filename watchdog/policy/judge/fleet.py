@@ -249,16 +249,21 @@ def _within_tail_contrast(mix: Any, p: float, least: int) -> tuple[float, float]
     if got is None or not 0.0 < p < 1.0:
         return None
     cells, width = got
-    rows = [v for v in cells.values() if float(v[1].sum()) >= least]
-    if not rows:
+    idx_of, cnt_of = [v[0] for v in cells.values()], [v[1] for v in cells.values()]
+    rows = np.repeat(np.arange(len(idx_of)), [len(a) for a in idx_of])
+    idx, cnt = np.concatenate(idx_of), np.concatenate(cnt_of)
+    n = np.bincount(rows, weights=cnt, minlength=len(idx_of))
+    keep = n >= least
+    if not keep.any():
         return None
-    keys = np.unique(np.concatenate([r[0] for r in rows]))
-    mat = np.zeros((len(rows), len(keys)))
-    for i, (idx, counts) in enumerate(rows):
-        mat[i, np.searchsorted(keys, idx)] = counts
+    sel = keep[rows]
+    keys, col = np.unique(idx[sel], return_inverse=True)
+    kept = int(keep.sum())
+    row = (np.cumsum(keep) - 1)[rows[sel]]
+    # integer counts summed in float64: exact, in any order
+    mat = np.bincount(row * len(keys) + col, weights=cnt[sel], minlength=kept * len(keys)).reshape(kept, len(keys))
     c, v = _contrast_rows((keys - 0.5) * width, mat, p)
-    n = mat.sum(axis=1)
-    w = n / n.sum()
+    w = n[keep] / n[keep].sum()
     return float((w * c).sum()), float((w * w * v).sum())
 
 
