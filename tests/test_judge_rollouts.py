@@ -333,3 +333,16 @@ def test_the_replicas_draw_is_averaged_over_the_windows_for_the_learned_cap(ship
             got.append(t)
             eng.states[("fp8-default", "m", "chat/wide-thin")].reset_pools()
     assert got == []
+
+
+def test_status_says_which_level_the_window_mde_is_beyond(shipped: PolicySet) -> None:
+    """``judgeability`` of a window judged against a learned null carries the level its MDE is beyond,
+    and the replicas' allowance when their spread raised the level the rule may credit."""
+    spread = [0.88, 1.12, 0.92, 1.1, 1.0, 0.9, 1.12, 1.05]  # none far enough out to be left out
+    fp8 = {f"fp8-{i}": ("v0", m) for i, m in enumerate(spread)}
+    eng = PolicyEngine(shipped)
+    assert _run(eng, "chat/spread", lambda t: (fp8, _fleet("fp16", 3)), 80, 4) == []
+    scope = next(s for s in eng.snapshot()["scopes"] if s["policy"] == "fp8-default")
+    jb = scope["rules"]["latency-typical"]["judgeability"]
+    assert jb["judged"] == "window" and abs(jb["level"]) < 0.1 and jb["mde"] > 0, jb
+    assert jb["replica_allowance"] > 0.10, jb   # beyond the rule's level_cap of 10 %

@@ -225,7 +225,9 @@ def judgeability(rule: Rule, last: Any, horizon: Mapping[str, Any] | None) -> di
     little traffic for one window, judged over the horizon by the sequential test), ``learning``
     (a learned null warming up), or ``no`` (with ``why``: also a window in a deploy's settling time
     or a build hold, which feeds the horizon nothing either); ``mde`` (harm units, at 80 % power) per
-    window and ``horizon_mde`` now / after the full horizon at this traffic. Plain ``fail_if``
+    window and ``horizon_mde`` now / after the full horizon at this traffic; for a window judged
+    against a learned null, ``level`` (the FP8 - FP16 level its ``mde`` is beyond) and, when the draw
+    of replicas raised the level the rule may credit, ``replica_allowance``. Plain ``fail_if``
     rules are ``window`` whenever their last verdict is pass or fail."""
     out: dict[str, Any] = {"judged": "no", "why": None, "mde": None, "horizon_mde": None,
                            "horizon_mde_full": None, "horizon_windows": None,
@@ -251,6 +253,13 @@ def judgeability(rule: Rule, last: Any, horizon: Mapping[str, Any] | None) -> di
                 out["judged"] = "horizon"
     if "mde" in extra:
         out["mde"] = float(extra["mde"])
+    detail = jd.get("detail") or {}
+    if out["judged"] == "window" and isinstance(detail.get("level"), (int, float)):
+        # the per-window MDE is beyond this level (FP8 - FP16 the rule credits: learned, capped at the
+        # rule's level_cap, raised to what the draw of replicas alone allows)
+        out["level"] = float(detail["level"])
+        if isinstance(detail.get("replica_allowance"), (int, float)):
+            out["replica_allowance"] = float(detail["replica_allowance"])
     if out["judged"] == "no":
         out["why"] = last.reason or last.status
     return out
