@@ -336,8 +336,8 @@ def _judge_learned(rule: Rule, cand: Signal, base: Signal, pool: Pool,
         # a precision paused as a whole in this window (watchdog/policy/stalls.py): not FP8's serving
         # unless it lasts STALL_RUN windows, when the pool is judged with the stalled windows in it
         return f"{stall_why}: a stall, not comparable like with like in this window"
-    if not run and any("stall" in e for e in pool):
-        pool[:] = [e for e in pool if "stall" not in e]
+    if not run and any(held_by_stall(e) for e in pool):
+        pool[:] = [e for e in pool if not held_by_stall(e)]  # the pauses before it; judged stalls stay
     n_cand = min(int(e["samples"][0]) for e in pool)
     n_base = min(int(e["samples"][1]) for e in pool)
     if min(n_cand, n_base) < max(rule.min_samples, j.min_n):

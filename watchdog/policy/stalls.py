@@ -4,8 +4,8 @@
 (judge/fleet.py ``outlier_replicas``). A precision served by one replica, or all of whose replicas
 pause together, has nothing to leave it out against: a garbage-collector pause that makes 5-15 % of
 its requests five times slower moves its mean log latency by 0.08-0.24 in that window. On a fleet of
-one replica per precision that rolled back 18 routes per 10,000 healthy windows (bench/outside_check2.py
-``gc-1v1``), on the latency rules' cold start as much as on a learned level.
+one replica per precision (bench/outside_check2.py ``gc-1v1``) that rolled back 71 times in 42,000
+healthy windows, on the latency rules' cold start as much as on a learned level.
 
 Such a window has a signature that a speed regression does not: the precision's latency *shape*
 jumps against its own recent windows. The shape is the within-cell tail contrast (the mean log
