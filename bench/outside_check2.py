@@ -44,7 +44,8 @@ whole +10 % within 3 after the level is learned (``cold-noisy15``); whole +10 % 
 ``gc-1v1`` (what the stall check costs where it acts).
 
 Run: ``PYTHONPATH=. nice -n 15 python bench/outside_check2.py [--quick] [--parts healthy,golden,power]
-[--shapes a,b] [--routes R --windows W] [--json out.json]``.
+[--shapes a,b] [--routes R --windows W] [--pause X,LO,HI] [--json out.json]``. ``--pause`` changes every
+shape's pauses: latency x``X`` on a share ``LO``-``HI`` of the paused replica's requests.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,8 @@ class Fleet:
     named: str = "all"              # "all", "partial" (60 % of events), "fp8" (FP8's events only)
     bias_flip: int = 0              # windows between flips of the long-prompt bias
     thin: tuple[int, int] | None = None
+    pause_x: float = 5.0            # a paused request's latency multiplier
+    pause_share: tuple[float, float] = (0.05, 0.15)   # share of the replica's requests a pause hits
 
 
 F = {"total": 5000, "fp16_share": 0.15, "fp8_replicas": 8, "fp16_replicas": 3}
@@ -119,10 +122,11 @@ class FleetSim(DaySim):
                 ev = []
                 if rng.random() < f.gc:
                     c = int(rng.integers(0, k8 + k16))
-                    ev.append(("fp8", c, float(rng.uniform(0.05, 0.15))) if c < k8
-                              else ("fp16", c - k8, float(rng.uniform(0.05, 0.15))))
+                    ev.append(("fp8", c, float(rng.uniform(*f.pause_share))) if c < k8
+                              else ("fp16", c - k8, float(rng.uniform(*f.pause_share))))
                 if rng.random() < f.host:
-                    ev += [("fp8", 0, float(rng.uniform(0.05, 0.15))), ("fp16", 0, float(rng.uniform(0.05, 0.15)))]
+                    ev += [("fp8", 0, float(rng.uniform(*f.pause_share))),
+                           ("fp16", 0, float(rng.uniform(*f.pause_share)))]
                 if ev:
                     self.pause[(r, t)] = ev
             if f.deploy:
@@ -173,7 +177,7 @@ class FleetSim(DaySim):
         for side, c, share in self.pause.get((r, t), []):
             if side == prec:
                 on = np.flatnonzero(rep == c)
-                lat[on[: int(round(share * on.size))]] *= 5.0
+                lat[on[: int(round(share * on.size))]] *= f.pause_x
         if f.bias_flip:
             h = (t * WINDOW_S / 3600.0) % 24
             if 12 <= h < 14:   # the daily peak: more long answers on both precisions
@@ -270,7 +274,12 @@ CLEAN = Fleet("clean", base=F)
 def main(argv: list[str] | None = None) -> int:
     ap = check_args("outside check, second pass, through the shipped engine", 5005, "healthy,golden,power")
     ap.add_argument("--power-routes", type=int, default=0)
+    ap.add_argument("--pause", default="", metavar="X,LO,HI",
+                    help="pauses multiply latency by X on a share LO-HI of the replica's requests (default 5,0.05,0.15)")
     args = ap.parse_args(argv)
+    if args.pause:
+        x, lo, hi = (float(v) for v in args.pause.split(","))
+        SHAPES[:] = [replace(f, pause_x=x, pause_share=(lo, hi)) for f in SHAPES]
     ps = load_policy_files(args.policies)
     q = args.quick
     routes, windows = args.routes or (2 if q else 10), args.windows or (40 if q else 300)
