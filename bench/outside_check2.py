@@ -277,9 +277,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pause", default="", metavar="X,LO,HI",
                     help="pauses multiply latency by X on a share LO-HI of the replica's requests (default 5,0.05,0.15)")
     args = ap.parse_args(argv)
+    shapes = SHAPES
     if args.pause:
         x, lo, hi = (float(v) for v in args.pause.split(","))
-        SHAPES[:] = [replace(f, pause_x=x, pause_share=(lo, hi)) for f in SHAPES]
+        shapes = [replace(f, pause_x=x, pause_share=(lo, hi)) for f in SHAPES]
     ps = load_policy_files(args.policies)
     q = args.quick
     routes, windows = args.routes or (2 if q else 10), args.windows or (40 if q else 300)
@@ -287,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     res: dict[str, Any] = {"healthy": [], "golden": [], "power": [], "args": vars(args)}
     t0 = time.perf_counter()
     if "healthy" in parts:
-        for i, f in enumerate(SHAPES):
+        for i, f in enumerate(shapes):
             if not pick or f.name in pick:
                 report_row(res, "healthy", f.name, run_fleet(ps, f, routes, windows, args.seed + i), t0)
     if "golden" in parts and (not pick or GOLDEN.name in pick):
@@ -298,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         c = run_golden_fp8_sampled(ps, 4 if q else 20, 20 if q else 100, args.seed + 100)
         report_row(res, "golden", GOLDEN.name, c, t0)
     if "power" in parts:
-        by = {f.name: f for f in [*SHAPES, CLEAN]}
+        by = {f.name: f for f in [*shapes, CLEAN]}
         pr = args.power_routes or (4 if q else 20)
         for j, (bg, name, reg, within) in enumerate(POWER):
             if pick and bg not in pick:

@@ -234,6 +234,15 @@ def _mix_tail_contrast(cand_mix: Any, base_mix: Any, p: float) -> tuple[float, f
                               "effective_n": float(h.sum())}
 
 
+def _count_matrix(rows: np.ndarray, idx: np.ndarray, cnt: np.ndarray, nrows: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the distinct bucket indices, sorted; an ``nrows`` x buckets matrix of counts) from one (row,
+    bucket index, count) triple per histogram entry: many small histograms as one matrix."""
+    keys, col = np.unique(idx, return_inverse=True)
+    # integer counts summed in float64: exact, in any order
+    mat = np.bincount(rows * len(keys) + col, weights=cnt, minlength=nrows * len(keys)).reshape(nrows, len(keys))
+    return keys, mat
+
+
 def within_tail_contrast(mix: Any, p: float, least: int = 20) -> tuple[float, float] | None:
     """(One precision's latency *shape* net of the request mix, its sampling variance): the tail
     contrast (mean log latency above the ``p`` quantile minus the mean) within each request-mix cell
@@ -257,11 +266,7 @@ def _within_tail_contrast(mix: Any, p: float, least: int) -> tuple[float, float]
     if not keep.any():
         return None
     sel = keep[rows]
-    keys, col = np.unique(idx[sel], return_inverse=True)
-    kept = int(keep.sum())
-    row = (np.cumsum(keep) - 1)[rows[sel]]
-    # integer counts summed in float64: exact, in any order
-    mat = np.bincount(row * len(keys) + col, weights=cnt[sel], minlength=kept * len(keys)).reshape(kept, len(keys))
+    keys, mat = _count_matrix((np.cumsum(keep) - 1)[rows[sel]], idx[sel], cnt[sel], int(keep.sum()))
     c, v = _contrast_rows((keys - 0.5) * width, mat, p)
     w = n[keep] / n[keep].sum()
     return float((w * c).sum()), float((w * w * v).sum())
@@ -280,15 +285,7 @@ def _matrix(replicas: Mapping[str, Any]) -> tuple[list[str], np.ndarray, np.ndar
     pairs = np.fromiter(chain.from_iterable(chain.from_iterable(h.get("bins") or () for h in hists)),
                         dtype=np.int64, count=2 * sum(sizes)).reshape(-1, 2)
     ok = pairs[:, 1] > 0
-    mat: np.ndarray
-    if ok.any():
-        rows = np.repeat(np.arange(len(ids)), sizes)[ok]
-        keys, col = np.unique(pairs[ok, 0], return_inverse=True)
-        # integer counts summed in float64: exact, in any order
-        mat = np.bincount(rows * len(keys) + col, weights=pairs[ok, 1],
-                          minlength=len(ids) * len(keys)).reshape(len(ids), len(keys))
-    else:
-        keys, mat = np.zeros(0, dtype=np.int64), np.zeros((len(ids), 0))
+    keys, mat = _count_matrix(np.repeat(np.arange(len(ids)), sizes)[ok], pairs[ok, 0], pairs[ok, 1], len(ids))
     idx = keys.astype(float)
     return ids, (idx - 0.5) * lg, mat, lg, idx
 
