@@ -5,14 +5,17 @@ request mix. Through the shipped engine and policies on bench/outside_check2.py'
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from pathlib import Path
 
 import numpy as np
 
 from bench import outside_check2 as oc2
+from bench.decisions import T0, WINDOW_S
 from bench.outside_check import run_sim
 from watchdog.policy import stalls
+from watchdog.policy.engine import PolicyEngine
 from watchdog.policy.judge.fleet import within_tail_contrast
 from watchdog.policy.loader import load_policy_files
 from watchdog.windows.fleet import FleetStats
@@ -49,6 +52,35 @@ def test_stalls_that_come_too_often_to_be_pauses_are_judged() -> None:
                 sim.pause[(r, t)] = [("fp8", 0, 0.15)]  # FP8 stalls in ~40 % of windows, never 4 in a row
     c = run_sim(PS, sim, 4, 200, "legal/h")
     assert all(60 < t < 160 for t in c.first), c.first
+
+
+def test_a_restart_from_a_checkpoint_neither_forgets_a_pause_nor_judges_it_again() -> None:
+    """Engines restored from their exported state (what a checkpoint holds) between and inside runs of
+    stalled windows give the same actions, verdicts and state, bit for bit, as one that kept running."""
+    names = [f"legal/h{i}" for i in range(4)]
+    sim = oc2.FleetSim(dataclasses.replace(ONE_EACH, gc=0.0, host=0.0), 4, 60, 13)
+    for r in range(4):
+        for t in (*range(20, 23), 30, 41, *range(50, 56)):  # runs of 3, single pauses, a run that is judged
+            sim.pause[(r, t)] = [("fp8", 0, 0.15)]
+    kept, restarted = PolicyEngine(PS), PolicyEngine(PS)
+    acts: dict[str, list[str]] = {"kept": [], "restarted": []}
+    held_at_restart = 0
+    for t in range(60):
+        sigs = sim.signals(t, names)
+        if t in (21, 22, 31, 52, 54):
+            held_at_restart += any(int(e.get("stall", 0)) for st in restarted.states.values()
+                                   for rs in st.rules.values() for e in rs.pool)
+            state = json.loads(json.dumps(restarted.export_state()))
+            restarted = PolicyEngine(PS)
+            restarted.import_state(state)
+        now = T0 + (t + 1) * WINDOW_S + 1
+        for name, eng in (("kept", kept), ("restarted", restarted)):
+            acts[name] += [repr((a.kind, a.route, a.reason)) for a in eng.observe(sigs, now, {}, "fp8")]
+    assert acts["kept"] == acts["restarted"]
+    assert any("rollback" in a for a in acts["kept"])  # the run of 6 was judged, and so after each restart
+    assert json.dumps(kept.verdicts(), sort_keys=True) == json.dumps(restarted.verdicts(), sort_keys=True)
+    assert json.dumps(kept.export_state(), sort_keys=True) == json.dumps(restarted.export_state(), sort_keys=True)
+    assert held_at_restart >= 3  # restarts fell inside runs of stalled windows
 
 
 def _mix(lat: np.ndarray, prompt: np.ndarray) -> dict:
