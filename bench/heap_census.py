@@ -8,6 +8,10 @@ heap and freezes it again. The report goes to OUT. The daemon stalls for the cen
 
     HEAP_CENSUS=/tmp/census.txt:70 .venv/bin/python bench/growth.py --routes 10000 --seconds 20 --warmup 60
     HEAP_CENSUS=/tmp/census.txt:60,180 ...   # two censuses, to /tmp/census.txt.0 and .1: what grows between
+
+``HEAP_TRACEMALLOC=N`` as well starts ``tracemalloc`` (N frames) when the daemon starts: each census then
+adds the bytes still held by allocation site (every object, not only containers: floats, strings, arrays),
+the largest sites first. Tracing slows allocation; compare sites, not the run's timings.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import signal
 import sys
 import threading
 import time
+import tracemalloc
 from typing import Any
 
 SAMPLE = 3000
@@ -110,12 +115,59 @@ def census(objs: list[Any], out: list[str], path: str) -> None:
             out.append(f"  {k / n:6.1%}  ~{round(total * k / n):>9,}  {where}")
 
 
+def bytes_by_owner(objs: list[Any], out: list[str], top: int = 25) -> None:
+    """Bytes of each tracked container plus the untracked objects it alone refers to (strings, floats,
+    ints, bytes: what tracemalloc would charge it, without tracing), summed by the container's type and,
+    for dicts and lists, by the type of the object holding them (``Owner.attr``)."""
+    refs: collections.Counter[int] = collections.Counter()
+    for o in objs:
+        for r in gc.get_referents(o):
+            if not gc.is_tracked(r):
+                refs[id(r)] += 1
+    size: collections.Counter[str] = collections.Counter()
+    own: dict[int, str] = {}
+    for o in objs:
+        if type(o) in (dict, list, tuple):
+            continue
+        for r in gc.get_referents(o):
+            if type(r) in (dict, list, tuple):
+                own[id(r)] = f"{_name(o)}{_slot_of(o, r)}"
+    for o in objs:
+        n = sys.getsizeof(o)
+        for r in gc.get_referents(o):
+            if not gc.is_tracked(r) and refs[id(r)] == 1 and type(r) not in (type, type(None), bool):
+                n += sys.getsizeof(r)
+        size[own.get(id(o), _name(o))] += n
+    out.append(f"bytes by owner (container + untracked objects only it refers to): {sum(size.values()) / 2**20:,.1f} MiB")
+    for name, n in size.most_common(top):
+        out.append(f"  {n / 2**20:8.2f} MiB  {name}")
+
+
+def held_encodings(objs: list[Any], out: list[str]) -> None:
+    """Checkpoint text held between saves: open windows encoded ahead (``WindowAggregator._ahead``),
+    engine states encoded ahead (``Checkpointer._encoded``) and saves built but not yet answered."""
+    ahead = engines = pending = 0
+    for o in objs:
+        name = type(o).__name__
+        if name == "WindowAggregator":
+            ahead += sum(len(v) for v in getattr(o, "_ahead", {}).values() if isinstance(v, str))
+        elif name == "Checkpointer":
+            for entry in getattr(o, "_encoded", {}).values():
+                engines += sum(len(v) for v in entry[2].values() if isinstance(v, str))
+        elif name == "PendingSave":
+            pending += o.size
+    out.append(f"checkpoint text held: windows encoded ahead {ahead / 2**20:.1f} MiB, engine states encoded ahead "
+               f"{engines / 2**20:.1f} MiB, saves built and not answered {pending / 2**20:.1f} MiB")
+
+
 def run(path: str) -> None:
     t0 = time.perf_counter()
     gc.unfreeze()
     objs = gc.get_objects()
     lines: list[str] = []
     census(objs, lines, path)
+    bytes_by_owner(objs, lines)
+    held_encodings(objs, lines)
     n = len(objs)
     del objs
     lines.append(f"census took {time.perf_counter() - t0:.1f} s")
@@ -125,13 +177,30 @@ def run(path: str) -> None:
         lines.append(f"gc.collect() of the whole unfrozen heap ({n:,} objects): {time.perf_counter() - t:.3f} s, "
                      f"{got} collected")
     gc.freeze()
+    if tracemalloc.is_tracing():
+        lines += held_by_site()
     with open("/proc/self/status") as f:
         lines += [ln.strip() for ln in f if ln.startswith(("VmRSS", "VmHWM"))]
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
 
+def held_by_site(top: int = 40) -> list[str]:
+    """Bytes held now by allocation site (tracemalloc), grouped by the innermost frames it keeps."""
+    frames = tracemalloc.get_traceback_limit()
+    stats = tracemalloc.take_snapshot().statistics("traceback" if frames > 1 else "lineno")
+    total = sum(s.size for s in stats)
+    out = [f"traced bytes held: {total / 2**20:,.1f} MiB in {sum(s.count for s in stats):,} blocks; largest sites:"]
+    for st in stats[:top]:
+        where = " <- ".join(f"{f.filename.rsplit('/', 2)[-2:][-1]}:{f.lineno}" for f in st.traceback)
+        out.append(f"  {st.size / 2**20:8.2f} MiB  {st.count:>9,}  {where}")
+    return out
+
+
 def install_from_env() -> None:
+    frames = int(os.environ.get("HEAP_TRACEMALLOC") or 0)
+    if frames > 0:
+        tracemalloc.start(frames)
     spec = os.environ.get("HEAP_CENSUS")
     if spec:
         path, delays = spec.rsplit(":", 1)
