@@ -40,6 +40,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.gpu_replay import Shape, golden_set_of, random_llama, token_agreement  # noqa: E402
+from probes.engines.fast_decode import FUSED_MIN_ROWS  # noqa: E402
 
 LINES: list[str] = []
 
@@ -86,7 +87,9 @@ VARIANTS = {"old": (False, 0), "own": (True, 0), "new": (True, 128)}  # (own_for
 #: this bench's prompts: batch 64 and 128 = "new+fq", batch 16 = "new")
 #: loop = each pass's saturation counts added per FP8 module (2 small adds each, the engine before the
 #: one counter store of 2026-12-04); else in one store
-OPTIONS = ("q1", "gqa", "head8", "nocount", "s8", "tri", "kv8", "tg", "fq", "loop")
+#: auto = the fused quantisers where the engine's own rule puts them (passes of ``FUSED_MIN_ROWS`` positions
+#: and more): "new+auto" is the engine as shipped at every batch
+OPTIONS = ("q1", "gqa", "head8", "nocount", "s8", "tri", "kv8", "tg", "fq", "loop", "auto")
 HEADS: dict[int, tuple[Any, Any]] = {}  # id(engine) -> (its own lm_head module, the FP8 one)
 
 
@@ -110,8 +113,9 @@ def set_variant(engines: list[Any], name: str) -> None:
         attn = "gqa" if "gqa" in opts else "triton" if "tri" in opts else "sdpa"
         kv = "fp8" if "kv8" in opts and eng.precision == "fp8" else "auto"
         fd.set_options(share_quant="q1" in opts, attention=attn, kv_cache=kv,
-                       gemm="triton" if "tg" in opts else "cublas", fused_quant="fq" in opts)
-        fd.fused_min_rows = 0  # "fq": every pass (the engine's default: passes of FUSED_MIN_ROWS and more)
+                       gemm="triton" if "tg" in opts else "cublas", fused_quant="fq" in opts or "auto" in opts)
+        # "fq": every pass; "auto": the engine's default, passes of FUSED_MIN_ROWS positions and more
+        fd.fused_min_rows = FUSED_MIN_ROWS if "auto" in opts else 0
         if id(eng) in HEADS:
             own_head, head8 = HEADS[id(eng)]
             mod = head8 if "head8" in opts else own_head
