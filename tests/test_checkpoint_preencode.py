@@ -226,3 +226,40 @@ def test_the_wait_for_preencode_counts_from_when_the_routes_are_judged(redis_cli
     ck.checkpoint(t + 13.5 * every)  # 2 x checkpoint_every_s after it was last refused: saved anyway
     ck.drain()
     assert len(sent) == 1 and sent[0].engines == _fresh(ck, part.routes)
+
+
+def test_past_the_iterations_deadline_only_an_overdue_save_is_built(redis_client, monkeypatch) -> None:
+    """A loop iteration whose deadline judging spent builds no save unless one is overdue (then one),
+    and gives preencode a slice, not PREENCODE_BUDGET_S: at 10,000 routes those made 0.25-0.3 s
+    iterations after every window boundary."""
+    ck, part, ingest, _own = _rig(redis_client)
+    for k in range(10):
+        _fold(ck, part, ingest, f"r{k}", 100.0)
+    ck.preencode(10.0)
+    t = 1000.0
+    ck.checkpoint(t)
+    ck.drain()
+    part.last_cost_s = 0.0
+    sent = _capture(ck)
+    every = ck.cfg.redis.checkpoint_every_s
+    calls: list[float] = []
+    real = ck.preencode
+
+    def counted(budget_s: float) -> int:
+        calls.append(budget_s)
+        return real(budget_s)
+
+    monkeypatch.setattr(ck, "preencode", counted)
+    ck.step.start(-1.0)  # this iteration's deadline is spent
+    _fold(ck, part, ingest, "r1", 101.0)
+    ck.checkpoint(t + 2 * every)  # due, not overdue: it waits for an iteration with time
+    assert sent == [] and part.dirty and calls[-1] <= 0
+    ck.checkpoint(t + C.SAVE_OVERDUE_SAVES * every)  # overdue: built even past the deadline
+    ck.drain()
+    assert len(sent) == 1
+    part.last_cost_s = 0.0
+    _fold(ck, part, ingest, "r2", 102.0)
+    ck.step.start(10.0)  # an iteration with time: the next due save goes at once
+    ck.checkpoint(t + (C.SAVE_OVERDUE_SAVES + 1.5) * every)
+    ck.drain()
+    assert len(sent) == 2

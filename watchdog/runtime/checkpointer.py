@@ -73,7 +73,13 @@ PREENCODE_BUDGET_S = 0.04
 #: a save waits (for at most ``PREENCODE_WAIT_SAVES`` spacings) while more dirty routes than this are
 #: not encoded yet, so that ``preencode`` spreads them over the iterations instead of one save taking them
 PREENCODE_MAX_LEFT = 250
-PREENCODE_WAIT_SAVES = 3
+#: 6, not 3: at 10,000 routes a window boundary's judging takes the iterations' deadline for 1-2 s, and
+#: with 3 spacings the saves gave up waiting and encoded 1,300-2,400 routes in one build (0.15-0.3 s of
+#: one iteration; docs/BENCHMARKS.md, "Checkpoint builds after a window boundary")
+PREENCODE_WAIT_SAVES = 6
+#: past the iteration's deadline a partition is saved only when its last save is this many spacings old
+#: (a loop whose deadline is always spent still saves); else the save waits for an iteration with time
+SAVE_OVERDUE_SAVES = 2 + PREENCODE_WAIT_SAVES
 #: the same for changed open windows (``WindowAggregator.encode_ahead``): a full save of a 2,500-route
 #: partition snapshotted its ~5,000 windows in one go, 0.25-0.54 s of one loop iteration at 10,000
 #: routes. ``preencode`` encodes a partition's windows while more than half this many wait
@@ -157,18 +163,21 @@ class Checkpointer:
                         # encoded all the partition's routes at once; preencode gets a few seconds
                         or now - self._held_at.get(part.pk, -math.inf) < PREENCODE_WAIT_SAVES * every):
                     continue  # preencode takes them a slice per iteration first
-                if time.perf_counter() - t0 > STEP_BUDGET_S or (saved and self.step.passed()):
-                    break  # one save per iteration at least
+                if time.perf_counter() - t0 > STEP_BUDGET_S or (self.step.passed() and (
+                        saved or now - part.last_save < SAVE_OVERDUE_SAVES * spacing)):
+                    break  # past the deadline, one overdue save at most (the least recently saved first)
             before = part.last_save
             self._waiting.pop(part.pk, None)
             self.save(part, now, force=force)
             saved = saved or part.last_save != before  # built or sent one (not one held back by a flip)
         if not force:
             # in the loop, what is left of the iteration's deadline, and at least PREENCODE_BUDGET_S while a
-            # due save waits for it (else a slice): after a close burst the saves otherwise waited for it
-            # and then encoded 1,000-2,400 routes at once
+            # due save waits for it and the deadline is not spent (else a slice): after a close burst the
+            # saves otherwise waited for it and then encoded 1,000-2,400 routes at once. Past the deadline
+            # (judging a window boundary takes it all for 1-2 s at 10,000 routes) those 40 ms made
+            # iterations of 0.25-0.3 s; the saves wait PREENCODE_WAIT_SAVES spacings from the judging instead
             left = self.step.until - time.monotonic()
-            least = PREENCODE_BUDGET_S if self._waiting else 0.0
+            least = PREENCODE_BUDGET_S if self._waiting and left > 0 else 0.0
             self.preencode(max(least, left) if math.isfinite(left) else PREENCODE_BUDGET_S)
 
     def preencode(self, budget_s: float) -> int:
