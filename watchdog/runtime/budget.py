@@ -14,8 +14,11 @@ from __future__ import annotations
 import math
 import time
 
-#: loop work per iteration (its wait for records excluded) after which deferrable phases stop
-STEP_WORK_S = 0.15
+#: loop work per iteration (its wait for records excluded) after which deferrable phases stop. 0.1, not
+#: 0.15: each phase still does one unit past it (a chunk of windows, of routes), and at 10,000 routes
+#: 0.15 s plus those units made iterations of 0.25-0.29 s at every window boundary (docs/BENCHMARKS.md,
+#: "Checkpoint builds after a window boundary")
+STEP_WORK_S = 0.1
 
 
 class StepDeadline:
