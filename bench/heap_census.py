@@ -192,7 +192,7 @@ def held_by_site(top: int = 40) -> list[str]:
     total = sum(s.size for s in stats)
     out = [f"traced bytes held: {total / 2**20:,.1f} MiB in {sum(s.count for s in stats):,} blocks; largest sites:"]
     for st in stats[:top]:
-        where = " <- ".join(f"{f.filename.rsplit('/', 2)[-2:][-1]}:{f.lineno}" for f in st.traceback)
+        where = " <- ".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno}" for f in st.traceback)
         out.append(f"  {st.size / 2**20:8.2f} MiB  {st.count:>9,}  {where}")
     return out
 
