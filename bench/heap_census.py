@@ -165,24 +165,88 @@ def run(path: str) -> None:
     gc.unfreeze()
     objs = gc.get_objects()
     lines: list[str] = []
+    for name in filter(None, os.environ.get("HEAP_CHAINS", "").split(",")):
+        lines += referrer_chains(objs, name)
+    frames = collections.Counter(f"{o.f_code.co_name} ({o.f_code.co_filename.rsplit('/', 2)[-2:]})"
+                                 for o in objs if type(o).__name__ == "frame")
+    errors = collections.Counter(_name(o) for o in objs if isinstance(o, BaseException))
+    lines.append("frames by code: " + ", ".join(f"{k} {v:,}" for k, v in frames.most_common(10)))
+    lines.append("exceptions by type: " + ", ".join(f"{k} {v:,}" for k, v in errors.most_common(10)))
     census(objs, lines, path)
     bytes_by_owner(objs, lines)
     held_encodings(objs, lines)
     n = len(objs)
+    before = collections.Counter(_name(o) for o in objs)
     del objs
     lines.append(f"census took {time.perf_counter() - t0:.1f} s")
-    for _ in range(2):
+    rss = _rss_mb()
+    for i in range(2):
         t = time.perf_counter()
         got = gc.collect()
         lines.append(f"gc.collect() of the whole unfrozen heap ({n:,} objects): {time.perf_counter() - t:.3f} s, "
                      f"{got} collected")
+        if i == 0:  # what the first pass freed, by type: cyclic garbage that lived until a full pass
+            freed = before - collections.Counter(_name(o) for o in gc.get_objects())
+            lines.append(f"  RSS {rss:.1f} -> {_rss_mb():.1f} MB; freed by type: "
+                         + ", ".join(f"{k} {v:,}" for k, v in freed.most_common(12)))
     gc.freeze()
     if tracemalloc.is_tracing():
         lines += held_by_site()
-    with open("/proc/self/status") as f:
-        lines += [ln.strip() for ln in f if ln.startswith(("VmRSS", "VmHWM"))]
+    lines += allocator_lines()
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
+
+
+def referrer_chains(objs: list[Any], type_name: str, samples: int = 4, depth: int = 5) -> list[str]:
+    """For a few objects of the type named ``type_name``, who holds them: the chain of first referrers
+    (``HEAP_CHAINS=PartitionData,Future``), to find what keeps a population alive."""
+    picked = [o for o in objs if type(o).__name__ == type_name]
+    out = [f"referrer chains of {type_name} ({len(picked):,}):"]
+    chosen = random.Random(1).sample(picked, min(samples, len(picked)))
+    skip = {id(objs), id(picked), id(chosen)}
+    for o in chosen:
+        chain, cur = [_name(o)], o
+        for _ in range(depth):
+            here = sys._getframe()
+            refs = [r for r in gc.get_referrers(cur) if id(r) not in skip and r is not here]
+            if not refs:
+                chain.append("(none)")
+                break
+            cur = refs[0]
+            chain.append(f"{_name(cur)}{_slot_of(cur, o) if len(chain) == 1 else ''}")
+        out.append("  " + " <- ".join(chain))
+    return out
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(ln.split()[1]) for ln in f if ln.startswith("VmRSS")) / 1024
+
+
+def allocator_lines() -> list[str]:
+    """RSS, glibc malloc's own count (``mallinfo2``: bytes in use and free in its heaps, bytes in its mmapped
+    chunks) and what ``malloc_trim(0)`` hands back: the free memory glibc keeps inside its heaps. (CPython's
+    small-object arenas are mmapped by CPython itself, outside these counts.)"""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in
+                    ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                     "keepcost")]
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = MallInfo2
+    except (OSError, AttributeError):
+        return [f"VmRSS {_rss_mb():.1f} MB (no glibc mallinfo2 here)"]
+    mi = libc.mallinfo2()
+    mb = 2**20
+    out = [f"malloc heaps {mi.arena / mb:.1f} MiB (in use {mi.uordblks / mb:.1f}, free {mi.fordblks / mb:.1f}), "
+           f"mmapped chunks {mi.hblkhd / mb:.1f} MiB in {mi.hblks}; pymalloc blocks {sys.getallocatedblocks():,}"]
+    before = _rss_mb()
+    libc.malloc_trim(0)
+    out.append(f"VmRSS {before:.1f} MB, after malloc_trim(0) {_rss_mb():.1f} MB")
+    return out
 
 
 def held_by_site(top: int = 40) -> list[str]:
@@ -195,6 +259,18 @@ def held_by_site(top: int = 40) -> list[str]:
         where = " <- ".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno}" for f in st.traceback)
         out.append(f"  {st.size / 2**20:8.2f} MiB  {st.count:>9,}  {where}")
     return out
+
+
+def _when_not_collecting(fn: Any) -> None:
+    """Run ``fn`` now, or a little later when the signal came inside a collector callback: a collection
+    is under way there and ``gc.collect()`` would return 0 at once."""
+    f = sys._getframe(1)
+    while f is not None:
+        if f.f_code.co_filename.endswith(("gc_trace.py", "collector.py")) and f.f_code.co_name in ("trace", "__call__"):
+            threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+            return
+        f = f.f_back
+    fn()
 
 
 def install_from_env() -> None:
@@ -210,6 +286,6 @@ def install_from_env() -> None:
         outs = [path] if len(times) == 1 else [f"{path}.{i}" for i in range(len(times))]
         nth = iter(outs)
         # on the main thread (a signal handler), so the daemon's loop stands still while it counts
-        signal.signal(signal.SIGUSR1, lambda *_: run(next(nth)))
+        signal.signal(signal.SIGUSR1, lambda *_: _when_not_collecting(lambda: run(next(nth))))
         for t in times:
             threading.Timer(t, os.kill, (os.getpid(), signal.SIGUSR1)).start()

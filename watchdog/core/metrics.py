@@ -70,6 +70,10 @@ class Metrics:
             "llmwd_gc_seconds", "One pass of the cyclic collector (the main loop runs them once per iteration; a "
             "pass on another thread stalls the loop as well), by generation: 0 young, 1 middle, 2 full",
             ["generation"], buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5), registry=r)
+        self.malloc_trim_seconds = Histogram(
+            "llmwd_malloc_trim_seconds", "One hand-back of the free memory inside glibc's malloc heaps to the system "
+            "(malloc_trim, on the main loop every 10 s; absent where the C library has none)",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25), registry=r)
         # how long a window's verdict takes to reach Redis, from two starts (docs/OPERATIONS.md, "Reaction time")
         self.close_to_flip_seconds = Histogram(
             "llmwd_close_to_flip_seconds", "From the loop iteration in which the event-time watermark passed the "

@@ -73,6 +73,38 @@ def classify_kafka_error(exc: BaseException) -> str:
     return "kafka"
 
 
+def drop_spent_wakeups(consumer: KafkaConsumer) -> int:
+    """Take the callbacks of a poll that has returned off the fetches still in flight; the number taken.
+
+    kafka-python 3.0's ``Fetcher.fetch_records``, when no record is buffered, hangs a ``_wake`` callback
+    on every fetch in flight and waits on it with the poll's timeout. When the wait times out (every
+    ``poll(0)`` that finds nothing), the ``KafkaTimeoutError`` it raises, its traceback and the frames
+    of that call (whose locals hold those fetches) form a cycle that ``_wake`` keeps alive until the
+    fetch completes - by then with the fetch response, the records' bytes, in it. The main loop freezes
+    what survives its iteration (watchdog/runtime/collector.py), so those cycles stayed until a full
+    collection: ~0.4 MB/s of dead fetch responses at 2,000 events/s (docs/BENCHMARKS.md, "Memory glibc
+    kept"). A ``_wake`` of a poll that returned wakes nobody; taking it off leaves the cycle unreachable
+    in the iteration that made it. Nothing here when the fetcher is not kafka-python 3.0's."""
+    futures = getattr(getattr(consumer, "_fetcher", None), "_fetch_futures", None)
+    if not futures:
+        return 0
+    taken = 0
+    for fut in list(futures):
+        lock = getattr(fut, "_lock", None)
+        if lock is None:
+            continue
+        with lock:  # the IO thread completes futures under this lock
+            for name in ("_callbacks", "_errbacks"):
+                cbs = getattr(fut, name, None)
+                if not cbs:
+                    continue
+                kept = [cb for cb in cbs if getattr(cb, "__qualname__", "") != "Fetcher.fetch_records.<locals>._wake"]
+                if len(kept) != len(cbs):
+                    taken += len(cbs) - len(kept)
+                    cbs[:] = kept
+    return taken
+
+
 class _Rebalance(ConsumerRebalanceListener):
     def __init__(self, on_assigned: PartitionsFn, on_revoked: PartitionsFn) -> None:
         self._on_assigned = on_assigned
@@ -158,6 +190,7 @@ class Ingest:
             self._fail(classify_kafka_error(exc), f"poll failed: {type(exc).__name__}: {exc}")
             return 0
         self.poll_call_s = time.monotonic() - t0
+        drop_spent_wakeups(self.consumer)
         self.healthy = True
         self.error_reason = None
         self.metrics.kafka_up.set(1)

@@ -18,9 +18,11 @@ taken from the work that can wait, ``watchdog/runtime/budget.py``):
   a cycle that died after an iteration froze it is freed there, so memory stays bounded. That pass walks
   the whole heap (0.8-1.5 s at 10,000 routes on a loaded 2-core machine), so it should be rare: a cycle
   that dies within the iteration that made it is freed by that iteration's pass, and the heap grows by
-  cyclic garbage only from cycles that reach an object of an earlier iteration. kafka-python makes some
-  (a timed-out fetch: its exception, traceback and the callers' frames); ``Daemon.step`` keeps the
-  closed windows out of its own frame's locals so that such a cycle holds little. The pass comes while
+  cyclic garbage only from cycles that survive their iteration and die later. kafka-python made one
+  per poll that found no record (``watchdog.ingest.consumer.drop_spent_wakeups`` takes away what kept
+  it alive); ``Daemon.step`` keeps the closed windows out of its own frame's locals so that such a cycle
+  holds little. The heap count sees CPython's small objects only: what glibc keeps of freed larger
+  blocks is ``watchdog/runtime/heap_trim.py``'s. The pass comes while
   the heap fills after a start (routes arriving, their histories growing) and rarely after. CPython's
   own rule is a 25 % growth of what its middle passes kept: with a heap that grows for minutes after a
   start, that was a full pass every ~30 s of it.

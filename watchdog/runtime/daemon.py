@@ -47,6 +47,7 @@ from watchdog.runtime.checkpointer import Checkpointer
 from watchdog.runtime.clock import ClockCheck, SteadyClock
 from watchdog.runtime.closer import WindowCloser
 from watchdog.runtime.collector import LOOP_GC
+from watchdog.runtime.heap_trim import HEAP_TRIM, fix_mmap_threshold
 from watchdog.runtime.decisions import FLAG_RELOAD_S, Decisions
 from watchdog.runtime.evidence import EvidenceRecorder
 from watchdog.runtime.evidence_http import EvidencePages
@@ -263,6 +264,7 @@ class Daemon:
         if not self._gc_entered:
             self._gc_entered = True
             LOOP_GC.enter()
+            fix_mmap_threshold()  # large transient buffers mapped whole (watchdog/runtime/heap_trim.py)
 
     def step(self, poll_ms: int = 200) -> None:
         t0 = time.monotonic()
@@ -285,6 +287,10 @@ class Daemon:
         self.step_deadline.start()
         LOOP_GC.collect()  # inside the deadline: the work that can wait gets what the collector left
         lap("collector")
+        trimmed = HEAP_TRIM.maybe_trim()
+        if trimmed is not None:
+            self.metrics.malloc_trim_seconds.observe(trimmed)
+        lap("heap trim")
         now = self.clock()
         self.wm.records_read(ingest.last_polled, now)
         self.wm.live_from(ingest.read_to_end())

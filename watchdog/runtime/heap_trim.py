@@ -1,0 +1,82 @@
+"""Free memory inside glibc's malloc heaps handed back to the system, from the main loop.
+
+CPython's small objects live in its own arenas; everything above 512 bytes (dict tables, lists, strings,
+the checkpoint text, kafka-python's fetched batches) comes from malloc. glibc returns freed memory to
+the system only from the top of a heap, so a long-lived allocation above a freed one keeps the freed
+pages resident. At 10,000 routes (`bench/growth.py`, docs/BENCHMARKS.md "Memory glibc kept") the heaps
+held 148 MiB of which 115 MiB were free, and RSS fell from 447 to 340 MB at one ``malloc_trim(0)``,
+which releases the free pages anywhere in every arena. The loop calls ``maybe_trim`` once per iteration;
+it trims every ``TRIM_EVERY_S`` seconds. Where the C library has no ``malloc_trim`` (musl, macOS) it
+does nothing.
+
+``fix_mmap_threshold`` (the daemon's start) pins glibc's mmap threshold at ``MMAP_THRESHOLD``: glibc
+raises it to the size of any mmapped block freed (up to 32 MiB), after which the checkpoint text and other
+large transient buffers come from the heaps and leave holes there; below the pinned threshold they are
+mapped and unmapped whole.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from collections.abc import Callable
+
+#: seconds between two trims: a trim of ~100 MiB of free heap takes milliseconds (measured), and what
+#: the loop frees again in that time is a window's worth of transient buffers
+TRIM_EVERY_S = 10.0
+
+
+#: bytes from which glibc maps a block on its own (its default start; pinned: no dynamic raise)
+MMAP_THRESHOLD = 128 * 1024
+_M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
+
+
+def fix_mmap_threshold() -> bool:
+    """Pin glibc's mmap threshold (module docstring); False where there is no glibc ``mallopt``."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        fn = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_size_t]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+class HeapTrimmer:
+    def __init__(self, every_s: float = TRIM_EVERY_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every_s = every_s
+        self._clock = clock
+        self._trim = _malloc_trim()
+        self._lock = threading.Lock()
+        self._next = clock() + every_s
+
+    @property
+    def available(self) -> bool:
+        return self._trim is not None
+
+    def maybe_trim(self) -> float | None:
+        """Trim when it is time: the seconds it took, or None when it did not run."""
+        if self._trim is None:
+            return None
+        now = self._clock()
+        with self._lock:  # several daemons of one process (tests, the demo): one trim per interval
+            if now < self._next:
+                return None
+            self._next = now + self.every_s
+        t = time.perf_counter()
+        self._trim(0)
+        return time.perf_counter() - t
+
+
+HEAP_TRIM = HeapTrimmer()
