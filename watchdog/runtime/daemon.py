@@ -47,12 +47,12 @@ from watchdog.runtime.checkpointer import Checkpointer
 from watchdog.runtime.clock import ClockCheck, SteadyClock
 from watchdog.runtime.closer import WindowCloser
 from watchdog.runtime.collector import LOOP_GC
-from watchdog.runtime.heap_trim import HEAP_TRIM, fix_mmap_threshold
 from watchdog.runtime.decisions import FLAG_RELOAD_S, Decisions
 from watchdog.runtime.evidence import EvidenceRecorder
 from watchdog.runtime.evidence_http import EvidencePages
 from watchdog.runtime.golden import GoldenRelay
 from watchdog.runtime.health import LoopHealth, Readiness, RedisHealth
+from watchdog.runtime.heap_trim import HEAP_TRIM, fix_mmap_threshold
 from watchdog.runtime.ownership import Ownership
 from watchdog.runtime.policies import PolicyReloader
 from watchdog.runtime.routes import RouteKeeper
