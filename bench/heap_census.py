@@ -169,7 +169,7 @@ def run(path: str) -> None:
         lines += referrer_chains(objs, name)
     frames = collections.Counter(f"{o.f_code.co_name} ({o.f_code.co_filename.rsplit('/', 2)[-2:]})"
                                  for o in objs if type(o).__name__ == "frame")
-    errors = collections.Counter(_name(o) for o in objs if isinstance(o, BaseException))
+    errors = collections.Counter(_name(o) for o in objs if issubclass(type(o), BaseException))
     lines.append("frames by code: " + ", ".join(f"{k} {v:,}" for k, v in frames.most_common(10)))
     lines.append("exceptions by type: " + ", ".join(f"{k} {v:,}" for k, v in errors.most_common(10)))
     census(objs, lines, path)
