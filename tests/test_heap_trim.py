@@ -95,3 +95,15 @@ def test_a_pinned_mmap_threshold_gives_large_freed_blocks_back_at_once():
 
     assert freed_kb("pin") > 80 * 1024
     assert freed_kb("dynamic") < 20 * 1024
+
+
+def test_the_threshold_is_left_to_glibc_beside_an_in_process_engine():
+    from watchdog.config.settings import GoldenConfig, GoldenJobConfig
+
+    def job(kind: str) -> GoldenJobConfig:
+        return GoldenJobConfig(name="j", set="s", model="m", routes=["r"], candidate={"kind": kind},
+                               baseline={"kind": "openai"})
+
+    assert not GoldenConfig().in_process()
+    assert not GoldenConfig(jobs=[job("openai")]).in_process()
+    assert GoldenConfig(jobs=[job("openai"), job("torch")]).in_process()

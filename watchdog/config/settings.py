@@ -230,6 +230,10 @@ class GoldenConfig(_Section):
     #: minimum seconds between two suspicion-triggered replays of one job
     debounce_s: float = Field(60.0, ge=0)
 
+    def in_process(self) -> bool:
+        """Whether a job runs an engine inside the daemon (``kind: torch``)."""
+        return any(opts.get("kind") == "torch" for job in self.jobs for opts in (job.candidate, job.baseline))
+
 
 class GpuConfig(_Section):
     enabled: bool = False

@@ -264,7 +264,10 @@ class Daemon:
         if not self._gc_entered:
             self._gc_entered = True
             LOOP_GC.enter()
-            fix_mmap_threshold()  # large transient buffers mapped whole (watchdog/runtime/heap_trim.py)
+            # large transient buffers mapped whole (watchdog/runtime/heap_trim.py); not beside an in-process
+            # engine, whose tensors above the threshold would each be mapped and faulted in anew
+            if not self.cfg.golden.in_process():
+                fix_mmap_threshold()
 
     def step(self, poll_ms: int = 200) -> None:
         t0 = time.monotonic()
