@@ -219,6 +219,8 @@ def referrer_chains(objs: list[Any], type_name: str, samples: int = 4, depth: in
 
 
 def _rss_mb() -> float:
+    # not bench/memory.py's rss_mb: importing that module would bring httpx and the traffic generator into the
+    # daemon whose heap is being counted
     with open("/proc/self/status") as f:
         return next(int(ln.split()[1]) for ln in f if ln.startswith("VmRSS")) / 1024
 

@@ -33,32 +33,28 @@ MMAP_THRESHOLD = 128 * 1024
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
 
 
-def fix_mmap_threshold() -> bool:
-    """Pin glibc's mmap threshold (module docstring); False where there is no glibc ``mallopt``."""
+def _libc(name: str, *argtypes: type) -> Callable[..., int] | None:
+    """The C library's function ``name`` returning an int, or None where it has none (not glibc)."""
     try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt.restype = ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
-
-
-def _malloc_trim() -> Callable[[int], int] | None:
-    try:
-        fn = ctypes.CDLL(None).malloc_trim
+        fn = getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError):
         return None
-    fn.argtypes = [ctypes.c_size_t]
+    fn.argtypes = list(argtypes)
     fn.restype = ctypes.c_int
     return fn
+
+
+def fix_mmap_threshold() -> bool:
+    """Pin glibc's mmap threshold (module docstring); False where there is no glibc ``mallopt``."""
+    mallopt = _libc("mallopt", ctypes.c_int, ctypes.c_int)
+    return mallopt is not None and bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
 
 
 class HeapTrimmer:
     def __init__(self, every_s: float = TRIM_EVERY_S, clock: Callable[[], float] = time.monotonic) -> None:
         self.every_s = every_s
         self._clock = clock
-        self._trim = _malloc_trim()
+        self._trim = _libc("malloc_trim", ctypes.c_size_t)
         self._lock = threading.Lock()
         self._next = clock() + every_s
 
