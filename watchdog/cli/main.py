@@ -408,9 +408,21 @@ def build_parser(prog: str = "fp8-watchdog") -> argparse.ArgumentParser:
     return parser
 
 
+#: set by the process's SIGINT handler: whatever a library makes of the KeyboardInterrupt (wraps it, or
+#: replaces it while cleaning up), the command was interrupted
+_SIGINT_SEEN: list[bool] = []
+
+
+def _on_sigint(signum: int, frame: object) -> None:
+    _SIGINT_SEEN.append(True)
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     prog = "fp8-watchdog"
     try:  # first thing: a Ctrl-C that lands even in the name lookup below is one line too
+        if argv is None and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, _on_sigint)
         name = os.path.basename(sys.argv[0]) if argv is None else prog
         if name in ("fp8-watchdog", "llm-watchdog"):
             prog = name
@@ -421,12 +433,23 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         # CPython 3.11 wraps an exception raised while a class is created (``__set_name__``, e.g. in a
         # dataclass of a module being imported) in a RuntimeError: a Ctrl-C there is still a Ctrl-C
-        cause: BaseException | None = exc
-        while cause is not None and not isinstance(cause, KeyboardInterrupt):
-            cause = cause.__cause__ or cause.__context__
-        if cause is None:
+        if not _SIGINT_SEEN and not _caused_by_ctrl_c(exc):
             raise
         return _interrupted(prog, argv)
+
+
+def _caused_by_ctrl_c(exc: BaseException) -> bool:
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        cause = todo.pop()
+        if cause is None or id(cause) in seen:
+            continue
+        if isinstance(cause, KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        todo += [cause.__cause__, cause.__context__]
+    return False
 
 
 def _import_unsafe_to_interrupt() -> None:
