@@ -14,7 +14,7 @@ import pytest
 from tests.test_checkpoint_incremental import POLICY, _fold, _restored, _rig
 from watchdog.runtime import checkpointer as C
 from watchdog.state import partitions as P
-from watchdog.state.checkpoint import SCHEMA, PendingSave
+from watchdog.state.checkpoint import PACKED, SCHEMA, PendingSave
 
 pytestmark = pytest.mark.services
 
@@ -45,11 +45,14 @@ def _capture(ck: C.Checkpointer) -> list[PendingSave]:
 def _fresh(ck: C.Checkpointer, routes: set[P.Route]) -> dict[str, str]:
     """The engine-state values a save built now, in one go, writes for ``routes``."""
     by_route = P.engine_states_by_route(ck.engine, routes)
-    return {ck.keys.engine("g", m, r): P.engine_json(by_route[(m, r)]) for m, r in routes if (m, r) in by_route}
+    packed = ck.cfg.redis.pack_engine_state
+    return {ck.keys.engine("g", m, r): P.engine_value(by_route[(m, r)], packed) for m, r in routes if (m, r) in by_route}
 
 
-def test_a_save_writes_what_a_save_built_in_one_go_would(redis_client) -> None:
+@pytest.mark.parametrize("packed", [False, True], ids=["json", "packed"])
+def test_a_save_writes_what_a_save_built_in_one_go_would(redis_client, packed: bool) -> None:
     ck, part, ingest, _own = _rig(redis_client)
+    ck.cfg.redis.pack_engine_state = packed
     routes = [f"r{k}" for k in range(60)]
     for r in routes:
         _fold(ck, part, ingest, r, 100.0)
@@ -72,6 +75,7 @@ def test_a_save_writes_what_a_save_built_in_one_go_would(redis_client) -> None:
     ck.drain()
     (save,) = sent
     assert save.engines == _fresh(ck, part.routes)
+    assert all(v.startswith(PACKED) == packed for v in save.engines.values())
     _data, _windows, engines = _restored(redis_client)
     assert engines == {r: {"schema": SCHEMA, "scopes": {POLICY: ck.engine.states[(POLICY, *r)].to_json()}}
                        for r in sorted(part.routes)}

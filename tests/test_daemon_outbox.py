@@ -122,6 +122,7 @@ def test_a_flag_lost_from_redis_is_reasserted_despite_the_cooldown(kafka_service
     policy = write_policy(tmp_path / "p.yaml")
     policy.write_text(policy.read_text().replace("cooldown: 0s", "cooldown: 1h"))
     cfg = make_config(kafka_service.address, redis_service.port, topic, policy, None)
+    cfg.redis.pack_engine_state = True  # the flips and checkpoints write packed engine states (the rest: JSON)
     store = FlagStore(redis_client, Keys())
     with running_daemon(cfg) as (daemon, server), \
             traffic(kafka_service.address, topic, ["legal/contracts"], daemon.flags.precision_for) as gen:
@@ -141,6 +142,7 @@ def test_a_flag_lost_from_redis_is_reasserted_despite_the_cooldown(kafka_service
         assert httpx.get(f"{server.url}/readyz").status_code == 200
     audit = store.audit(10)
     assert len(audit) == 1 and "flag was lost" in audit[0]["reason"]
-    from watchdog.state.checkpoint import SCHEMA
+    from watchdog.state.checkpoint import PACKED, SCHEMA, engine_text
 
-    assert json.loads(redis_client.get(Keys().engine(cfg.kafka.group_id, MODEL, "legal/contracts")))["schema"] == SCHEMA
+    value = redis_client.get(Keys().engine(cfg.kafka.group_id, MODEL, "legal/contracts"))
+    assert value.startswith(PACKED) and json.loads(engine_text(value))["schema"] == SCHEMA

@@ -106,6 +106,11 @@ class RedisConfig(_Section):
     windows_maxlen: int = Field(100_000, ge=0)
     #: seconds between two checkpoints of a partition that keeps receiving events
     checkpoint_every_s: float = Field(1.0, gt=0)
+    #: write each route's policy-engine state zstd-compressed (~3x smaller: at 10,000 routes the text a
+    #: window boundary makes the daemon hold, and Redis memory and write bandwidth, docs/OPERATIONS.md).
+    #: Every release since 2026-12-06 reads both forms; one before it cannot read a packed state, so turn
+    #: this on once no replica runs an older release (a rolling upgrade moves partitions between them)
+    pack_engine_state: bool = False
 
     @field_validator("url")
     @classmethod

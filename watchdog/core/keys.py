@@ -160,7 +160,8 @@ class Keys:
 
     def engine(self, group: str, model: str, route: str) -> str:
         """String ``{prefix}:engine:{group}:{model}:{route}``: JSON policy-engine state of one route
-        (cooldown, budget, promote timer, rule streaks), written with checkpoints and flips."""
+        (cooldown, budget, promote timer, rule streaks), written with checkpoints and flips; packed
+        (``state.checkpoint.pack_engine``) when ``redis.pack_engine_state`` is on."""
         return f"{self.prefix}:engine:{group}:{key_part(model)}:{key_part(route)}"
 
     def engine_pattern(self, group: str) -> str:

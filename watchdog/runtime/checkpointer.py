@@ -216,6 +216,7 @@ class Checkpointer:
     def _preencode(self, budget_s: float) -> int:
         t0 = time.perf_counter()
         done = 0
+        packed = self.cfg.redis.pack_engine_state
         # the partition saved least recently first, the order its save comes in (in dict order, the
         # last partition got no slice after a close burst and its save encoded its 2,500 routes at once)
         for part in sorted(self.ownership.parts.values(), key=lambda p: p.last_save):
@@ -229,7 +230,7 @@ class Checkpointer:
                 for route in chunk:
                     scopes = by_route.get(route)
                     # None: no state (yet); the save leaves its key alone, as it did before
-                    encoded[route] = P.engine_json(scopes) if scopes is not None else None
+                    encoded[route] = P.engine_value(scopes, packed) if scopes is not None else None
                     part.dirty_routes.discard(route)
                 done += len(chunk)
                 if time.perf_counter() - t0 > budget_s:
@@ -424,7 +425,8 @@ class Checkpointer:
         engines = {self.keys.engine(group, m, r): doc for (m, r), doc in sorted(ahead.items())
                    if doc is not None and (m, r) in part.routes and (m, r) not in routes
                    and (m, r) not in part.evicted}
-        engines.update((self.keys.engine(group, m, r), P.engine_json(by_route[(m, r)]))
+        packed = self.cfg.redis.pack_engine_state
+        engines.update((self.keys.engine(group, m, r), P.engine_value(by_route[(m, r)], packed))
                        for m, r in sorted(routes) if (m, r) in by_route)
         for m, r in sorted(part.evicted - part.routes):  # forgotten as idle: '' deletes the key
             engines[self.keys.engine(self.cfg.kafka.group_id, m, r)] = ""

@@ -11,8 +11,10 @@ retried after a timeout never records a window twice. See docs/OPERATIONS.md, "S
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
@@ -29,6 +31,34 @@ SCHEMA = 2
 #: checkpoint schemas this release restores (1: windows in the JSON-list form, still read)
 READABLE_SCHEMAS = (1, 2)
 SAVED, DUPLICATE, FENCED, RESYNC = "saved", "duplicate", "fenced", "resync"
+#: the start of a packed engine-state value: zstd-compressed JSON, then base64 (the daemon's Redis client
+#: decodes every reply as UTF-8). A value that does not start with it is the JSON itself
+PACKED = "z1:"
+_zstd = threading.local()
+
+
+def pack_engine(doc: str) -> str:
+    """A route's engine-state JSON as its packed value (``redis.pack_engine_state``): ~3x smaller here,
+    in Redis and on the wire; zstd level 1 costs about a quarter of encoding the JSON."""
+    import zstandard
+
+    comp = getattr(_zstd, "comp", None)
+    if comp is None:
+        comp = _zstd.comp = zstandard.ZstdCompressor(level=1)
+    return PACKED + base64.b64encode(comp.compress(doc.encode())).decode("ascii")
+
+
+def engine_text(raw: str | bytes) -> str:
+    """The JSON of an engine-state value, packed or not (every release since packing was added reads both)."""
+    value = text(raw)
+    if not value.startswith(PACKED):
+        return value
+    import zstandard
+
+    dec = getattr(_zstd, "dec", None)
+    if dec is None:
+        dec = _zstd.dec = zstandard.ZstdDecompressor()
+    return str(dec.decompress(base64.b64decode(value[len(PACKED):])).decode())
 
 
 def _script(name: str) -> str:
@@ -130,5 +160,5 @@ class CheckpointStore:
         out = {}
         for pair, raw in zip(routes, raws, strict=True):
             if raw:
-                out[pair] = json.loads(text(raw))
+                out[pair] = json.loads(engine_text(raw))
         return out

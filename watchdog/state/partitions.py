@@ -15,7 +15,7 @@ from watchdog.core import exact_json
 from watchdog.core.signals import Signal
 from watchdog.policy import PolicyEngine
 from watchdog.policy.state import ScopeState
-from watchdog.state.checkpoint import SCHEMA, PendingSave
+from watchdog.state.checkpoint import SCHEMA, PendingSave, pack_engine
 from watchdog.windows.aggregator import WindowAggregator
 
 PartitionKey = tuple[str, int]
@@ -77,6 +77,12 @@ def engine_json(scopes: dict[str, Any]) -> str:
     """A route's engine-state document (``load_engine_states`` reads it back through ``json.loads``):
     orjson's text, or ``json.dumps``'s when a float in it is not finite (``core.exact_json``)."""
     return exact_json.dumps({"schema": SCHEMA, "scopes": scopes})
+
+
+def engine_value(scopes: dict[str, Any], packed: bool) -> str:
+    """What a route's engine-state key holds: ``engine_json``, packed when ``redis.pack_engine_state``."""
+    doc = engine_json(scopes)
+    return pack_engine(doc) if packed else doc
 
 
 def load_engine_states(engine: PolicyEngine, saved: dict[Route, dict[str, Any]]) -> None:
