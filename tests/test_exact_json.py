@@ -16,17 +16,15 @@ from typing import Any
 import orjson
 import pytest
 
+from bench.engine_pack import judged_states
 from watchdog.core import exact_json
-from watchdog.core.events import decode_event
 from watchdog.core.keys import Keys
-from watchdog.dev.traffic import Route, TrafficGenerator
 from watchdog.policy import PolicyEngine
 from watchdog.policy.evaluate import Verdict
 from watchdog.policy.loader import load_policy_files
 from watchdog.policy.state import RuleState, ScopeState, rule_fingerprint
 from watchdog.state import partitions as P
 from watchdog.state.checkpoint import PACKED, SCHEMA, CheckpointStore, engine_text
-from watchdog.windows.aggregator import WindowAggregator
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICY = "fp8-default"
@@ -141,22 +139,7 @@ def test_packed_engine_states_read_back_exactly_and_are_a_third_of_the_size() ->
 
 
 def _judged_states(n_routes: int = 200, windows: int = 10) -> dict[P.Route, dict[str, Any]]:
-    """Engine states of routes judged on the default policy with two events per route and window (the
-    traffic of a 10,000-route replica at 2,000 events/s): some routes' horizon tests have no information."""
-    routes = [Route("m", f"r-{i:04d}", rate=1.0, regression="quality" if i % 50 == 7 else None)
-              for i in range(n_routes)]
-    gen = TrafficGenerator(routes)
-    engine = _engine()
-    agg = WindowAggregator(length_s=10.0, grace_s=2.0, max_future_s=INF)
-    flags = {("m", r.route): "fp8" for r in routes}
-    ts, step, close = 1_800_000_000.0, 10.0 / (2 * n_routes), 1_800_000_012.0
-    for i in range(2 * n_routes * windows):
-        agg.add(decode_event(gen.encoded(routes[i % n_routes], ts)[1]), ("t", 0), i)
-        ts += step
-        if ts >= close:
-            engine.observe(agg.close_due(ts), ts, flags, "fp8")
-            close += 10.0
-    return P.engine_states_by_route(engine)
+    return judged_states(n_routes, windows)
 
 
 def test_judged_engine_states_read_back_exactly_and_only_those_with_inf_use_json_dumps() -> None:
