@@ -118,6 +118,14 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     session.config.stash[_EXIT_STATUS] = int(exitstatus)
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker (``make test`` runs two): the controller names them
+        workeroutput["left_open"] = list(LEFT_OPEN)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    LEFT_OPEN.extend(getattr(node, "workeroutput", {}).get("left_open", []))
 
 
 _EXIT_STATUS = pytest.StashKey[int]()
