@@ -127,7 +127,7 @@ def test_an_engine_state_with_inf_and_nan_reads_back_what_was_saved() -> None:
 def test_packed_engine_states_read_back_exactly_and_are_a_third_of_the_size() -> None:
     """``redis.pack_engine_state``: zstd and base64 over the same text; what a replica reads back is the
     text that was packed, and the judged states of a thin 10,000-route replica shrink about 3x."""
-    states = _judged_states(n_routes=100)
+    states = judged_states(100, 10)
     plain = [P.engine_json(scopes) for scopes in states.values()]
     packed = [P.engine_value(scopes, packed=True) for scopes in states.values()]
     assert all(p.startswith(PACKED) and p.isascii() for p in packed)
@@ -138,12 +138,8 @@ def test_packed_engine_states_read_back_exactly_and_are_a_third_of_the_size() ->
     assert ratio > 2.5, ratio
 
 
-def _judged_states(n_routes: int = 200, windows: int = 10) -> dict[P.Route, dict[str, Any]]:
-    return judged_states(n_routes, windows)
-
-
 def test_judged_engine_states_read_back_exactly_and_only_those_with_inf_use_json_dumps() -> None:
-    states = _judged_states()
+    states = judged_states(200, 10)
     nonfinite = 0
     for scopes in states.values():
         doc = {"schema": SCHEMA, "scopes": scopes}

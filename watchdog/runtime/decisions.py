@@ -411,9 +411,9 @@ class Decisions:
             return FlipExtras(owner_key=self.checkpoints.owner_key(-1), token=token, engine_key=engine_key,
                               engine_json="", outbox_key=self.keys.outbox, outbox_json=page)
         scopes = {pol: st.to_json() for pol, st in self.engine.scopes_of(route).items()}
+        engine_json = P.engine_value(scopes, self.cfg.redis.pack_engine_state)
         return FlipExtras(owner_key=self.checkpoints.owner_key(part.pk[1]), token=part.token,
-                          engine_key=engine_key, engine_json=P.engine_value(scopes, self.cfg.redis.pack_engine_state),
-                          outbox_key=self.keys.outbox,
+                          engine_key=engine_key, engine_json=engine_json, outbox_key=self.keys.outbox,
                           outbox_json=page)
 
     # -- writing -------------------------------------------------------------------------------

@@ -58,7 +58,7 @@ def engine_text(raw: str | bytes) -> str:
     dec = getattr(_zstd, "dec", None)
     if dec is None:
         dec = _zstd.dec = zstandard.ZstdDecompressor()
-    return str(dec.decompress(base64.b64decode(value[len(PACKED):])).decode())
+    return dec.decompress(base64.b64decode(value[len(PACKED):])).decode()
 
 
 def _script(name: str) -> str:
