@@ -32,6 +32,14 @@ def test_drill(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     assert result.passed, f"{name}: " + "; ".join(result.failures() + result.notes)
 
 
+@pytest.mark.timeout(150)
+def test_sigkill_loop_with_packed_engine_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``redis.pack_engine_state`` on (the daemons read it from the environment): every restart restores
+    the routes' engine state from packed values, and the counts stay exact."""
+    monkeypatch.setenv("LLMWD_REDIS__PACK_ENGINE_STATE", "true")
+    test_drill("sigkill-loop", tmp_path, monkeypatch)
+
+
 def test_ledger_counts_a_lost_and_a_doubled_window_exactly() -> None:
     """The comparison itself, on hand-made counts: a window short by 3, one doubled, one beyond
     the cutoff (ignored)."""
