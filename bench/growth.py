@@ -23,7 +23,8 @@ carry a quality regression, so agreement scoring runs and rollbacks happen). Aft
 * the cyclic collector's passes in the span, by generation (young / middle / full): how many, the longest,
   their sum and the objects they collected, written by the daemon process itself through ``bench/gc_trace.py`` (any tree);
 * events sent that no committed Kafka offset covers at the end (what a SIGKILL then would read again), and
-  every 5 s whether reading was held (``llmwd_reading_held``: judging ran behind, the back-pressure);
+  every 5 s whether reading was held (``llmwd_reading_held``: judging ran behind, the back-pressure), the
+  oldest unsaved partition's age (``llmwd_checkpoint_age_seconds``) and the judging backlog's;
 * event-time lag at the end: now minus the slowest partition's watermark (``llmwd_watermark_seconds``),
   which includes the 2 s grace and half a window.
 
@@ -82,6 +83,10 @@ def snapshot(url: str) -> dict[str, Any]:
                 out["flips"] += s.value
             elif s.name == "llmwd_reading_held":  # absent in a tree without back-pressure
                 out["held"] = s.value
+            elif s.name == "llmwd_checkpoint_age_seconds":  # absent in a tree before it
+                out["ckpt_age"] = max(out.get("ckpt_age", 0.0), s.value)
+            elif s.name == "llmwd_judging_backlog_seconds":
+                out["backlog_s"] = s.value
             elif s.name.endswith("_bucket") and s.name[:-7] in HISTOGRAMS:
                 le = float(s.labels["le"])
                 out[s.name[:-7]][le] = out[s.name[:-7]].get(le, 0.0) + s.value
@@ -165,12 +170,15 @@ def run_one(n_routes: int, args: argparse.Namespace, code: Path = ROOT, label: s
                 check_alive(proc, log_path)
                 m0, cpu0, sent0, wall0 = snapshot(url), process_cpu_s(proc.pid), gen.sent, time.time()
                 in0, t0 = r.info("stats")["total_net_input_bytes"], time.monotonic()
-                rss, held = [rss_mb(proc.pid)], []
+                rss, held, ages, backlogs = [rss_mb(proc.pid)], [], [], []
                 while time.monotonic() - t0 < args.seconds:
                     time.sleep(5.0)
                     check_alive(proc, log_path)
                     rss.append(rss_mb(proc.pid))
-                    held.append(snapshot(url)["held"])
+                    sample = snapshot(url)
+                    held.append(sample["held"])
+                    ages.append(sample.get("ckpt_age", float("nan")))
+                    backlogs.append(sample.get("backlog_s", float("nan")))
                 m1, cpu1, sent1, wall1 = snapshot(url), process_cpu_s(proc.pid), gen.sent, time.time()
                 # what a SIGKILL now would read again: events sent that no committed offset covers yet
                 admin = KafkaAdminClient(bootstrap_servers=svc.kafka_address)
@@ -191,6 +199,10 @@ def run_one(n_routes: int, args: argparse.Namespace, code: Path = ROOT, label: s
         gc_passes = read_gc_trace(trace, wall0, wall1)
         print("  RSS MB every 5 s of the span:", " ".join(f"{x:.0f}" for x in rss), flush=True)
         print("  reading held (llmwd_reading_held) every 5 s:", " ".join(f"{x:.0f}" for x in held), flush=True)
+        print("  oldest unsaved partition s (llmwd_checkpoint_age_seconds) every 5 s:",
+              " ".join(f"{x:.0f}" for x in ages), flush=True)
+        print("  judging backlog s (llmwd_judging_backlog_seconds) every 5 s:",
+              " ".join(f"{x:.0f}" for x in backlogs), flush=True)
         r.close()
     span = t1 - t0
     consumed = m1["events"] - m0["events"]

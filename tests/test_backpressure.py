@@ -1,6 +1,6 @@
-"""Back-pressure (watchdog/runtime/daemon.py ``_hold_reading``): while judging closed windows runs behind,
-reading from Kafka is held, so what the replica cannot judge in time waits in Kafka, not in its memory;
-every event still counts once."""
+"""Back-pressure (watchdog/runtime/daemon.py ``_hold_reading``): while judging closed windows or saving the
+partitions runs behind, reading from Kafka is held, so what the replica cannot judge and save in time waits in
+Kafka, not in its memory; every event still counts once."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from watchdog.ingest.consumer import Ingest
 from watchdog.policy.engine import PolicyEngine
 from watchdog.runtime import daemon as daemon_mod
 from watchdog.runtime.decisions import Backlog
+from watchdog.state.checkpoint import CheckpointStore
 
 
 def _signal(route: str, precision: str = "fp8", end: float = 1.0) -> Signal:
@@ -106,3 +107,60 @@ def test_reading_is_held_while_judging_runs_behind_and_every_event_counts_once(k
     assert twice == 0 and seen == dict(prod.acked)
     # the wait is bounded by the hold (1 s) plus the judging of what one read closed; the metric showed it
     assert 1.0 < max(ages) < 8.0
+
+
+@pytest.mark.services
+def test_reading_is_held_while_checkpoints_run_behind_and_every_event_counts_once(kafka_service, redis_service,
+                                                                                  redis_client, topic, tmp_path,
+                                                                                  monkeypatch, caplog):
+    monkeypatch.setattr(daemon_mod, "HOLD_AFTER_MIN_S", 1.0)  # 1 s windows, and unsaved for 3 s holds reading
+    monkeypatch.setattr(daemon_mod, "HOLD_UNSAVED_FACTOR", 3.0)
+    real_save = CheckpointStore.save
+
+    def slow_save(self, partition, token, save):  # type: ignore[no-untyped-def]
+        # every save lands 0.5 s after it was built, and saves are spaced by 10x their cost: changes wait > 3 s
+        time.sleep(0.5)
+        return real_save(self, partition, token, save)
+
+    monkeypatch.setattr(CheckpointStore, "save", slow_save)
+    real_poll, real_hold = Ingest.poll, Ingest.hold
+    read_while_held: list[int] = []
+    held: list[bool] = []
+
+    def poll(self, timeout_ms: int = 200) -> int:  # type: ignore[no-untyped-def]
+        was = self.held
+        seen = real_poll(self, timeout_ms)
+        if was:
+            read_while_held.append(seen)
+        return seen
+
+    def hold(self, on: bool) -> None:  # type: ignore[no-untyped-def]
+        held.append(on)
+        real_hold(self, on)
+
+    monkeypatch.setattr(Ingest, "poll", poll)
+    monkeypatch.setattr(Ingest, "hold", hold)
+    cfg = make_config(kafka_service.address, redis_service.port, topic, write_policy(tmp_path / "p.yaml"), None,
+                      windows={"length_s": 1.0, "grace_s": 0.3})
+    prod = CountingProducer(kafka_service.address, topic, [f"r{i:02d}" for i in range(5)], rate=5.0).start()
+    ages: list[float] = []
+    caplog.set_level("WARNING", logger="watchdog.runtime.daemon")
+    try:
+        with running_daemon(cfg) as (daemon, _server):
+            t_end = time.monotonic() + 10.0
+            while time.monotonic() < t_end:
+                ages.extend(s.value for s in daemon.metrics.checkpoint_age.collect()[0].samples)
+                time.sleep(0.1)
+            prod.stop()
+            wait_until(lambda: sum(recorded_windows(redis_client)[0].values()) >= prod.total(), 60)
+            wait_until(lambda: not daemon.ingest.held, 30)
+    finally:
+        if prod._thread.is_alive():
+            prod.stop()
+    assert True in held, "saves spaced 5 s apart never held reading"
+    assert any("checkpoints run behind" in r.getMessage() for r in caplog.records)
+    assert read_while_held and sum(read_while_held) == 0, "records were read while reading was held"
+    assert held[-1] is False  # reading again once the partitions were saved
+    seen, twice = recorded_windows(redis_client)
+    assert twice == 0 and seen == dict(prod.acked)
+    assert 3.0 < max(ages) < 15.0  # the metric showed the wait, and the hold bounded it

@@ -46,8 +46,8 @@ class Metrics:
             "llmwd_judging_backlog_seconds", "How long the longest-waiting closed window has waited to be judged "
             "(0 when none waits)", registry=r)
         self.reading_held = Gauge(
-            "llmwd_reading_held", "1 while reading from Kafka is held because judging runs behind (what the replica "
-            "cannot judge in time waits in Kafka, not in memory)", registry=r)
+            "llmwd_reading_held", "1 while reading from Kafka is held because judging or checkpoints run behind "
+            "(what the replica cannot judge and save in time waits in Kafka, not in memory)", registry=r)
         self.lag = Gauge("llmwd_consumer_lag", "Kafka consumer lag in messages", ["partition"], registry=r)
         self.redis_up = Gauge("llmwd_redis_up", "1 when the last Redis operation succeeded", registry=r)
         self.kafka_up = Gauge("llmwd_kafka_up", "1 when the last Kafka poll succeeded", registry=r)
@@ -106,6 +106,10 @@ class Metrics:
             # 0.15 and 0.2: the capacity target is a p99 of 200 ms (docs/BENCHMARKS.md); 0.25 could not show it
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.5, 1, 2.5, 5),
             registry=r)
+        self.checkpoint_age = Gauge(
+            "llmwd_checkpoint_age_seconds",
+            "Per partition, how long since Redis last confirmed its checkpoint while it holds changes not saved "
+            "(0 when it holds none): what a restart would read from Kafka again", ["partition"], registry=r)
         self.checkpoint_bytes = Gauge("llmwd_checkpoint_bytes", "Size of the last checkpoint save, per partition",
                                       ["partition"], registry=r)
         self.watermark = Gauge("llmwd_watermark_seconds", "Event-time watermark per partition (unix seconds)",
@@ -204,7 +208,7 @@ class Metrics:
     def forget_partition(self, partition: int) -> None:
         """A revoked partition's series go: the replica that owns it now exports them (two replicas
         must not both show one partition's lag and watermark)."""
-        for gauge in (self.lag, self.checkpoint_bytes, self.watermark):
+        for gauge in (self.lag, self.checkpoint_bytes, self.checkpoint_age, self.watermark):
             self._remove(gauge, (str(partition),))
 
     def count_page(self, result: str, n: int = 1) -> None:

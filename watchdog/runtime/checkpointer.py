@@ -180,6 +180,16 @@ class Checkpointer:
             least = PREENCODE_BUDGET_S if self._waiting and left > 0 else 0.0
             self.preencode(max(least, left) if math.isfinite(left) else PREENCODE_BUDGET_S)
 
+    def unsaved_age(self, now: float) -> float:
+        """How long the longest-unsaved owned partition has held changes Redis does not have (0 when none
+        does); exported per partition as ``llmwd_checkpoint_age_seconds``."""
+        oldest = 0.0
+        for part in self.ownership.parts.values():
+            age = now - part.saved_at if part.dirty or part.inflight is not None or part.unsaved else 0.0
+            self.metrics.checkpoint_age.labels(str(part.pk[1])).set(age)
+            oldest = max(oldest, age)
+        return oldest
+
     def preencode(self, budget_s: float) -> int:
         """Encode the engine state of dirty routes, then changed open windows, ahead of their
         partition's save, for at most about ``budget_s``; returns how many were encoded."""
@@ -321,6 +331,7 @@ class Checkpointer:
             return False
         assert status in (SAVED, DUPLICATE)
         assert part.inflight is not None
+        part.saved_at = max(part.saved_at, now)  # the save holds the partition as it was built, at ``now``
         self.metrics.checkpoint_bytes.labels(str(part.pk[1])).set(part.inflight.size)
         part.seq = part.inflight.seq
         part.inflight = None

@@ -84,6 +84,12 @@ HOLD_AFTER_MAX_S = 30.0
 #: next window closed before its last was judged), counted once at least ``HOLD_MIN_WINDOWS`` wait
 HOLD_WINDOWS_PER_ROUTE = 2.5
 HOLD_MIN_WINDOWS = 500
+#: ... or while a partition has held changes Redis does not have for this many times ``hold_after_s``
+#: (saves that fall behind: what waits for them grows, and a restart reads it all again). 6, not 3: on a
+#: replica at its CPU's limit, 3 (30 s at 10 s windows) held reading every few windows, and the saves it let
+#: through took CPU from judging (window end -> flip p99 5 -> 30 s; docs/BENCHMARKS.md, "Checkpoints that
+#: fall behind")
+HOLD_UNSAVED_FACTOR = 6.0
 #: name prefixes of the daemon's long-lived threads (readiness ticker, alert senders, GPU monitor,
 #: flag reader, checkpoint writer)
 OWN_THREADS = ("readiness", "alerts-", "gpu-monitor", "llmwd-routing-flags", "checkpoint-writer")
@@ -356,18 +362,25 @@ class Daemon:
         saved (docs/BENCHMARKS.md, "Back-pressure").
         While the longest-waiting window has waited more than ``hold_after_s``, or the routes waiting have
         more than ``HOLD_WINDOWS_PER_ROUTE`` windows each waiting (a read that catches up on the topic closes
-        several windows of every route in a few seconds, faster than the wait grows), no partition is read
+        several windows of every route in a few seconds, faster than the wait grows), or a partition has held
+        changes Redis does not have for ``HOLD_UNSAVED_FACTOR`` times as long (its saves fall behind: refused
+        while any of its routes waits to be judged, or spaced out by their cost), no partition is read
         (no more windows close), so the backlog is judged, the partitions are saved and their offsets
         committed; the rest waits in Kafka, where the consumer-lag metric and alert see it."""
         backlog = self.decisions.backlog
         age = backlog.age(mono)
+        unsaved = self.checkpointer.unsaved_age(self.clock())
         m = self.metrics
         m.judging_backlog_routes.set(len(backlog))
         m.judging_backlog_seconds.set(age)
         ingest = self.ingest
         assert ingest is not None
-        hold = age > self.hold_after_s() or (backlog.windows >= HOLD_MIN_WINDOWS
-                                             and backlog.windows_per_route() > HOLD_WINDOWS_PER_ROUTE)
+        hold_after = self.hold_after_s()
+        judging = age > hold_after or (backlog.windows >= HOLD_MIN_WINDOWS
+                                       and backlog.windows_per_route() > HOLD_WINDOWS_PER_ROUTE)
+        # not while Redis fails: saves cannot catch up then (readiness says so), and the live judging goes on
+        saving = self.redis_health.ok and unsaved > HOLD_UNSAVED_FACTOR * hold_after
+        hold = judging or saving
         if not hold and not ingest.held:
             return
         ingest.hold(hold)
@@ -376,12 +389,14 @@ class Daemon:
             self._held_since = mono
             if mono - self._held_logged >= SLOW_LOOP_LOG_EVERY_S:
                 self._held_logged = mono
-                log.warning("judging runs behind: a closed window has waited %.1f s (%d routes, %d windows "
-                            "waiting); reading from Kafka is held until they are judged (more routes than this "
-                            "replica judges in time: add replicas and partitions, or longer windows); at most one "
-                            "such line per %.0f s", age, len(backlog), backlog.windows, SLOW_LOOP_LOG_EVERY_S)
+                what = (f"judging runs behind: a closed window has waited {age:.1f} s ({len(backlog)} routes, "
+                        f"{backlog.windows} windows waiting)" if judging else
+                        f"checkpoints run behind: a partition's changes have waited {unsaved:.1f} s to be saved")
+                log.warning("%s; reading from Kafka is held until they catch up (more routes than this replica "
+                            "judges and saves in time: add replicas and partitions, or longer windows); at most one "
+                            "such line per %.0f s", what, SLOW_LOOP_LOG_EVERY_S)
         elif not hold and self._held_since is not None:
-            log.info("judging caught up: reading again after %.1f s held", mono - self._held_since)
+            log.info("judging and checkpoints caught up: reading again after %.1f s held", mono - self._held_since)
             self._held_since = None
 
     def _close_and_judge(self, now: float, lap: Callable[[str], None]) -> None:

@@ -164,7 +164,8 @@ class Ownership:
         agg.import_open(data.get("windows") or [])
         agg.set_closed_end(self._closed_end_bound(pk, data.get("closed_end"), data.get("max_ts"), now))
         part = P.Partition(pk, claim.token, claim.seq, agg, routes=routes, start_offset=data.get("offset"),
-                           full=claim.data is None, last_seen=dict.fromkeys(routes, self.poll_now or now))
+                           full=claim.data is None, last_seen=dict.fromkeys(routes, self.poll_now or now),
+                           saved_at=now)
         P.load_engine_states(self.engine, saved)
         for route in routes:
             self.route_part[route] = pk

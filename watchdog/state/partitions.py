@@ -35,6 +35,9 @@ class Partition:
     dirty: bool = False
     inflight: PendingSave | None = None
     last_save: float = 0.0
+    #: the daemon's clock when Redis last confirmed a save of this partition (or when it was assigned):
+    #: changes since then are what a SIGKILL would lose and read again (``Checkpointer.unsaved_age``)
+    saved_at: float = 0.0
     #: offset the checkpoint resumed at (None: Kafka's committed offset / auto_offset_reset)
     start_offset: int | None = None
     #: routes whose engine state changed since the last save; next save sends every window and route
