@@ -211,6 +211,16 @@ def test_actuator_applies_once_and_ignores_non_flips(redis_client: Any, store: F
     assert act.pump() == []
 
 
+def test_a_flip_told_to_wait_stays_pending_and_goes_later(redis_client: Any, store: FlagStore) -> None:
+    act = Actuator(store)
+    assert act.submit(rollback())
+    route = next(iter(act.pending_routes()))
+    assert act.pump(wait={route}) == [] and act.pending_routes() == {route}  # a save of its partition in flight
+    assert store.get(*route) is None
+    (res,) = act.pump(wait={("m", "another")})
+    assert res.applied and act.pending() == 0
+
+
 def test_actuator_retries_stale_epoch_against_fresh_state(redis_client: Any, store: FlagStore) -> None:
     store.flip("llama", "chat", "fp8", expected_epoch=0, reason="init", changed_by="t")
     store.flip("llama", "chat", "int4", expected_epoch=1, reason="someone else", changed_by="t", manual=True)

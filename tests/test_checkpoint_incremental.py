@@ -210,10 +210,11 @@ def test_a_flip_waits_for_the_save_in_flight_of_its_partition(redis_client) -> N
     ck.checkpoints.save = slow  # type: ignore[method-assign]
     ck.checkpoint(1.0)
     assert ck.writer.busy(part.pk)
-    ck.settle({("m", "other")})  # not its routes: no wait
+    assert ck.saving({("m", "other"), ("m", "r")}) == {("m", "r")}  # not its routes: no wait; never blocks
     assert ck.writer.busy(part.pk)
     gate.set()
-    ck.settle({("m", "r")})
+    ck.drain()
+    assert ck.saving({("m", "r")}) == set()
     assert not ck.writer.busy(part.pk) and part.inflight is None and part.seq == 1
 
 

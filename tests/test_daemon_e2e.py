@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 
 import httpx
@@ -16,6 +17,7 @@ from tests.helpers import wait_until
 from watchdog.actuation.actuator import FlagStore
 from watchdog.core.keys import Keys
 from watchdog.dev.alertsink import AlertSink
+from watchdog.state.checkpoint import CheckpointStore
 
 pytestmark = pytest.mark.services
 
@@ -165,3 +167,49 @@ def test_redis_outage_keeps_decision_pending_then_applies_it_once(kafka_service,
     assert store.get(MODEL, "legal/contracts").precision == "fp16"
     assert len([r for r in store.audit(50) if r.get("route") == "legal/contracts"]) == 1
     client.close()
+
+
+def test_a_flip_waits_for_its_partitions_save_in_flight_without_blocking_the_loop(kafka_service, redis_service,
+                                                                                  redis_client, topic, tmp_path,
+                                                                                  monkeypatch):
+    real_save, real_flip = CheckpointStore.save, FlagStore.flip
+    route = (MODEL, "legal/contracts")
+    armed, release = threading.Event(), threading.Event()
+    flips_during_a_save: list[str] = []
+    daemons: list = []
+
+    def held_save(self, partition, token, save):  # type: ignore[no-untyped-def]
+        # once armed, the route's partition's next save stays in flight until the test lets it land
+        if armed.is_set() and daemons[0].ownership.route_part.get(route, (None, None))[1] == partition:
+            release.wait(30)
+        return real_save(self, partition, token, save)
+
+    def flip(self, model, route_name, precision, **kw):  # type: ignore[no-untyped-def]
+        ck = daemons[0].checkpointer
+        if any(ck.writer.busy(p.pk) for p in ck.ownership.parts.values() if (model, route_name) in p.routes):
+            flips_during_a_save.append(route_name)
+        return real_flip(self, model, route_name, precision, **kw)
+
+    monkeypatch.setattr(CheckpointStore, "save", held_save)
+    monkeypatch.setattr(FlagStore, "flip", flip)
+    cfg = make_config(kafka_service.address, redis_service.port, topic, write_policy(tmp_path / "p.yaml"), None)
+    try:
+        with running_daemon(cfg) as (daemon, _server), \
+                traffic(kafka_service.address, topic, [route[1]], daemon.flags.precision_for) as gen:
+            daemons.append(daemon)
+            wait_until(lambda: daemon.stats.windows_closed >= 6, 30, what="windows to close")
+            armed.set()
+            gen.inject(MODEL, route[1], "quality")
+            wait_until(lambda: daemon.actuator.pending() >= 1, 40, what="the rollback to be decided")
+            # decided while its partition's save is held in flight: the flip waits, the loop goes on
+            assert daemon.checkpointer.writer.busy(daemon.ownership.route_part[route])
+            loop_before = daemon.stats.last_loop
+            time.sleep(1.0)
+            assert daemon.stats.last_loop > loop_before + 0.5, "the loop stopped to wait for the save"
+            assert daemon.flags.precision_for(*route) == "fp8" and daemon.actuator.pending() >= 1
+            armed.clear()
+            release.set()
+            wait_until(lambda: daemon.flags.precision_for(*route) == "fp16", 30)
+    finally:
+        release.set()
+    assert flips_during_a_save == []  # the save in flight landed first: it cannot overwrite the flip's state

@@ -281,13 +281,17 @@ class Actuator:
         its backoff (a failure after this backs off from where it was)."""
         self._next_try = 0.0
 
-    def pump(self, now: float | None = None) -> list[FlipResult]:
-        """Try the pending decisions; returns the finished ones (applied, unchanged or refused)."""
+    def pump(self, now: float | None = None, wait: set[tuple[str, str]] | frozenset[tuple[str, str]] = frozenset()
+             ) -> list[FlipResult]:
+        """Try the pending decisions (but those of the routes in ``wait``, which stay pending); returns the
+        finished ones (applied, unchanged or refused)."""
         now = time.time() if now is None else now
         if not self._pending or now < self._next_try:
             return []
         done: list[FlipResult] = []
         for key, decision in list(self._pending.items()):
+            if key in wait:
+                continue
             try:
                 result = self._attempt(decision)
             except (redis.RedisError, OSError) as exc:

@@ -160,7 +160,7 @@ class Daemon:
         self.checkpointer = Checkpointer(cfg, self.keys, self.redis, self.checkpoints, self.engine, self.wm,
                                          self.ownership, self.actuator, self.redis_health, self.metrics, self.stats)
         self.checkpointer.deferred_routes = lambda: self.decisions.deferred_routes
-        self.decisions.before_flips = self.checkpointer.settle
+        self.decisions.flips_wait = self.checkpointer.saving
         self.ownership.bind(save=functools.partial(self.checkpointer.save, force=True),
                             restored=functools.partial(self.decisions.reconcile, force=True))
         self.routes = RouteKeeper(cfg, self.ownership, self.engine, self.readiness, self.metrics,

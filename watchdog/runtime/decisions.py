@@ -283,9 +283,9 @@ class Decisions:
         self.route_cost_s = DECIDE_CHUNK_S / DECIDE_CHUNK_ROUTES
         #: evidence records of the decisions (runtime/evidence.py); None: not kept
         self.evidence: EvidenceRecorder | None = None
-        #: called with the routes about to be flipped, before the flips are written (the daemon binds
-        #: ``Checkpointer.settle``: a checkpoint in flight must not land after a flip of its routes)
-        self.before_flips: Callable[[set[P.Route]], object] = lambda routes: None
+        #: of the routes about to be flipped, those whose flips wait (the daemon binds
+        #: ``Checkpointer.saving``: a checkpoint in flight must not land after a flip of its routes)
+        self.flips_wait: Callable[[set[P.Route]], set[P.Route]] = lambda routes: set()
 
     # -- deciding ------------------------------------------------------------------------------
     def decide(self, signals: list[Signal], now: float, near_only: bool = False) -> None:
@@ -420,9 +420,7 @@ class Decisions:
     def act(self, now: float) -> None:
         """Try the pending flips; count, time and report what finished."""
         pending = self.actuator.pending_routes()
-        if pending:
-            self.before_flips(pending)
-        for result in self.actuator.pump(now):
+        for result in self.actuator.pump(now, wait=self.flips_wait(pending) if pending else set()):
             self.metrics.flips.labels("applied" if result.applied else "unchanged" if result.unchanged
                                       else str(result.refused)).inc()
             decided = self._decided_at.pop((result.model, result.route), None)
