@@ -54,19 +54,8 @@ def test_the_backlog_counts_a_routes_windows_not_its_precisions_signals() -> Non
     assert backlog.windows == 0 and backlog.windows_per_route() == 0.0 and not backlog.ends
 
 
-@pytest.mark.services
-def test_reading_is_held_while_judging_runs_behind_and_every_event_counts_once(kafka_service, redis_service,
-                                                                               redis_client, topic, tmp_path,
-                                                                               monkeypatch):
-    monkeypatch.setattr(daemon_mod, "HOLD_AFTER_MIN_S", 1.0)  # 1 s windows: hold once a window waited 1 s
-    real_observe = PolicyEngine.observe
-
-    def slow_observe(self, signals, *args, **kwargs):  # type: ignore[no-untyped-def]
-        # judging 20 routes' windows takes ~3 s: three times a window, so judging falls behind
-        time.sleep(0.15 * len({s.route for s in signals}))
-        return real_observe(self, signals, *args, **kwargs)
-
-    monkeypatch.setattr(PolicyEngine, "observe", slow_observe)
+def _watch_reading(monkeypatch) -> tuple[list[int], list[bool]]:  # type: ignore[no-untyped-def]
+    """Records read by each poll made while reading was held, and every hold(on) the daemon called."""
     real_poll, real_hold = Ingest.poll, Ingest.hold
     read_while_held: list[int] = []
     held: list[bool] = []
@@ -84,6 +73,23 @@ def test_reading_is_held_while_judging_runs_behind_and_every_event_counts_once(k
 
     monkeypatch.setattr(Ingest, "poll", poll)
     monkeypatch.setattr(Ingest, "hold", hold)
+    return read_while_held, held
+
+
+@pytest.mark.services
+def test_reading_is_held_while_judging_runs_behind_and_every_event_counts_once(kafka_service, redis_service,
+                                                                               redis_client, topic, tmp_path,
+                                                                               monkeypatch):
+    monkeypatch.setattr(daemon_mod, "HOLD_AFTER_MIN_S", 1.0)  # 1 s windows: hold once a window waited 1 s
+    real_observe = PolicyEngine.observe
+
+    def slow_observe(self, signals, *args, **kwargs):  # type: ignore[no-untyped-def]
+        # judging 20 routes' windows takes ~3 s: three times a window, so judging falls behind
+        time.sleep(0.15 * len({s.route for s in signals}))
+        return real_observe(self, signals, *args, **kwargs)
+
+    monkeypatch.setattr(PolicyEngine, "observe", slow_observe)
+    read_while_held, held = _watch_reading(monkeypatch)
     cfg = make_config(kafka_service.address, redis_service.port, topic, write_policy(tmp_path / "p.yaml"), None,
                       windows={"length_s": 1.0, "grace_s": 0.3})
     prod = CountingProducer(kafka_service.address, topic, [f"r{i:02d}" for i in range(20)], rate=5.0).start()
@@ -123,23 +129,7 @@ def test_reading_is_held_while_checkpoints_run_behind_and_every_event_counts_onc
         return real_save(self, partition, token, save)
 
     monkeypatch.setattr(CheckpointStore, "save", slow_save)
-    real_poll, real_hold = Ingest.poll, Ingest.hold
-    read_while_held: list[int] = []
-    held: list[bool] = []
-
-    def poll(self, timeout_ms: int = 200) -> int:  # type: ignore[no-untyped-def]
-        was = self.held
-        seen = real_poll(self, timeout_ms)
-        if was:
-            read_while_held.append(seen)
-        return seen
-
-    def hold(self, on: bool) -> None:  # type: ignore[no-untyped-def]
-        held.append(on)
-        real_hold(self, on)
-
-    monkeypatch.setattr(Ingest, "poll", poll)
-    monkeypatch.setattr(Ingest, "hold", hold)
+    read_while_held, held = _watch_reading(monkeypatch)
     cfg = make_config(kafka_service.address, redis_service.port, topic, write_policy(tmp_path / "p.yaml"), None,
                       windows={"length_s": 1.0, "grace_s": 0.3})
     prod = CountingProducer(kafka_service.address, topic, [f"r{i:02d}" for i in range(5)], rate=5.0).start()
