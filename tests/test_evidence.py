@@ -267,6 +267,19 @@ def test_retention_keeps_the_newest_records_with_a_ttl(redis_client) -> None:
     assert [r["id"] for r in list_records(redis_client, keys)] == [late.detail["evidence"]]
 
 
+@pytest.mark.services
+def test_a_flush_past_the_iterations_deadline_waits_a_few_iterations_not_for_ever(redis_client) -> None:
+    from watchdog.config.settings import EvidenceConfig
+    from watchdog.policy import PolicyEngine
+    from watchdog.runtime.evidence import MAX_WAITS, EvidenceRecorder
+
+    rec = EvidenceRecorder(EvidenceConfig(), Keys("wait"), redis_client, PolicyEngine(), "i1")
+    rec.decided(Action(kind="alert", policy="p", model="m", route="r", reason="x", at=1000.0), None)
+    rec.step.start(-1.0)  # the loop's work for this iteration is done
+    assert [rec.flush(2000.0) for _ in range(MAX_WAITS)] == [0] * MAX_WAITS and rec.pending() == 1
+    assert rec.flush(2000.0) == 1 and rec.pending() == 0  # the next one writes, deadline or not
+
+
 def test_a_live_rollback_record_has_both_precisions_and_the_threshold_per_window(tmp_path: Path) -> None:
     """The live path without services: engine -> recorder -> record -> page and chart."""
     from tests.daemon_harness import write_policy

@@ -176,7 +176,8 @@ class Daemon:
                                       self.golden_leader, self.gpu, self.routes, cfg.default_precision,
                                       self.golden_relay)
         #: the loop iteration's shared deadline for the work that can wait (watchdog/runtime/budget.py)
-        self.step_deadline = self.closer.step = self.decisions.step = self.checkpointer.step = StepDeadline()
+        self.step_deadline = self.closer.step = self.decisions.step = self.checkpointer.step = \
+            self.evidence.step = StepDeadline()
         self._stop = threading.Event()
         self._slow_logged = -math.inf
         #: when reading was last held, and since when it is held now (None: reading); the log lines

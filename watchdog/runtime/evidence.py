@@ -54,6 +54,7 @@ from watchdog.policy.evidence import (
 )
 from watchdog.policy.schema import Policy
 from watchdog.policy.state import ScopeState
+from watchdog.runtime.budget import StepDeadline
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,10 @@ AUDIT_SCAN = 500
 AUDIT_KEPT = 20
 #: seconds between two passes forgetting the windows of routes the engine forgot (e.g. revoked)
 PRUNE_EVERY_S = 60.0
+#: iterations in a row a flush (and a prune) waits for when the loop iteration's shared deadline has
+#: passed: after a window boundary at 10,000 routes judging takes the deadline, and a flush then made
+#: iterations of 0.27-0.35 s (evidence 0.07-0.09 s of them; docs/BENCHMARKS.md, "Checkpoints that fall behind")
+MAX_WAITS = 4
 
 ScopeKey = tuple[str, str, str]  # (policy, model, route)
 #: rule name -> its last judged windows, oldest first
@@ -132,6 +137,10 @@ class EvidenceRecorder:
         self._queue: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._retry_at = -math.inf
         self._pruned_at = -math.inf
+        #: the loop iteration's shared deadline (``Daemon.step`` binds it; never reached outside it)
+        self.step = StepDeadline()
+        #: flushes put off in a row because the iteration's deadline had passed
+        self._waited = 0
         self.written = 0
         self.dropped = 0
         self.last_error: str | None = None
@@ -272,7 +281,12 @@ class EvidenceRecorder:
         return len(self._queue)
 
     def flush(self, now: float) -> int:
-        """Write up to ``MAX_WRITE`` waiting records in one pipeline; the number written."""
+        """Write up to ``MAX_WRITE`` waiting records in one pipeline; the number written. Past the
+        iteration's deadline it waits (``MAX_WAITS`` iterations at most): the records keep."""
+        if self.step.passed() and self._waited < MAX_WAITS:
+            self._waited += 1
+            return 0
+        self._waited = 0
         if now - self._pruned_at >= PRUNE_EVERY_S:  # here: it runs every loop iteration, judged or not
             self._pruned_at = now
             self._prune()
