@@ -15,6 +15,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -281,8 +282,7 @@ class Actuator:
         its backoff (a failure after this backs off from where it was)."""
         self._next_try = 0.0
 
-    def pump(self, now: float | None = None, wait: set[tuple[str, str]] | frozenset[tuple[str, str]] = frozenset()
-             ) -> list[FlipResult]:
+    def pump(self, now: float | None = None, wait: AbstractSet[tuple[str, str]] = frozenset()) -> list[FlipResult]:
         """Try the pending decisions (but those of the routes in ``wait``, which stay pending); returns the
         finished ones (applied, unchanged or refused)."""
         now = time.time() if now is None else now

@@ -34,3 +34,23 @@ class StepDeadline:
 
     def passed(self) -> bool:
         return time.monotonic() >= self.until
+
+
+class PutOff:
+    """Work that may wait for a later iteration while this one's deadline has passed, but not for ever:
+    at most ``max_waits`` iterations in a row (the judgeability pass, the evidence flush)."""
+
+    __slots__ = ("max_waits", "waited")
+
+    def __init__(self, max_waits: int) -> None:
+        self.max_waits = max_waits
+        #: iterations put off in a row
+        self.waited = 0
+
+    def now(self, step: StepDeadline) -> bool:
+        """True: skip the work this iteration (counted); False: do it (the count starts again)."""
+        if step.passed() and self.waited < self.max_waits:
+            self.waited += 1
+            return True
+        self.waited = 0
+        return False

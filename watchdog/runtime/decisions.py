@@ -39,7 +39,7 @@ from watchdog.core.metrics import Metrics, worst_judgeability
 from watchdog.core.signals import Action, Signal
 from watchdog.policy import PolicyEngine, changes
 from watchdog.policy.status import state_judgeability_rows
-from watchdog.runtime.budget import StepDeadline
+from watchdog.runtime.budget import PutOff, StepDeadline
 from watchdog.runtime.evidence import EvidenceRecorder
 from watchdog.runtime.health import RedisHealth
 from watchdog.runtime.ownership import Ownership
@@ -262,8 +262,8 @@ class Decisions:
         #: the judgeability pass under way: the scopes still to read, and the rows read so far
         #: the loop iteration's shared deadline (``Daemon.step`` starts it; never reached outside it)
         self.step = StepDeadline()
-        #: judgeability chunks put off in a row because the iteration's deadline had passed
-        self._jb_waited = 0
+        #: the next judgeability chunk waits while the iteration's deadline has passed (not for ever)
+        self._jb_put_off = PutOff(JUDGEABILITY_MAX_WAITS)
         self._jb_pass: tuple[list[tuple[str, str, str]], list[dict[str, Any]]] | None = None
         #: route -> value last exported to ``llmwd_route_precision_is_candidate``
         self._exported: dict[P.Route, int] = {}
@@ -420,7 +420,7 @@ class Decisions:
     def act(self, now: float) -> None:
         """Try the pending flips; count, time and report what finished."""
         pending = self.actuator.pending_routes()
-        for result in self.actuator.pump(now, wait=self.flips_wait(pending) if pending else set()):
+        for result in self.actuator.pump(now, wait=self.flips_wait(pending)):
             self.metrics.flips.labels("applied" if result.applied else "unchanged" if result.unchanged
                                       else str(result.refused)).inc()
             decided = self._decided_at.pop((result.model, result.route), None)
@@ -540,10 +540,8 @@ class Decisions:
         states = self.engine.states
         if self._jb_pass is None and now - self._last_judgeability < JUDGEABILITY_EVERY_S:
             return
-        if self.step.passed() and self._jb_waited < JUDGEABILITY_MAX_WAITS:
-            self._jb_waited += 1  # this iteration's work is done: the next chunk waits (not for ever)
+        if self._jb_put_off.now(self.step):
             return
-        self._jb_waited = 0
         if self._jb_pass is None:
             self._last_judgeability = now
             self._jb_pass = (sorted(states), [])

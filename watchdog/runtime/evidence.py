@@ -54,7 +54,7 @@ from watchdog.policy.evidence import (
 )
 from watchdog.policy.schema import Policy
 from watchdog.policy.state import ScopeState
-from watchdog.runtime.budget import StepDeadline
+from watchdog.runtime.budget import PutOff, StepDeadline
 
 log = logging.getLogger(__name__)
 
@@ -139,8 +139,7 @@ class EvidenceRecorder:
         self._pruned_at = -math.inf
         #: the loop iteration's shared deadline (``Daemon.step`` binds it; never reached outside it)
         self.step = StepDeadline()
-        #: flushes put off in a row because the iteration's deadline had passed
-        self._waited = 0
+        self._put_off = PutOff(MAX_WAITS)
         self.written = 0
         self.dropped = 0
         self.last_error: str | None = None
@@ -283,10 +282,8 @@ class EvidenceRecorder:
     def flush(self, now: float) -> int:
         """Write up to ``MAX_WRITE`` waiting records in one pipeline; the number written. Past the
         iteration's deadline it waits (``MAX_WAITS`` iterations at most): the records keep."""
-        if self.step.passed() and self._waited < MAX_WAITS:
-            self._waited += 1
+        if self._put_off.now(self.step):
             return 0
-        self._waited = 0
         if now - self._pruned_at >= PRUNE_EVERY_S:  # here: it runs every loop iteration, judged or not
             self._pruned_at = now
             self._prune()
