@@ -29,6 +29,7 @@ from watchdog.policy.pooling import (
     item_levels,
     judge_pool,
     learned,
+    line_up,
     rate_counts,
 )
 from watchdog.policy.schema import SAMPLE_COUNTS, Policy, Rule
@@ -434,8 +435,9 @@ def _run_judge(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool 
         if j.test == "paired" and j.broken is not None:
             out = judge_pool(rule, cand, base, pool, items, null)
             if not isinstance(out, str) and out.detail.get("looks", {}).get("rotated2") and len(pool) >= 2:
-                prev = [math.nan if x is None else float(x) for x in pool[-2]["diffs"]]
-                return _with_broken(rule, out, prev + (items or []), cand, base, null, pool[-2].get("ids"))
+                prev, prev_ids, _ = line_up(pool[-2].get("ids"), [math.nan if x is None else float(x) for x in pool[-2]["diffs"]],
+                                            pool[-1].get("ids"))
+                return _with_broken(rule, out, prev + (items or []), cand, base, null, prev_ids)
             return _with_broken(rule, out, items, cand, base, null)
         return judge_pool(rule, cand, base, pool, items, null)
     if j.test == "paired":

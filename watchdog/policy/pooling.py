@@ -82,6 +82,31 @@ def _diffs(entry: Mapping[str, Any]) -> list[float]:
     return [math.nan if x is None else float(x) for x in entry.get("diffs", [])]
 
 
+def line_up(prev_ids: Any, prev: list[float], ids: Any) -> tuple[list[float], list[str] | None, bool]:
+    """The previous golden replay against the latest one, by item id: (its values, their ids, rotated).
+
+    Two replays of the same items in another order, or of a set edited between them (a few items
+    replaced), are the same items: the previous values come back in the latest replay's order
+    (NaN for an item it did not ask), so an item is one item of the pooled look, never two.
+    ``rotated`` (the replays asked mostly different items: fewer than half of the latest's in
+    common, a set sampled from a larger pool) gives instead the previous replay's items the latest
+    did not ask, to be judged beside the latest's as independent items. Without ids on both, or
+    with an id twice in one replay, the replays are matched by position as before."""
+    if not isinstance(prev_ids, list) or not isinstance(ids, list):
+        return prev, None, False
+    if len(set(prev_ids)) != len(prev_ids) or len(set(ids)) != len(ids):
+        return prev, list(prev_ids), prev_ids != ids
+    if prev_ids == ids:
+        return prev, list(prev_ids), False
+    at = {i: k for k, i in enumerate(prev_ids)}
+    common = sum(1 for i in ids if i in at)
+    if 2 * common < len(ids):
+        latest = set(ids)
+        keep = [k for k, i in enumerate(prev_ids) if i not in latest]
+        return [prev[k] for k in keep], [prev_ids[k] for k in keep], True
+    return [prev[at[i]] if i in at else math.nan for i in ids], list(ids), False
+
+
 def learned(rule: Rule) -> bool:
     """Whether a live judged rule works on per-window differences (a quantile test, or a learned
     null): its pool then holds one (e, v) pair per window instead of sketches or counts."""
@@ -568,7 +593,6 @@ def judge_pool(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool,
         moving = aa_moving(cand, rule.metric)
         entry["moving"] = moving
         _push_replay(pool, entry, k)
-        rotated = len(pool) >= 2 and "ids" in pool[-1] and "ids" in pool[-2] and pool[-1]["ids"] != pool[-2]["ids"]
         alpha = j.mean_alpha  # the broken-items test takes the rest
         # the pool is judged as fresh draws when any of its replays' A/A pass showed sampling: one
         # replay's share is noisy near the line (200 items: +-2.3 points at 12 %)
@@ -579,6 +603,9 @@ def judge_pool(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool,
         level = None
         if j.learn is not None:
             replays, level = _against_items(rule, pool, replays, null)
+        rotated = False
+        if len(replays) >= 2:
+            replays[-2], _, rotated = line_up(pool[-2].get("ids"), replays[-2], pool[-1].get("ids"))
         out = judge_paired_replays(replays, direction=j.harm_direction, effect_threshold=j.effect,
                                    marginal_threshold=j.marginal, alpha=alpha, min_items=j.min_n,
                                    max_ci_width=j.max_ci_width, metric=rule.metric, method=j.method,
