@@ -36,7 +36,8 @@ Healthy live shapes (``SHAPES``; parameters this file's own, seeded by ``--seed`
 * ``skew-transient``: **FP16's gateway clock 20-90 s ahead** (per route); **shared transients** (a shared
   tokenizer / network / KV store) every ~12 windows, 30-150 s long, x1.3-2.0 on every request on both
   precisions in it; each precision's window holds the part of the transient its own clock puts there.
-* ``h200-diurnal``: FP8 on H200 (8 replicas), FP16 on H100 (3), diurnal load 0.4 at night to 1.0 by day
+* ``h200-diurnal``: FP8 on H200 (8 replicas), FP16 on H100 (3), **FP16 share 15 %** (so that FP16's 360
+  requests at night reach latency-typical's ``min_samples`` 300), diurnal load 0.4 at night to 1.0 by day
   (counts x load, latency x(1 + 0.15 load) on both); FP8's advantage depends on load: **20 % faster at
   night, 7 % faster at the peak** (log-linear in load). FP8 is faster than FP16 at every hour.
 * ``peak-queue8``: diurnal load 0.4-1.0 as ``h200-diurnal``; at the daily peak the router gives the FP8
@@ -63,7 +64,8 @@ levels as its control ``golden-fixed``; greedy serving, per-item healthy levels 
 
 Power (``--parts power``): onset at window 100 (a learned level) unless stated: whole +10 % within 3 on
 ``h200-throttle``, ``restart-warm``, ``skew-transient``; on ``night-20x`` and ``h200-diurnal`` at onset 100
-(08:20, just after the morning ramp) and 200 (16:40, a day window); FP8 errors +2 points within 5 on
+(08:20, just after the morning ramp: the route's first day, no level learned yet), 200 (16:40, a day
+window) and 388 (08:20 of the second day, a level learned the day before); FP8 errors +2 points within 5 on
 ``oom-replica``.
 
 Run: ``PYTHONPATH=. python bench/outside_check3.py [--quick] [--parts healthy,golden,power] [--shapes a,b]
@@ -115,7 +117,8 @@ SHAPES = [
     Fleet3("oom-replica", oom=True),
     Fleet3("night-20x", night=True),
     Fleet3("skew-transient", skew=True),
-    Fleet3("h200-diurnal", diurnal_adv=True),
+    Fleet3("h200-diurnal", base={"total": 6000, "fp16_share": 0.15, "fp8_replicas": 8, "fp16_replicas": 3},
+           diurnal_adv=True),
     Fleet3("peak-queue8", peak_queue=True, reported=True),
 ]
 
@@ -520,6 +523,8 @@ POWER = [  # (background, name, regression, within)
     ("night-20x", "whole +10 % (16:40)", Reg3(shift=0.10, onset=200), 3),
     ("h200-diurnal", "whole +10 % (08:20)", Reg3(shift=0.10, onset=100), 3),
     ("h200-diurnal", "whole +10 % (16:40)", Reg3(shift=0.10, onset=200), 3),
+    ("night-20x", "whole +10 % (day 2 08:20)", Reg3(shift=0.10, onset=388), 3),
+    ("h200-diurnal", "whole +10 % (day 2 08:20)", Reg3(shift=0.10, onset=388), 3),
     ("oom-replica", "errors +2 points", Reg3(errors=0.02, onset=100), 5),
 ]
 
