@@ -308,20 +308,26 @@ class Fleet3Sim(DaySim):
             r = routes.index(s.route)
             p, d = s.precision, s.detail
             extra = 0
+            own: dict[str, int] = {}  # failures of one replica (a crash)
+            spread = 0                 # failures spread over the precision's replicas (a 429 burst)
             if self.f.oom:
                 for c in range(self.k[p]):
                     sh = self.err_share.get((r, t, p, c))
                     if sh:   # the crashed replica's share of the precision's requests
-                        extra += int(rng.binomial(int(round(d["events"] / self._replicas(r, t, p))), sh))
+                        m = int(rng.binomial(int(round(d["events"] / self._replicas(r, t, p))), sh))
+                        own[f"{p}-{c}"] = own.get(f"{p}-{c}", 0) + m
+                        extra += m
                 b = self.burst.get((r, t, p))
                 if b:
-                    extra += int(rng.binomial(d["events"], b))
+                    spread = int(rng.binomial(d["events"], b))
+                    extra += spread
             if extra:
                 extra = min(extra, max(d["ok"] - 1, 0))
                 d["errors"] += extra
                 d["ok"] -= extra
                 d["completions"] = d["ok"]
                 s.values["error_rate"] = (d["errors"] + d["timeouts"]) / d["events"]
+            replica_fails(d, rng, own, spread)
             if self.f.restart:
                 reps = d.get("replicas", {})
                 renamed = {}
@@ -492,6 +498,37 @@ def run_golden3(ps: PolicySet, g: G3, routes: int, replays: int, seed: int) -> A
 # --- power --------------------------------------------------------------------------------------
 
 
+def _ok_counts(d: dict[str, Any]) -> dict[str, int]:
+    return {name: int(sum(c for _, c in v["latency_hist"].get("bins", []))) for name, v in d.get("replicas", {}).items()}
+
+
+def replica_fails(d: dict[str, Any], rng: np.random.Generator, own: dict[str, int], spread: int) -> None:
+    """The window's per-replica failures (``replica_fails``: replica -> [ok, errors, timeouts], as the
+    daemon's windows give them): the background errors and timeouts and ``spread`` more spread over the
+    replicas by their requests, ``own`` on the replica named."""
+    ok = _ok_counts(d)
+    if not ok:
+        return
+    names = sorted(ok)
+    w = np.array([ok[k] for k in names], dtype=float) + 1.0
+    w /= w.sum()
+    base_err = d["errors"] - sum(own.values()) - spread
+    err = rng.multinomial(max(base_err + spread, 0), w)
+    to = rng.multinomial(d["timeouts"], w)
+    d["replica_fails"] = {k: [ok[k], int(err[i]) + own.get(k, 0), int(to[i])] for i, k in enumerate(names)}
+
+
+def add_spread(d: dict[str, Any], rng: np.random.Generator, m: int) -> None:
+    """``m`` more errors spread over the replicas by their requests (a regression of the whole precision)."""
+    fails = d.get("replica_fails")
+    if not fails or m <= 0:
+        return
+    names = sorted(fails)
+    w = np.array([fails[k][0] for k in names], dtype=float) + 1.0
+    for k, x in zip(names, rng.multinomial(m, w / w.sum()), strict=True):
+        fails[k][1] += int(x)
+
+
 @dataclass
 class Reg3(Reg):
     errors: float = 0.0
@@ -508,6 +545,7 @@ class Fleet3RegSim(Fleet3Sim):
                     continue
                 d = s.detail
                 more = min(int(self.rng.binomial(d["events"], extra)), max(d["ok"] - 1, 0))
+                add_spread(d, self.rng, more)
                 d["errors"] += more
                 d["ok"] -= more
                 d["completions"] = d["ok"]

@@ -219,3 +219,38 @@ def test_default_golden_rule_demo_sequence() -> None:
     assert (a.kind, a.detail["rule"]) == ("rollback", "golden-rougeL")
     assert j["detail"]["looks"]["latest"]["status"] == "fail"
     assert j["detail"]["looks"]["latest"]["alpha"] == pytest.approx((0.001 - 0.0001) * 0.1)  # broken.alpha for the broken test
+
+
+def _replica_window(route: str, t: float, fp8_fails: list[int]) -> list[Signal]:
+    """1,000 requests per precision over 8 FP8 / 3 FP16 replicas; FP16 has 1 % errors spread evenly, FP8
+    the given failures per replica."""
+    out = []
+    for prec, fails in (("fp8", fp8_fails), ("fp16", [4, 3, 3])):
+        per = 1000 // len(fails)
+        rf = {f"{prec}-{i}": [per - f, f, 0] for i, f in enumerate(fails)}
+        n, err = per * len(fails), sum(fails)
+        values = dict(HEALTHY, error_rate=err / n, latency_p50_ms=100.0 if prec == "fp16" else 60.0)
+        out.append(Signal("live", M, route, prec, t - 60, t, n, values,
+                          detail={"events": n, "errors": err, "timeouts": 0, "replica_fails": rf}))
+    return out
+
+
+@pytest.mark.parametrize("policy", ["default.yaml", "strict-legal-medical.yaml"])
+def test_one_replica_that_crashed_is_left_out_and_errors_on_every_replica_still_roll_back(policy: str) -> None:
+    """One FP8 replica of 8 fails all its requests for two windows (a crash, an out-of-memory restart):
+    the error rules count FP8 without it (``replica_failures: leave_out``) and nothing rolls back - before,
+    error-rate and error-rate-absolute both did (12.5 % of FP8's requests). The same number of failures
+    spread over all FP8 replicas is the precision's and rolls back."""
+    route = "legal/contracts"
+    for fails, rolls in (([125, 1, 1, 1, 1, 1, 1, 1], False), ([17, 17, 17, 16, 16, 16, 16, 16], True)):
+        engine = PolicyEngine(load_policy_files([REPO / "policies" / policy]))
+        flags: dict[tuple[str, str], str] = {}
+        acts: list[Action] = []
+        for i in range(3):
+            t = T0 + 60 * i
+            acts += run(engine, flags, _replica_window(route, t, fails if i else [1] * 8), t)
+        rolled = [a for a in acts if a.kind == "rollback"]
+        assert bool(rolled) == rolls, (fails, [a.detail.get("rules") for a in rolled])
+        if not rolls:
+            state = next(s for k, s in engine.states.items() if k[2] == route)
+            assert state.rules["error-rate-absolute"].last.status == "pass"

@@ -79,6 +79,9 @@ def test_good_file_parses_with_defaults() -> None:
          "f.yaml:7:59: judge: relative_to contrasts an upper-tail mean"),
         ("fail_if: candidate > 0.05", "judge: {test: rate, effect: 0.01, null_model: sampling}",
          "f.yaml:7:55: judge: null_model applies to a learned null"),
+        # per-replica failures are counted for error and timeout rates only, pointed at the key
+        ("metric: error_rate\n", "metric: latency_p99_ms\n        replica_failures: leave_out\n",
+         "f.yaml:7:27: replica_failures: only live error_rate and timeout_rate are counted per replica"),
         # YAML syntax
         ("    cooldown: 90s\n", "    cooldown: [90s\n", "f.yaml:4:"),
         # a name's length in characters (pydantic said "items" of a cleaned name)

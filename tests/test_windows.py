@@ -776,3 +776,29 @@ def test_close_due_does_not_look_over_the_open_windows_again_until_the_close_mar
     assert len(agg.close_due(20.0, limit=100)) == 50 and Counted.passes == 2  # the next mark: one more look
     agg.import_open([])
     assert agg.close_due(20.0, limit=100) == [] and Counted.passes == 3
+
+
+def test_failures_are_counted_per_replica_and_survive_a_checkpoint() -> None:
+    """Errors and timeouts are counted per replica (``replica_fails``: [ok, errors, timeouts]), a replica
+    that only failed included, so a rate rule can leave out one replica's crash; the counts come back
+    from a checkpoint exactly and a window without a failure carries none."""
+    import json
+
+    agg = WindowAggregator(length_s=60.0)
+    for i in range(300):
+        rep = f"fp8-{i % 3}"
+        status = "error" if rep == "fp8-0" and i < 150 else ("timeout" if i % 50 == 1 else "ok")
+        agg.add(_fleet_event(i, 100.0, 30, 10, rep, None, status), ("t", 0), i)
+    agg.add(_fleet_event(400, 100.0, 30, 10, "fp8-9", None, "error"), ("t", 0), 400)  # only failed
+    restored = WindowAggregator(length_s=60.0)
+    restored.import_open(json.loads(json.dumps(agg.export_open())))
+    (sig,), (again,) = agg.close_all(), restored.close_all()
+    fails = sig.detail["replica_fails"]
+    assert fails == again.detail["replica_fails"]
+    assert fails["fp8-0"] == [49, 50, 1] and fails["fp8-9"] == [0, 1, 0]  # request 201 timed out on it
+    assert fails["fp8-1"][2] + fails["fp8-2"][2] + fails["fp8-0"][2] == sig.detail["timeouts"]
+    assert sum(f[1] for f in fails.values()) == sig.detail["errors"]
+    quiet = WindowAggregator(length_s=60.0)
+    for i in range(30):
+        quiet.add(_fleet_event(i, 100.0, 30, 10, f"fp8-{i % 3}", None), ("t", 0), i)
+    assert "replica_fails" not in quiet.close_all()[0].detail

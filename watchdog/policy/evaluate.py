@@ -31,6 +31,7 @@ from watchdog.policy.pooling import (
     learned,
     line_up,
     rate_counts,
+    rate_value,
 )
 from watchdog.policy.schema import SAMPLE_COUNTS, Policy, Rule
 
@@ -201,7 +202,7 @@ def _evaluate_condition(rule: Rule, candidate: Signal | None, baseline: Signal |
         if count < rule.min_samples:
             v.reason = f"too few {role} samples: {count} < min_samples {rule.min_samples}"
             return v
-        raw = sig.values.get(rule.metric)
+        raw = sig.values.get(rule.metric) if rule.replica_failures == "count" else rate_value(rule, sig)
         if raw is None:
             v.reason = f"{rule.metric} not measured for {role}"
             return v

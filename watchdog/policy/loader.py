@@ -28,7 +28,7 @@ from watchdog.core import safe_yaml
 from watchdog.core.model_keys import allowed_keys as _allowed_keys
 from watchdog.policy.conditions import ConditionError, parse_condition
 from watchdog.policy.routing import unknown_channels
-from watchdog.policy.schema import LATENCY_METRICS, LIVE_METRICS, RATE_COUNTS, Policy, PolicyFile
+from watchdog.policy.schema import LATENCY_METRICS, LIVE_METRICS, RATE_COUNTS, REPLICA_RATES, Policy, PolicyFile
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +182,10 @@ def _semantic_checks(data: dict[str, Any], doc: PosDoc, channels: Collection[str
                                     f"{key}: {metric} is a fraction (0 to 1), so {text!r} compares it with "
                                     f"{beyond:g} and is never or always true: {beyond:g} % is {beyond / 100:g}"))
             out += _judge_checks(rule, rpath, source, metric, doc)
+            if rule.get("replica_failures", "count") != "count" and isinstance(metric, str) and (
+                    source != "live" or metric not in REPLICA_RATES):
+                out.append((doc.pos((*rpath, "replica_failures")),
+                            f"replica_failures: only live {' and '.join(REPLICA_RATES)} are counted per replica"))
             confirm = rule.get("confirm_with")
             if confirm is not None:
                 if source != "live":

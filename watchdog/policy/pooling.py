@@ -19,6 +19,7 @@ from typing import Any
 from watchdog.core.signals import Signal
 from watchdog.policy.changes import change_entry, held, joined_replicas, replica_names
 from watchdog.policy.judge.fleet import (
+    POOLED_IDS,
     FleetOptions,
     fleet_side,
     mix_log_diff,
@@ -30,9 +31,9 @@ from watchdog.policy.judge.live import baseline_moved, judge_learned, quantile_l
 from watchdog.policy.judge.memo import cached
 from watchdog.policy.judge.paired import judge_paired_replays
 from watchdog.policy.judge.pooled import judge_rate_pooled, judge_unpaired_pooled
-from watchdog.policy.judge.stats import z_quantile
+from watchdog.policy.judge.stats import binom_sf, z_quantile
 from watchdog.policy.judge.verdict import Judgement
-from watchdog.policy.schema import RATE_COUNTS, Rule
+from watchdog.policy.schema import RATE_COUNTS, REPLICA_RATES, Rule
 from watchdog.policy.stalls import held_by_stall, stalled
 
 #: a rule's pooled history, oldest first (JSON-able)
@@ -43,12 +44,67 @@ _SKETCH_KEYS = ("relative_accuracy", "min_value", "zero_count", "bins")
 
 
 def rate_counts(rule: Rule, sig: Signal) -> tuple[int, int] | None:
-    """(numerator, denominator) of a rate metric from a live window's detail, or None."""
+    """(numerator, denominator) of a rate metric from a live window's detail, or None; with
+    ``replica_failures: leave_out``, without the replicas that failed on their own (``failing_replicas``)."""
     keys, total = RATE_COUNTS[rule.metric]
     d = sig.detail
     if total not in d or any(k not in d for k in keys):
         return None
-    return int(sum(int(d[k]) for k in keys)), int(d[total])
+    x, n = int(sum(int(d[k]) for k in keys)), int(d[total])
+    if rule.replica_failures == "leave_out" and rule.metric in REPLICA_RATES:
+        fails = d.get("replica_fails")
+        if isinstance(fails, Mapping):
+            names, dx, dn = failing_replicas(fails, rule.metric)
+            if names:
+                d.setdefault("replica_failures_left_out", {})[rule.name] = names
+                x, n = x - dx, n - dn
+    return x, n
+
+
+def rate_value(rule: Rule, sig: Signal) -> float | None:
+    """A rate metric's value as ``rate_counts`` counts it (None: no counts, or no requests left)."""
+    counts = rate_counts(rule, sig)
+    return None if counts is None or counts[1] <= 0 else counts[0] / counts[1]
+
+
+#: a replica failed on its own when, at the failure share of the rest of its precision, a share as high as
+#: its own has a binomial tail below this: a crash or an out-of-memory restart (most or all of a replica's
+#: requests failing for minutes) is far beyond it; a regression of the precision raises every replica's share
+FAILING_P = 1e-6
+#: a precision's replicas (with requests) needed to leave one out: with two, either could be the odd one
+FAILING_MIN_REPLICAS = 3
+
+
+def failing_replicas(fails: Mapping[str, Any], metric: str) -> tuple[list[str], int, int]:
+    """(names, failures, requests) of the replicas of one precision's window that failed on their own:
+    each tested against the failure share of the others (``FAILING_P``), at most a quarter of the named
+    replicas (at least one); none when more are (a failure that broad is the precision's) or when fewer
+    than ``FAILING_MIN_REPLICAS`` named replicas served. ``fails``: the window's ``replica_fails``,
+    replica -> [ok, errors, timeouts]."""
+    pos = REPLICA_RATES[metric]
+    rows: dict[str, tuple[int, int]] = {}
+    for k, v in fails.items():
+        try:
+            ok, err, to = int(v[0]), int(v[1]), int(v[2])
+        except (TypeError, ValueError, IndexError):
+            return [], 0, 0
+        row = (ok, err, to)
+        rows[str(k)] = (sum(row[i] for i in pos), ok + err + to)
+    named = [k for k, (_, n) in rows.items() if n > 0 and k not in POOLED_IDS]
+    if len(named) < FAILING_MIN_REPLICAS:
+        return [], 0, 0
+    total_x = sum(x for x, _ in rows.values())
+    total_n = sum(n for _, n in rows.values())
+    out = []
+    for k in named:
+        x, n = rows[k]
+        rest_x, rest_n = total_x - x, total_n - n
+        share = (rest_x + 0.5) / (rest_n + 1.0)  # never 0: a replica failing where the rest never did
+        if x > share * n and binom_sf(x, n, share) < FAILING_P:
+            out.append(k)
+    if not out or len(out) > max(1, len(named) // 4):
+        return [], 0, 0
+    return sorted(out), sum(rows[k][0] for k in out), sum(rows[k][1] for k in out)
 
 
 def _sketch(h: Mapping[str, Any]) -> dict[str, Any]:

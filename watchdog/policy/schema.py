@@ -49,6 +49,9 @@ RATE_COUNTS: dict[str, tuple[tuple[str, ...], str]] = {
     "timeout_rate": (("timeouts",), "events"),
     "empty_rate": (("empty",), "completions"),
 }
+#: rate metrics whose failures the windows count per replica (``Rule.replica_failures``): metric -> the
+#: positions in a ``replica_fails`` entry ([ok, errors, timeouts]) summed into its numerator
+REPLICA_RATES: dict[str, tuple[int, ...]] = {"error_rate": (1, 2), "timeout_rate": (2,)}
 #: live metrics a ``mann_whitney`` judge can test (it compares the windows' latency sketches)
 LATENCY_METRICS = ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms")
 #: default minimum number of items/requests per judge test
@@ -434,6 +437,11 @@ class Rule(_Strict):
     confirm_with: Literal["golden"] | None = None
     confirm_timeout: Annotated[int, Field(ge=1)] = 6
     min_samples: Annotated[int, Field(ge=0)] = 1
+    #: live error and timeout rates (``fail_if`` and ``judge: {test: rate}``): ``leave_out`` counts a
+    #: precision's rate without a replica that failed on its own - a crash or an out-of-memory restart,
+    #: its failure share far beyond the rest of its precision's (watchdog/policy/pooling.py
+    #: ``failing_replicas``); needs 3 or more replicas on that precision and the windows' ``replica_fails``
+    replica_failures: Literal["count", "leave_out"] = "count"
     for_: Annotated[int, Field(alias="for", ge=1)] = 1
     #: consecutive error verdicts (the source failed) that count as a trip; null = errors never trip
     errors_trip_after: Annotated[int, Field(ge=1)] | None = 3

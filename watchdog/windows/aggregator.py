@@ -195,8 +195,10 @@ class WindowAggregator:
                 self._offer_pair(w, event.request_id, completion, shadow.completion, shadow.precision)
         elif status == "timeout":
             w.timeouts += 1
+            w.fleet.count_fail(event.replica or event.gpu_uuid, True)
         else:
             w.errors += 1
+            w.fleet.count_fail(event.replica or event.gpu_uuid, False)
         if partition_key is not None and offset is not None:
             offsets = w.offsets
             prev = offsets.get(partition_key)

@@ -14,7 +14,9 @@ Three bounded additions to a window's running sums (docs/EVENTS.md, "Request mix
 * **replicas**: per serving instance (``replica``, else ``gpu_uuid``) its own latency sketch and mix
   cells, so the judge can leave out one replica whose requests alone drive the window's statistic
   (a GC or allocator stall). At most ``MAX_REPLICAS`` named per window; later ones share ``_other``;
-  requests without an id are ``_none`` (``_other`` once the table is full).
+  requests without an id are ``_none`` (``_other`` once the table is full). Failed requests (errors,
+  timeouts) are counted per replica too (``fails``), so a rate rule can leave out a replica that failed
+  on its own (a crash, an out-of-memory restart; ``Rule.replica_failures``).
 * **builds**: events per ``build`` (at most ``MAX_BUILDS`` named; later ones share ``_other``): a change
   of build between windows is a deploy (watchdog/policy/changes.py).
 
@@ -192,7 +194,7 @@ class _Replica:
 class FleetStats:
     """Mix cells, per-replica sketches and cells, and build counts of one window (bounded)."""
 
-    __slots__ = ("buf", "builds", "cells", "replicas", "tails")
+    __slots__ = ("buf", "builds", "cells", "fails", "replicas", "tails")
 
     def __init__(self) -> None:
         self.cells: Cells = {}
@@ -201,6 +203,23 @@ class FleetStats:
         self.builds: dict[str, int] = {}
         #: ok requests not folded yet: (latency_ms, prompt_tokens, completion_tokens, replica id)
         self.buf: list[tuple[float, int, int, str | None]] | tuple[()] = ()  # as Window.latency_buf
+        #: failed requests per replica: [errors, timeouts]; the empty tuple until the first (most windows)
+        self.fails: dict[str, list[int]] | tuple[()] = ()
+
+    def count_fail(self, rid: str | None, timeout: bool) -> None:
+        """A failed request (an error, or a timeout) on replica ``rid``."""
+        fails = self.fails
+        if isinstance(fails, tuple):
+            fails = self.fails = {}
+        key = rid if rid is not None else NO_REPLICA
+        c = fails.get(key)
+        if c is None:
+            if len(fails) >= MAX_REPLICAS:
+                key = OTHER
+                c = fails.get(key)
+            if c is None:
+                c = fails[key] = [0, 0]
+        c[1 if timeout else 0] += 1
 
     def count_build(self, build: str) -> None:
         b = self.builds
@@ -276,6 +295,7 @@ class FleetStats:
             rep.sketch = r.sketch.copy()
             rep.cells = {c: v[:] for c, v in r.cells.items()}
         f.builds = dict(self.builds)
+        f.fails = {k: v[:] for k, v in self.fails.items()} if self.fails else ()
         return f
 
     def has_replicas(self) -> bool:
@@ -294,13 +314,18 @@ class FleetStats:
                                for k, r in sorted(self.replicas.items())}
         if self.builds:
             out["builds"] = dict(self.builds)
+        if self.fails and any(k != NO_REPLICA for k in self.fails):
+            # per replica [ok, errors, timeouts], every replica of the window (one that only failed too)
+            reps, fails = self.replicas, self.fails
+            out["replica_fails"] = {k: [reps[k].sketch.count if k in reps else 0, *fails.get(k, (0, 0))]
+                                    for k in sorted(reps.keys() | fails.keys())}
         return out
 
     def export(self) -> dict[str, Any]:
         self.flush()
         return {"cells": pack_cells(self.cells), "tails": pack_tails(self.tails),
                 "rep": {k: {"lat": r.sketch.pack(), "cells": pack_cells(r.cells)} for k, r in self.replicas.items()},
-                "bld": dict(self.builds)}
+                "bld": dict(self.builds), **({"fail": {k: v[:] for k, v in self.fails.items()}} if self.fails else {})}
 
     @classmethod
     def from_export(cls, d: dict[str, Any] | None) -> FleetStats:
@@ -315,4 +340,7 @@ class FleetStats:
             rep.cells = unpack_cells(r.get("cells"))
             f.replicas[str(k)] = rep
         f.builds = {str(k): int(v) for k, v in (d.get("bld") or {}).items()}
+        fails = d.get("fail")  # absent before failures were counted per replica, and in most windows
+        if fails:
+            f.fails = {str(k): [int(v[0]), int(v[1])] for k, v in fails.items()}
         return f
