@@ -589,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
                 k = sum(x["rollbacks"][p] for x in rows)
                 print(f"pooled healthy (without reported) {p}: {k} / {n}  bound/10k {1e4 * upper95(k, n):.2f}")
     if "golden" in parts:
-        for i, g in enumerate(GOLDEN):
+        for g in GOLDEN:
             if not pick or g.name in pick:
                 # one seed for every golden shape: the same routes' item levels, so golden-fixed is their control
                 report_row(res, "golden", g.name, run_golden3(ps, g, 4 if q else 20, 20 if q else 100,

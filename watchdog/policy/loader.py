@@ -28,7 +28,14 @@ from watchdog.core import safe_yaml
 from watchdog.core.model_keys import allowed_keys as _allowed_keys
 from watchdog.policy.conditions import ConditionError, parse_condition
 from watchdog.policy.routing import unknown_channels
-from watchdog.policy.schema import LATENCY_METRICS, LIVE_METRICS, RATE_COUNTS, REPLICA_RATES, Policy, PolicyFile
+from watchdog.policy.schema import (
+    LATENCY_METRICS,
+    LIVE_METRICS,
+    RATE_COUNTS,
+    REPLICA_RATES,
+    Policy,
+    PolicyFile,
+)
 
 log = logging.getLogger(__name__)
 

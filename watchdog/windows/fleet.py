@@ -212,14 +212,9 @@ class FleetStats:
         if isinstance(fails, tuple):
             fails = self.fails = {}
         key = rid if rid is not None else NO_REPLICA
-        c = fails.get(key)
-        if c is None:
-            if len(fails) >= MAX_REPLICAS:
-                key = OTHER
-                c = fails.get(key)
-            if c is None:
-                c = fails[key] = [0, 0]
-        c[1 if timeout else 0] += 1
+        if key not in fails and len(fails) >= MAX_REPLICAS:
+            key = OTHER  # the table is full: as ``flush`` does with the replicas' sketches
+        fails.setdefault(key, [0, 0])[1 if timeout else 0] += 1
 
     def count_build(self, build: str) -> None:
         b = self.builds
