@@ -596,10 +596,15 @@ def main(argv: list[str] | None = None) -> int:
     if "broken" in parts:
         res["broken"] = broken_live(ps)
         print(f"broken live FP8 engine: {res['broken']}")
+    return finish(res, t0, args.json)
+
+
+def finish(res: dict[str, Any], t0: float, out: str | None) -> int:
+    """The run's seconds printed and kept, the results written to ``out`` (JSON) when given: 0."""
     res["seconds"] = time.perf_counter() - t0
     print(f"({res['seconds']:.0f} s)")
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1))
+    if out:
+        Path(out).write_text(json.dumps(res, indent=1, default=str))
     return 0
 
 

@@ -50,18 +50,16 @@ shape's pauses: latency x``X`` on a share ``LO``-``HI`` of the paused replica's 
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from bench.decisions import WINDOW_S
 from bench.ordinary_days import KMAX, Day, DaySim, _base, _episodes
-from bench.outside_check import GShape, GSim, Reg, check_args, power, report_row, run_golden, run_sim
+from bench.outside_check import GShape, GSim, Reg, check_args, finish, power, report_row, run_golden, run_sim
 from watchdog.core.signals import Signal
 from watchdog.policy.loader import PolicySet, load_policy_files
 
@@ -310,11 +308,7 @@ def main(argv: list[str] | None = None) -> int:
                                  "by_rule": c.by_rule})
             print(f"power    {name:22s} on {bg:16s} within {within:2d}: {p:.3f} ({n} routes)  {c.by_rule}  "
                   f"[{time.perf_counter() - t0:.0f} s]", flush=True)
-    res["seconds"] = time.perf_counter() - t0
-    print(f"({res['seconds']:.0f} s)")
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1, default=str))
-    return 0
+    return finish(res, t0, args.json)
 
 
 if __name__ == "__main__":

@@ -78,7 +78,6 @@ import json
 import math
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -619,11 +618,7 @@ def main(argv: list[str] | None = None) -> int:
               f"cand={x['candidate']} base={x['baseline']}\n      msg: {x['message']}"
               f"\n      detail: {json.dumps(x['detail'], default=str)[:400]}"
               + (f"\n      drawn: {x['context']}" if x.get("context") else ""))
-    res["seconds"] = time.perf_counter() - t0
-    print(f"({res['seconds']:.0f} s)")
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1, default=str))
-    return 0
+    return oc.finish(res, t0, args.json)
 
 
 if __name__ == "__main__":
