@@ -51,20 +51,30 @@ def rate_counts(rule: Rule, sig: Signal) -> tuple[int, int] | None:
     if total not in d or any(k not in d for k in keys):
         return None
     x, n = int(sum(int(d[k]) for k in keys)), int(d[total])
-    if rule.replica_failures == "leave_out" and rule.metric in REPLICA_RATES:
-        fails = d.get("replica_fails")
-        if isinstance(fails, Mapping):
-            names, dx, dn = failing_replicas(fails, rule.metric)
-            if names:
-                d.setdefault("replica_failures_left_out", {})[rule.name] = names
-                x, n = x - dx, n - dn
-    return x, n
+    _, dx, dn = _left_out(rule, sig)
+    return x - dx, n - dn
 
 
 def rate_value(rule: Rule, sig: Signal) -> float | None:
-    """A rate metric's value as ``rate_counts`` counts it (None: no counts, or no requests left)."""
+    """A rate metric's value as ``rate_counts`` counts it: the window's own value unless a replica is left
+    out (None: the metric not measured, or no request left)."""
+    if not _left_out(rule, sig)[0]:
+        return sig.values.get(rule.metric)
     counts = rate_counts(rule, sig)
     return None if counts is None or counts[1] <= 0 else counts[0] / counts[1]
+
+
+def _left_out(rule: Rule, sig: Signal) -> tuple[list[str], int, int]:
+    """``failing_replicas`` of the window for a rule with ``replica_failures: leave_out`` (computed once per
+    window and metric, shared by the rules and calls that read it; named in the window's detail)."""
+    d = sig.detail
+    fails = d.get("replica_fails")
+    if rule.replica_failures != "leave_out" or rule.metric not in REPLICA_RATES or not isinstance(fails, Mapping):
+        return [], 0, 0
+    out = cached("failing_replicas", (sig,), (rule.metric,), lambda: failing_replicas(fails, rule.metric))
+    if out[0]:
+        d.setdefault("replica_failures_left_out", {})[rule.name] = out[0]
+    return out
 
 
 #: a replica failed on its own when, at the failure share of the rest of its precision, a share as high as
