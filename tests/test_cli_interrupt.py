@@ -96,6 +96,42 @@ def test_a_ctrl_c_that_a_library_turns_into_another_error_is_still_one_line() ->
     assert (proc.returncode, err) == (130, "fp8-watchdog: interrupted\n")
 
 
+def _entry_result(entry: str) -> tuple[int, str]:
+    proc = subprocess.run([sys.executable, "-c", entry], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=60,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    return proc.returncode, proc.stderr
+
+
+def test_a_ctrl_c_between_the_import_and_main_is_one_line() -> None:
+    """CI saw ``--help`` interrupted at once after the import end in a traceback: the signal was handled on
+    the way into ``main`` (its first instruction checks for signals), outside its ``try``. The console
+    script's import records it; ``main`` turns it into the one line."""
+    entry = ("import os, signal, sys, time; sys.argv[0] = '/usr/bin/fp8-watchdog'\n"
+             "from watchdog.cli.main import main\n"
+             "os.kill(os.getpid(), signal.SIGINT); time.sleep(0.2)\n"
+             "sys.argv[1:] = ['--help']; sys.exit(main())")
+    assert _entry_result(entry) == (130, "fp8-watchdog: interrupted\n")
+
+
+def test_a_ctrl_c_swallowed_by_a_weakref_callback_is_delivered_again() -> None:
+    """CI saw ``flags list`` print "Exception ignored in ... _get_module_lock.<locals>.cb" and a
+    KeyboardInterrupt: the signal landed inside importlib's weakref callback, where an exception is printed
+    and dropped. It is delivered again once the callback has returned."""
+    entry = ("import os, signal, sys, time, weakref; sys.argv[0] = 'fp8-watchdog'; import watchdog.cli.main as cli\n"
+             "class Thing: pass\n"
+             "def callback(_ref):\n"
+             "    os.kill(os.getpid(), signal.SIGINT)\n"
+             "    sum(range(100000))  # Python code after the signal: its handler runs here\n"
+             "def interrupted_in_a_callback(argv, prog):\n"
+             "    thing = Thing(); ref = weakref.ref(thing, callback); del thing\n"
+             "    time.sleep(30)\n"
+             "    return 0\n"
+             "cli._main = interrupted_in_a_callback\n"
+             "sys.exit(cli.main())")
+    assert _entry_result(entry) == (130, "fp8-watchdog: interrupted\n")
+
+
 def test_most_early_signals_do_interrupt() -> None:
     """The cases above are not vacuous: ``--help`` takes long enough to start that a signal 0.1 s after
     the interpreter is up lands inside the command."""

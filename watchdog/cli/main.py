@@ -411,20 +411,52 @@ def build_parser(prog: str = "fp8-watchdog") -> argparse.ArgumentParser:
 #: set by the process's SIGINT handler: whatever a library makes of the KeyboardInterrupt (wraps it, or
 #: replaces it while cleaning up), the command was interrupted
 _SIGINT_SEEN: list[bool] = []
+#: set once ``main`` is inside its ``try``: before that the handler only records the signal, since a
+#: KeyboardInterrupt raised on the way into ``main`` (its first instruction checks for signals) is outside it
+_ARMED: list[bool] = []
+_NAMES = ("fp8-watchdog", "llm-watchdog")
 
 
 def _on_sigint(signum: int, frame: object) -> None:
     _SIGINT_SEEN.append(True)
-    raise KeyboardInterrupt
+    if _ARMED:
+        raise KeyboardInterrupt
+
+
+def _on_unraisable(hook: object) -> None:
+    """A Ctrl-C that lands inside a weakref callback or ``__del__`` (importlib's module-lock callback, seen
+    in CI 0.4 s into ``flags list``) is printed as "Exception ignored" and swallowed there: deliver it again
+    a moment later, when that callback has returned."""
+    if isinstance(getattr(hook, "exc_value", None), KeyboardInterrupt):
+        import threading
+
+        threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGINT)).start()
+        return
+    sys.__unraisablehook__(hook)  # type: ignore[arg-type]
+
+
+def _take_sigint(argv: list[str] | None) -> None:
+    if argv is None and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_sigint)
+        sys.unraisablehook = _on_unraisable
+
+
+# the console script imports this module and then calls main(): a Ctrl-C between the two is recorded here
+# and turned into one line by main
+if os.path.basename(sys.argv[0] if sys.argv else "") in _NAMES:
+    _take_sigint(None)
 
 
 def main(argv: list[str] | None = None) -> int:
     prog = "fp8-watchdog"
     try:  # first thing: a Ctrl-C that lands even in the name lookup below is one line too
-        if argv is None and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            signal.signal(signal.SIGINT, _on_sigint)
+        _take_sigint(argv)
+        if argv is None and signal.getsignal(signal.SIGINT) is _on_sigint:
+            _ARMED.append(True)
+            if _SIGINT_SEEN:  # it came between the import of this module and here
+                raise KeyboardInterrupt
         name = os.path.basename(sys.argv[0]) if argv is None else prog
-        if name in ("fp8-watchdog", "llm-watchdog"):
+        if name in _NAMES:
             prog = name
         _import_unsafe_to_interrupt()
         return _main(argv, prog)
