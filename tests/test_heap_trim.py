@@ -37,6 +37,27 @@ def test_it_trims_once_per_interval():
     assert trimmer.maybe_trim() is not None
 
 
+def test_a_large_free_brings_the_trim_forward_but_not_twice_a_second():
+    now = [100.0]
+    trimmer = HeapTrimmer(every_s=10.0, clock=lambda: now[0])
+    if not trimmer.available:
+        return
+    now[0] = 102.0
+    trimmer.freed(heap_trim.TRIM_FREED_BYTES - 1)
+    assert trimmer.maybe_trim() is None  # not enough let go of
+    trimmer.freed(1)
+    assert trimmer.maybe_trim() is not None  # a save Redis answered: its text is trimmed away now
+    now[0] = 102.5
+    trimmer.freed(heap_trim.TRIM_FREED_BYTES)
+    assert trimmer.maybe_trim() is None  # within TRIM_SOON_S of the last trim
+    now[0] = 103.1
+    assert trimmer.maybe_trim() is not None
+    now[0] = 110.0
+    assert trimmer.maybe_trim() is None  # the schedule counts from the last trim
+    now[0] = 113.2
+    assert trimmer.maybe_trim() is not None
+
+
 @pytest.mark.skipif(not GLIBC, reason="malloc_trim is glibc's")
 def test_freed_blocks_below_live_ones_leave_the_resident_set():
     trimmer = HeapTrimmer(every_s=0.0)

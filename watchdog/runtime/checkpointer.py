@@ -54,6 +54,7 @@ from watchdog.ingest.eventtime import Watermarks
 from watchdog.policy import PolicyEngine
 from watchdog.runtime.budget import StepDeadline
 from watchdog.runtime.health import RedisHealth
+from watchdog.runtime.heap_trim import HEAP_TRIM
 from watchdog.runtime.ownership import Ownership
 from watchdog.runtime.save_writer import Outcome, SaveWriter
 from watchdog.runtime.stats import DaemonStats
@@ -332,7 +333,9 @@ class Checkpointer:
         assert status in (SAVED, DUPLICATE)
         assert part.inflight is not None
         part.saved_at = max(part.saved_at, now)  # the save holds the partition as it was built, at ``now``
-        self.metrics.checkpoint_bytes.labels(str(part.pk[1])).set(part.inflight.size)
+        size = part.inflight.size
+        self.metrics.checkpoint_bytes.labels(str(part.pk[1])).set(size)
+        HEAP_TRIM.freed(size)
         part.seq = part.inflight.seq
         part.inflight = None
         self.stats.checkpoints += 1
