@@ -451,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     prog = "fp8-watchdog"
     try:  # first thing: a Ctrl-C that lands even in the name lookup below is one line too
         _take_sigint(argv)
-        if argv is None and signal.getsignal(signal.SIGINT) is _on_sigint:
+        if signal.getsignal(signal.SIGINT) is _on_sigint:  # this process's handler (never a caller's)
             _ARMED.append(True)
             if _SIGINT_SEEN:  # it came between the import of this module and here
                 raise KeyboardInterrupt
