@@ -430,7 +430,10 @@ def _on_unraisable(hook: object) -> None:
     if isinstance(getattr(hook, "exc_value", None), KeyboardInterrupt):
         import threading
 
-        threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGINT)).start()
+        try:
+            threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGINT)).start()
+        except RuntimeError:  # no new thread while the interpreter shuts down: it is ending anyway
+            pass
         return
     sys.__unraisablehook__(hook)  # type: ignore[arg-type]
 
