@@ -428,12 +428,12 @@ def _on_unraisable(hook: object) -> None:
     in CI 0.4 s into ``flags list``) is printed as "Exception ignored" and swallowed there: deliver it again
     a moment later, when that callback has returned."""
     if isinstance(getattr(hook, "exc_value", None), KeyboardInterrupt):
+        import contextlib
         import threading
 
-        try:
+        # no new thread while the interpreter shuts down (RuntimeError): it is ending anyway
+        with contextlib.suppress(RuntimeError):
             threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGINT)).start()
-        except RuntimeError:  # no new thread while the interpreter shuts down: it is ending anyway
-            pass
         return
     sys.__unraisablehook__(hook)  # type: ignore[arg-type]
 
