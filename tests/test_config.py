@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 
 import pytest
@@ -217,6 +219,39 @@ def test_config_check_finds_what_a_golden_job_would_fail_on(tmp_path: Path, monk
     fixed = cfg.read_text().replace("cdoe", "code").replace("torhc", "torch").replace("modelpath", "model_path")
     cfg.write_text(fixed)
     assert main(["config", "check", "--config", str(cfg)]) == 0
+
+
+def test_a_golden_job_finds_its_set_beside_the_config_that_init_wrote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """``init wd`` writes wd/config.yaml beside wd/golden_sets: a set added there is the one a job names,
+    whatever directory the daemon runs in (it was looked up in the working directory and the shipped sets)."""
+    import shutil
+
+    from watchdog.sources.golden import GoldenScheduler
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("LLMWD_CONFIG", raising=False)
+    monkeypatch.delenv("WATCHDOG_GOLDEN_DIR", raising=False)
+    assert main(["init", "wd"]) == 0
+    shutil.copytree(tmp_path / "wd/golden_sets/code", tmp_path / "wd/golden_sets/mine")
+    manifest = tmp_path / "wd/golden_sets/mine/manifest.yaml"
+    manifest.write_text(re.sub(r"(?m)^name: .*$", "name: mine", manifest.read_text()))
+    job = ("golden:\n  jobs:\n    - name: nightly\n      set: mine\n      model: m\n      routes: ['code/*']\n"
+           "      candidate: {kind: torch, model_path: /m, precision: fp8}\n"
+           "      baseline: {kind: torch, model_path: /m, precision: fp16}\n")
+    (tmp_path / "wd/config.yaml").write_text((tmp_path / "wd/config.yaml").read_text() + job)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    capsys.readouterr()
+    assert main(["config", "check", "--config", "../wd/config.yaml"]) == 0, capsys.readouterr().err
+    cfg = load_config("../wd/config.yaml", env={})
+    assert cfg.golden.root == os.path.normpath("../wd/golden_sets")
+    scheduler = GoldenScheduler.from_config(cfg.golden)
+    assert scheduler is not None and scheduler.jobs["nightly"].root == cfg.golden.root
+    # $WATCHDOG_GOLDEN_DIR still wins over the directory beside the config, and golden.root over both
+    assert load_config("../wd/config.yaml", env={"WATCHDOG_GOLDEN_DIR": "/srv/sets"}).golden.root is None
+    (tmp_path / "wd/config.yaml").write_text((tmp_path / "wd/config.yaml").read_text() + "  root: sets\n")
+    assert load_config("../wd/config.yaml", env={}).golden.root == os.path.normpath("../wd/sets")
 
 
 @pytest.mark.parametrize("url", ["localhost:6379", "http://db:6379", ":pw@db:6379"])

@@ -264,7 +264,7 @@ def _golden_job_problems(cfg: Config) -> list[str]:
             except ValueError as exc:  # UnknownEngineError is one
                 problems.append(f"{where}: {side}: {exc}")
         try:
-            find_golden_set(job.set)
+            find_golden_set(job.set, cfg.golden.root)
         except GoldenSetError as exc:
             problems.extend(f"{where}: {e}" for e in exc.errors)
     return problems

@@ -3,7 +3,7 @@
 The file may use ``${VAR}`` and ``${VAR:-default}`` in any string value (``$${`` is a literal
 ``${``); an unset variable without a default is an error naming it and its ``file:line:col``.
 A plain (unquoted) value is typed after expansion, so ``port: ${PORT:-9464}`` is an integer.
-Relative paths in ``policies`` are relative to the config file.
+Relative paths in ``policies`` and ``golden.root`` are relative to the config file.
 
 Environment overrides (they win over the file) use ``__`` between levels:
 
@@ -230,6 +230,10 @@ class GoldenEnginesConfig(_Section):
 
 class GoldenConfig(_Section):
     jobs: list[GoldenJobConfig] = Field(default_factory=list)
+    #: the directory the jobs' sets are looked up in (relative to the config file). None: the
+    #: ``golden_sets`` directory beside the config file when there is one and ``$WATCHDOG_GOLDEN_DIR`` is
+    #: unset (``load_config`` fills it in), else ``$WATCHDOG_GOLDEN_DIR``, ``./golden_sets``, the shipped sets
+    root: str | None = None
     engines: GoldenEnginesConfig = Field(default_factory=GoldenEnginesConfig)
     reports_dir: str | None = None
     #: minimum seconds between two suspicion-triggered replays of one job
@@ -386,11 +390,20 @@ def env_problem(env: Mapping[str, str]) -> str | None:
     return None
 
 
-def _resolve_paths(data: dict[str, Any], base: Path) -> None:
+def _resolve_paths(data: dict[str, Any], base: Path, env: Mapping[str, str]) -> None:
     policies = data.get("policies")
     if isinstance(policies, list):
         data["policies"] = [os.path.normpath(base / p) if isinstance(p, str) and not Path(p).is_absolute() else p
                             for p in policies]
+    golden = data.get("golden")
+    if golden is not None and not isinstance(golden, dict):
+        return  # validation names it
+    root = (golden or {}).get("root")
+    if isinstance(root, str) and not Path(root).is_absolute():
+        data["golden"]["root"] = os.path.normpath(base / root)
+    elif root is None and not env.get("WATCHDOG_GOLDEN_DIR") and (base / "golden_sets").is_dir():
+        # the layout ``init`` writes: config.yaml, policies/ and golden_sets/ side by side
+        data.setdefault("golden", {})["root"] = os.path.normpath(base / "golden_sets")
 
 
 def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None,
@@ -402,7 +415,7 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
     name = str(path) if path else "<env>"
     if path is not None:
         data, doc = read_config_file(path, env)
-        _resolve_paths(data, Path(path).parent)
+        _resolve_paths(data, Path(path).parent, env)
     data.update(overrides)
     problem = env_problem(env)
     if problem is not None:

@@ -43,6 +43,8 @@ class GoldenJob:
     """A ``golden.jobs`` entry of the daemon config (``spec``, the one schema) and its run state."""
 
     spec: GoldenJobConfig
+    #: where its set is looked up (``golden.root``; None: ``probes.golden.default_root``)
+    root: str | None = None
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     last_run: float | None = None
     last_error: str | None = None
@@ -63,7 +65,7 @@ def default_replay(job: GoldenJob, engines: EngineCache | None = None) -> Any:
     from probes.golden import find_golden_set, load_golden_set
     from probes.golden_replay import replay
 
-    golden = load_golden_set(find_golden_set(job.spec.set))
+    golden = load_golden_set(find_golden_set(job.spec.set, job.root))
     if job.spec.max_items is not None:
         golden = golden.head(job.spec.max_items)
     if engines is None:
@@ -119,7 +121,7 @@ class GoldenScheduler:
         if e.compile_cache_dir:
             # read by torch's inductor when an in-process engine compiles; setting it imports nothing
             os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", e.compile_cache_dir)
-        return cls([GoldenJob(j) for j in cfg.jobs], replay_fn=replay_fn,
+        return cls([GoldenJob(j, root=cfg.root) for j in cfg.jobs], replay_fn=replay_fn,
                    reports_dir=cfg.reports_dir, debounce_s=cfg.debounce_s, engines=engines)
 
     def start(self) -> GoldenScheduler:
