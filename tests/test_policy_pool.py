@@ -359,3 +359,33 @@ def test_a_rules_fingerprint_ignores_keys_left_at_their_defaults() -> None:
     newer = type("NewerRule", (type(rule),), {"__annotations__": {"future_key": int}, "future_key": 7})
     assert rule_fingerprint(newer.model_validate(rule.model_dump(by_alias=True))) == rule_fingerprint(rule)
     assert rule_fingerprint(policy_set(latency_rule(3)).policies[0].rules[0]) != rule_fingerprint(rule)
+
+
+def test_a_reworded_description_keeps_the_rules_learned_state_and_an_upgrade_keeps_the_older_key() -> None:
+    """An ML lead who rewords a rule's description (hot-reloaded) kept nothing of it: the fingerprint
+    that keys saved state included the text. State saved before, under the fingerprint with the text,
+    is still the rule's on upgrade and is saved under today's key from then on."""
+    import hashlib
+
+    from watchdog.policy import PolicyEngine
+    from watchdog.policy.state import rule_fingerprint
+
+    described = latency_rule(None).replace("      - name: latency\n", "      - name: latency\n        description: p50\n")
+    first = policy_set(described)
+    engine = PolicyEngine(first)
+    engine._state(first.policies[0], "m", "r").rules["latency"].judged = 7
+    reworded = policy_set(described.replace("description: p50", "description: the median, FP8 against FP16"))
+    engine.set_policy_set(reworded)
+    rs = engine.states[(first.policies[0].name, "m", "r")].rules["latency"]
+    assert rs.judged == 7 and rs.fingerprint == rule_fingerprint(reworded.policies[0].rules[0])
+    engine.set_policy_set(policy_set(described.replace("effect: 0.05", "effect: 0.06")))
+    assert "latency" not in engine.states[(first.policies[0].name, "m", "r")].rules  # a judging key changed
+    rule = reworded.policies[0].rules[0]
+    older = hashlib.sha256(rule.model_dump_json(by_alias=True, exclude_defaults=True).encode()).hexdigest()[:16]
+    engine = PolicyEngine(reworded)
+    saved = engine._state(reworded.policies[0], "m", "r").rules["latency"]
+    saved.fingerprint, saved.fails = older, 3
+    engine.import_state(engine.export_state())
+    rs = engine.states[(reworded.policies[0].name, "m", "r")].rules["latency"]
+    assert rs.fails == 3 and rs.fingerprint == rule_fingerprint(rule) != older
+

@@ -25,7 +25,7 @@ from watchdog.policy.judge.memo import window_memo
 from watchdog.policy.loader import PolicySet
 from watchdog.policy.pooling import learn_items
 from watchdog.policy.schema import MAX_POOL_WINDOWS, Policy, Rule
-from watchdog.policy.state import STATE_VERSION, RuleState, ScopeState, rule_fingerprint
+from watchdog.policy.state import STATE_VERSION, RuleState, ScopeState, rule_fingerprint, same_rule
 from watchdog.policy.status import rule_verdicts, status_snapshot
 
 __all__ = ["STATE_VERSION", "PolicyEngine", "RuleState", "ScopeState", "rule_fingerprint"]
@@ -142,8 +142,10 @@ class PolicyEngine:
             st = self.states[key]
             for name in list(st.rules):
                 rule = policy.rule(name)
-                if rule is None or rule_fingerprint(rule) != st.rules[name].fingerprint:
+                if rule is None or not same_rule(rule, st.rules[name].fingerprint):
                     del st.rules[name]
+                else:
+                    st.rules[name].fingerprint = rule_fingerprint(rule)  # saved in today's form from now on
 
     def judging_rank(self, model: str, route: str) -> int:
         """Where a closed window of (model, route) waits among the windows to judge (the daemon's

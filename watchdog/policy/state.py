@@ -14,23 +14,38 @@ from watchdog.policy.schema import Rule
 STATE_VERSION = 1
 
 
-#: id(rule) -> (rule, fingerprint); holding the rule keeps its id from being reused. Rules are
+#: id(rule) -> (rule, its fingerprints); holding the rule keeps its id from being reused. Rules are
 #: frozen, and a new route's state takes one fingerprint per rule: serialising the rule each time
 #: cost ~0.1 ms per rule, a third of judging a flood of new routes
-_FINGERPRINTS: dict[int, tuple[Rule, str]] = {}
+_FINGERPRINTS: dict[int, tuple[Rule, tuple[str, str]]] = {}
 
 
 def rule_fingerprint(rule: Rule) -> str:
+    """What the rule's saved state is keyed by: every key that changes how it judges. Its ``description``
+    is not one: an ML lead who rewords it (hot-reloaded) keeps the rule's learned nulls, histories and
+    horizon tests."""
+    return _fingerprints(rule)[0]
+
+
+def same_rule(rule: Rule, saved: str) -> bool:
+    """Whether state saved under fingerprint ``saved`` belongs to ``rule``: its fingerprint, or the form
+    releases before 2026-12-06 saved (the description included), so an upgrade keeps what was learned."""
+    return saved in _fingerprints(rule)
+
+
+def _fingerprints(rule: Rule) -> tuple[str, str]:
+    """(today's fingerprint, the earlier form)."""
     hit = _FINGERPRINTS.get(id(rule))
     if hit is not None and hit[0] is rule:
         return hit[1]
     # keys left at their defaults are not part of it: a release that adds a key with a default keeps
     # every rule's saved state (learned nulls, horizon tests, anchors) instead of relearning it
-    fp = hashlib.sha256(rule.model_dump_json(by_alias=True, exclude_defaults=True).encode()).hexdigest()[:16]
+    fps = tuple(hashlib.sha256(rule.model_dump_json(by_alias=True, exclude_defaults=True, exclude=exclude)
+                               .encode()).hexdigest()[:16] for exclude in ({"description"}, None))
     if len(_FINGERPRINTS) >= 4096:  # policy reloads make new rule objects: keep the cache bounded
         _FINGERPRINTS.clear()
-    _FINGERPRINTS[id(rule)] = (rule, fp)
-    return fp
+    _FINGERPRINTS[id(rule)] = (rule, (fps[0], fps[1]))
+    return fps[0], fps[1]
 
 
 @dataclass(slots=True)
