@@ -258,7 +258,7 @@ class GpuConfig(_Section):
 class ServerConfig(_Section):
     host: str = "127.0.0.1"
     port: int = Field(9464, ge=0, le=65535)
-    #: how people reach this daemon (e.g. https://llmwd.example.com); alerts link to its /status
+    #: how people reach this daemon (e.g. https://llmwd.example.com); alerts link to its /evidence/<id> or /status
     external_url: str | None = Field(None, pattern=r"^https?://[^\s/]+")
 
     @property
