@@ -460,3 +460,24 @@ def test_a_bad_first_line_is_skipped_and_counted_like_any_other(tmp_path: Path,
     readme.write_text("# notes\n" + "text\n" * 30 + '{"ts": 1}\n')
     assert policy_cli(["policy", "backtest", "--policy", str(pol), "--events", str(readme)]) == 2
     assert "line 1 is not a JSON object, nor are the next 19 lines" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage", ["truncated", "corrupt-early", "corrupt-late"])
+@pytest.mark.parametrize("window", [None, "1m"])
+def test_a_damaged_gzip_recording_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                              damage: str, window: str | None) -> None:
+    data = bytearray(REGRESSION.read_bytes())
+    if damage == "truncated":  # a copy cut short: EOFError from gzip
+        data = data[:3000]
+    else:  # flipped bits in the deflate stream, in or past the sniffed lines: zlib.error
+        at = 40 if damage == "corrupt-early" else 3000
+        for i in range(at, at + 20):
+            data[i] ^= 0x55
+    events = tmp_path / "damaged.jsonl.gz"
+    events.write_bytes(bytes(data))
+    pol = tmp_path / "bt.yaml"
+    pol.write_text(POLICY)
+    argv = ["policy", "backtest", "--policy", str(pol), "--events", str(events)]
+    assert policy_cli([*argv, *(["--window", window] if window else [])]) == 2
+    err = capsys.readouterr().err
+    assert "cannot read" in err and "damaged gzip file" in err and err.count("\n") == 1

@@ -17,6 +17,7 @@ import json
 import logging
 import math
 import os
+import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -130,10 +131,13 @@ def read_lines(path: str | os.PathLike[str]) -> Iterator[bytes]:
     with open(path, "rb") as probe:
         gz = probe.read(2) == b"\x1f\x8b"
     with (gzip.open(path, "rb") if gz else open(path, "rb")) as fh:
-        for raw in fh:
-            line = raw.strip()
-            if line:
-                yield line
+        try:
+            for raw in fh:
+                line = raw.strip()
+                if line:
+                    yield line
+        except (EOFError, zlib.error) as exc:  # a cut-short or damaged gzip file: callers catch OSError
+            raise OSError(f"{os.fspath(path)}: damaged gzip file: {exc}") from exc
 
 
 def _report_files(path: Path) -> list[Path]:
