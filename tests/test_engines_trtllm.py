@@ -91,6 +91,7 @@ def test_parse_reference_score_sums_reference_tokens_only() -> None:
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorrt_llm") is not None, reason="TensorRT-LLM is installed")
 def test_missing_tensorrt_llm_is_a_clear_error(tmp_path: Path) -> None:
-    # an existing directory: a missing one is named first, before the (heavy) import (tests/test_model_path.py)
+    # a model directory: a missing one is named first, before the (heavy) import (tests/test_model_path.py)
+    (tmp_path / "config.json").write_text("{}")
     with pytest.raises(TensorRTLLMUnavailable, match="pip install tensorrt-llm"):
         get_engine("tensorrt_llm", model_path=str(tmp_path), precision="fp8")

@@ -31,6 +31,7 @@ def test_a_missing_local_path_is_named(value: str, says: str) -> None:
 
 
 def test_existing_dirs_and_repo_ids_pass_and_a_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
     check_model_path(tmp_path)
     check_model_path("meta-llama/Llama-3.1-8B-Instruct")  # may be in the HF cache or on the Hub: the engine's call
     check_model_path("gpt2")
@@ -71,3 +72,13 @@ def test_calibrate_with_a_missing_model_is_one_line_in_our_words() -> None:
     assert out.returncode == 2 and len(err) == 1 and out.stdout == "", (out.stdout, err)
     assert err[0] == ("calibrate: model path /x/y does not exist (give a local model directory with config.json, "
                       "or a Hugging Face repo id such as org/name)"), err
+
+
+def test_replay_with_a_directory_that_holds_no_model_is_one_line_in_our_words(tmp_path: Path) -> None:
+    # before: transformers' five-line "Couldn't instantiate the backend tokenizer ..." about sentencepiece
+    out = subprocess.run([sys.executable, "-m", "watchdog.cli.main", "replay", "--set", "code", "--engine", "torch",
+                          "-o", f"model_path={tmp_path}", "--no-progress"], cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
+    err = out.stderr.strip().splitlines()
+    assert out.returncode == 1 and len(err) == 1, err
+    assert f"model path {tmp_path} has no config.json" in err[0], err

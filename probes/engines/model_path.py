@@ -28,10 +28,14 @@ def looks_like_repo_id(text: str) -> bool:
 
 
 def check_model_path(model_path: str | os.PathLike[str]) -> None:
-    """Raise ``ModelPathError`` for a path that does not exist (or is a file) and is no repo id."""
+    """Raise ``ModelPathError`` for a path that does not exist (or is a file) and is no repo id, or for a
+    directory without ``config.json``."""
     text = os.fspath(model_path)
     path = Path(text).expanduser()
     if path.is_dir():
+        if not (path / "config.json").is_file():  # else transformers blames a tokenizer or sentencepiece
+            raise ModelPathError(f"model path {text} has no config.json (give a model directory: a Hugging Face "
+                                 "checkpoint or a TensorRT-LLM engine directory)")
         return
     if path.exists():
         raise ModelPathError(f"model path {text} is a file, not a model directory (one with config.json)")
