@@ -449,3 +449,19 @@ def test_one_off_replay_compiles_the_torch_decode_step_only_when_it_pays(monkeyp
                                   "--no-progress", *extra])
         assert args.func(args) == 1
         assert seen and seen[0]["compile"] == want
+
+
+@pytest.mark.parametrize(("option", "says"), [
+    ("max_batch_tokens=x", "engine 'torch' option 'max_batch_tokens' must be an integer, not 'x'"),
+    ("cpu_threads=abc", "engine 'torch' option 'cpu_threads' must be an integer, not 'abc'"),
+    ("scale_multiplier=big", "engine 'torch' option 'scale_multiplier' must be a number, not 'big'"),
+])
+def test_an_engine_option_of_the_wrong_type_is_named_before_any_work(
+        option: str, says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # max_batch_tokens=x was taken and failed only once a batch had two items; cpu_threads=abc said
+    # "invalid literal for int() with base 10: 'abc'"
+    argv = ["--set", "code", "--root", str(REPO_SETS), "--engine", "torch", "-o", "model_path=/x/y", "-o", option,
+            "--max-items", "3", "--no-progress"]
+    assert _replay_cli(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0], err

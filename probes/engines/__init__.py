@@ -91,3 +91,27 @@ def _check_options(kind: str, factory: Callable[..., Engine], options: dict[str,
             close = difflib.get_close_matches(key, known, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise ValueError(f"engine {kind!r} has no option {key!r} ({hint}options: {', '.join(known)})")
+        _check_number(kind, key, params[key].annotation, options[key])
+
+
+#: annotation (a string under ``from __future__ import annotations``) -> (converter, what to call it)
+_NUMBERS: dict[str, tuple[Callable[[Any], Any], str]] = {
+    "int": (int, "an integer"), "int | None": (int, "an integer"),
+    "float": (float, "a number"), "float | None": (float, "a number"),
+}
+
+
+def _check_number(kind: str, key: str, annotation: Any, value: Any) -> None:
+    """A numeric option given something that is no number (``-o max_batch_tokens=x``) is named here, not
+    as ``invalid literal for int()`` or a ``TypeError`` once a batch grows. Digits in a string pass: the
+    engines convert them."""
+    number = _NUMBERS.get(annotation) if isinstance(annotation, str) else None
+    if number is None or value is None:
+        return
+    convert, what = number
+    try:
+        if isinstance(value, bool):  # int(True) is 1: -o batch_size=yes is a typo, not one
+            raise TypeError(value)
+        convert(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"engine {kind!r} option {key!r} must be {what}, not {value!r}") from None
