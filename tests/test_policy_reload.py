@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from watchdog.core.signals import Signal
 from watchdog.policy import LIVE_METRICS, PolicyEngine, PolicyLoader
 
@@ -101,3 +103,31 @@ def test_engine_keeps_state_across_reload(tmp_path: Path) -> None:
     assert loader.check() is False
     engine.set_policy_set(loader.policy_set)
     assert engine.states[("p", "m", "r")].rules["err"].fails == 2
+
+
+def test_a_policy_directory_left_empty_is_rejected_and_the_last_good_set_stays(tmp_path: Path) -> None:
+    # before: "policies reloaded: 0 in force", the reload alert resolved, and nothing was judged any more
+    # (one deleted file keeps the last good set; all of a directory's files deleted dropped them all)
+    pdir = tmp_path / "policies"
+    pdir.mkdir()
+    bump(pdir / "a.yaml", GOOD)
+    errors: list[list[str]] = []
+    loader = PolicyLoader([pdir], on_error=errors.append)
+    assert loader.policy_set.names == ["p"]
+    (pdir / "a.yaml").unlink()
+    assert loader.check() is False
+    assert loader.policy_set.names == ["p"] and loader.rejects == 1
+    assert errors == [[f"{pdir}: no policy files (*.yaml, *.yml) in this directory"]]
+
+
+def test_config_check_refuses_an_empty_policy_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from watchdog.cli.main import main
+
+    (tmp_path / "policies").mkdir()
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("policies: [policies]\n")
+    monkeypatch.delenv("LLMWD_CONFIG", raising=False)
+    assert main(["config", "check", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"{tmp_path / 'policies'}: no policy files (*.yaml, *.yml) in this directory"], err

@@ -379,6 +379,10 @@ def load_policy_files(paths: Iterable[str | os.PathLike[str]], channels: Collect
     origin: dict[str, str] = {}
     name_pos: dict[str, str] = {}
     sha = hashlib.sha256()
+    paths = list(paths)
+    for raw in paths:  # a listed directory with nothing in it judged nothing, silently
+        if Path(raw).is_dir() and not _expand([raw]):
+            errors.append(f"{os.fspath(raw)}: no policy files (*.yaml, *.yml) in this directory")
     for path in _expand(paths):
         fname = str(path)
         try:
