@@ -197,3 +197,25 @@ def test_a_gateway_redis_url_without_a_scheme_is_refused_at_load(tmp_path: Path)
     with pytest.raises(GatewayConfigError, match=r"gw\.yaml:2:3: gateway\.redis_url: .*did you mean "
                                                  r"'redis://localhost:6379'"):
         load_gateway_config(path)
+
+
+@pytest.mark.parametrize("which", ["port", "metrics.port"])
+def test_a_port_in_use_is_one_line_and_exit_2(tmp_path: Path, which: str) -> None:
+    """uvicorn logged "[Errno 98] error while attempting to bind" after "gateway on http://...", and exited 3;
+    a busy metrics port was a traceback from prometheus_client."""
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        main_port, metrics = (port, "") if which == "port" else (0, f"  metrics: {{port: {port}}}\n")
+        path = tmp_path / "gw.yaml"
+        path.write_text(f"gateway:\n  host: 127.0.0.1\n  port: {main_port}\n  redis_url: redis://127.0.0.1:1/0\n"
+                        f"{metrics}  events: {{enabled: false}}\n  pools:\n    - {{model: m, candidate: {{url: 'http://127.0.0.1:1/v1'}}, "
+                        "baseline: {url: 'http://127.0.0.1:1/v1'}}\n")
+        proc = subprocess.run([sys.executable, "-m", "watchdog.cli.main", "gateway", "--config", str(path),
+                               "--log-level", "ERROR"], capture_output=True, text=True, timeout=60)
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1, err
+    assert f"cannot serve on 127.0.0.1:{port}" in err[0] and "in use" in err[0], err

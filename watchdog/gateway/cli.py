@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 
 from watchdog.core.argtypes import tcp_port
@@ -37,17 +38,45 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         return 2
     from watchdog.gateway.server import build_gateway, serve_metrics, uvicorn_config
 
+    try:  # bound here, not by uvicorn: a busy port is one line and exit 2, and port 0 logs the real one
+        sock = _bind(cfg.host, cfg.port)
+    except OSError as exc:
+        print(f"{prog} gateway: cannot serve on {cfg.host}:{cfg.port}: {exc.strerror or exc} "
+              "(another gateway there? set gateway.port or --port)", file=sys.stderr)
+        return 2
     app = build_gateway(cfg)
-    serve_metrics(app)
-    log.info("gateway on http://%s:%s/v1, %d pool(s), events %s", cfg.host, cfg.port, len(cfg.pools),
+    try:
+        serve_metrics(app)
+    except OSError as exc:
+        sock.close()
+        app.flags.close()
+        if app.emitter is not None:
+            app.emitter.close()
+        print(f"{prog} gateway: cannot serve on {cfg.metrics.host}:{cfg.metrics.port}: {exc.strerror or exc} "
+              "(set gateway.metrics.port)", file=sys.stderr)
+        return 2
+    log.info("gateway on http://%s:%s/v1, %d pool(s), events %s", cfg.host, sock.getsockname()[1], len(cfg.pools),
              f"to {cfg.events.topic}" if cfg.events.enabled else "off")
     try:
-        uvicorn.Server(uvicorn_config(app, cfg.host, cfg.port)).run()
+        uvicorn.Server(uvicorn_config(app, cfg.host, cfg.port)).run(sockets=[sock])
     finally:
         if app.emitter is not None:
             app.emitter.close()
         app.flags.close()
     return 0
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening socket as uvicorn's ``Config.bind_socket`` makes one, which exits on failure instead."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
 
 
 def add_gateway_commands(sub: argparse._SubParsersAction) -> None:
