@@ -301,3 +301,27 @@ def test_window_durations_are_bounded_like_policy_durations(field: str, tmp_path
                                           r"at most 366 days"):
         load_config(write(tmp_path, f"windows: {{{field}: 1e300}}\n"), env={})
     assert getattr(load_config(write(tmp_path, f"windows: {{{field}: 31622400}}\n"), env={}).windows, field) == 31622400
+
+
+@pytest.mark.parametrize(("servers", "says"), [
+    ("kafka-0:abc", "'kafka-0:abc': port 'abc' is not a number"),
+    ("127.0.0.1:99999", "'127.0.0.1:99999': port 99999 is out of range (1-65535)"),
+    ("", "no broker given"),
+    ("k0:9092,,k1:9092", "an empty entry"),
+])
+def test_a_bootstrap_address_no_client_can_use_fails_config_check_and_run_in_one_line(
+        servers: str, says: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """It passed config check, and run retried the start-up for ever ("invalid literal for int()")."""
+    monkeypatch.setenv("LLMWD_KAFKA__BOOTSTRAP_SERVERS", servers)
+    good = write(tmp_path, f"policies: [{ROOT / 'policies' / 'default.yaml'}]\n")
+    for argv in (["config", "check"], ["run"]):
+        assert main([*argv, "--config", str(good)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "$LLMWD_KAFKA__BOOTSTRAP_SERVERS: kafka.bootstrap_servers:" in err[0], err
+        assert says in err[0], err
+
+
+@pytest.mark.parametrize("servers", ["k0:9092", "k0:9092, k1:9093", "[::1]:9092", "kafka-0", "10.0.0.1:9092,kafka-1"])
+def test_every_bootstrap_form_the_client_takes_passes(servers: str, tmp_path: Path) -> None:
+    assert load_config(write(tmp_path, f"kafka: {{bootstrap_servers: '{servers}'}}\n")).kafka.bootstrap_servers == servers

@@ -64,6 +64,28 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def require_bootstrap_servers(servers: str) -> str:
+    """``servers`` (``host[:port],...``), or ValueError naming the entry no Kafka client can use: it
+    passed config check, then the daemon retried its start-up for ever on ``int('abc')``. A bare host
+    is kafka-python's (port 9092)."""
+    entries = [e.strip() for e in servers.split(",")]
+    if not any(entries):
+        raise ValueError("no broker given (want host:port, comma-separated)")
+    for entry in entries:
+        if not entry:
+            raise ValueError(f"{servers!r} has an empty entry (want host:port, comma-separated)")
+        host, sep, port = entry.rpartition(":")
+        if not sep or (host.count(":") and not host.endswith("]")):  # a bare host, or a bare IPv6 address
+            continue
+        if not host:
+            raise ValueError(f"{entry!r} has no host (want host:port)")
+        if not port.isdigit():
+            raise ValueError(f"{entry!r}: port {port!r} is not a number (want host:port)")
+        if not 1 <= int(port) <= 65535:
+            raise ValueError(f"{entry!r}: port {int(port)} is out of range (1-65535)")
+    return servers
+
+
 class KafkaConfig(_Section):
     bootstrap_servers: str = "127.0.0.1:9092"
     topic: str = "llm.inference.logs"
@@ -89,6 +111,11 @@ class KafkaConfig(_Section):
     #: the wait starts at 1 s, doubles after a timeout up to this, then settles at 4x the answers'
     #: duration (watchdog/ingest/brokerwait.py): round trips up to ~2 s keep windows closing
     broker_timeout_ms: int = Field(8000, ge=100, le=120_000)
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _bootstrap_usable(cls, servers: str) -> str:
+        return require_bootstrap_servers(servers)
 
     @property
     def dead_letter_topic(self) -> str:
