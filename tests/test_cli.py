@@ -70,6 +70,8 @@ BAD: list[tuple[list[str], str]] = [
     (["flags", "unpin", "", "chat"], "argument model"),
     (["flags", "audit", "--count", "-1"], "--count"),
     (["flags", "audit", "--count", "0"], "--count"),
+    (["flags", "audit", "--count", "99999999999999999999"], "--count"),  # was Redis' "not an integer or out of range"
+    (["evidence", "list", "--count", "99999999999999999999"], "--count"),
     (["flags", "pin", "llama", "chat", "fp16", "--ttl", "-5m"], "--ttl"),
     (["flags", "list", "--timeout", "0"], "--timeout"),
     (["flags", "set", "llama", "chat", "fp16", "--expected-epoch", "-2"], "--expected-epoch"),

@@ -72,10 +72,17 @@ def _float(value: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
 
 
+#: the largest count Redis takes (a signed 64-bit integer); beyond it Redis' "value is not an integer or out of
+#: range" read as a Redis problem
+MAX_INT = 2**63 - 1
+
+
 def positive_int(value: str) -> int:
     n = _int(value)
     if n <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {value!r}")
+    if n > MAX_INT:
+        raise argparse.ArgumentTypeError(f"too large: {value!r} (at most {MAX_INT})")
     return n
 
 
