@@ -390,7 +390,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         _say_not_sets(args.root)
     if not paths:
         base = Path(args.root) if args.root is not None else default_root()
-        why = "no set directories (with manifest.yaml) in it" if base.is_dir() else "no such directory"
+        why = ("no set directories (with manifest.yaml) in it" if base.is_dir()
+               else "not a directory" if base.exists() else "no such directory")
         print(f"no golden sets found under {base}: {why}", file=sys.stderr)
         return 1
     failed = 0

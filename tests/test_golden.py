@@ -175,3 +175,12 @@ def test_cli_root_after_the_subcommand_and_a_missing_root_is_named(tmp_path: Pat
     assert capsys.readouterr().err.strip() == f"no golden sets found under {tmp_path / 'nope'}: no such directory"
     assert cli(["golden", "--root", str(tmp_path), "validate"]) == 1
     assert "no set directories (with manifest.yaml) in it" in capsys.readouterr().err
+
+
+def test_cli_validate_with_a_file_as_root_says_it_is_not_a_directory(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    # it said "no such directory" of a file that is there (`golden list` already said "not a directory")
+    afile = tmp_path / "sets.yaml"
+    afile.write_text("x: 1\n")
+    assert cli(["golden", "validate", "--root", str(afile)]) == 1
+    assert capsys.readouterr().err.strip() == f"no golden sets found under {afile}: not a directory"
