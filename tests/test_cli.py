@@ -253,3 +253,18 @@ def test_policy_validate_of_a_directory_without_policy_files_fails(tmp_path: Pat
     assert main(["policy", "validate", str(tmp_path)]) == 1  # was "OK (0 policies: no policies)" and 0
     assert capsys.readouterr().err.strip() == f"{tmp_path}: no policy files (*.yaml, *.yml) in this directory"
     assert main(["policy", "validate", str(ROOT / "policies")]) == 0
+
+
+@pytest.mark.parametrize("argv", [["flags", "list"], ["evidence", "list"], ["run"], ["status"], ["config", "check"]])
+def test_a_missing_config_from_the_environment_names_the_variable(argv: list[str], tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    # "argument --config: no such file" sent an operator who never typed --config looking for it
+    monkeypatch.setenv("LLMWD_CONFIG", str(tmp_path / "gone.yaml"))
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, lines
+    assert f"no such file: {tmp_path / 'gone.yaml'} (from $LLMWD_CONFIG)" in lines[0], lines

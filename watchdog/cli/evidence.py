@@ -21,7 +21,7 @@ import redis
 
 from watchdog.cli.flags import DEFAULT_REDIS_URL, LEGACY_REDIS_URL_VAR, REDIS_URL_VAR, redis_error_line
 from watchdog.config.settings import ConfigError, load_config
-from watchdog.core.argtypes import existing_file, positive_float, positive_int
+from watchdog.core.argtypes import config_file, positive_float, positive_int
 from watchdog.core.keys import Keys
 from watchdog.state.redis_conn import client_from_url
 
@@ -98,7 +98,7 @@ def add_evidence_commands(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``evidence list|export`` to an argparse ``subparsers`` object."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--config", default=os.environ.get("LLMWD_CONFIG") or None, metavar="FILE",
-                        type=existing_file, help="daemon config: Redis URL and prefix (default: $LLMWD_CONFIG)")
+                        type=config_file, help="daemon config: Redis URL and prefix (default: $LLMWD_CONFIG)")
     common.add_argument("--redis-url", default=None, help=f"Redis URL (default: ${REDIS_URL_VAR}, the config's redis.url, or {DEFAULT_REDIS_URL})")
     common.add_argument("--prefix", default=None, help="key prefix (default: the config's, llmwd)")
     common.add_argument("--timeout", type=positive_float, default=2.0, help="Redis socket timeout in seconds")

@@ -36,8 +36,8 @@ from watchdog.actuation.actuator import FlagStore, FlipResult
 from watchdog.config.redact import redacted
 from watchdog.config.settings import Config, ConfigError, load_config
 from watchdog.core.argtypes import (
+    config_file,
     did_you_mean,
-    existing_file,
     non_negative_int,
     positive_float,
     positive_int,
@@ -438,7 +438,7 @@ def _handler(p: argparse.ArgumentParser, handler: Callable[[argparse.Namespace, 
 def add_flags_commands(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``flags`` command (and its sub-commands) to an argparse ``subparsers`` object."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--config", default=os.environ.get("LLMWD_CONFIG") or None, metavar="FILE", type=existing_file,
+    common.add_argument("--config", default=os.environ.get("LLMWD_CONFIG") or None, metavar="FILE", type=config_file,
                         help="daemon config: Redis, precisions, alert channels (default: $LLMWD_CONFIG)")
     common.add_argument("--redis-url", default=None,
                         help=f"Redis URL (default: ${REDIS_URL_VAR}, the config's redis.url, or {DEFAULT_REDIS_URL})")

@@ -344,9 +344,9 @@ def _port(value: str) -> int:
 
 
 def _config_arg(p: argparse.ArgumentParser) -> None:
-    from watchdog.core.argtypes import existing_file
+    from watchdog.core.argtypes import config_file
 
-    p.add_argument("--config", default=os.environ.get("LLMWD_CONFIG") or None, metavar="FILE", type=existing_file,
+    p.add_argument("--config", default=os.environ.get("LLMWD_CONFIG") or None, metavar="FILE", type=config_file,
                    help="YAML config file (default $LLMWD_CONFIG; LLMWD_* variables override it)")
 
 

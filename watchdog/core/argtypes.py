@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import logging
+import os
 import re
 import sys
 from collections.abc import Callable, Iterable
@@ -133,6 +134,17 @@ def existing_file(value: str) -> str:
     if p.is_dir():
         raise argparse.ArgumentTypeError(f"is a directory, not a file: {value}")
     return value
+
+
+def config_file(value: str) -> str:
+    """``existing_file`` for ``--config``, whose default is ``$LLMWD_CONFIG``: a bad value from there is
+    named as coming from it (an operator who never typed ``--config`` looked for it)."""
+    try:
+        return existing_file(value)
+    except argparse.ArgumentTypeError as exc:
+        if value == os.environ.get("LLMWD_CONFIG"):
+            raise argparse.ArgumentTypeError(f"{exc} (from $LLMWD_CONFIG)") from None
+        raise
 
 
 def existing_path(value: str) -> str:
