@@ -325,3 +325,21 @@ def test_a_bootstrap_address_no_client_can_use_fails_config_check_and_run_in_one
 @pytest.mark.parametrize("servers", ["k0:9092", "k0:9092, k1:9093", "[::1]:9092", "kafka-0", "10.0.0.1:9092,kafka-1"])
 def test_every_bootstrap_form_the_client_takes_passes(servers: str, tmp_path: Path) -> None:
     assert load_config(write(tmp_path, f"kafka: {{bootstrap_servers: '{servers}'}}\n")).kafka.bootstrap_servers == servers
+
+
+@pytest.mark.parametrize(("var", "topic", "says"), [
+    ("LLMWD_KAFKA__TOPIC", "bad topic!", "'bad topic!' is not a Kafka topic name"),
+    ("LLMWD_KAFKA__TOPIC", "", "'' is not a Kafka topic name"),
+    ("LLMWD_KAFKA__DLQ_TOPIC", "..", "'..' is not a Kafka topic name"),
+    ("LLMWD_KAFKA__TOPIC", "t" * 250, "at most 249 characters"),
+])
+def test_a_topic_kafka_refuses_fails_config_check_and_run_in_one_line(
+        var: str, topic: str, says: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """It passed config check, and run ended in kafka-python's ValueError traceback once it subscribed."""
+    monkeypatch.setenv(var, topic)
+    good = write(tmp_path, f"policies: [{ROOT / 'policies' / 'default.yaml'}]\n")
+    for argv in (["config", "check"], ["run"]):
+        assert main([*argv, "--config", str(good)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"${var}: kafka." in err[0] and says in err[0], err

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -86,6 +87,20 @@ def require_bootstrap_servers(servers: str) -> str:
     return servers
 
 
+_TOPIC = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def require_topic_name(topic: str) -> str:
+    """``topic``, or ValueError for a name Kafka refuses: it passed config check, then kafka-python's
+    ValueError ended the daemon in a traceback when it subscribed."""
+    if not _TOPIC.fullmatch(topic) or topic in (".", ".."):
+        raise ValueError(f"{topic!r} is not a Kafka topic name (ASCII letters, digits, '.', '_' and '-'; "
+                         "not '.' or '..')")
+    if len(topic) > 249:
+        raise ValueError(f"topic name of {len(topic)} characters: Kafka takes at most 249 characters")
+    return topic
+
+
 class KafkaConfig(_Section):
     bootstrap_servers: str = "127.0.0.1:9092"
     topic: str = "llm.inference.logs"
@@ -116,6 +131,11 @@ class KafkaConfig(_Section):
     @classmethod
     def _bootstrap_usable(cls, servers: str) -> str:
         return require_bootstrap_servers(servers)
+
+    @field_validator("topic", "dlq_topic")
+    @classmethod
+    def _topic_legal(cls, topic: str | None) -> str | None:
+        return None if topic is None else require_topic_name(topic)
 
     @property
     def dead_letter_topic(self) -> str:
