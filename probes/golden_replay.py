@@ -419,7 +419,7 @@ def engine_timings(candidate: Engine, baseline: Engine, build_s: float, spent: d
 
 def add_replay_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """``replay --set NAME [--candidate fp8 --baseline fp16 --engine KIND ...]``; sets ``func``."""
-    from watchdog.core.argtypes import positive_int
+    from watchdog.core.argtypes import output_dir, positive_int
 
     p = subparsers.add_parser(
         "replay", help="replay a golden set through candidate and baseline engines",
@@ -452,10 +452,11 @@ def add_replay_command(subparsers: argparse._SubParsersAction) -> argparse.Argum
     p.add_argument("--repeat-baseline", action="store_true",
                    help="answer every item with the baseline twice (an A/A pass: how much answers move by themselves)")
     p.add_argument("--max-items", type=positive_int, default=None, help="replay only the first N items")
-    p.add_argument("--out", default=None, help="directory to save report-*.json, latest.json, summary.txt")
+    p.add_argument("--out", default=None, type=output_dir,
+                   help="directory to save report-*.json, latest.json, summary.txt")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of tables")
     p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--compile-cache", default=None, metavar="DIR",
+    p.add_argument("--compile-cache", default=None, metavar="DIR", type=output_dir,
                    help="compile the decode step and keep torch.compile's caches here (TORCHINDUCTOR_CACHE_DIR): "
                         "a later replay loads the compiled kernels instead of compiling (torch engine; without "
                         "it a set under ~500 items runs uncompiled, which is faster end to end; "

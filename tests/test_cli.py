@@ -87,6 +87,9 @@ BAD: list[tuple[list[str], str]] = [
     (["--log-level", "bogus", "flags", "list"], "unknown log level"),
     (["flags", "list", "--log-level", "bogus"], "unknown log level"),
     (["replay", "--set", "code", "--batch-size", "0"], "--batch-size"),
+    # both were a FileExistsError traceback, --out only after the whole replay had run
+    (["replay", "--set", "code", "--out", "README.md"], "argument --out: is a file, not a directory: README.md"),
+    (["replay", "--set", "code", "--compile-cache", "README.md"], "argument --compile-cache: is a file, not a directory"),
     (["calibrate", "--model", "bench/data/drift_tiny", "--set", "code", "--out", "missing/dir/cal.json"],
      "directory does not exist: missing/dir"),
     (["demo", "--duration", "-1"], "--duration"),

@@ -164,6 +164,13 @@ def output_file(value: str) -> str:
     return value
 
 
+def output_dir(value: str) -> str:
+    """A directory to write into, made if missing: a file there is refused now, not after the work."""
+    if Path(value).exists() and not Path(value).is_dir():
+        raise argparse.ArgumentTypeError(f"is a file, not a directory: {value}")
+    return value
+
+
 def choice_of(options: Iterable[str], what: str) -> Callable[[str], str]:
     """A case-insensitive choice with a "did you mean" on a near miss."""
     allowed = [o.lower() for o in options]
