@@ -80,6 +80,7 @@ def test_plain_yaml_loads_like_safe_load() -> None:
     ("a: 1\n---\nb: 2\n", "---", "a single YAML document"),
     ("a: 1\na: 2\n", "a: 2", "duplicate key 'a'"),
     ("<<: {a: 1}\n", "<<", "merge keys"),
+    ("policies:\n\t- name: x\n", "\t", "a tab: YAML indents with spaces only"),  # was "cannot start any token"
 ])
 def test_refused_with_position(text: str, needle: str, cause: str) -> None:
     t0 = time.perf_counter()

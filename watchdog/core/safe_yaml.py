@@ -135,11 +135,20 @@ def compose(text: str, limits: Limits = DEFAULT_LIMITS) -> Node | None:
         raise
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        raise _at(mark, f"YAML syntax error: {exc.problem or exc}") from None
+        raise _at(mark, f"YAML syntax error: {exc.problem or exc}{_tab_hint(text, mark)}") from None
     except yaml.YAMLError as exc:
         raise SafeYamlError(1, 1, f"YAML error: {exc}") from None
     finally:
         loader.dispose()
+
+
+def _tab_hint(text: str, mark: Any) -> str:
+    """PyYAML names a tab only as "found character that cannot start any token"."""
+    if mark is None:
+        return ""
+    lines = text.splitlines()
+    line = lines[mark.line] if mark.line < len(lines) else ""
+    return "; a tab: YAML indents with spaces only" if line[mark.column:mark.column + 1] == "\t" else ""
 
 
 def _compose(loader: Any, limits: Limits) -> Node | None:
