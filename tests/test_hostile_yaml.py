@@ -81,6 +81,8 @@ def test_plain_yaml_loads_like_safe_load() -> None:
     ("a: 1\na: 2\n", "a: 2", "duplicate key 'a'"),
     ("<<: {a: 1}\n", "<<", "merge keys"),
     ("policies:\n\t- name: x\n", "\t", "a tab: YAML indents with spaces only"),  # was "cannot start any token"
+    ("a: [${P}]\n", "{P}", "quote a ${VAR} inside [...] or {...}"),  # was only "did not find expected ','"
+    ("a: {b: ${P:-x}}\n", "{P:", "quote a ${VAR} inside [...] or {...}"),
 ])
 def test_refused_with_position(text: str, needle: str, cause: str) -> None:
     t0 = time.perf_counter()

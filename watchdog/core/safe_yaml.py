@@ -135,20 +135,25 @@ def compose(text: str, limits: Limits = DEFAULT_LIMITS) -> Node | None:
         raise
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        raise _at(mark, f"YAML syntax error: {exc.problem or exc}{_tab_hint(text, mark)}") from None
+        raise _at(mark, f"YAML syntax error: {exc.problem or exc}{_syntax_hint(text, mark)}") from None
     except yaml.YAMLError as exc:
         raise SafeYamlError(1, 1, f"YAML error: {exc}") from None
     finally:
         loader.dispose()
 
 
-def _tab_hint(text: str, mark: Any) -> str:
-    """PyYAML names a tab only as "found character that cannot start any token"."""
+def _syntax_hint(text: str, mark: Any) -> str:
+    """What PyYAML's message leaves out: a tab is "found character that cannot start any token", and an
+    unquoted ``${VAR}`` in a flow collection is "did not find expected ','" (its ``{`` opens a mapping)."""
     if mark is None:
         return ""
     lines = text.splitlines()
     line = lines[mark.line] if mark.line < len(lines) else ""
-    return "; a tab: YAML indents with spaces only" if line[mark.column:mark.column + 1] == "\t" else ""
+    if line[mark.column:mark.column + 1] == "\t":
+        return "; a tab: YAML indents with spaces only"
+    if mark.column > 0 and line[mark.column - 1:mark.column + 1] == "${":
+        return "; quote a ${VAR} inside [...] or {...}: '${VAR}'"
+    return ""
 
 
 def _compose(loader: Any, limits: Limits) -> Node | None:
