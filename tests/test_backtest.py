@@ -481,3 +481,14 @@ def test_a_damaged_gzip_recording_is_one_line(tmp_path: Path, capsys: pytest.Cap
     assert policy_cli([*argv, *(["--window", window] if window else [])]) == 2
     err = capsys.readouterr().err
     assert "cannot read" in err and "damaged gzip file" in err and err.count("\n") == 1
+
+
+def test_a_daemon_config_as_policy_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # it printed one "unknown key ...; allowed here: policies" per config section (9 lines for the starter config)
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("instance: a\npolicies: [p.yaml]\nkafka: {topic: t}\nredis: {url: 'redis://127.0.0.1:1/0'}\n"
+                   "server: {port: 9464}\n")
+    assert policy_cli(["policy", "backtest", "--policy", str(cfg), "--events", str(REGRESSION)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"{cfg}: this looks like a daemon config, not a policy file; pass the policy files its "
+                   "policies: list names"], err

@@ -81,6 +81,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _looks_like_daemon_config(path: str, messages: list[str]) -> bool:
+    return any(m.startswith(f"{path}:") and ("unknown key 'kafka'" in m or "unknown key 'redis'" in m)
+               for m in messages)
+
+
 def cmd_backtest(args: argparse.Namespace) -> int:
     from watchdog.policy.backtest import load_golden_reports, read_lines, run_backtest
     from watchdog.policy.backtest_report import false_rollbacks_of, render_png, render_table
@@ -91,8 +96,13 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     try:
         ps = load_policy_files(args.policy)
     except PolicyError as exc:
+        configs = [p for p in args.policy if _looks_like_daemon_config(p, exc.messages)]
+        for path in configs:
+            print(f"{path}: this looks like a daemon config, not a policy file; pass the policy files its "
+                  "policies: list names", file=sys.stderr)
         for msg in exc.messages:
-            print(msg, file=sys.stderr)
+            if not any(msg.startswith(f"{path}:") for path in configs):
+                print(msg, file=sys.stderr)
         return 2
     try:
         window = None if args.window is None else parse_duration(args.window)
