@@ -343,3 +343,12 @@ def test_a_topic_kafka_refuses_fails_config_check_and_run_in_one_line(
         assert main([*argv, "--config", str(good)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and f"${var}: kafka." in err[0] and says in err[0], err
+
+
+def test_a_bare_broker_host_is_diagnosed_at_kafkas_default_port() -> None:
+    """kafka-python takes 'kafka-0' as kafka-0:9092 (and config check lets it pass); the start-up diagnosis
+    called it "bad address (want host:port)" whatever the real problem was."""
+    from watchdog.ingest.startup import diagnose
+
+    line = diagnose("nosuchhost.invalid", {}, timeout_s=1.0)
+    assert line.startswith("broker nosuchhost.invalid: DNS lookup failed"), line

@@ -52,7 +52,9 @@ def bounded(build: Callable[[], T], timeout_s: float, stop: threading.Event, nam
 def diagnose(bootstrap: str, security: dict[str, Any], timeout_s: float = 2.0) -> str:
     """One line naming the first broker's likely problem: DNS, refused, timeout, or a protocol mismatch."""
     first = bootstrap.split(",")[0].strip()
-    host, _, port_s = first.rpartition(":")
+    host, sep, port_s = first.rpartition(":")
+    if not sep:  # a bare host: kafka-python's default port
+        host, port_s = first, "9092"
     host = host.strip("[]") or first
     try:
         port = int(port_s)
