@@ -219,3 +219,17 @@ def test_a_port_in_use_is_one_line_and_exit_2(tmp_path: Path, which: str) -> Non
     err = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(err) == 1, err
     assert f"cannot serve on 127.0.0.1:{port}" in err[0] and "in use" in err[0], err
+
+
+@pytest.mark.parametrize(("events", "says"), [
+    ("{topic: 'bad topic!'}", "gateway.events.topic: Value error, 'bad topic!' is not a Kafka topic name"),
+    ("{bootstrap_servers: 'kafka-0:abc'}", "gateway.events.bootstrap_servers: Value error, 'kafka-0:abc': port 'abc'"),
+])
+def test_an_events_address_kafka_refuses_is_a_config_error(tmp_path: Path, events: str, says: str) -> None:
+    """The gateway started and logged "Broker: Invalid topic" (or a producer error) for every request."""
+    path = tmp_path / "gw.yaml"
+    path.write_text(f"gateway:\n  events: {events}\n  pools:\n    - {{model: m, candidate: {{url: 'http://a/v1'}}, "
+                    "baseline: {url: 'http://b/v1'}}\n")
+    with pytest.raises(GatewayConfigError) as err:
+        load_gateway_config(path)
+    assert says in str(err.value), str(err.value)

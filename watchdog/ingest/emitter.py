@@ -16,8 +16,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from watchdog.core.brokers import require_bootstrap_servers, require_topic_name
 from watchdog.core.events import partition_key
 from watchdog.core.truncation import MAX_VALUE_BYTES, fit_event
 
@@ -48,6 +49,16 @@ class EventsConfig(BaseModel):
     producer: dict[str, Any] = Field(default_factory=dict)
     #: passed to confluent-kafka unchanged (librdkafka names: security.protocol, sasl.*, compression.type ...)
     librdkafka: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _bootstrap_usable(cls, servers: str) -> str:
+        return require_bootstrap_servers(servers)
+
+    @field_validator("topic")
+    @classmethod
+    def _topic_legal(cls, topic: str) -> str:
+        return require_topic_name(topic)
 
 
 class _KafkaPython:
