@@ -73,6 +73,12 @@ def test_http_surface_and_status_command(capsys: pytest.CaptureFixture[str]) -> 
         assert json.loads(capsys.readouterr().out)["flags"] == {"llama/legal": "fp16"}
         assert main(["status", "--url", server.url]) == 0
         assert "llama/legal" in capsys.readouterr().out
+        status["ready"], status["problems"] = False, ["redis: connection refused"]
+        # answered but not ready: 3, as `systemctl is-active`, so that `status || page` notices an outage
+        assert main(["status", "--url", server.url]) == 3
+        assert "not ready" in capsys.readouterr().out
+        assert main(["status", "--url", server.url, "--json"]) == 3
+        assert json.loads(capsys.readouterr().out)["ready"] is False
     finally:
         server.stop()
     assert main(["status", "--url", server.url]) == 1  # stopped: a clear error, not a traceback

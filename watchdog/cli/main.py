@@ -154,9 +154,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"fp8-watchdog status: {args.url} answered HTTP {resp.status_code} with no watchdog status "
               f"(is it the daemon's server.port? --url picks another address)", file=sys.stderr)
         return 1
+    # as `systemctl is-active`: 0 ready, 3 answered but not ready (a script's `status || page` notices
+    # an outage), 1 nothing or no watchdog answered
+    code = 0 if body["ready"] else 3
     if args.json:
         print(json.dumps(body, indent=2))
-        return 0
+        return code
     from rich.console import Console
     from rich.table import Table
 
@@ -181,7 +184,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     console.print(table)
     for a in body.get("recent_actions", [])[-10:]:
         console.print(f"{a['kind']:>9} {a['model']}/{a['route']} by {a['policy']}: {a['reason']}")
-    return 0
+    return code
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
