@@ -352,3 +352,13 @@ def test_a_bare_broker_host_is_diagnosed_at_kafkas_default_port() -> None:
 
     line = diagnose("nosuchhost.invalid", {}, timeout_s=1.0)
     assert line.startswith("broker nosuchhost.invalid: DNS lookup failed"), line
+
+
+@pytest.mark.parametrize("var", ["LLMWD_INSTANCE", "LLMWD_KAFKA__GROUP_ID"])
+def test_an_empty_instance_or_consumer_group_is_refused(var: str, tmp_path: Path) -> None:
+    """``LLMWD_INSTANCE=`` ran a replica named '' (in alerts, heartbeats, ownership) and an empty
+    ``group_id`` joined a consumer group named ''."""
+    path = write(tmp_path, f"policies: [{ROOT / 'policies' / 'default.yaml'}]\n")
+    with pytest.raises(ConfigError, match="at least 1 character"):
+        load_config(path, env={var: ""})
+

@@ -70,7 +70,8 @@ class KafkaConfig(_Section):
     topic: str = "llm.inference.logs"
     #: dead-letter topic; default ``<topic>.dlq``
     dlq_topic: str | None = None
-    group_id: str = "llm-watchdog"
+    #: not empty: every replica with an empty instance or group would share one name
+    group_id: str = Field("llm-watchdog", min_length=1)
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     session_timeout_ms: int = Field(10_000, ge=1000)
     heartbeat_interval_ms: int = Field(2_000, ge=100)
@@ -309,7 +310,7 @@ class Config(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    instance: str = Field(default_factory=lambda: os.uname().nodename)
+    instance: str = Field(default_factory=lambda: os.uname().nodename, min_length=1)
     default_precision: str = "fp8"
     #: precisions a route flag may take; ``flags set`` and policies are checked against it
     precisions: list[str] = Field(default_factory=lambda: ["fp8", "fp16"], min_length=1)
