@@ -27,6 +27,7 @@ OUT = HERE / PACKAGE / "_watchdog"
 SOURCES = (
     "watchdog/integrations/litellm.py",
     "watchdog/ingest/emitter.py",
+    "watchdog/core/brokers.py",
     "watchdog/core/events.py",
     "watchdog/core/truncation.py",
     "watchdog/core/keys.py",
