@@ -252,6 +252,8 @@ def test_a_golden_job_finds_its_set_beside_the_config_that_init_wrote(tmp_path: 
     assert load_config("../wd/config.yaml", env={"WATCHDOG_GOLDEN_DIR": "/srv/sets"}).golden.root is None
     (tmp_path / "wd/config.yaml").write_text((tmp_path / "wd/config.yaml").read_text() + "  root: sets\n")
     assert load_config("../wd/config.yaml", env={}).golden.root == os.path.normpath("../wd/sets")
+    (tmp_path / "wd/config.yaml").write_text("golden:\n")  # an empty section, as an editor leaves it
+    assert load_config("../wd/config.yaml", env={}).golden.root == os.path.normpath("../wd/golden_sets")
 
 
 @pytest.mark.parametrize("url", ["localhost:6379", "http://db:6379", ":pw@db:6379"])

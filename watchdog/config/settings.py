@@ -415,7 +415,7 @@ def _resolve_paths(data: dict[str, Any], base: Path, env: Mapping[str, str]) -> 
         data["golden"]["root"] = os.path.normpath(base / root)
     elif root is None and not env.get("WATCHDOG_GOLDEN_DIR") and (base / "golden_sets").is_dir():
         # the layout ``init`` writes: config.yaml, policies/ and golden_sets/ side by side
-        data.setdefault("golden", {})["root"] = os.path.normpath(base / "golden_sets")
+        data["golden"] = {**(golden or {}), "root": os.path.normpath(base / "golden_sets")}
 
 
 def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None,
