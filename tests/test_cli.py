@@ -62,6 +62,8 @@ def _dead_redis() -> str:
 
 
 BAD: list[tuple[list[str], str]] = [
+    (["run", "--dry-run"], "unrecognized arguments: --dry-run (see fp8-watchdog run --help)"),
+    (["flags", "list", "--al"], "(see fp8-watchdog flags list --help)"),
     (["flags", "set", "llama", "chat", "FP9"], "did you mean 'fp8'"),
     (["flags", "pin", "llama", "chat", "bf16", "--ttl", "30m"], "not one of the configured precisions"),
     (["flags", "set", "", "chat", "fp16"], "is empty"),

@@ -31,7 +31,19 @@ class Parser(argparse.ArgumentParser):
         return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}{self._dash_value_hint(message)} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {message}{self._dash_value_hint(message)} (see {self._help_of()} --help)\n")
+
+    def _help_of(self) -> str:
+        """The command whose ``--help`` answers the error: the deepest subcommand named in the arguments
+        (argparse reports an option no subcommand knows, ``run --dry-run``, from the top-level parser)."""
+        parser: argparse.ArgumentParser = self
+        for token in self._argv:
+            sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+            if sub is None:
+                break
+            if token in sub.choices:
+                parser = sub.choices[token]
+        return parser.prog
 
     def _dash_value_hint(self, message: str) -> str:
         """argparse reads ``--ttl -5m`` as an option with no value; say what it actually saw."""
