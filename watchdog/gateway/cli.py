@@ -46,20 +46,17 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         return 2
     app = build_gateway(cfg)
     try:
-        serve_metrics(app)
-    except OSError as exc:
-        sock.close()
-        app.flags.close()
-        if app.emitter is not None:
-            app.emitter.close()
-        print(f"{prog} gateway: cannot serve on {cfg.metrics.host}:{cfg.metrics.port}: {exc.strerror or exc} "
-              "(set gateway.metrics.port)", file=sys.stderr)
-        return 2
-    log.info("gateway on http://%s:%s/v1, %d pool(s), events %s", cfg.host, sock.getsockname()[1], len(cfg.pools),
-             f"to {cfg.events.topic}" if cfg.events.enabled else "off")
-    try:
+        try:
+            serve_metrics(app)
+        except OSError as exc:
+            print(f"{prog} gateway: cannot serve on {cfg.metrics.host}:{cfg.metrics.port}: {exc.strerror or exc} "
+                  "(set gateway.metrics.port)", file=sys.stderr)
+            return 2
+        log.info("gateway on http://%s:%s/v1, %d pool(s), events %s", cfg.host, sock.getsockname()[1],
+                 len(cfg.pools), f"to {cfg.events.topic}" if cfg.events.enabled else "off")
         uvicorn.Server(uvicorn_config(app, cfg.host, cfg.port)).run(sockets=[sock])
     finally:
+        sock.close()
         if app.emitter is not None:
             app.emitter.close()
         app.flags.close()

@@ -502,8 +502,7 @@ def _evaluate_judged(rule: Rule, candidate: Signal | None, baseline: Signal | No
         if needed and not pooled_live and count < rule.min_samples:
             v.reason = f"too few {role} samples: {count} < min_samples {rule.min_samples}"
             return v
-        # restore_if reads the rate as the judge counted it
-        raw = sig.values.get(rule.metric) if rule.replica_failures == "count" else rate_value(rule, sig)
+        raw = rate_value(rule, sig)  # the window's value, or the rate as the judge counted it (restore_if reads it)
         if raw is not None and not math.isnan(float(raw)):
             setattr(v, role, float(raw))
     result = _run_judge(rule, candidate, baseline, pool, null, cap, reset, draw, horizon)
