@@ -89,16 +89,21 @@ VARIANTS = {"old": (False, 0), "own": (True, 0), "new": (True, 128)}  # (own_for
 #: one counter store of 2026-12-04); else in one store
 #: auto = the fused quantisers where the engine's own rule puts them (passes of ``FUSED_MIN_ROWS`` positions
 #: and more): "new+auto" is the engine as shipped at every batch
-OPTIONS = ("q1", "gqa", "head8", "nocount", "s8", "tri", "kv8", "tg", "fq", "loop", "auto")
+#: rkv = prefill/scoring attention on K/V repeated per query head (the engine before 2026-12-06's SDPA
+#: ``enable_gqa``, ``fast_forward.SDPA_GQA``)
+OPTIONS = ("q1", "gqa", "head8", "nocount", "s8", "tri", "kv8", "tg", "fq", "loop", "auto", "rkv")
 HEADS: dict[int, tuple[Any, Any]] = {}  # id(engine) -> (its own lm_head module, the FP8 one)
 
 
 def set_variant(engines: list[Any], name: str) -> None:
+    from probes.engines import fast_forward
+
     base, *opts = name.split("+")
     own, window = VARIANTS[base]
     for o in opts:
         if o not in OPTIONS:
             raise ValueError(f"unknown variant option {o!r} (one of {OPTIONS})")
+    fast_forward.SDPA_GQA = "rkv" not in opts
     for eng in engines:
         fd = eng.fast_decoder
         if fd is None:
@@ -239,6 +244,50 @@ def attention_table(batches: list[int], live: int = 512, reps: int = 20) -> None
     say("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         say(r)
+    torch.cuda.empty_cache()
+
+
+def prefill_attention_table(reps: int = 10) -> None:
+    """The whole-sequence attention alone at the 8B shape (32 query / 8 K/V heads of 128), left-padded
+    rows with the engine's mask (``fast_forward.sequence_inputs``): K/V repeated per query head (the
+    engine before) vs SDPA's ``enable_gqa``; max difference over valid positions, ms per call, and the
+    kernels each runs (``torch.profiler``)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from probes.engines import fast_forward as ff
+
+    dev, nh, kvh, d = "cuda", 32, 8, 128
+    say("| batch | length | repeated K/V ms | enable_gqa ms | ratio | max diff (valid) | kernels (enable_gqa) |")
+    say("| --- | --- | --- | --- | --- | --- | --- |")
+    for b, n in ((16, 128), (16, 336), (64, 400), (128, 400), (128, 464)):
+        g = torch.Generator(device=dev).manual_seed(b * n)
+        q = torch.randn(b, nh, n, d, device=dev, dtype=torch.float16, generator=g)
+        k = torch.randn(b, kvh, n, d, device=dev, dtype=torch.float16, generator=g)
+        v = torch.randn(b, kvh, n, d, device=dev, dtype=torch.float16, generator=g)
+        mask = torch.ones(b, n, dtype=torch.long, device=dev)
+        pads = torch.randint(0, n // 2, (b,), device=dev, generator=g)
+        mask[torch.arange(n, device=dev)[None] < pads[:, None]] = 0
+        cos_t = torch.ones(n, d, device=dev, dtype=torch.float16)
+        _, _, amask = ff.sequence_inputs(mask, cos_t, cos_t)
+        res, ms = {}, {}
+        for gqa in (False, True):
+            ff.SDPA_GQA = gqa
+            res[gqa] = ff.attention(q, k, v, amask)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                ff.attention(q, k, v, amask)
+            torch.cuda.synchronize()
+            ms[gqa] = (time.perf_counter() - t0) / reps * 1e3
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            ff.attention(q, k, v, amask)
+            torch.cuda.synchronize()
+        names = sorted({e.name[:60] for e in prof.events() if e.device_type.name == "CUDA"})
+        valid = mask.bool()[:, :, None]
+        diff = ((res[True] - res[False]).abs() * valid).max().item()
+        say(f"| {b} | {n} | {ms[False]:.3f} | {ms[True]:.3f} | {ms[True] / ms[False]:.2f} | {diff:.2e} | "
+            f"{'; '.join(names)} |")
+    ff.SDPA_GQA = True
     torch.cuda.empty_cache()
 
 
@@ -404,6 +453,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--gemm", action="store_true", help="first, each decode GEMM alone (FP16 vs FP8)")
     ap.add_argument("--attn", action="store_true", help="first, the decode attention kernels alone (checked)")
+    ap.add_argument("--prefill-attn", action="store_true",
+                    help="first, the prefill/scoring attention alone: K/V repeated vs SDPA enable_gqa")
     ap.add_argument("--tune-gemm", action="store_true",
                     help="first, bench/gpu_fp8_gemm.py's sweep (its fastest configurations used by +tg)")
     ap.add_argument("--kernels", default="", help="per-phase kernel lists at these batches (last variant)")
@@ -427,8 +478,10 @@ def main(argv: list[str] | None = None) -> int:
     prompts_all = [gs.render(it) for it in gs.items]
     refs_all = [it.reference for it in gs.items]
     amax = calibrate_engine(fp16, [p + r for p, r in zip(prompts_all[:pool], refs_all[:pool], strict=True)])
+    # the FP8 lm_head and K/V cache (the engine's defaults on CUDA since 2026-12-06) are variant options here
     fp8 = TorchEngine(precision="fp8", model=copy.deepcopy(model), tokenizer=tok, device=device, dtype=dt,
-                      batch_size=max(batches), calibration=amax, name="fp8", fast="on")
+                      batch_size=max(batches), calibration=amax, name="fp8", fast="on", fp8_lm_head=False,
+                      fp8_kv_cache=False)
     if any("head8" in v for v in args.variants.split(",")):
         from probes.fp8 import Fp8Linear
 
@@ -441,6 +494,8 @@ def main(argv: list[str] | None = None) -> int:
         gemm_table(batches)
     if args.attn and device == "cuda":
         attention_table(batches)
+    if args.prefill_attn and device == "cuda":
+        prefill_attention_table()
     if args.tune_gemm and device == "cuda":
         from bench.gpu_fp8_gemm import sweep
 

@@ -236,8 +236,39 @@ def fast_equivalence(fp16: Any, rows: list[list[int]], batch: int, max_new: int,
             "first_diff_top2_gaps": gaps, "prompts": len(rows), "new_tokens": max_new}
 
 
+def e4m3_kv_in_scoring(engine: Any) -> None:
+    """The engine's teacher-forced scoring attends over K/V rounded to e4m3 with the FP8 cache's per-head
+    scales (``probes.decode_attention.kv_scales`` over the pass), so bits per byte measure what the
+    FP8 K/V cache does to each next-token probability; its generation is unchanged."""
+    from probes.decode_attention import dequant_kv, kv_scales, quant_kv
+    from probes.engines import fast_forward
+
+    plain = fast_forward.attention
+
+    calls = [0]
+
+    @torch.compiler.disable
+    def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, amask: torch.Tensor) -> torch.Tensor:
+        calls[0] += 1
+        ks, vs = kv_scales(k), kv_scales(v)
+        return plain(q, dequant_kv(quant_kv(k, ks), ks).to(k.dtype), dequant_kv(quant_kv(v, vs), vs).to(v.dtype),
+                     amask)
+
+    score = engine.score
+
+    def scored(*args: Any, **kwargs: Any) -> Any:
+        fast_forward.attention = attention
+        try:
+            return score(*args, **kwargs)
+        finally:
+            fast_forward.attention = plain
+
+    engine.score = scored
+    engine.kv_scoring_calls = calls
+
+
 def measure(model: Any, label: str, items: list[dict[str, str]], cal_texts: list[str], max_new: int,
-            batch: int, device: str) -> dict[str, Any]:
+            batch: int, device: str, only: tuple[str, ...] = ()) -> dict[str, Any]:
     from probes.fp8 import Fp8Linear
     from probes.golden_replay import replay
 
@@ -257,18 +288,33 @@ def measure(model: Any, label: str, items: list[dict[str, str]], cal_texts: list
                 "fp8 per-tensor + FP8 K/V cache": {"fp8_weight_scale": "tensor", "fp8_kv_cache": True},
                 "fp8 per-tensor + Triton decode GEMMs": {"fp8_weight_scale": "tensor", "fp8_gemm": "triton"},
                 "fp8 per-tensor + FP8 lm_head + K/V cache + Triton GEMMs": {
-                    "fp8_weight_scale": "tensor", "fp8_lm_head": True, "fp8_kv_cache": True, "fp8_gemm": "triton"}}
+                    "fp8_weight_scale": "tensor", "fp8_lm_head": True, "fp8_kv_cache": True, "fp8_gemm": "triton"},
+                "fp8 per-tensor + FP8 lm_head + K/V cache": {
+                    "fp8_weight_scale": "tensor", "fp8_lm_head": True, "fp8_kv_cache": True},
+                # bits/byte see the K/V cache only here: the scoring pass attends over e4m3 K/V too
+                "fp8 per-tensor + FP8 K/V cache; K/V e4m3 in scoring": {
+                    "fp8_weight_scale": "tensor", "fp8_kv_cache": True, "kv_in_scoring": True},
+                "fp8 per-tensor + FP8 lm_head + K/V cache; K/V e4m3 in scoring": {
+                    "fp8_weight_scale": "tensor", "fp8_lm_head": True, "fp8_kv_cache": True, "kv_in_scoring": True}}
+    if only:
+        variants = {k: v for k, v in variants.items() if k in only}
     out: dict[str, Any] = {"fast_vs_eager_fp16": equiv,
                            "calibration_texts": len(cal_texts), "variants": {}}
     for name, opts in variants.items():
+        opts = dict(opts)
+        kv_in_scoring = opts.pop("kv_in_scoring", False)
         fp8 = TorchEngine(precision="fp8", model=copy.deepcopy(model).to(getattr(torch, dt)), tokenizer=tok,
                           device=device, dtype=dt, batch_size=batch, calibration=amax, name=f"{label}:{name}",
                           **opts)
+        if kv_in_scoring:
+            e4m3_kv_in_scoring(fp8)
         backends = sorted({m.backend for m in fp8.model.modules() if isinstance(m, Fp8Linear)})
         t0 = time.perf_counter()
         rep = replay(gs, fp8, fp16, batch_size=batch, progress=False)
         wall = time.perf_counter() - t0
         sat = fp8.saturation()
+        if kv_in_scoring:
+            say(f"{name}: {fp8.kv_scoring_calls[0]} layer passes of the scoring attended over e4m3 K/V")
         ok = [it for it in rep.items if not it.failed]
         per_item = []
         for it in ok:
@@ -346,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--small", action="store_true", help="also train the small shippable model")
     ap.add_argument("--small-seconds", type=float, default=45.0)
     ap.add_argument("--items", type=int, default=256)
+    ap.add_argument("--variants", default="", help="comma-separated variant names to run (default: all)")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny everything")
     args = ap.parse_args(argv)
     OUT = Path(args.out)
@@ -387,7 +434,8 @@ def main(argv: list[str] | None = None) -> int:
         if not header:
             table_header()
             header = True
-        res = measure(model, label, items, cal_texts, max_new, 128 if device == "cuda" else 4, device)
+        only = tuple(v.strip() for v in args.variants.split(",") if v.strip())
+        res = measure(model, label, items, cal_texts, max_new, 128 if device == "cuda" else 4, device, only)
         res["train"] = info
         results["models"][label] = res
         if label == "small":

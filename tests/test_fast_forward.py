@@ -24,6 +24,7 @@ def _engines(precision: str, **extra):
     from probes.tiny_model import byte_tokenizer
 
     base = _random_llama(5)
+    extra.setdefault("fp8_kv_cache", False)  # the option tests start from an fp16 cache (CUDA's "auto" is FP8)
     if precision == "fp8" and "calibration" not in extra:
         cal = TorchEngine(precision="fp16", model=copy.deepcopy(base), tokenizer=byte_tokenizer(), fast="off")
         extra["calibration"] = calibrate_engine(cal, MIXED)
@@ -325,6 +326,43 @@ def test_fp8_kv_cache_and_triton_attention_options() -> None:
     assert opt.fast_decoder.kv_dtype is not None and "FP8 K/V cache" in opt.fast_reason
     _e, plain = _engines("fp16", fp8_kv_cache=True)
     assert plain.fast_decoder.kv_dtype is None
+
+
+def test_fp8_lm_head_and_kv_cache_are_on_where_fp8_runs_natively() -> None:
+    """``fp8_lm_head`` and ``fp8_kv_cache`` default to "auto": the head in FP8 where the products run on
+    FP8 tensor cores (and the calibration has its input scale), the K/V cache in e4m3 with the fast
+    decoder on CUDA; on CPU (the emulated engine of the tests and the demo) both stay off. A calibration
+    written without the head's scale keeps the head in high precision under "auto"; asked for, it is an error."""
+    from torch import nn
+
+    from probes.engines.torch_engine import _auto_flag
+    from probes.fp8 import Fp8Linear, scaled_mm_supported
+
+    eager, fast = _engines("fp8", fp8_kv_cache="auto")
+    native, on_cuda = scaled_mm_supported(fast.device), fast.device.startswith("cuda")
+    assert isinstance(fast.model.lm_head, Fp8Linear) is native and fast.fp8_lm_head is native
+    assert ("FP8 lm_head" in fast.fast_reason) is native
+    assert (fast.fast_decoder.kv_dtype is not None) is on_cuda
+    assert eager.fast_decoder is None and isinstance(eager.model.lm_head, Fp8Linear) is native
+    _e, forced = _engines("fp8", fp8_lm_head="true", fp8_kv_cache="on")
+    assert isinstance(forced.model.lm_head, Fp8Linear) and forced.fast_decoder.kv_dtype is not None
+    _e, off = _engines("fp8", fp8_lm_head="off")
+    assert type(off.model.lm_head) is nn.Linear and "FP8 lm_head" not in off.fast_reason
+    assert [_auto_flag(v, True) for v in ("auto", " AUTO", "false", False)] == [True, True, False, False]
+    assert _auto_flag("auto", False) is False
+    with pytest.raises(ValueError):
+        _auto_flag("automatic", True)
+    from probes.engines.torch_engine import TorchEngine, calibrate_engine
+    from probes.tiny_model import byte_tokenizer
+
+    cal = calibrate_engine(TorchEngine(precision="fp16", model=_random_llama(5), tokenizer=byte_tokenizer(),
+                                       fast="off"), MIXED)
+    assert "lm_head" in cal
+    del cal["lm_head"]
+    _e, no_head = _engines("fp8", calibration=cal)
+    assert type(no_head.model.lm_head) is nn.Linear
+    with pytest.raises(KeyError, match="lm_head"):
+        _engines("fp8", calibration=cal, fp8_lm_head=True)
 
 
 def test_fused_fp8_quantisers_give_the_separate_steps() -> None:

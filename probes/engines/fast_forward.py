@@ -43,12 +43,20 @@ def repeat_kv(t: torch.Tensor, rep: int) -> torch.Tensor:
     return t[:, :, None].expand(b, kvh, rep, n, d).reshape(b, kvh * rep, n, d)
 
 
+#: whole-sequence attention reads each K/V head for its query heads (SDPA's ``enable_gqa``); False: K/V
+#: repeated per query head first (a copy of K and V per layer, four times their size at the 8B shape)
+SDPA_GQA = True
+
+
 @torch.compiler.disable
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, amask: torch.Tensor) -> torch.Tensor:
     """q [B, NH, L, D], k/v [B, KVH, L, D] -> [B, L, NH * D]. Left out of the compiled graph (eager
     SDPA picks its kernel and pads the mask itself; the compiled function splits around it)."""
     rep = q.shape[1] // k.shape[1]
-    a = F.scaled_dot_product_attention(q, repeat_kv(k, rep), repeat_kv(v, rep), attn_mask=amask)
+    if SDPA_GQA and rep > 1:
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=amask, enable_gqa=True)
+    else:
+        a = F.scaled_dot_product_attention(q, repeat_kv(k, rep), repeat_kv(v, rep), attn_mask=amask)
     return a.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
 
 

@@ -1,9 +1,11 @@
 """In-process engine (kind ``torch``): a Hugging Face causal LM in fp16/bf16 or real FP8.
 
-FP8 swaps every linear layer except ``lm_head`` (``fp8_lm_head=True``: that one too) for
-``probes.fp8.Fp8Linear`` with static activation scales from ``fp8_calibration.json``
-(``llm-watchdog calibrate``). ``fp8_kv_cache=True`` (opt-in, fast decoder only) also keeps the decode
-K/V cache in e4m3 with per-head scales (``probes.decode_attention``); ``fp8_gemm="triton"`` runs decode's
+FP8 swaps every linear layer for ``probes.fp8.Fp8Linear`` with static activation scales from
+``fp8_calibration.json`` (``llm-watchdog calibrate``); ``lm_head`` too where FP8 runs on tensor cores
+(``fp8_lm_head``: "auto", true or false). ``fp8_kv_cache`` ("auto": on with the fast decoder on CUDA)
+keeps the decode K/V cache in e4m3 with per-head scales (``probes.decode_attention``). docs/DRIFT.md
+measured both within noise of FP16 on a trained model (2026-12-06); on CPU "auto" leaves both off, so
+the emulated engine there stays what the tests and the demo pin. ``fp8_gemm="triton"`` runs decode's
 FP8 products through ``probes.fp8_gemm`` (small-batch kernel) instead of cuBLAS. On CUDA cc >= 8.9 the products run
 through ``torch._scaled_mm``; on CPU through an exact emulation of the same numerics.
 
@@ -51,6 +53,13 @@ def use_compile_cache(directory: str | Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
     return path
+
+
+def _auto_flag(value: Any, auto: bool) -> bool:
+    """An engine option that is "auto" (then ``auto``), a bool or boolean text (``_flag``)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return auto
+    return _flag(value)
 
 
 def _flag(value: Any) -> bool:
@@ -184,8 +193,8 @@ class TorchEngine:
                  scale_multiplier: float = 1.0, max_batch_tokens: int | None = None, name: str | None = None,
                  model: Any = None, tokenizer: Any = None, track_saturation: bool = True,
                  fast: str | bool = "auto", compile: bool | str | None = None, cuda_graphs: bool | None = None,
-                 compile_cache_dir: str | Path | None = None, fp8_lm_head: bool = False,
-                 fp8_kv_cache: bool = False, fp8_gemm: str = "cublas", cpu_threads: int | None = None) -> None:
+                 compile_cache_dir: str | Path | None = None, fp8_lm_head: bool | str = "auto",
+                 fp8_kv_cache: bool | str = "auto", fp8_gemm: str = "cublas", cpu_threads: int | None = None) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
         if fp8_gemm not in ("cublas", "triton"):
@@ -224,8 +233,9 @@ class TorchEngine:
         self.timings: dict[str, float] = {"import_s": imported, "load_s": time.perf_counter() - started - imported}
         started = time.perf_counter()
         self.fp8_layers: list[str] = []
+        self.fp8_lm_head = False
         if precision == "fp8":
-            from probes.fp8 import calibration_path, load_calibration, quantize_model
+            from probes.fp8 import calibration_path, load_calibration, quantize_model, scaled_mm_supported
 
             amax = None
             if fp8_activation == "static" and isinstance(calibration, Mapping):
@@ -236,9 +246,13 @@ class TorchEngine:
                     raise FileNotFoundError(f"fp8 with static scales needs a calibration file ({cal}); "
                                             "run `llm-watchdog calibrate --model DIR --set NAME`")
                 amax = load_calibration(cal)
+            # "auto": FP8 where it runs on tensor cores and the calibration has the head's input scale
+            # (one written before the head was calibrated keeps it in high precision)
+            head_auto = scaled_mm_supported(self.device) and (amax is None or "lm_head" in amax)
+            self.fp8_lm_head = _auto_flag(fp8_lm_head, head_auto)
             self.fp8_layers = quantize_model(self.model, amax, fp8_activation, weight_mode=fp8_weight_scale,
                                              scale_multiplier=scale_multiplier, track_saturation=track_saturation,
-                                             skip=() if _flag(fp8_lm_head) else ("lm_head",))
+                                             skip=() if self.fp8_lm_head else ("lm_head",))
         eos = {self.tokenizer.eos_token_id}
         gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
         eos.update(gen_eos if isinstance(gen_eos, list) else [gen_eos])
@@ -252,9 +266,12 @@ class TorchEngine:
         started = time.perf_counter()
         self.fast_decoder: Any = None
         self.fast_reason = self._setup_fast(fast, compile, cuda_graphs)
-        if _flag(fp8_kv_cache) and precision == "fp8":
-            # opt-in: the decode K/V cache in e4m3 with per-head scales (probes.decode_attention); the eager
-            # loop (no fast decoder) keeps its own cache
+        kv8 = _auto_flag(fp8_kv_cache, self.fast_decoder is not None and self.device.startswith("cuda"))
+        if self.fp8_lm_head:
+            self.fast_reason += ", FP8 lm_head"
+        if kv8 and precision == "fp8":
+            # the decode K/V cache in e4m3 with per-head scales (probes.decode_attention); the eager loop
+            # (no fast decoder) keeps its own cache
             if self.fast_decoder is not None:
                 self.fast_decoder.set_options(kv_cache="fp8")
                 self.fast_reason += ", FP8 K/V cache"
