@@ -356,8 +356,32 @@ def measure(model: Any, label: str, items: list[dict[str, str]], cal_texts: list
             f"{row['saturation_total'] or 0:.3%} (max layer {row['saturation_max_layer'] or 0:.3%}) | {wall:.1f} s |")
         fp8.close()
     fp16.close()
+    paired_against(out["variants"], "fp8 per-tensor")
     out["amax"] = amax
     return out
+
+
+def paired_against(variants: dict[str, Any], base_name: str) -> None:
+    """Each variant minus ``base_name``, item by item (the same items, the same FP16 baseline): mean and
+    95 % interval of the bits-per-byte and ROUGE-L deltas. What an option adds to FP8's own drift."""
+    base = variants.get(base_name)
+    if base is None:
+        return
+    ref = {it["id"]: it for it in base["items"]}
+    say(f"paired against '{base_name}' (mean [95% CI] over items): bits/byte delta | ROUGE-L delta")
+    for name, row in variants.items():
+        if name == base_name:
+            continue
+        cells = []
+        for key in ("delta_bits_per_byte", "delta_rougeL"):
+            d = [it[key] - ref[it["id"]][key] for it in row["items"] if it["id"] in ref]
+            if len(d) < 2:
+                cells.append("n/a")
+                continue
+            half = 1.96 * statistics.stdev(d) / math.sqrt(len(d))
+            m = statistics.fmean(d)
+            cells.append(f"{m:+.5f} [{m - half:+.5f}, {m + half:+.5f}]")
+        say(f"  {name}: {cells[0]} | {cells[1]}")
 
 
 def table_header() -> None:
