@@ -455,6 +455,9 @@ def test_one_off_replay_compiles_the_torch_decode_step_only_when_it_pays(monkeyp
     ("max_batch_tokens=x", "engine 'torch' option 'max_batch_tokens' must be an integer, not 'x'"),
     ("cpu_threads=abc", "engine 'torch' option 'cpu_threads' must be an integer, not 'abc'"),
     ("scale_multiplier=big", "engine 'torch' option 'scale_multiplier' must be a number, not 'big'"),
+    # a typo in a boolean option was taken as true (track_saturation) or failed after the model loaded
+    ("fp8_lm_head=ture", "engine 'torch' option 'fp8_lm_head' must be auto, true or false, not 'ture'"),
+    ("track_saturation='false'", "engine 'torch' option 'track_saturation' must be true or false, not 'false'"),
 ])
 def test_an_engine_option_of_the_wrong_type_is_named_before_any_work(
         option: str, says: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -91,7 +91,7 @@ def _check_options(kind: str, factory: Callable[..., Engine], options: dict[str,
             close = difflib.get_close_matches(key, known, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise ValueError(f"engine {kind!r} has no option {key!r} ({hint}options: {', '.join(known)})")
-        _check_number(kind, key, params[key].annotation, options[key])
+        _check_value(kind, key, params[key].annotation, options[key])
 
 
 #: annotation (a string under ``from __future__ import annotations``) -> (converter, what to call it)
@@ -101,10 +101,21 @@ _NUMBERS: dict[str, tuple[Callable[[Any], Any], str]] = {
 }
 
 
-def _check_number(kind: str, key: str, annotation: Any, value: Any) -> None:
+#: boolean text the engines read (``torch_engine._flag``); options annotated ``bool | str`` also take "auto"
+_BOOL_TEXT = ("1", "true", "yes", "on", "0", "false", "no", "off")
+
+
+def _check_value(kind: str, key: str, annotation: Any, value: Any) -> None:
     """A numeric option given something that is no number (``-o max_batch_tokens=x``) is named here, not
     as ``invalid literal for int()`` or a ``TypeError`` once a batch grows. Digits in a string pass: the
-    engines convert them."""
+    engines convert them. A boolean option given other text (``-o logprobs=ture``, which a plain ``bool``
+    parameter would take as true) is named here too."""
+    if annotation == "bool" and not isinstance(value, bool):
+        raise ValueError(f"engine {kind!r} option {key!r} must be true or false, not {value!r}")
+    if annotation == "bool | str" and not isinstance(value, bool):
+        if not (isinstance(value, str) and value.strip().lower() in (*_BOOL_TEXT, "auto")):
+            raise ValueError(f"engine {kind!r} option {key!r} must be auto, true or false, not {value!r}")
+        return
     number = _NUMBERS.get(annotation) if isinstance(annotation, str) else None
     if number is None or value is None:
         return
