@@ -330,19 +330,19 @@ def test_fp8_kv_cache_and_triton_attention_options() -> None:
 
 def test_fp8_lm_head_and_kv_cache_are_on_where_fp8_runs_natively() -> None:
     """``fp8_lm_head`` and ``fp8_kv_cache`` default to "auto": the head in FP8 where the products run on
-    FP8 tensor cores (and the calibration has its input scale), the K/V cache in e4m3 with the fast
-    decoder on CUDA; on CPU (the emulated engine of the tests and the demo) both stay off. A calibration
+    FP8 tensor cores (and the calibration has its input scale), the K/V cache in e4m3 there with the
+    fast decoder (and Triton); on CPU (the emulated engine of the tests and the demo) both stay off. A calibration
     written without the head's scale keeps the head in high precision under "auto"; asked for, it is an error."""
     from torch import nn
 
-    from probes.engines.torch_engine import _auto_flag
+    from probes.engines.torch_engine import _auto_flag, _fp8_kv_native
     from probes.fp8 import Fp8Linear, scaled_mm_supported
 
     eager, fast = _engines("fp8", fp8_kv_cache="auto")
-    native, on_cuda = scaled_mm_supported(fast.device), fast.device.startswith("cuda")
+    native = scaled_mm_supported(fast.device)
     assert isinstance(fast.model.lm_head, Fp8Linear) is native and fast.fp8_lm_head is native
     assert ("FP8 lm_head" in fast.fast_reason) is native
-    assert (fast.fast_decoder.kv_dtype is not None) is on_cuda
+    assert (fast.fast_decoder.kv_dtype is not None) is (native and _fp8_kv_native(fast.device))
     assert eager.fast_decoder is None and isinstance(eager.model.lm_head, Fp8Linear) is native
     _e, forced = _engines("fp8", fp8_lm_head="true", fp8_kv_cache="on")
     assert isinstance(forced.model.lm_head, Fp8Linear) and forced.fast_decoder.kv_dtype is not None

@@ -2,7 +2,7 @@
 
 FP8 swaps every linear layer for ``probes.fp8.Fp8Linear`` with static activation scales from
 ``fp8_calibration.json`` (``llm-watchdog calibrate``); ``lm_head`` too where FP8 runs on tensor cores
-(``fp8_lm_head``: "auto", true or false). ``fp8_kv_cache`` ("auto": on with the fast decoder on CUDA)
+(``fp8_lm_head``: "auto", true or false). ``fp8_kv_cache`` ("auto": on there, with the fast decoder)
 keeps the decode K/V cache in e4m3 with per-head scales (``probes.decode_attention``). docs/DRIFT.md
 measured both within noise of FP16 on a trained model (2026-12-06); on CPU "auto" leaves both off, so
 the emulated engine there stays what the tests and the demo pin. ``fp8_gemm="triton"`` runs decode's
@@ -53,6 +53,15 @@ def use_compile_cache(directory: str | Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
     return path
+
+
+def _fp8_kv_native(device: str) -> bool:
+    """Whether the e4m3 K/V cache runs as kernels here: FP8 tensor cores (its Triton kernels convert
+    e4m3 in registers, which needs compute capability 8.9) and Triton."""
+    from probes import decode_attention
+    from probes.fp8 import scaled_mm_supported
+
+    return scaled_mm_supported(device) and decode_attention.HAVE_TRITON
 
 
 def _auto_flag(value: Any, auto: bool) -> bool:
@@ -266,7 +275,7 @@ class TorchEngine:
         started = time.perf_counter()
         self.fast_decoder: Any = None
         self.fast_reason = self._setup_fast(fast, compile, cuda_graphs)
-        kv8 = _auto_flag(fp8_kv_cache, self.fast_decoder is not None and self.device.startswith("cuda"))
+        kv8 = _auto_flag(fp8_kv_cache, self.fast_decoder is not None and _fp8_kv_native(self.device))
         if self.fp8_lm_head:
             self.fast_reason += ", FP8 lm_head"
         if kv8 and precision == "fp8":
