@@ -24,7 +24,9 @@ def _engines(precision: str, **extra):
     from probes.tiny_model import byte_tokenizer
 
     base = _random_llama(5)
-    extra.setdefault("fp8_kv_cache", False)  # the option tests start from an fp16 cache (CUDA's "auto" is FP8)
+    # the option tests start from an fp16 cache and head (on FP8 hardware "auto" makes both FP8)
+    extra.setdefault("fp8_kv_cache", False)
+    extra.setdefault("fp8_lm_head", False)
     if precision == "fp8" and "calibration" not in extra:
         cal = TorchEngine(precision="fp16", model=copy.deepcopy(base), tokenizer=byte_tokenizer(), fast="off")
         extra["calibration"] = calibrate_engine(cal, MIXED)
@@ -124,6 +126,40 @@ def test_own_forward_counts_fp8_saturation_on_valid_tokens() -> None:
     fast.fast_decoder.saturation_stride = 1
     fast.prompt_logprobs(prompt)
     assert fast.saturation().n_saturated == s_fast.n_saturated
+
+
+def test_an_fp8_lm_head_counts_its_saturation_on_the_fast_path() -> None:
+    """The FP8 head (the default on FP8 hardware) counts the values its quantiser clips on the fast path
+    as the eager ``Fp8Linear`` does: equal counts on one unpadded prompt, and only the kept, valid
+    positions of a left-padded scoring batch."""
+    from probes.engines.torch_engine import TorchEngine, calibrate_engine
+    from probes.fp8 import saturation_report
+    from probes.tiny_model import byte_tokenizer
+
+    base = _random_llama(5)
+    cal = TorchEngine(precision="fp16", model=copy.deepcopy(base), tokenizer=byte_tokenizer(), fast="off")
+    amax = {k: v * 0.25 for k, v in calibrate_engine(cal, MIXED).items()}
+    eager, fast = _engines("fp8", calibration=amax, fp8_lm_head=True)
+    head = fast.model.lm_head
+    prompt = MIXED[1]
+    eager.prompt_logprobs(prompt)
+    fast.prompt_logprobs(prompt)
+    n_eager, sat_eager = eager.model.lm_head.saturation()
+    n_fast, sat_fast = head.saturation()
+    assert n_fast == n_eager == len(fast.encode_prompt(prompt)) * head.in_features
+    assert sat_eager > 0
+    tol = 0.01 if fast.device == "cpu" else 0.05
+    assert abs(sat_fast - sat_eager) <= tol * sat_eager + 2
+    assert saturation_report(fast.model).layers["lm_head"] == pytest.approx(sat_fast / n_fast)
+    # scoring reads the head at the references' positions (and the one before): pad positions are not counted
+    fast.reset_saturation()
+    fast.score([prompt, "a"], [" bc", " c"])
+    n_scored, _ = head.saturation()
+    assert 0 < n_scored <= 2 * (len(fast.encode_continuation(" bc")) + 1) * head.in_features
+    fast.fast_decoder.count_saturation = False
+    fast.reset_saturation()
+    fast.score([prompt], [" b"])
+    assert head.saturation() == (0, 0)
 
 
 def test_saturation_counts_added_in_one_store_equal_the_per_module_adds() -> None:

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from probes.decode_attention import FP8_KV, FP8_KV_STORE, decode_attention, quant_kv, store_prompt_kv
-from probes.engines.fast_forward import forward_layer, fused_here, sequence_inputs
+from probes.engines.fast_forward import clipped, forward_layer, fused_here, sequence_inputs
 from probes.engines.fast_layers import (
     COUNT_INPUT,
     lin_params,
@@ -277,6 +277,7 @@ class FastDecoder:
                 self._sat_mods.append(list(groups.values()))
         self._bind_saturation()
         self.head = lin_params(model.lm_head)  # type: ignore[attr-defined]
+        self._head_mod = _counted(model.lm_head)  # type: ignore[attr-defined]
         #: prefill and scoring through ``fast_forward`` (False: the model's transformers forward)
         self.own_forward = True
         #: decode attention over keys [0, position rounded up to this); 0: the whole cache bucket
@@ -366,6 +367,7 @@ class FastDecoder:
     def set_head(self, module: nn.Module) -> None:
         """Use ``module`` (an ``nn.Linear`` or ``Fp8Linear``) as the lm_head; drops captured graphs."""
         self.head = lin_params(module)
+        self._head_mod = _counted(module)
         self._apply_gemm()
         self.clear_graphs()
 
@@ -573,8 +575,15 @@ class FastDecoder:
             self._add_saturation(torch.stack(sats), mask[:, ::count])
         return rms_norm(x[:, -keep:], self.final_ln, self.eps)
 
-    def head_logits(self, h: torch.Tensor) -> torch.Tensor:
-        """The lm_head over hidden states (any leading shape)."""
+    def head_logits(self, h: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The lm_head over hidden states [..., hidden]. An FP8 head counts the values its quantiser clips,
+        as the eager ``Fp8Linear`` does, on the positions ``mask`` marks valid (None: all of them)."""
+        mod = self._head_mod
+        if mod is not None and self.count_saturation:
+            n_clipped = clipped(h, self.head).to(torch.float64)
+            valid = torch.ones_like(n_clipped) if mask is None else mask.to(torch.float64)
+            mod._n_saturated += (n_clipped * valid).sum()
+            mod._n_values += valid.sum() * h.shape[-1]
         return linear(h, self.head)
 
     def _bind_saturation(self) -> None:
@@ -646,6 +655,11 @@ class FastDecoder:
             bk.store_kv(i, k[:, :, :width], v[:, :, :width])
         QUANT_MEMO.clear()
         return out.logits[:, -1, :]
+
+
+def _counted(module: nn.Module) -> Fp8Linear | None:
+    """The lm_head whose FP8 input the passes count (an ``Fp8Linear`` tracking saturation), else None."""
+    return module if isinstance(module, Fp8Linear) and module.track_saturation else None
 
 
 def _layer_kv(cache: Any, i: int) -> tuple[torch.Tensor, torch.Tensor]:

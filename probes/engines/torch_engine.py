@@ -505,7 +505,7 @@ class TorchEngine:
         fast = self.fast_decoder
         with torch.inference_mode():
             if fast is not None and fast.model is self.model and fast.own_forward:
-                logits = fast.head_logits(fast.hidden(ids, mask, keep))
+                logits = fast.head_logits(fast.hidden(ids, mask, keep), mask[:, -keep:])
             else:
                 kw = {"logits_to_keep": keep} if self._keep_kw else {}
                 logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
