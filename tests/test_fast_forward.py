@@ -374,7 +374,7 @@ def test_fp8_lm_head_and_kv_cache_are_on_where_fp8_runs_natively() -> None:
     from probes.engines.torch_engine import _auto_flag, _fp8_kv_native
     from probes.fp8 import Fp8Linear, scaled_mm_supported
 
-    eager, fast = _engines("fp8", fp8_kv_cache="auto")
+    eager, fast = _engines("fp8", fp8_kv_cache="auto", fp8_lm_head="auto")
     native = scaled_mm_supported(fast.device)
     assert isinstance(fast.model.lm_head, Fp8Linear) is native and fast.fp8_lm_head is native
     assert ("FP8 lm_head" in fast.fast_reason) is native
@@ -395,7 +395,7 @@ def test_fp8_lm_head_and_kv_cache_are_on_where_fp8_runs_natively() -> None:
                                        fast="off"), MIXED)
     assert "lm_head" in cal
     del cal["lm_head"]
-    _e, no_head = _engines("fp8", calibration=cal)
+    _e, no_head = _engines("fp8", calibration=cal, fp8_lm_head="auto")
     assert type(no_head.model.lm_head) is nn.Linear
     with pytest.raises(KeyError, match="lm_head"):
         _engines("fp8", calibration=cal, fp8_lm_head=True)
