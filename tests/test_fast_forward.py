@@ -401,6 +401,30 @@ def test_fp8_lm_head_and_kv_cache_are_on_where_fp8_runs_natively() -> None:
         _engines("fp8", calibration=cal, fp8_lm_head=True)
 
 
+def test_the_eager_loop_with_an_fp8_kv_cache_gives_the_fast_paths_tokens() -> None:
+    """``fp8_kv_cache`` on the eager loop (``torch_engine.e4m3_cache``) keeps the fast decoder's numerics:
+    the same per-head scales from the prompt, the prompt's own attention unrounded, every later step over
+    e4m3 K/V. CPU (float32): the same greedy tokens and logprobs to rounding, and logprobs that differ
+    from the eager loop's fp16 cache (the rounding is applied, not skipped)."""
+    eager, fast = _engines("fp8", fp8_kv_cache=True)
+    assert eager.fast_decoder is None and eager.fp8_kv_cache and "FP8 K/V cache" in eager.fast_reason
+    assert fast.fast_decoder.kv_dtype is not None
+    _e, plain = _engines("fp8")
+    rows = [fast.encode_prompt(p) for p in MIXED[:4]]
+    want = eager._generate_batch(rows, 12)
+    if fast.device.startswith("cuda"):  # compiled fp16 rounds differently; the first token is the prefill's
+        assert [t[0] for t, _ in fast._generate_batch(rows, 12)] == [t[0] for t, _ in want]
+        return
+    got = fast._generate_batch(rows, 12)
+    assert [t for t, _ in got] == [t for t, _ in want]
+    for (_, lg), (_, lw) in zip(got, want, strict=True):
+        assert max(abs(a - b) for a, b in zip(lg, lw, strict=True)) < 1e-4
+    unrounded = plain._generate_batch(rows, 12)
+    assert [lp[0] for _, lp in unrounded] == pytest.approx([lp[0] for _, lp in want], abs=1e-5)  # prefill: same
+    gaps = [abs(a - b) for (_, la), (_, lb) in zip(unrounded, want, strict=True) for a, b in zip(la[1:], lb[1:], strict=False)]
+    assert max(gaps) > 1e-5
+
+
 def test_fused_fp8_quantisers_give_the_separate_steps() -> None:
     """``fused_layer`` (``probes.fp8_fused``: RMSNorm, residual add or SiLU*up with the FP8 quantiser and
     its per-token count in one op) gives ``forward_layer``'s separate steps: hidden states and saturation

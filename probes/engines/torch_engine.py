@@ -2,8 +2,8 @@
 
 FP8 swaps every linear layer for ``probes.fp8.Fp8Linear`` with static activation scales from
 ``fp8_calibration.json`` (``llm-watchdog calibrate``); ``lm_head`` too where FP8 runs on tensor cores
-(``fp8_lm_head``: "auto", true or false). ``fp8_kv_cache`` ("auto": on there, with the fast decoder)
-keeps the decode K/V cache in e4m3 with per-head scales (``probes.decode_attention``). docs/DRIFT.md
+(``fp8_lm_head``: "auto", true or false). ``fp8_kv_cache`` ("auto": on there, with the fast decoder;
+true: on either path) keeps the decode K/V cache in e4m3 with per-head scales (``probes.decode_attention``). docs/DRIFT.md
 measured both within noise of FP16 on a trained model (2026-12-06); on CPU "auto" leaves both off, so
 the emulated engine there stays what the tests and the demo pin. ``fp8_gemm="triton"`` runs decode's
 FP8 products through ``probes.fp8_gemm`` (small-batch kernel) instead of cuBLAS. On CUDA cc >= 8.9 the products run
@@ -278,14 +278,12 @@ class TorchEngine:
         kv8 = _auto_flag(fp8_kv_cache, self.fast_decoder is not None and _fp8_kv_native(self.device))
         if self.fp8_lm_head:
             self.fast_reason += ", FP8 lm_head"
-        if kv8 and precision == "fp8":
-            # the decode K/V cache in e4m3 with per-head scales (probes.decode_attention); the eager loop
-            # (no fast decoder) keeps its own cache
+        #: the decode K/V cache in e4m3 with per-head scales (probes.decode_attention), on either path
+        self.fp8_kv_cache = kv8 and precision == "fp8"
+        if self.fp8_kv_cache:
             if self.fast_decoder is not None:
                 self.fast_decoder.set_options(kv_cache="fp8")
-                self.fast_reason += ", FP8 K/V cache"
-            else:
-                log.warning("torch engine %s: fp8_kv_cache needs the fast decoder; ignored", self.name)
+            self.fast_reason += ", FP8 K/V cache"
         if precision == "fp8" and self.fast_decoder is not None:
             # decode's FP8 products: cuBLAS (_scaled_mm) or the small-batch Triton kernel (probes.fp8_gemm)
             self.fast_decoder.set_options(gemm=str(fp8_gemm))
@@ -437,7 +435,7 @@ class TorchEngine:
         eos = torch.tensor(self.eos_ids or [-1], device=self.device)
         done = torch.zeros(n, dtype=torch.bool, device=self.device)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
+        cache = e4m3_cache() if self.fp8_kv_cache else DynamicCache()
         # transformers >= 5.2x renamed past_key_values to cache (the old name warns); the H200 image has 5.17
         cache_kw = {self._cache_arg: cache}
         with torch.inference_mode():
@@ -557,6 +555,34 @@ class TorchEngine:
         self.model = None
         if self.device.startswith("cuda"):
             self._torch.cuda.empty_cache()
+
+
+def e4m3_cache() -> Any:
+    """A transformers ``DynamicCache`` with the fast decoder's FP8 K/V numerics, for the eager loop: each
+    layer's prompt K/V set its per-head scales (``decode_attention.kv_scales``, over the batch) and are kept
+    rounded to e4m3; the prompt's own attention reads them unrounded (as the fast path's prefill does),
+    every later step the whole cache rounded (as the fast path's decode attention reads its e4m3 cache)."""
+    from transformers import DynamicCache
+
+    from probes.decode_attention import dequant_kv, kv_scales, quant_kv
+
+    def rounded(t: Any, scale: Any) -> Any:
+        return dequant_kv(quant_kv(t, scale), scale).to(t.dtype)
+
+    class E4m3Cache(DynamicCache):
+        def __init__(self) -> None:
+            super().__init__()
+            self.kv_scales: dict[int, tuple[Any, Any]] = {}
+
+        def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
+            first = layer_idx not in self.kv_scales
+            if first:
+                self.kv_scales[layer_idx] = (kv_scales(key_states), kv_scales(value_states))
+            ks, vs = self.kv_scales[layer_idx]
+            out = super().update(rounded(key_states, ks), rounded(value_states, vs), layer_idx, *args, **kwargs)
+            return (key_states, value_states) if first else out
+
+    return E4m3Cache()
 
 
 def picked_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
