@@ -2,8 +2,10 @@
 
 One process, random weights (``bench.gpu_replay.random_llama``: lm_head rows past the byte
 tokenizer's 384 are zero, so the lm_head and the log-softmax do the full vocabulary's work while
-greedy picks stay byte ids), the torch engine exactly as ``replay`` builds it (fast decode:
-compiled step in a CUDA graph; FP8 with static calibrated per-tensor scales, lm_head in FP16).
+greedy picks stay byte ids), the torch engine as ``replay`` builds it (fast decode: compiled step in
+a CUDA graph; FP8 with static calibrated per-tensor scales), except that the FP8 engine starts with its
+lm_head in FP16 and an fp16 K/V cache: variant options ``head8`` and ``kv8`` add them, so
+``new+auto+head8+kv8`` is the engine as shipped on FP8 hardware since 2026-12-06.
 
 For each batch (16, 64, 128), on 2 x batch prompts of the repository's golden sets, 64 new
 tokens, no stop strings: a warm-up round (compile, graph capture), two timed rounds (generate +
