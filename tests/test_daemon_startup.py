@@ -64,9 +64,14 @@ def _ready_daemon(kafka_service, redis_service, topic, tmp_path):  # type: ignor
     cfg = daemon_cfg(kafka_service.address, redis_service.port, topic, write_policy(tmp_path / "p.yaml"), None)
     base = f"http://127.0.0.1:{cfg['server']['port']}"
     d = start_daemon_process(cfg, tmp_path)
+
+    def why() -> str:  # what readiness said at the deadline (the reasons), then the log's tail
+        r = _get(f"{base}/readyz")
+        said = "no answer" if r is None else f"{r.status_code} {r.text[:600]}"
+        return f"/readyz: {said}\n" + (tmp_path / "daemon.log").read_text()[-2000:]
+
     try:
-        wait_until(lambda: (r := _get(f"{base}/readyz")) is not None and r.status_code == 200, 30,
-                   detail=lambda: (tmp_path / "daemon.log").read_text()[-2000:])
+        wait_until(lambda: (r := _get(f"{base}/readyz")) is not None and r.status_code == 200, 30, detail=why)
     except BaseException:
         d.kill()
         d.wait(5)
