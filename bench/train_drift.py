@@ -295,13 +295,17 @@ def measure(model: Any, label: str, items: list[dict[str, str]], cal_texts: list
                 "fp8 per-tensor + FP8 K/V cache; K/V e4m3 in scoring": {
                     "fp8_weight_scale": "tensor", "fp8_kv_cache": True, "kv_in_scoring": True},
                 "fp8 per-tensor + FP8 lm_head + K/V cache; K/V e4m3 in scoring": {
-                    "fp8_weight_scale": "tensor", "fp8_lm_head": True, "fp8_kv_cache": True, "kv_in_scoring": True}}
+                    "fp8_weight_scale": "tensor", "fp8_lm_head": True, "fp8_kv_cache": True, "kv_in_scoring": True},
+                # the engine's own choice (since 2026-12-06 the head and the K/V cache in FP8 on FP8 hardware)
+                "fp8 as shipped": {"fp8_lm_head": "auto", "fp8_kv_cache": "auto"}}
     if only:
         variants = {k: v for k, v in variants.items() if k in only}
     out: dict[str, Any] = {"fast_vs_eager_fp16": equiv,
                            "calibration_texts": len(cal_texts), "variants": {}}
     for name, opts in variants.items():
-        opts = dict(opts)
+        # a variant names the options it adds: the head and the K/V cache stay off unless it does (the engine's
+        # "auto" turns them on on FP8 hardware)
+        opts = {"fp8_lm_head": False, "fp8_kv_cache": False, **opts}
         kv_in_scoring = opts.pop("kv_in_scoring", False)
         fp8 = TorchEngine(precision="fp8", model=copy.deepcopy(model).to(getattr(torch, dt)), tokenizer=tok,
                           device=device, dtype=dt, batch_size=batch, calibration=amax, name=f"{label}:{name}",
