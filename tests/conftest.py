@@ -16,6 +16,11 @@ import pytest
 
 from watchdog.dev.embedded import ClusterUnsupported, Service, start_redis, start_redis_cluster, start_tansu
 
+# LiteLLM, once imported (the LiteLLM tests), fetches its model cost map from GitHub and, with no internet, retries on a
+# thread that logs a warning to stderr seconds later, inside whichever test is capturing it then (CI saw it in a
+# one-line-error test of the CLI). The bundled map is enough here; set before any import, subprocesses inherit it.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
 
 @pytest.fixture(scope="session")
 def redis_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
