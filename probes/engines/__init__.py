@@ -102,7 +102,8 @@ _NUMBERS: dict[str, tuple[Callable[[Any], Any], str]] = {
 
 
 #: boolean text the engines read (``torch_engine._flag``); options annotated ``bool | str`` also take "auto"
-_BOOL_TEXT = ("1", "true", "yes", "on", "0", "false", "no", "off")
+TRUE_TEXT = ("1", "true", "yes", "on")
+FALSE_TEXT = ("0", "false", "no", "off")
 
 
 def _check_value(kind: str, key: str, annotation: Any, value: Any) -> None:
@@ -113,7 +114,7 @@ def _check_value(kind: str, key: str, annotation: Any, value: Any) -> None:
     if annotation == "bool" and not isinstance(value, bool):
         raise ValueError(f"engine {kind!r} option {key!r} must be true or false, not {value!r}")
     if annotation == "bool | str" and not isinstance(value, bool):
-        if not (isinstance(value, str) and value.strip().lower() in (*_BOOL_TEXT, "auto")):
+        if not (isinstance(value, str) and value.strip().lower() in (*TRUE_TEXT, *FALSE_TEXT, "auto")):
             raise ValueError(f"engine {kind!r} option {key!r} must be auto, true or false, not {value!r}")
         return
     number = _NUMBERS.get(annotation) if isinstance(annotation, str) else None

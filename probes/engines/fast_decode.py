@@ -581,9 +581,13 @@ class FastDecoder:
         mod = self._head_mod
         if mod is not None and self.count_saturation:
             n_clipped = clipped(h, self.head).to(torch.float64)
-            valid = torch.ones_like(n_clipped) if mask is None else mask.to(torch.float64)
-            mod._n_saturated += (n_clipped * valid).sum()
-            mod._n_values += valid.sum() * h.shape[-1]
+            if mask is None:
+                mod._n_saturated += n_clipped.sum()
+                mod._n_values += n_clipped.numel() * h.shape[-1]
+            else:
+                valid = mask.to(torch.float64)
+                mod._n_saturated += (n_clipped * valid).sum()
+                mod._n_values += valid.sum() * h.shape[-1]
         return linear(h, self.head)
 
     def _bind_saturation(self) -> None:

@@ -19,6 +19,7 @@ subcommand without paying for them.
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
 import json
 import logging
@@ -29,7 +30,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from probes.engines import register
+from probes.engines import FALSE_TEXT, TRUE_TEXT, register
 from probes.engines.base import Generation, ReferenceScore
 from probes.engines.model_path import check_model_path
 
@@ -74,9 +75,9 @@ def _auto_flag(value: Any, auto: bool) -> bool:
 def _flag(value: Any) -> bool:
     """A boolean engine option given as a bool or as text (``-o fp8_lm_head=true`` on the command line)."""
     if isinstance(value, str):
-        if value.strip().lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off", ""):
+        if value.strip().lower() not in (*TRUE_TEXT, *FALSE_TEXT, ""):
             raise ValueError(f"expected a boolean, not {value!r}")
-        return value.strip().lower() in ("1", "true", "yes", "on")
+        return value.strip().lower() in TRUE_TEXT
     return bool(value)
 
 
@@ -562,6 +563,12 @@ def e4m3_cache() -> Any:
     layer's prompt K/V set its per-head scales (``decode_attention.kv_scales``, over the batch) and are kept
     rounded to e4m3; the prompt's own attention reads them unrounded (as the fast path's prefill does),
     every later step the whole cache rounded (as the fast path's decode attention reads its e4m3 cache)."""
+    return _e4m3_cache_class()()
+
+
+@functools.cache
+def _e4m3_cache_class() -> Any:
+    """``e4m3_cache``'s class, built once (transformers is imported lazily)."""
     from transformers import DynamicCache
 
     from probes.decode_attention import dequant_kv, kv_scales, quant_kv
@@ -582,7 +589,7 @@ def e4m3_cache() -> Any:
             out = super().update(rounded(key_states, ks), rounded(value_states, vs), layer_idx, *args, **kwargs)
             return (key_states, value_states) if first else out
 
-    return E4m3Cache()
+    return E4m3Cache
 
 
 def picked_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
