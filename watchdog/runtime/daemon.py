@@ -183,6 +183,11 @@ class Daemon:
         #: when reading was last held, and since when it is held now (None: reading); the log lines
         self._held_since: float | None = None
         self._held_logged = -math.inf
+        #: when the longest-waiting closed window began to wait, as of the loop's last look (None: none
+        #: waits). The gauge ages it at scrape time: a judging pass of seconds (a catch-up, a slow policy) shows
+        #: on a scrape during it, not only at the next iteration's start
+        self._backlog_since: float | None = None
+        self.metrics.judging_backlog_seconds.set_function(self._backlog_age)
         self._failed_sources: set[str] = set()
         #: whether this daemon's loop holds the process's collector settings (LOOP_GC)
         self._gc_entered = False
@@ -349,6 +354,10 @@ class Daemon:
                         ", ".join(f"{p} {d:.2f} s" for d, p in sorted(spans, reverse=True)[:4]),
                         sum(seconds for _, seconds in gc_passes), SLOW_LOOP_LOG_EVERY_S)
 
+    def _backlog_age(self) -> float:
+        since = self._backlog_since
+        return 0.0 if since is None else max(0.0, time.monotonic() - since)
+
     def hold_after_s(self) -> float:
         """How long a closed window may wait to be judged before reading is held: a window's length
         (judging one window's close must not take longer than the next window), within
@@ -373,7 +382,7 @@ class Daemon:
         unsaved = self.checkpointer.unsaved_age(self.clock())
         m = self.metrics
         m.judging_backlog_routes.set(len(backlog))
-        m.judging_backlog_seconds.set(age)
+        self._backlog_since = mono - age if age > 0.0 else None
         ingest = self.ingest
         assert ingest is not None
         hold_after = self.hold_after_s()
