@@ -7,12 +7,14 @@ in its own process (as the CLI does), after the CUDA context is made (timed apar
 * ``cpu_then_to``: ``from_pretrained(dtype=...)`` on the CPU, then ``.to("cuda")`` (the engine before);
 * ``device_map``: ``from_pretrained(dtype=..., device_map="cuda")`` (the weights go to the GPU as read);
 * ``own``: the model built from its config on the GPU, then each shard read to the GPU and loaded into it;
-* ``engine``: ``probes.engines.torch_engine.load_model`` (built empty, no initialisation, shards copied in);
+* ``engine``: ``probes.engines.torch_engine.load_model`` (built empty, no initialisation, the files' tensors
+  copied in by ``LOAD_THREADS`` threads); ``engine1``: the same with one thread;
 * ``safetensors``: ``safetensors.torch.load_file(device="cuda")`` of every shard (the files alone).
 
 Each way also reports a checksum of a few weights, so a way that loads the wrong values shows.
 
     python bench/gpu_load.py --shape 8b --repeats 2 --out $OUT/load.txt     # on the GPU
+    python bench/gpu_load.py --model-dir /tmp/m8b --ways engine,engine1     # a model saved before
     python bench/gpu_load.py --smoke                                       # tiny, on CPU
 """
 
@@ -29,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-WAYS = ("cpu_then_to", "device_map", "own", "engine", "safetensors")
+WAYS = ("cpu_then_to", "device_map", "own", "engine", "engine1", "safetensors")
 
 
 def one(model_dir: str, way: str, device: str) -> dict[str, float]:
@@ -50,10 +52,12 @@ def one(model_dir: str, way: str, device: str) -> dict[str, float]:
         n = sum(t.numel() for f in sorted(Path(model_dir).glob("*.safetensors"))
                 for t in load_file(str(f), device=device).values())
         read = time.perf_counter()
-    elif way == "engine":
-        from probes.engines.torch_engine import load_model
+    elif way in ("engine", "engine1"):
+        from probes.engines import torch_engine
 
-        model = load_model(model_dir, dtype, device)
+        if way == "engine1":
+            torch_engine.LOAD_THREADS = 1
+        model = torch_engine.load_model(model_dir, dtype, device)
         read = time.perf_counter()
         n = sum(p.numel() for p in model.parameters())
     elif way == "own":
@@ -91,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shape", default="8b")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--ways", default=",".join(WAYS))
+    ap.add_argument("--model-dir", default=None, help="a model saved before (bench/gpu_replay_cli.py's); "
+                    "default: a random one of --shape written to a temporary directory")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--out")
     ap.add_argument("--child", nargs=3, metavar=("DIR", "WAY", "DEVICE"), help=argparse.SUPPRESS)
@@ -106,10 +112,12 @@ def main(argv: list[str] | None = None) -> int:
     shape = "tiny" if args.smoke else args.shape
     lines: list[str] = []
     with tempfile.TemporaryDirectory(prefix="gpu-load-") as tmp:
-        model_dir = Path(tmp) / "model"
-        spent = prepare(model_dir, shape, "rag-enterprise", device)
+        model_dir = Path(args.model_dir or Path(tmp) / "model")
+        if not (model_dir / "config.json").exists():
+            spent = prepare(model_dir, shape, "rag-enterprise", device)
+            lines.append(f"prepared {shape} in {spent:.1f} s")
         size = sum(f.stat().st_size for f in model_dir.glob("*.safetensors")) / 1e9
-        lines.append(f"prepared {shape} in {spent:.1f} s ({size:.2f} GB of safetensors; the page cache holds them)")
+        lines.append(f"{model_dir}: {size:.2f} GB of safetensors (the page cache holds them if just written)")
         lines.append("| way | run | import s | CUDA context s | read s (own: build) | to device s (own: read + load) | "
                      "load s | params | checksum |")
         lines.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")

@@ -73,16 +73,17 @@ def prepare(model_dir: Path, shape_name: str, set_name: str, device: str) -> flo
 
 
 def cli_run(model_dir: Path, set_name: str, cache: Path | None, batch: int, extra: list[str],
-            profile: Path | None = None) -> dict[str, Any]:
+            profile: Path | None = None, code: Path = ROOT) -> dict[str, Any]:
     """One ``replay`` process: wall seconds, the --timings split, items measured, return code. With
-    ``profile``, the process runs under cProfile and writes its statistics there."""
+    ``profile``, the process runs under cProfile and writes its statistics there; ``code``: the tree
+    whose CLI runs (another checkout, for a before/after in one call)."""
     prof = ["-m", "cProfile", "-o", str(profile)] if profile else []
     cmd = [sys.executable, *prof, "-m", "watchdog.cli.main", "replay", "--set", set_name, "--engine", "torch",
            "-o", f"model_path={model_dir}", "--batch-size", str(batch), "-o", f"batch_size={batch}",
            *(["--compile-cache", str(cache)] if cache else []), "--timings", "--no-progress", "--json", *extra]
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = {**os.environ, "PYTHONPATH": f"{code}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=code)
     wall = time.perf_counter() - t0
     timings: dict[str, Any] = {}
     for line in proc.stderr.splitlines():
@@ -107,7 +108,7 @@ def split_row(label: str, run: dict[str, Any]) -> str:
     def f(x: Any) -> str:
         return "-" if x is None else f"{x:.1f}"
 
-    return (f"| {label} | {f(run['wall_s'])} | {f(c.get('import_s'))} | {f(c.get('load_s'))} / {f(b.get('load_s'))} | "
+    return (f"| {label} | {f(run['wall_s'])} | {f(max(c.get('import_s', 0.0), b.get('import_s', 0.0)))} | {f(c.get('load_s'))} / {f(b.get('load_s'))} | "
             f"{f(c.get('quantize_s'))} | {f(c.get('compile_capture_s'))} / {f(b.get('compile_capture_s'))} | "
             f"{f(t.get('generate_candidate_s'))} / {f(t.get('generate_baseline_s'))} | "
             f"{f(t.get('score_candidate_s'))} / {f(t.get('score_baseline_s'))} | {f(t.get('metrics_s'))} |")
@@ -154,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
                          "with a compile cache of its own; repeatable")
     ap.add_argument("--profile", default=None, metavar="DIR",
                     help="run every CLI process under cProfile, its statistics in DIR/<n>.prof (slower runs)")
+    ap.add_argument("--code", default=None, metavar="DIR",
+                    help="another tree (e.g. `git archive REV` unpacked): each plain run also runs from it, "
+                         "interleaved, labelled 'before'")
     ap.add_argument("--smoke", action="store_true", help="tiny shape on CPU: exercises every step")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
@@ -174,14 +178,16 @@ def main(argv: list[str] | None = None) -> int:
     if profiles:
         profiles.mkdir(parents=True, exist_ok=True)
 
-    def run(label: str, cache: Path | None, more: list[str]) -> None:
+    def run(label: str, cache: Path | None, more: list[str], code: Path = ROOT) -> None:
         prof = profiles / f"{len(runs)}.prof" if profiles else None
-        runs.append((label, cli_run(model_dir, args.set, cache, args.batch, extra + more, prof)))
+        runs.append((label, cli_run(model_dir, args.set, cache, args.batch, extra + more, prof, code)))
         if prof:
             say(f"profile of {label!r}: {prof}")
 
     runs: list[tuple[str, dict[str, Any]]] = []
     for i in range(args.plain_runs):
+        if args.code:
+            run(f"before: plain {i + 1}", None, [], Path(args.code).resolve())
         run(f"plain {i + 1} (no --compile-cache: the CLI's choice)", None, [])
     plain = len(runs)
     if args.warm_runs >= 0:

@@ -343,7 +343,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         golden = golden.head(args.max_items)
     if args.no_progress:
         _no_loading_bars()
-    from probes.engines import get_engine
+    from probes.engines import check_engine, get_engine
 
     if args.compile_cache:
         from probes.engines.torch_engine import use_compile_cache
@@ -358,15 +358,22 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         for kind, opts in ((args.engine, cand_opts), (args.baseline_engine or args.engine, base_opts)):
             if kind == "torch" and "compile" not in opts:
                 opts["compile"] = cli_compile(steps, bool(args.compile_cache))
-        candidate = get_engine(args.engine, **cand_opts)
+        check_engine(args.engine, **cand_opts)
     except Exception as exc:  # noqa: BLE001 - report, do not trace back
         print(f"cannot build candidate engine {args.engine!r}: {exc}{_extra_hint(exc)}", file=sys.stderr)
         return 1
+    # the baseline first: an FP8 candidate over the same model files then quantises the weights the
+    # baseline loaded instead of reading them again (probes.engines.torch_engine.load_model)
     try:
         baseline = get_engine(args.baseline_engine or args.engine, **base_opts)
     except Exception as exc:  # noqa: BLE001
-        candidate.close()
         print(f"cannot build baseline engine: {exc}{_extra_hint(exc)}", file=sys.stderr)
+        return 1
+    try:
+        candidate = get_engine(args.engine, **cand_opts)
+    except Exception as exc:  # noqa: BLE001
+        baseline.close()
+        print(f"cannot build candidate engine {args.engine!r}: {exc}{_extra_hint(exc)}", file=sys.stderr)
         return 1
     build_s = time.perf_counter() - built
     spent: dict[str, float] = {}

@@ -81,25 +81,32 @@ def test_second_lease_is_a_hit_not_a_load() -> None:
 def test_a_config_change_releases_the_old_engine_before_loading_the_new() -> None:
     metrics = Metrics()
     cache, built = fake_cache(metrics=metrics)
-    with cache.lease("job", [FP8, FP16]):
+    with cache.lease("job", [FP8, FP16]) as (old_cand, old_base):
         pass
     changed = {**FP8, "scale_multiplier": 0.5}
     with cache.lease("job", [changed, FP16]) as (cand, base):
-        assert built[0].closed and not built[1].closed  # old candidate gone, baseline kept
-        assert cand is built[2] and base is built[1]
+        assert old_cand.closed and not old_base.closed  # old candidate gone, baseline kept
+        assert cand is built[2] and base is old_base
     assert len(cache) == 2 and cache.releases == {"config": 1}
     assert sample(metrics, "llmwd_golden_engine_releases_total", '{reason="config"}') == 1
 
 
+def test_the_fp8_engine_is_built_after_the_unquantised_one_it_may_share_weights_with() -> None:
+    cache, built = fake_cache()
+    with cache.lease("job", [FP8, FP16]) as (cand, base):
+        assert (cand.precision, base.precision) == ("fp8", "fp16")
+    assert [e.precision for e in built] == ["fp16", "fp8"]
+
+
 def test_an_engine_another_job_still_uses_survives_a_config_change() -> None:
     cache, built = fake_cache()
-    with cache.lease("a", [FP8, FP16]):
+    with cache.lease("a", [FP8, FP16]) as (cand, _base):
         pass
     with cache.lease("b", [FP8, FP16]):
         pass
     with cache.lease("a", [{**FP8, "batch_size": 4}, FP16]):
         pass
-    assert not built[0].closed  # job b still uses it
+    assert not cand.closed  # job b still uses it
     assert cache.loads == 3 and len(cache) == 3
 
 
@@ -169,7 +176,7 @@ def test_a_rewritten_model_file_is_a_new_key(tmp_path: Path) -> None:
 
 def test_a_failed_build_raises_and_keeps_what_was_built() -> None:
     def build(options: dict[str, Any]) -> FakeEngine:
-        if options["precision"] == "fp16":
+        if options["precision"] == "fp8":  # built after the FP16 engine
             raise RuntimeError("out of memory")
         return FakeEngine(options)
 

@@ -305,6 +305,55 @@ def test_load_model_directly_equals_from_pretrained_and_falls_back_when_the_file
     assert torch.equal(fallback(ids).logits, want(ids).logits)
 
 
+def test_an_fp8_engine_quantises_the_weights_an_fp16_engine_loaded_and_leaves_them_as_they_were(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Built after an FP16 engine over the same files (what ``replay`` and the scheduler's cache do), the
+    FP8 engine reads no weights: it quantises a shallow copy of the FP16 model. Its answers equal an FP8
+    engine's that read the files itself, the FP16 engine's answers do not change, and re-saved files
+    are read anew."""
+    import shutil
+
+    import torch
+
+
+    alone_dir = tmp_path / "alone"
+    shutil.copytree(tiny_model_dir, alone_dir)  # other files: nothing loaded to share
+    alone = get_engine("torch", model_path=str(alone_dir), precision="fp8", batch_size=8)
+    assert "shared_s" not in alone.timings and "read_s" in alone.timings
+    base = get_engine("torch", model_path=str(alone_dir), precision="fp16", batch_size=8)
+    before = [g.token_logprobs for g in base.generate(PROMPTS, 12)]
+    fp8 = get_engine("torch", model_path=str(alone_dir), precision="fp8", batch_size=8)
+    assert "shared_s" in fp8.timings and "read_s" not in fp8.timings
+    embed = fp8.model.model.embed_tokens.weight
+    assert embed.data_ptr() == base.model.model.embed_tokens.weight.data_ptr()  # held once
+    assert fp8.model is not base.model and type(base.model.model.layers[0].mlp.up_proj) is torch.nn.Linear
+    got, want = fp8.generate(PROMPTS, 12), alone.generate(PROMPTS, 12)
+    assert [g.text for g in got] == [g.text for g in want]
+    assert [g.token_logprobs for g in got] == [g.token_logprobs for g in want]
+    assert [g.token_logprobs for g in base.generate(PROMPTS, 12)] == before
+    # the files re-saved: another model, read from them
+    shard = next(alone_dir.glob("*.safetensors"))
+    shard.write_bytes(shard.read_bytes())
+    fresh = get_engine("torch", model_path=str(alone_dir), precision="fp8", batch_size=8)
+    assert "shared_s" not in fresh.timings
+
+
+def test_the_direct_load_refuses_a_tensor_of_another_shape(tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import LlamaForCausalLM
+
+    from probes.engines import torch_engine
+    from probes.tiny_model import tiny_config
+
+    LlamaForCausalLM(tiny_config(hidden=64, layers=1, intermediate=128)).save_pretrained(tmp_path)
+    shard = tmp_path / "model.safetensors"
+    tensors = load_file(str(shard))
+    name = next(k for k in tensors if k.endswith("up_proj.weight"))
+    save_file({**tensors, name: tensors[name][:, :32].contiguous()}, str(shard), metadata={"format": "pt"})
+    assert torch_engine._load_direct(tmp_path, torch.float32, "cpu") is None
+
+
 def test_picked_logprobs_is_the_float_log_softmax_of_the_targets() -> None:
     import torch
 

@@ -26,6 +26,7 @@ import logging
 import os
 import sys
 import time
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -89,6 +90,25 @@ def _resolve_device(device: str) -> str:
     return device
 
 
+def _device_context(torch: Any, device: str) -> Any:
+    """A started thread making the CUDA context of ``device`` (when none exists yet), so that it overlaps
+    the transformers import on the caller's thread (each ~1-3 s on a cold process); None on CPU."""
+    import threading
+
+    if not device.startswith("cuda") or torch.cuda.is_initialized():
+        return None
+
+    def make() -> None:
+        try:
+            torch.empty(1, device=device)
+        except Exception as exc:  # noqa: BLE001 - the engine's own first allocation reports it
+            log.debug("torch engine: CUDA context for %s not made ahead (%s)", device, exc)
+
+    thread = threading.Thread(target=make, name="llmwd-cuda-context", daemon=True)
+    thread.start()
+    return thread
+
+
 def _resolve_dtype(precision: str, device: str, dtype: str | None) -> torch.dtype:
     import torch
 
@@ -111,57 +131,155 @@ def _is_byte_tokenizer(model_path: Path) -> bool:
     return (model_path / "tiny_model.json").exists()
 
 
-def load_model(model_path: str | Path, dtype: Any, device: str) -> Any:
+#: threads copying the weight files' tensors onto the device (``load_model``): the copies from the
+#: page cache (or disk) overlap, each releasing the GIL
+LOAD_THREADS = 8
+
+#: unquantised models this process loaded, by their files, dtype and device (``_files_key``): an FP8
+#: engine over the same files quantises a shallow copy of one (``shared_copy``) instead of reading the
+#: weights again. Weak: an entry lives as long as the engine holding the model.
+_LOADED: weakref.WeakValueDictionary[tuple[Any, ...], Any] = weakref.WeakValueDictionary()
+
+
+def _files_key(model_path: str | Path, dtype: Any, device: str) -> tuple[Any, ...] | None:
+    """What identifies a loaded model: its directory, the name, size and mtime of each file there (a
+    replaced or re-saved model is another key), the dtype and the device. None when unreadable."""
+    path = Path(model_path).resolve()
+    try:
+        files = tuple((f.name, st.st_size, st.st_mtime_ns) for f in sorted(path.iterdir())
+                      if f.is_file() for st in (f.stat(),))
+    except OSError:
+        return None
+    return (str(path), files, str(dtype), str(device))
+
+
+def shared_copy(model: Any) -> Any:
+    """A copy of ``model``'s modules holding the very same parameter and buffer tensors: quantising the
+    copy (``quantize_model`` swaps its linear modules and reads their weights) leaves ``model`` as it
+    was, and the weights it does not quantise (embeddings, norms, an FP16 head) are held once."""
+    import copy
+
+    memo: dict[int, Any] = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    return copy.deepcopy(model, memo)
+
+
+def load_model(model_path: str | Path, dtype: Any, device: str, *, share: bool = False,
+               split: dict[str, float] | None = None) -> Any:
     """The saved Hugging Face model at ``model_path`` on ``device``.
 
+    ``share``: the caller will change the model's modules (FP8 quantisation), so a model of the same
+    files this process already holds comes back as a ``shared_copy`` (no read of the weights); else
+    the model loaded here is kept, weakly, for such a later caller.
+
     First the direct way: the model built empty on the device from its config (no initialisation),
-    then each safetensors shard read onto the device and copied in. ``from_pretrained`` on the CPU then
-    ``.to(device)`` spent ~6 s per 8B engine building the model, not reading it (9.6-9.8 s against
-    3.4-3.7 s for the files alone, ``bench/gpu_load.py`` on the H200). Anything that does not fit that
-    way - no safetensors, keys the files do not hold (or hold beyond the model's), a transformers that
-    refuses it - takes ``from_pretrained``, which renames and converts what it knows."""
+    then each tensor of the safetensors shards copied into it by ``LOAD_THREADS`` threads.
+    ``from_pretrained`` on the CPU then ``.to(device)`` spent ~6 s per 8B engine building the model, not
+    reading it (9.6-9.8 s against 3.4-3.7 s for the files alone, ``bench/gpu_load.py`` on the H200).
+    Anything that does not fit that way - no safetensors, keys the files do not hold (or hold beyond the
+    model's), shapes that differ, a transformers that refuses it - takes ``from_pretrained``, which renames
+    and converts what it knows. ``split`` (a dict) receives where the time went: ``shared_s``, or
+    ``build_s`` (the empty model) and ``read_s`` (the files copied in) of the direct way."""
+    split = {} if split is None else split
+    key = _files_key(model_path, dtype, device)
+    held = _LOADED.get(key) if key is not None else None
+    if held is not None and share:
+        started = time.perf_counter()
+        try:
+            copied = shared_copy(held)
+        except Exception as exc:  # noqa: BLE001 - a model that will not copy is read from its files
+            log.debug("torch engine: %s not shared (%s); read from its files", model_path, exc)
+        else:
+            split["shared_s"] = time.perf_counter() - started
+            return copied
     from transformers import AutoModelForCausalLM
 
     try:
-        model = _load_direct(Path(model_path), dtype, device)
+        model = _load_direct(Path(model_path), dtype, device, split)
     except Exception as exc:  # noqa: BLE001 - the library's own loader is the answer to anything unexpected
         log.debug("torch engine: direct load of %s failed (%s); from_pretrained", model_path, exc)
         model = None
     if model is None:
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
-    return model.to(device=device, dtype=dtype)
+    model = model.to(device=device, dtype=dtype)
+    if key is not None and not share:
+        _LOADED[key] = model
+    return model
 
 
-def _load_direct(path: Path, dtype: Any, device: str) -> Any:
+def _load_direct(path: Path, dtype: Any, device: str, split: dict[str, float] | None = None) -> Any:
     """``load_model``'s direct way, or None when the files are not one it can take whole."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
     import torch
-    from safetensors.torch import load_file
+    from safetensors import safe_open
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
     from transformers.initialization import no_init_weights
 
     shards = sorted(path.glob("*.safetensors"))
     if not shards:
         return None
+    started = time.perf_counter()
+    for shard in shards:
+        _read_ahead(shard)  # from a cold disk, the files are read while the empty model is built
     with no_init_weights(), torch.device(device):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=dtype)
-    wanted = set(model.state_dict())
-    loaded: set[str] = set()
+    built = time.perf_counter()
+    targets = model.state_dict(keep_vars=True)
+    jobs: list[tuple[Path, str]] = []
     for shard in shards:
-        tensors = load_file(str(shard), device=str(torch.device(device)))
-        if not set(tensors) <= wanted:
-            return None
-        model.load_state_dict(tensors, strict=False)
-        loaded |= set(tensors)
-        del tensors
+        with safe_open(str(shard), framework="pt", device="cpu") as f:
+            for name in f.keys():  # noqa: SIM118 - a safe_open handle has keys(), not iteration
+                want = targets.get(name)
+                if want is None or tuple(f.get_slice(name).get_shape()) != tuple(want.shape):
+                    return None
+                jobs.append((shard, name))
+    local = threading.local()
+
+    def copy_in(job: tuple[Path, str]) -> None:
+        shard, name = job
+        handles = local.__dict__.setdefault("handles", {})
+        if shard not in handles:
+            handles[shard] = safe_open(str(shard), framework="pt", device="cpu")
+        with torch.no_grad():
+            targets[name].copy_(handles[shard].get_tensor(name))
+
+    # the largest first, so the threads end together
+    jobs.sort(key=lambda j: -targets[j[1]].numel())
+    with ThreadPoolExecutor(max_workers=max(1, min(LOAD_THREADS, len(jobs)))) as pool:
+        list(pool.map(copy_in, jobs))
+    loaded = {name for _shard, name in jobs}
     model.tie_weights()
     params = dict(model.named_parameters(remove_duplicate=False))
     held = {params[k].data_ptr() for k in loaded if k in params}
     # a key the files lack is fine only as another's tied copy (lm_head = embed_tokens)
-    if any(k not in params or params[k].data_ptr() not in held for k in wanted - loaded):
+    if any(k not in params or params[k].data_ptr() not in held for k in set(targets) - loaded):
         return None
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    if split is not None:
+        split.update(build_s=built - started, read_s=time.perf_counter() - built)
     if (path / "generation_config.json").exists():
         model.generation_config = GenerationConfig.from_pretrained(path)
     return model.eval()
+
+
+def _read_ahead(path: Path) -> None:
+    """Ask the kernel to start reading ``path`` into the page cache (returns at once; a no-op where
+    ``posix_fadvise`` does not exist)."""
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is None:
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        advise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def load_tokenizer(model_path: str | Path):
@@ -217,13 +335,17 @@ class TorchEngine:
             use_compile_cache(compile_cache_dir)
         started = time.perf_counter()
         import torch
+
+        self.device = _resolve_device(device)
+        context = _device_context(torch, self.device)
         import transformers  # noqa: F401 - imported here so its import time is reported apart
 
+        if context is not None:
+            context.join()
         imported = time.perf_counter() - started
 
         self.precision = precision
         self.name = name or f"torch:{Path(model_path).name if model_path else 'model'}:{precision}"
-        self.device = _resolve_device(device)
         if self.device == "cpu":
             _cpu_threads(torch, cpu_threads)
         self.dtype = _resolve_dtype(precision, self.device, dtype)
@@ -234,13 +356,17 @@ class TorchEngine:
         if tokenizer is not None:
             self.byte_tokenizer = type(tokenizer).__name__ == "ByT5Tokenizer"
         self.tokenizer.padding_side = "left"
+        loaded: dict[str, float] = {}
         if model is None:
-            model = load_model(model_path, self.dtype, self.device)
+            # an FP8 engine over files an unquantised engine of this process holds quantises its weights
+            model = load_model(model_path, self.dtype, self.device, share=precision == "fp8", split=loaded)
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         self._sync()
         #: where building this engine spent its time (s): import (torch, transformers: 0 when already
-        #: imported), load (tokenizer, weights to the device), quantize (FP8 layers), fast_setup (decoder set-up; compile happens on first use)
-        self.timings: dict[str, float] = {"import_s": imported, "load_s": time.perf_counter() - started - imported}
+        #: imported), load (tokenizer, weights to the device; of it ``load_model``'s split: build_s and read_s,
+        #: or shared_s), quantize (FP8 layers), fast_setup (decoder set-up; compile happens on first use)
+        self.timings: dict[str, float] = {"import_s": imported, "load_s": time.perf_counter() - started - imported,
+                                          **loaded}
         started = time.perf_counter()
         self.fp8_layers: list[str] = []
         self.fp8_lm_head = False

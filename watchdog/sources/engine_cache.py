@@ -135,7 +135,11 @@ class EngineCache:
                     self._release(key, "config")
                 elif key in self._engines:
                     self._engines[key].owners.discard(owner)
-            engines = [self._get(key, dict(cfg), owner) for key, cfg in zip(keys, configs, strict=True)]
+            # FP8 engines built last: one over the model files an unquantised engine just loaded quantises
+            # that engine's weights instead of reading them again (probes.engines.torch_engine.load_model)
+            order = sorted(range(len(keys)), key=lambda i: configs[i].get("precision") == "fp8")
+            built = {i: self._get(keys[i], dict(configs[i]), owner) for i in order}
+            engines = [built[i] for i in range(len(keys))]
             self._bound(keep=set(keys))
             try:
                 yield engines
