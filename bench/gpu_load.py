@@ -8,7 +8,9 @@ in its own process (as the CLI does), after the CUDA context is made (timed apar
 * ``device_map``: ``from_pretrained(dtype=..., device_map="cuda")`` (the weights go to the GPU as read);
 * ``own``: the model built from its config on the GPU, then each shard read to the GPU and loaded into it;
 * ``engine``: ``probes.engines.torch_engine.load_model`` (built empty, no initialisation, the files' tensors
-  copied in by ``LOAD_THREADS`` threads); ``engine1``: the same with one thread;
+  copied in by ``LOAD_THREADS`` threads); ``engine1``: the same with one thread; ``shared``: an FP8 engine's
+  weights once an FP16 engine of the same files holds them (``load_model(share=True)``: a shallow copy;
+  "read s" is the FP16 engine's load, "to device s" the FP8 engine's);
 * ``safetensors``: ``safetensors.torch.load_file(device="cuda")`` of every shard (the files alone).
 
 Each way also reports a checksum of a few weights, so a way that loads the wrong values shows.
@@ -31,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-WAYS = ("cpu_then_to", "device_map", "own", "engine", "engine1", "safetensors")
+WAYS = ("cpu_then_to", "device_map", "own", "engine", "engine1", "shared", "safetensors")
 
 
 def one(model_dir: str, way: str, device: str) -> dict[str, float]:
@@ -60,6 +62,14 @@ def one(model_dir: str, way: str, device: str) -> dict[str, float]:
         model = torch_engine.load_model(model_dir, dtype, device)
         read = time.perf_counter()
         n = sum(p.numel() for p in model.parameters())
+    elif way == "shared":
+        from probes.engines import torch_engine
+
+        first = torch_engine.load_model(model_dir, dtype, device)
+        read = time.perf_counter()
+        model = torch_engine.load_model(model_dir, dtype, device, share=True)
+        n = sum(p.numel() for p in model.parameters())
+        assert model is not first
     elif way == "own":
         from safetensors.torch import load_file
         from transformers import AutoConfig, AutoModelForCausalLM

@@ -319,11 +319,11 @@ def test_an_fp8_engine_quantises_the_weights_an_fp16_engine_loaded_and_leaves_th
     alone_dir = tmp_path / "alone"
     shutil.copytree(tiny_model_dir, alone_dir)  # other files: nothing loaded to share
     alone = get_engine("torch", model_path=str(alone_dir), precision="fp8", batch_size=8)
-    assert "shared_s" not in alone.timings and "read_s" in alone.timings
+    assert "shared_s" not in alone.timings
     base = get_engine("torch", model_path=str(alone_dir), precision="fp16", batch_size=8)
     before = [g.token_logprobs for g in base.generate(PROMPTS, 12)]
     fp8 = get_engine("torch", model_path=str(alone_dir), precision="fp8", batch_size=8)
-    assert "shared_s" in fp8.timings and "read_s" not in fp8.timings
+    assert "shared_s" in fp8.timings
     embed = fp8.model.model.embed_tokens.weight
     assert embed.data_ptr() == base.model.model.embed_tokens.weight.data_ptr()  # held once
     assert fp8.model is not base.model and type(base.model.model.layers[0].mlp.up_proj) is torch.nn.Linear

@@ -171,13 +171,15 @@ def load_model(model_path: str | Path, dtype: Any, device: str, *, share: bool =
     files this process already holds comes back as a ``shared_copy`` (no read of the weights); else
     the model loaded here is kept, weakly, for such a later caller.
 
-    First the direct way: the model built empty on the device from its config (no initialisation),
-    then each tensor of the safetensors shards copied into it by ``LOAD_THREADS`` threads.
-    ``from_pretrained`` on the CPU then ``.to(device)`` spent ~6 s per 8B engine building the model, not
-    reading it (9.6-9.8 s against 3.4-3.7 s for the files alone, ``bench/gpu_load.py`` on the H200).
-    Anything that does not fit that way - no safetensors, keys the files do not hold (or hold beyond the
-    model's), shapes that differ, a transformers that refuses it - takes ``from_pretrained``, which renames
-    and converts what it knows. ``split`` (a dict) receives where the time went: ``shared_s``, or
+    On CUDA first the direct way: the model built empty on the device from its config (no
+    initialisation), then each tensor of the safetensors shards copied into it by ``LOAD_THREADS``
+    threads. ``from_pretrained`` on the CPU then ``.to(device)`` spent ~6 s per 8B engine building the
+    model, not reading it (9.6-9.8 s against 3.4-3.7 s for the files alone, ``bench/gpu_load.py`` on the
+    H200). Anything that does not fit that way - no safetensors, keys the files do not hold (or hold
+    beyond the model's), shapes that differ, a transformers that refuses it - takes ``from_pretrained``,
+    which renames and converts what it knows. On the CPU ``from_pretrained`` is the faster way: it maps
+    the files' tensors in, where the direct way faults in fresh memory to copy into (a 1.2B model: 1.9 s
+    against 4.0 s, ``bench/gpu_load.py --shape 1b`` without a GPU). ``split`` (a dict) receives where the time went: ``shared_s``, or
     ``build_s`` (the empty model) and ``read_s`` (the files copied in) of the direct way."""
     split = {} if split is None else split
     key = _files_key(model_path, dtype, device)
@@ -194,7 +196,7 @@ def load_model(model_path: str | Path, dtype: Any, device: str, *, share: bool =
     from transformers import AutoModelForCausalLM
 
     try:
-        model = _load_direct(Path(model_path), dtype, device, split)
+        model = _load_direct(Path(model_path), dtype, device, split) if device.startswith("cuda") else None
     except Exception as exc:  # noqa: BLE001 - the library's own loader is the answer to anything unexpected
         log.debug("torch engine: direct load of %s failed (%s); from_pretrained", model_path, exc)
         model = None
