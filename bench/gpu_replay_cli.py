@@ -161,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny shape on CPU: exercises every step")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    if args.code and not (Path(args.code) / "watchdog").is_dir():
+        ap.error(f"--code {args.code}: not a tree of this project (no watchdog/ there)")
     import torch
 
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"

@@ -92,7 +92,8 @@ def _resolve_device(device: str) -> str:
 
 def _device_context(torch: Any, device: str) -> Any:
     """A started thread making the CUDA context of ``device`` (when none exists yet), so that it overlaps
-    the transformers import on the caller's thread (each ~1-3 s on a cold process); None on CPU."""
+    the transformers import on the caller's thread (0.2 s and ~3 s on the H200, ``bench/gpu_load.py``);
+    None on CPU."""
     import threading
 
     if not device.startswith("cuda") or torch.cuda.is_initialized():
@@ -179,8 +180,10 @@ def load_model(model_path: str | Path, dtype: Any, device: str, *, share: bool =
     beyond the model's), shapes that differ, a transformers that refuses it - takes ``from_pretrained``,
     which renames and converts what it knows. On the CPU ``from_pretrained`` is the faster way: it maps
     the files' tensors in, where the direct way faults in fresh memory to copy into (a 1.2B model: 1.9 s
-    against 4.0 s, ``bench/gpu_load.py --shape 1b`` without a GPU). ``split`` (a dict) receives where the time went: ``shared_s``, or
-    ``build_s`` (the empty model) and ``read_s`` (the files copied in) of the direct way."""
+    against 4.0 s, ``bench/gpu_load.py --shape 1b`` without a GPU).
+
+    ``split`` (a dict) receives where the time went: ``shared_s``, or the direct way's ``build_s`` (the
+    empty model) and ``read_s`` (the files copied in)."""
     split = {} if split is None else split
     key = _files_key(model_path, dtype, device)
     held = _LOADED.get(key) if key is not None else None
