@@ -315,7 +315,6 @@ def test_an_fp8_engine_quantises_the_weights_an_fp16_engine_loaded_and_leaves_th
 
     import torch
 
-
     alone_dir = tmp_path / "alone"
     shutil.copytree(tiny_model_dir, alone_dir)  # other files: nothing loaded to share
     alone = get_engine("torch", model_path=str(alone_dir), precision="fp8", batch_size=8)
