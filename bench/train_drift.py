@@ -126,6 +126,21 @@ def build(hidden: int, layers: int, heads: int, kv: int, inter: int, device: str
     return LlamaForCausalLM(cfg).to(device)
 
 
+def optimise(model: Any, opt: Any, x: torch.Tensor, amp: str | None) -> torch.Tensor:
+    """One optimiser step on the next-token loss of ``x`` (gradients clipped at 1); ``amp``: the device type to
+    autocast to bfloat16 on, None for float32. Returns the loss."""
+    if amp is None:
+        loss = model(input_ids=x, labels=x).loss
+    else:
+        with torch.autocast(device_type=amp, dtype=torch.bfloat16):
+            loss = model(input_ids=x, labels=x).loss
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return loss
+
+
 def train(model: Any, data: torch.Tensor, *, seconds: float, max_steps: int, batch: int, seq: int,
           lr: float, device: str, label: str) -> dict[str, float]:
     model.train()
@@ -146,12 +161,7 @@ def train(model: Any, data: torch.Tensor, *, seconds: float, max_steps: int, bat
         starts = torch.randint(0, data.numel() - seq - 1, (batch,), generator=gen)
         idx = starts[:, None] + torch.arange(seq + 1)[None, :]
         x = (data[idx].long() + BYTE_OFFSET).to(device, non_blocking=True)
-        with torch.autocast(device_type="cuda" if device == "cuda" else "cpu", dtype=torch.bfloat16):
-            loss = model(input_ids=x, labels=x).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        loss = optimise(model, opt, x, "cuda" if device == "cuda" else "cpu")
         step += 1
         if step % 250 == 0 or step == 1:
             loss_v = float(loss.item())
