@@ -247,6 +247,9 @@ def test_scheduled_replays_keep_the_torch_engines_resident(tmp_path: Path, tiny_
     sched.jobs["tiny"].spec.candidate["scale_multiplier"] = 0.05
     assert sched.run_job("tiny")
     assert counts == {"fp8": 2, "fp16": 1} and old_fp8.model is None  # closed
+    # each FP8 engine quantised the resident FP16 engine's weights instead of reading the files again
+    new_fp8 = next(r.engine for r in cache._engines.values() if r.engine.precision == "fp8")
+    assert "shared_s" in old_fp8.timings and "shared_s" in new_fp8.timings
     assert cache.releases == {"config": 1} and len(cache) == 2
     # idle: drain (the daemon's loop) sweeps them away
     clock.t += 601

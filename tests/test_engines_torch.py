@@ -251,19 +251,22 @@ def test_shipped_trained_drift_model_loads_and_runs_fp8_through_the_registry() -
 @pytest.mark.skipif(not (DRIFT_TINY / "model.safetensors").exists(), reason="shipped drift model not present")
 def test_the_readme_replay_on_the_shipped_model_runs_quietly_with_no_progress() -> None:
     """The README's replay example in a fresh process: a report, and ``--no-progress`` silences the
-    model loader's "Loading weights" bars too."""
+    model loader's "Loading weights" bars too. The baseline is built first and the FP8 candidate
+    quantises its weights (``--timings``: the candidate's ``shared_s``)."""
     import subprocess
     import sys
 
     root = DRIFT_TINY.parents[2]
     proc = subprocess.run(
         [sys.executable, "-m", "watchdog.cli.main", "replay", "--set", "code", "--engine", "torch",
-         "-o", f"model_path={DRIFT_TINY}", "--max-items", "2", "--no-progress", "--json"],
+         "-o", f"model_path={DRIFT_TINY}", "--max-items", "2", "--no-progress", "--json", "--timings"],
         cwd=root, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Loading weights" not in proc.stderr
     assert json.loads(proc.stdout)["n_items"] == 2
+    timings = json.loads(next(ln for ln in proc.stderr.splitlines() if ln.startswith("timings "))[len("timings "):])
+    assert "shared_s" in timings["candidate"] and "shared_s" not in timings["baseline"]
 
 
 @pytest.mark.parametrize("tied", [False, True])
