@@ -41,7 +41,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.train_drift import collect_text, optimise  # noqa: E402
+from bench.train_drift import collect_text, mean_interval, optimise  # noqa: E402
 
 LINES: list[str] = []
 
@@ -135,11 +135,8 @@ def next_token_stats(a: Any, b: Any, prompts: list[str], refs: list[str]) -> tup
 
 
 def paired(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
-    """Mean of ys - xs and its 95 % interval (normal)."""
-    d = [y - x for x, y in zip(xs, ys, strict=True)]
-    m = statistics.fmean(d)
-    half = 1.96 * statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else math.inf
-    return m, m - half, m + half
+    """Mean of ys - xs, item by item, and its 95 % interval."""
+    return mean_interval([y - x for x, y in zip(xs, ys, strict=True)])
 
 
 def measure(model: Any, tok: Any, cal_texts: list[str], items: list[tuple[str, str]], max_new: int) -> dict[str, Any]:
@@ -196,7 +193,6 @@ def main(argv: list[str] | None = None) -> int:
         args.vocab, args.text_mb, args.tokens, args.hidden, args.layers = 2_000, 2.0, 200_000, 64, 1
         args.seconds, args.items = 10.0, 8
     torch.manual_seed(0)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()

@@ -375,6 +375,13 @@ def measure(model: Any, label: str, items: list[dict[str, str]], cal_texts: list
     return out
 
 
+def mean_interval(d: list[float]) -> tuple[float, float, float]:
+    """Mean of ``d`` and its 95 % interval (normal; at least two values)."""
+    m = statistics.fmean(d)
+    half = 1.96 * statistics.stdev(d) / math.sqrt(len(d))
+    return m, m - half, m + half
+
+
 def paired_against(variants: dict[str, Any], base_name: str) -> None:
     """Each variant minus ``base_name``, item by item (the same items, the same FP16 baseline): mean and
     95 % interval of the bits-per-byte and ROUGE-L deltas. What an option adds to FP8's own drift."""
@@ -392,9 +399,8 @@ def paired_against(variants: dict[str, Any], base_name: str) -> None:
             if len(d) < 2:
                 cells.append("n/a")
                 continue
-            half = 1.96 * statistics.stdev(d) / math.sqrt(len(d))
-            m = statistics.fmean(d)
-            cells.append(f"{m:+.5f} [{m - half:+.5f}, {m + half:+.5f}]")
+            m, lo, hi = mean_interval(d)
+            cells.append(f"{m:+.5f} [{lo:+.5f}, {hi:+.5f}]")
         say(f"  {name}: {cells[0]} | {cells[1]}")
 
 

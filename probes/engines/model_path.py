@@ -42,3 +42,12 @@ def check_model_path(model_path: str | os.PathLike[str]) -> None:
     if text.startswith(("/", "~", "./", "../")) or not looks_like_repo_id(text):
         raise ModelPathError(f"model path {text} does not exist (give a local model directory with "
                              "config.json, or a Hugging Face repo id such as org/name)")
+
+
+def files_fingerprint(path: str | os.PathLike[str], limit: int = 64) -> list[tuple[str, int, int]]:
+    """(name, size, mtime_ns) of the entries of directory ``path`` (at most ``limit``, by name), or of the
+    file itself: a model or calibration replaced or re-saved at the same path changes it. ``OSError`` when
+    it cannot be read."""
+    p = Path(path)
+    entries = sorted(p.iterdir())[:limit] if p.is_dir() else [p]
+    return [(f.name, st.st_size, st.st_mtime_ns) for f in entries for st in (f.stat(),)]

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from probes.engines import FALSE_TEXT, TRUE_TEXT, register
 from probes.engines.base import Generation, ReferenceScore
-from probes.engines.model_path import check_model_path
+from probes.engines.model_path import check_model_path, files_fingerprint
 
 if TYPE_CHECKING:
     import torch
@@ -147,8 +147,7 @@ def _files_key(model_path: str | Path, dtype: Any, device: str) -> tuple[Any, ..
     replaced or re-saved model is another key), the dtype and the device. None when unreadable."""
     path = Path(model_path).resolve()
     try:
-        files = tuple((f.name, st.st_size, st.st_mtime_ns) for f in sorted(path.iterdir())
-                      if f.is_file() for st in (f.stat(),))
+        files = tuple(files_fingerprint(path))
     except OSError:
         return None
     return (str(path), files, str(dtype), str(device))

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from probes.engines.model_path import files_fingerprint
 from watchdog.core.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -62,14 +63,10 @@ def fingerprint(options: Mapping[str, Any]) -> list[Any]:
         value = options.get(opt)
         if not isinstance(value, str | os.PathLike):
             continue
-        path = Path(value)
         try:
-            files = sorted(path.iterdir())[:MAX_FINGERPRINT_FILES] if path.is_dir() else [path]
-            for f in files:
-                st = f.stat()
-                out.append([opt, f.name, st.st_size, st.st_mtime_ns])
+            out.extend([opt, *entry] for entry in files_fingerprint(value, MAX_FINGERPRINT_FILES))
         except OSError:
-            out.append([opt, str(path), None, None])
+            out.append([opt, str(Path(value)), None, None])
     return out
 
 
