@@ -91,6 +91,10 @@ class KafkaConfig(_Section):
     #: the wait starts at 1 s, doubles after a timeout up to this, then settles at 4x the answers'
     #: duration (watchdog/ingest/brokerwait.py): round trips up to ~2 s keep windows closing
     broker_timeout_ms: int = Field(8000, ge=100, le=120_000)
+    #: how old the client's view of the topic may get: a topic deleted and re-created (new id) or given
+    #: more partitions is seen within this. kafka-python's own 5 min let a re-created topic's first
+    #: events be skipped on Tansu, which answers a fetch past the new log's end with no error
+    metadata_max_age_ms: int = Field(5_000, ge=500, le=300_000)
 
     @field_validator("bootstrap_servers")
     @classmethod

@@ -33,19 +33,20 @@ PartitionsFn = Callable[[list[PartitionKey]], None]
 
 
 
+def _reader_options(cfg: KafkaConfig, **ours: Any) -> dict[str, Any]:
+    """Options every consumer of the daemon shares, then ``kafka.security`` (which may override them)."""
+    return {"bootstrap_servers": cfg.bootstrap_servers, "enable_auto_commit": False,
+            "metadata_max_age_ms": cfg.metadata_max_age_ms,
+            # the daemon reads the topic, never makes one: a consumer that asked for the topic while an
+            # operator re-created it made it first, with the broker's default partition count
+            "allow_auto_create_topics": False, **ours, **cfg.security}
+
+
 def make_consumer(cfg: KafkaConfig, **extra: Any) -> KafkaConsumer:
-    return KafkaConsumer(
-        bootstrap_servers=cfg.bootstrap_servers,
-        group_id=cfg.group_id,
-        enable_auto_commit=False,
-        auto_offset_reset=cfg.auto_offset_reset,
-        session_timeout_ms=cfg.session_timeout_ms,
-        heartbeat_interval_ms=cfg.heartbeat_interval_ms,
-        max_poll_records=cfg.max_poll_records,
-        client_id=f"llm-watchdog-{cfg.group_id}",
-        **cfg.security,
-        **extra,
-    )
+    return KafkaConsumer(**_reader_options(
+        cfg, group_id=cfg.group_id, auto_offset_reset=cfg.auto_offset_reset,
+        session_timeout_ms=cfg.session_timeout_ms, heartbeat_interval_ms=cfg.heartbeat_interval_ms,
+        max_poll_records=cfg.max_poll_records, client_id=f"llm-watchdog-{cfg.group_id}", **extra))
 
 
 def make_offsets_consumer(cfg: KafkaConfig) -> KafkaConsumer:
@@ -53,8 +54,7 @@ def make_offsets_consumer(cfg: KafkaConfig) -> KafkaConsumer:
     consumer's connection such a request queues behind the fetch in flight, which the broker holds
     up to ``fetch_max_wait_ms`` (500 ms) when the partitions are quiet, and the loop waited that long
     (measured on Tansu: 480 ms after a poll, 2 ms on a connection of its own)."""
-    return KafkaConsumer(bootstrap_servers=cfg.bootstrap_servers, group_id=None, enable_auto_commit=False,
-                         client_id=f"llm-watchdog-{cfg.group_id}-offsets", **cfg.security)
+    return KafkaConsumer(**_reader_options(cfg, group_id=None, client_id=f"llm-watchdog-{cfg.group_id}-offsets"))
 
 
 def make_producer(cfg: KafkaConfig, **extra: Any) -> KafkaProducer:
