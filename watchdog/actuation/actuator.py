@@ -218,6 +218,8 @@ class _Decision:
     expected_epoch: int | None
     submitted_at: float
     action: Action | None = None
+    #: a pin to put back (``submit_pin``): held until then (unix s)
+    pin_until: float | None = None
 
 
 class Actuator:
@@ -266,6 +268,13 @@ class Actuator:
             submitted_at=time.time() if now is None else now, action=action)
         return True
 
+    def submit_pin(self, model: str, route: str, precision: str, until: float, reason: str,
+                   now: float | None = None) -> None:
+        """Queue putting back an operator's pin that Redis lost: ``precision`` held until ``until``."""
+        self._pending[(model, route)] = _Decision(model=model, route=route, precision=precision, reason=reason,
+                                                  policy="", expected_epoch=None,
+                                                  submitted_at=time.time() if now is None else now, pin_until=until)
+
     def pending(self) -> int:
         return len(self._pending)
 
@@ -307,6 +316,12 @@ class Actuator:
     def _attempt(self, d: _Decision) -> FlipResult | None:
         """One decision against Redis; None when it must stay pending (stale retries exhausted)."""
         store = self._get_store()
+        if d.pin_until is not None:
+            ttl = d.pin_until - time.time()
+            if ttl <= 0:  # the pin ran out while it waited: nothing to put back
+                return FlipResult(applied=False, epoch=0, model=d.model, route=d.route, precision=d.precision,
+                                  unchanged=True)
+            return store.pin(d.model, d.route, d.precision, ttl, reason=d.reason, changed_by=self.changed_by)
         for _ in range(self.max_stale_retries + 1):
             extras = self.extras(d.action) if self.extras is not None and d.action is not None else None
             if extras is not None and extras.token == REVOKED:

@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 #: how often the reader checks that its subscription is on the master the sentinels name
 MASTER_CHECK_S = 0.5
+#: flags held off the default checked for existence per change check (one EXISTS of this many keys)
+MAX_HELD_CHECK = 1000
 
 
 class RoutingFlags:
@@ -64,6 +66,9 @@ class RoutingFlags:
         #: reader compares it (one round trip) and reloads every flag only when it moved, or after
         #: ``full_reload_s`` at the latest (an out-of-band write that left neither trace)
         self._seen: tuple[int, str | None] | None = None
+        #: flags held off the default that the last change check found gone from Redis
+        self.held_lost = 0
+        self._held_from = 0
         self.reloads = 0
         self.reconnect_s = reconnect_s
         self.poll_s = poll_s
@@ -123,12 +128,31 @@ class RoutingFlags:
 
     def changes_seen(self, client: Any) -> tuple[int, str | None]:
         """(routes in the index, id of the last audit record): what moves when a flag is written
-        through the flip script, a route is added or removed, or Redis lost its data."""
+        through the flip script, a route is added or removed, or Redis lost its data. In the same round
+        trip, whether the flags that hold a route off the default (or pinned) are all still there
+        (``held_lost``): a Redis that evicts keys (``maxmemory`` with an LRU policy) deleted exactly
+        those, the coldest keys, and left the index and the audit stream as they were."""
+        held = self._held_keys()
         pipe = client.pipeline(transaction=False)
         pipe.scard(self.keys.routes_index)
         pipe.xrevrange(self.keys.audit, count=1)
-        count, last = pipe.execute()
+        if held:
+            pipe.exists(*held)
+        count, last, *present = pipe.execute()
+        self.held_lost = len(held) - int(present[0]) if held else 0
         return int(count), (text(last[0][0]) if last else None)
+
+    def _held_keys(self) -> list[str]:
+        """The keys of cached flags whose loss changes what a route serves, at most ``MAX_HELD_CHECK``
+        (a rotating slice when there are more)."""
+        default, now = self.default_precision, time.time()
+        held = [self.keys.route(*key) for key, flag in self._flags.items()
+                if flag.precision != default or flag.pinned(now)]
+        if len(held) <= MAX_HELD_CHECK:
+            return held
+        start = self._held_from % len(held)
+        self._held_from = start + MAX_HELD_CHECK
+        return (held[start:] + held[:start])[:MAX_HELD_CHECK]
 
     def refresh(self, client: Any) -> None:
         """Reload every flag from Redis (replaces the cache; raises on Redis errors)."""
@@ -200,7 +224,8 @@ class RoutingFlags:
                     if time.monotonic() >= next_refresh:
                         # pub/sub brings every change; this catches one it missed, bounded: a full
                         # reload of 10,000 routes per gateway every few seconds is not
-                        if time.monotonic() >= next_full or self.changes_seen(client) != self._seen:
+                        if (time.monotonic() >= next_full or self.changes_seen(client) != self._seen
+                                or self.held_lost):
                             self.refresh(client)
                             next_full = time.monotonic() + self.full_reload_s
                         else:

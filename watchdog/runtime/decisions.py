@@ -34,7 +34,7 @@ from watchdog.actuation.outbox import action_record
 from watchdog.actuation.routing import RoutingFlags
 from watchdog.alerting.alerter import Alerter
 from watchdog.config.settings import Config
-from watchdog.core.keys import Keys
+from watchdog.core.keys import Flag, Keys
 from watchdog.core.metrics import Metrics, worst_judgeability
 from watchdog.core.signals import Action, Signal
 from watchdog.policy import PolicyEngine, changes
@@ -207,6 +207,10 @@ class FlagView:
         """True when the cache is loaded and its connection up."""
         return self.flags.healthy
 
+    def records(self) -> dict[P.Route, Flag]:
+        """Every cached flag, whole (pins, reasons)."""
+        return self.flags.flags()
+
     def wrote(self, route: P.Route, precision: str, epoch: int) -> None:
         with self._lock:
             self._written[route] = (precision, epoch, time.monotonic())
@@ -257,6 +261,8 @@ class Decisions:
         #: of the route goes through
         self._open_incidents: set[str] = set()
         self._last_reconcile = 0.0
+        #: the operators' pins in force last seen in the flags (``lost_pins``)
+        self._pins: dict[P.Route, Flag] = {}
         self._last_export = 0.0
         self._last_judgeability = 0.0
         #: the judgeability pass under way: the scopes still to read, and the rows read so far
@@ -458,8 +464,44 @@ class Decisions:
         lost = self.lost_flags(self.flags.snapshot())
         for route, precision in lost.items():
             self.reassert(route, precision, now)
-        if lost:
+        pins = self.lost_pins(time.time())
+        if lost or pins:
             self.act(now)
+
+    def lost_pins(self, wall: float) -> int:
+        """Put back the operators' pins still in force whose flag Redis lost (a restart without
+        persistence, an evicting ``maxmemory`` policy): a pin holds a route against the policies, so
+        a pin that quietly vanished let a route an operator held on FP16 go back to FP8. Only routes
+        of this replica's partitions, as for our own flips; the number put back."""
+        if not self.flags.current:
+            return 0
+        held = self._pins
+        flags = self.flags.records()
+        for route, flag in flags.items():
+            if flag.pinned(wall):
+                held[route] = flag
+            else:
+                held.pop(route, None)  # unpinned, or changed since: nothing to hold
+        put_back = 0
+        for route, flag in list(held.items()):
+            if not flag.pinned(wall):
+                del held[route]  # ran out
+                continue
+            if route in flags or self.ownership.owner_of(*route) not in self.ownership.parts:
+                continue
+            model, name = route
+            until = flag.pinned_until or wall
+            log.error("pin of %s/%s (%s until %s) is gone from Redis; putting it back", model, name,
+                      flag.precision, until)
+            self.actuator.submit_pin(model, name, flag.precision, until,
+                                     f"pin put back: its flag was lost from Redis (was: {flag.reason})"[:500])
+            key = f"reassert/{model}/{name}"
+            self._open_incidents.add(key)
+            self.alerter.ops_alert(key, f"pin of {model}/{name} was lost from Redis; putting back {flag.precision} "
+                                   f"until {until:.0f}", "warning", {})
+            del held[route]  # held again from the flag the reader sees next
+            put_back += 1
+        return put_back
 
     def lost_flags(self, flags: dict[P.Route, str]) -> dict[P.Route, str]:
         """Owned routes our engine state says we flipped whose flag is absent from ``flags``."""
