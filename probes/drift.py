@@ -62,6 +62,14 @@ class SideResult:
     scores: dict[str, float] = field(default_factory=dict)
 
 
+def failed_side(items: list[ItemResult]) -> str:
+    """``candidate``, ``baseline`` or ``both``: whose engine failed the items that failed (``candidate``
+    when no error says which)."""
+    cand = any(i.candidate.error is not None for i in items)
+    base = any(i.baseline.error is not None for i in items)
+    return "both" if cand and base else "baseline" if base else "candidate"
+
+
 @dataclass(slots=True)
 class ItemResult:
     id: str
@@ -248,7 +256,9 @@ class DriftReport:
             aa = self.per_item(measured, ItemResult.aa_diff) if side == "candidate" else {}
             error = None
             if not measured:
-                first = next((i.candidate.error or i.baseline.error for i in self.items if i.failed), None)
+                failed = failed_side(self.items)
+                first = next((i.baseline.error if failed == "baseline" else i.candidate.error or i.baseline.error
+                              for i in self.items if i.failed), None)
                 error = f"no golden item measured ({self.errors.get('excluded', 0)}/{self.n_items} failed)"
                 if first:
                     error += f": {first}"
@@ -269,6 +279,9 @@ class DriftReport:
                         # the regressed items' texts, for the evidence page (probes/drift_outputs.py)
                         **({"outputs": regressed_outputs(self)} if side == "candidate" else {}),
                         **({"aa": aa} if aa else {}),
+                        # which engine failed when none was measured: a baseline that failed says
+                        # nothing about FP8 (the rule's verdict is an error that never trips it)
+                        **({"failed_side": failed_side(self.items)} if not measured else {}),
                         "golden_set": self.golden_set,
                         "engine": info.name,
                         "role": side,

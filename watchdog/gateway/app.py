@@ -60,7 +60,10 @@ class _Collector:
             ("llmwd_gateway_events_accepted", "Events queued for Kafka", em.accepted if em else 0),
             ("llmwd_gateway_events_sent", "Events acknowledged by Kafka", em.sent if em else 0),
             ("llmwd_gateway_events_dropped", "Events dropped: the buffer was full", em.dropped if em else 0),
-            ("llmwd_gateway_events_errors", "Producer errors (connect, send, delivery)", em.errors if em else 0),
+            ("llmwd_gateway_events_lost", "Events the producer gave up on: not delivered within "
+             "events.delivery_timeout_s, or refused by its queue", em.lost if em else 0),
+            ("llmwd_gateway_events_errors", "Producer errors (connect, send, delivery), events or not",
+             em.errors if em else 0),
         ):
             c = CounterMetricFamily(name, doc)
             c.add_metric([], value)

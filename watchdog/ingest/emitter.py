@@ -37,6 +37,10 @@ class EventsConfig(BaseModel):
     buffer_size: int = Field(10_000, ge=1)
     #: the producer thread sends what has gathered at most this often
     flush_interval_s: float = Field(0.05, gt=0)
+    #: how long the producer keeps trying to deliver an event while the brokers are away before it gives
+    #: up on it (``lost``); the producer's own queue holds at most ``buffer_size`` events meanwhile. The
+    #: librdkafka default, 5 min: a broker restart or a rolling upgrade loses nothing. Before, 30 s
+    delivery_timeout_s: float = Field(300.0, ge=1.0, le=3600.0)
     linger_ms: int = Field(20, ge=0)
     #: an event larger than this has its texts cut (``watchdog.core.truncation.fit_event``: the
     #: dead-letter rule, first 64 KiB kept, original size and sha256 recorded); keep it under the
@@ -64,19 +68,20 @@ class EventsConfig(BaseModel):
 class _KafkaPython:
     """kafka-python behind the emitter's three calls."""
 
-    def __init__(self, cfg: EventsConfig, on_sent: Callable[[Any], None], on_error: Callable[[BaseException], None],
-                 client_id: str) -> None:
+    def __init__(self, cfg: EventsConfig, on_sent: Callable[[Any], None], on_lost: Callable[[BaseException], None],
+                 client_id: str, on_error: Callable[[BaseException], None] | None = None) -> None:
         from kafka import KafkaProducer
 
         self._p = KafkaProducer(bootstrap_servers=cfg.bootstrap_servers, linger_ms=cfg.linger_ms, acks=1,
                                 retries=3, max_block_ms=1000, batch_size=256 * 1024,
-                                client_id=client_id, **cfg.producer)
-        self._on_sent, self._on_error = on_sent, on_error
+                                delivery_timeout_ms=int(cfg.delivery_timeout_s * 1000), client_id=client_id,
+                                **cfg.producer)
+        self._on_sent, self._on_lost = on_sent, on_lost
 
     def send(self, topic: str, value: bytes, key: bytes) -> None:
         future = self._p.send(topic, value=value, key=key)
         future.add_callback(self._on_sent)
-        future.add_errback(self._on_error)
+        future.add_errback(self._on_lost)
 
     def poll(self) -> None:
         pass
@@ -91,26 +96,29 @@ class _KafkaPython:
 class _Confluent:
     """confluent-kafka (librdkafka): produce() queues in C; delivery reports come on poll()."""
 
-    def __init__(self, cfg: EventsConfig, on_sent: Callable[[Any], None], on_error: Callable[[BaseException], None],
-                 client_id: str) -> None:
+    def __init__(self, cfg: EventsConfig, on_sent: Callable[[Any], None], on_lost: Callable[[BaseException], None],
+                 client_id: str, on_error: Callable[[BaseException], None] | None = None) -> None:
         from confluent_kafka import KafkaException, Producer
 
-        self._on_sent, self._on_error = on_sent, on_error
+        self._on_sent, self._on_lost = on_sent, on_lost
         self._exc = KafkaException
+        report = on_error or on_lost
         conf: dict[str, Any] = {"bootstrap.servers": cfg.bootstrap_servers, "linger.ms": cfg.linger_ms,
-                                "acks": 1, "client.id": client_id, "message.timeout.ms": 30_000,
+                                "acks": 1, "client.id": client_id,
+                                "message.timeout.ms": int(cfg.delivery_timeout_s * 1000),
                                 "queue.buffering.max.messages": max(cfg.buffer_size, 1000),
                                 # the Java/kafka-python partitioner: a route's events land where the
                                 # daemon expects them (murmur2 of the key, docs/OPERATIONS.md)
                                 "partitioner": "murmur2_random",
-                                "error_cb": lambda err: on_error(KafkaException(err)), **cfg.librdkafka}
+                                # the client's own errors (a broker down, a refused connection): no event lost
+                                "error_cb": lambda err: report(KafkaException(err)), **cfg.librdkafka}
         self._p = Producer(conf)
 
     def _delivered(self, err: Any, _msg: Any) -> None:
         if err is None:
             self._on_sent(None)
         else:
-            self._on_error(self._exc(err))
+            self._on_lost(self._exc(err))
 
     def send(self, topic: str, value: bytes, key: bytes) -> None:
         self._p.produce(topic, value=value, key=key, on_delivery=self._delivered)
@@ -128,7 +136,7 @@ class _Confluent:
         holds the producer: a cycle through C that the garbage collector cannot see. Without the
         purge the handle outlives ``close()`` (to interpreter exit) and keeps dialling a dead broker,
         logging "Connection refused" long after its owner stopped. The purged messages' delivery
-        reports (served by the last flush) count as errors: they were not sent.
+        reports (served by the last flush) count as lost: they were not sent.
         """
         p = self._p
         if p is None:
@@ -160,7 +168,7 @@ class EventEmitter:
         self.cfg = cfg
         self.name = name
         self._factory = producer_factory or (
-            lambda: _backend(cfg)(cfg, self._on_sent, self._count_error, f"llm-watchdog-{name}"))
+            lambda: _backend(cfg)(cfg, self._on_sent, self._count_lost, f"llm-watchdog-{name}", self._count_error))
         self._buf: deque[dict[str, Any]] = deque()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -170,6 +178,10 @@ class EventEmitter:
         self.accepted = 0
         self.dropped = 0
         self.sent = 0
+        #: events handed to the producer that it gave up on: not delivered within ``delivery_timeout_s``,
+        #: refused by its full queue, purged at close
+        self.lost = 0
+        #: the producer's errors, events or not (a broker down, a refused connection): not a loss count
         self.errors = 0
         #: events sent with texts cut to fit ``max_event_bytes``; events that did not fit even then
         self.truncated = 0
@@ -262,7 +274,7 @@ class EventEmitter:
                     self.truncated += 1
                 producer.send(topic, value, key)
             except Exception as exc:  # noqa: BLE001 - client queue full, broker gone, bad value
-                self._count_error(exc)
+                self._count_lost(exc)
         try:
             producer.poll()
         except Exception as exc:  # noqa: BLE001
@@ -270,6 +282,10 @@ class EventEmitter:
 
     def _on_sent(self, _meta: Any) -> None:
         self.sent += 1
+
+    def _count_lost(self, exc: BaseException) -> None:
+        self.lost += 1
+        self._count_error(exc)
 
     def _count_error(self, exc: BaseException) -> None:
         self.errors += 1

@@ -35,6 +35,20 @@ from watchdog.policy.pooling import (
 )
 from watchdog.policy.schema import SAMPLE_COUNTS, Policy, Rule
 
+#: ``Verdict.extra`` key of an error verdict whose baseline failed: it pages ops and never trips the rule
+#: (``errors_trip_after``): a rollback to the engine that is failing helps nothing
+BASELINE_FAILED = "baseline_failed"
+
+
+def source_failed(v: Verdict, role: str, sig: Signal) -> Verdict:
+    """``v`` as the error verdict of a source that failed; a golden replay names the engine that failed."""
+    side = sig.detail.get("failed_side") if sig.detail else None
+    if side in ("baseline", "both") or (side is None and role == "baseline"):
+        v.extra[BASELINE_FAILED] = 1.0
+        role = "candidate and baseline" if side == "both" else "baseline"
+    v.status, v.reason = "error", f"{role} source failed: {sig.error}"
+    return v
+
 
 @dataclass(slots=True)
 class Verdict:
@@ -192,8 +206,7 @@ def _evaluate_condition(rule: Rule, candidate: Signal | None, baseline: Signal |
             v.reason = f"no {role} signal in this window"
             return v
         if sig.error:
-            v.status, v.reason = "error", f"{role} source failed: {sig.error}"
-            return v
+            return source_failed(v, role, sig)
         count = sample_count(rule, sig)
         if role == "candidate":
             v.samples = count
@@ -491,8 +504,7 @@ def _evaluate_judged(rule: Rule, candidate: Signal | None, baseline: Signal | No
             continue
         if sig.error:
             if needed:
-                v.status, v.reason = "error", f"{role} source failed: {sig.error}"
-                return v
+                return source_failed(v, role, sig)
             continue
         count = sample_count(rule, sig)
         if role == "candidate":
