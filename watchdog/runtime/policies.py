@@ -30,7 +30,7 @@ class PolicyReloader:
         channels = alerter.channel_names() or None
         # PolicyError on invalid policies: the caller reports it once, as a start-up failure
         self.loader = PolicyLoader(cfg.policies, background=True, channels=channels, precisions=cfg.precisions,
-                                   raise_at_start=True)
+                                   raise_at_start=True, settle_s=cfg.policy_poll_s)
         self.loader.on_error = self._rejected
         self.engine = PolicyEngine(self.loader.policy_set)
         self._requested = threading.Event()
