@@ -98,3 +98,18 @@ def drain(consumer: Any, first_s: float, idle_s: float = 1.0) -> list[Any]:
             return out
         if last is not None and now - last >= idle_s:
             return out
+
+
+def write_golden_set(set_dir: Any, pairs: Any, *, name: str = "tiny", languages: str = "en, zh",
+                     max_new_tokens: int = 16) -> Any:
+    """A golden set of (prompt, reference) ``pairs`` in ``set_dir`` (a ``Path``): exact match and ROUGE-L."""
+    import json
+
+    set_dir.mkdir(parents=True, exist_ok=True)
+    (set_dir / "manifest.yaml").write_text(
+        f"schema: 1\nname: {name}\ndomain: qa\ndescription: {name}\nlanguages: [{languages}]\nroutes: ['*']\n"
+        f"template: '{{prompt}}'\ngeneration: {{max_new_tokens: {max_new_tokens}}}\nmetrics: [exact_match, rougeL]\n")
+    (set_dir / "items.jsonl").write_text("".join(
+        json.dumps({"id": f"t{i}", "prompt": p, "reference": r}, ensure_ascii=False) + "\n"
+        for i, (p, r) in enumerate(pairs)))
+    return set_dir

@@ -4,7 +4,6 @@ scheduled replays."""
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 import pytest
 from prometheus_client import generate_latest
 
+from tests.helpers import write_golden_set
 from watchdog.config.settings import GoldenConfig, GoldenJobConfig
 from watchdog.core.metrics import Metrics
 from watchdog.sources.engine_cache import EngineCache, engine_key
@@ -200,14 +200,7 @@ def test_config_section_builds_a_bounded_cache_and_can_turn_it_off() -> None:
 def tiny_set(tmp_path: Path) -> Path:
     from probes.tiny_model import DEFAULT_PAIRS
 
-    set_dir = tmp_path / "tiny"
-    set_dir.mkdir(exist_ok=True)
-    (set_dir / "manifest.yaml").write_text(
-        "schema: 1\nname: tiny\ndomain: qa\ndescription: tiny\nlanguages: [en, zh]\n"
-        "routes: ['*']\ntemplate: '{prompt}'\ngeneration: {max_new_tokens: 8}\nmetrics: [exact_match, rougeL]\n")
-    (set_dir / "items.jsonl").write_text("".join(
-        json.dumps({"id": f"t{i}", "prompt": p, "reference": r}, ensure_ascii=False) + "\n"
-        for i, (p, r) in enumerate(DEFAULT_PAIRS[:4])))
+    set_dir = write_golden_set(tmp_path / "tiny", DEFAULT_PAIRS[:4], max_new_tokens=8)
     return set_dir
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.daemon_harness import make_config, running_daemon
+from tests.helpers import write_golden_set
 
 ROOT = Path(__file__).resolve().parent.parent
 ITEMS = {f"What is item {i}?": f"Item {i} is the answer number {i}." for i in range(8)}
@@ -70,13 +71,7 @@ class _Hanging:
 @pytest.mark.services
 def test_a_hanging_fp16_baseline_never_rolls_a_route_back_to_fp16(kafka_service, redis_service, redis_client, topic,
                                                                   tmp_path: Path) -> None:
-    set_dir = tmp_path / "mini"
-    set_dir.mkdir()
-    (set_dir / "manifest.yaml").write_text(
-        "schema: 1\nname: mini\ndomain: qa\ndescription: d\nlanguages: [en]\nroutes: ['*']\n"
-        "template: '{prompt}'\ngeneration: {max_new_tokens: 16}\nmetrics: [exact_match, rougeL]\n")
-    (set_dir / "items.jsonl").write_text("".join(
-        json.dumps({"id": f"t{i}", "prompt": p, "reference": r}) + "\n" for i, (p, r) in enumerate(ITEMS.items())))
+    set_dir = write_golden_set(tmp_path / "mini", ITEMS.items(), name="mini", languages="en")
     healthy = ThreadingHTTPServer(("127.0.0.1", 0), _Healthy)
     threading.Thread(target=healthy.serve_forever, daemon=True).start()
     hang = _Hanging()

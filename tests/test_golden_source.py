@@ -12,7 +12,7 @@ import pytest
 from probes.golden import GoldenItem, GoldenSet, Manifest
 from probes.golden_replay import replay
 from tests.daemon_harness import make_config, running_daemon
-from tests.helpers import wait_until
+from tests.helpers import wait_until, write_golden_set
 from tests.test_replay import TableEngine
 from watchdog.config.settings import GoldenJobConfig
 from watchdog.sources.golden import GoldenJob, GoldenScheduler
@@ -115,14 +115,7 @@ def test_daemon_rolls_back_on_a_stale_fp8_calibration(kafka_service, redis_servi
                                                       tmp_path: Path, tiny_model_dir: Path) -> None:
     from probes.tiny_model import DEFAULT_PAIRS
 
-    set_dir = tmp_path / "tiny"
-    set_dir.mkdir()
-    (set_dir / "manifest.yaml").write_text(
-        "schema: 1\nname: tiny\ndomain: qa\ndescription: what the tiny model was trained on\nlanguages: [en, zh]\n"
-        "routes: ['*']\ntemplate: '{prompt}'\ngeneration: {max_new_tokens: 16}\nmetrics: [exact_match, rougeL]\n")
-    (set_dir / "items.jsonl").write_text("".join(
-        json.dumps({"id": f"t{i}", "prompt": p, "reference": r}, ensure_ascii=False) + "\n"
-        for i, (p, r) in enumerate(DEFAULT_PAIRS)))
+    set_dir = write_golden_set(tmp_path / "tiny", DEFAULT_PAIRS)
     policy = tmp_path / "golden.yaml"
     policy.write_text(GOLDEN_POLICY)
     engine = {"kind": "torch", "model_path": str(tiny_model_dir), "batch_size": 8}
