@@ -20,7 +20,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -99,6 +99,12 @@ class RoutingFlags:
 
     def flags(self) -> dict[tuple[str, str], Flag]:
         return dict(self._flags)
+
+    @property
+    def mapping(self) -> Mapping[tuple[str, str], Flag]:
+        """The cache itself, not a copy: replaced whole at every change, never changed in place, so a
+        caller may keep it and tell by identity whether anything changed since."""
+        return self._flags
 
     # -- lifecycle ----------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import redis
@@ -207,10 +207,6 @@ class FlagView:
         """True when the cache is loaded and its connection up."""
         return self.flags.healthy
 
-    def records(self) -> dict[P.Route, Flag]:
-        """Every cached flag, whole (pins, reasons)."""
-        return self.flags.flags()
-
     def wrote(self, route: P.Route, precision: str, epoch: int) -> None:
         with self._lock:
             self._written[route] = (precision, epoch, time.monotonic())
@@ -263,6 +259,7 @@ class Decisions:
         self._last_reconcile = 0.0
         #: the operators' pins in force last seen in the flags (``lost_pins``)
         self._pins: dict[P.Route, Flag] = {}
+        self._pins_seen: Mapping[P.Route, Flag] | None = None
         self._last_export = 0.0
         self._last_judgeability = 0.0
         #: the judgeability pass under way: the scopes still to read, and the rows read so far
@@ -473,10 +470,11 @@ class Decisions:
         persistence, an evicting ``maxmemory`` policy): a pin holds a route against the policies, so
         a pin that quietly vanished let a route an operator held on FP16 go back to FP8. Only routes
         of this replica's partitions, as for our own flips; the number put back."""
-        if not self.flags.current:
-            return 0
+        flags = self.flags.flags.mapping
+        if not self.flags.current or flags is self._pins_seen:
+            return 0  # the cache is the one of the last look: no pin appeared or vanished since
+        self._pins_seen = flags
         held = self._pins
-        flags = self.flags.records()
         for route, flag in flags.items():
             if flag.pinned(wall):
                 held[route] = flag
