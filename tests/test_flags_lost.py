@@ -24,7 +24,7 @@ from watchdog.core.keys import Keys
 pytestmark = pytest.mark.services
 
 
-def test_a_flag_evicted_by_maxmemory_is_reasserted_within_seconds(kafka_service, own_redis, topic, tmp_path):
+def test_a_flag_evicted_alone_is_reasserted_within_seconds(kafka_service, own_redis, topic, tmp_path):
     route = "legal/contracts"
     cfg = make_config(kafka_service.address, own_redis.port, topic, write_policy(tmp_path / "p.yaml"), None)
     client = redis.Redis(port=own_redis.port, decode_responses=True)
@@ -41,23 +41,14 @@ def test_a_flag_evicted_by_maxmemory_is_reasserted_within_seconds(kafka_service,
             assert gateway.wait_ready(5)
             gen.inject(MODEL, route, None)  # the route stays rolled back; nothing new is written
             wait_until(lambda: daemon.flags._seen is not None and gateway._seen is not None, 15)  # noqa: SLF001
-            # a co-tenant fills the shared Redis, which evicts least-recently-used keys, while the
-            # readers' change checks keep the routes index and the audit stream warm
-            client.config_set("maxmemory-policy", "allkeys-lru")
-            client.config_set("maxmemory-samples", "10")
-            client.config_set("maxmemory", str(int(client.info("memory")["used_memory"]) + 4 * 1024 * 1024))
+            # what an evicting Redis did to the route in the outside review's runs (maxmemory + allkeys-lru, a
+            # co-tenant filling it): the flag hash, the coldest key, deleted alone; the routes index and the audit
+            # stream, which every reader's check reads, left as they were. Deleted here directly: which keys the
+            # approximate LRU takes varies from run to run
             route_key = keys.route(MODEL, route)
-            blob, i = "x" * 50_000, 0
-            while client.exists(route_key) and i < 5_000:
-                client.set(f"cotenant:{i}", blob)
-                client.scard(keys.routes_index)
-                client.xrevrange(keys.audit, count=1)
-                time.sleep(0.01)
-                i += 1
-            assert not client.exists(route_key), "the flag was never evicted"
-            assert client.sismember(keys.routes_index, route_key)  # the trace the old check read is intact
+            assert client.delete(route_key) == 1
+            assert client.sismember(keys.routes_index, route_key)
             evicted = time.monotonic()
-            client.config_set("maxmemory", "0")  # the co-tenant is done: the put-back flag stays
             wait_until(lambda: (f := store.get(MODEL, route)) is not None and f.precision == "fp16", 15,
                        what="the rollback re-asserted")
             restored_s = time.monotonic() - evicted
@@ -65,7 +56,7 @@ def test_a_flag_evicted_by_maxmemory_is_reasserted_within_seconds(kafka_service,
         finally:
             gateway.close()
     client.close()
-    print(f"flag evicted after {i} co-tenant writes; re-asserted {restored_s:.1f} s later")
+    print(f"flag evicted; re-asserted {restored_s:.1f} s later")
 
 
 def test_an_operators_pin_lost_with_redis_is_put_back(kafka_service, own_redis, topic, tmp_path):
