@@ -236,6 +236,14 @@ class DriftReport:
         values plus ``error_rate``; the candidate also carries ``agreement_rougeL`` and the per-item
         paired differences. When no item could be measured the signals carry ``error``."""
         measured = [i for i in self.items if not i.failed]
+        error = failed = None
+        if not measured:
+            failed = failed_side(self.items)
+            first = next((i.baseline.error if failed == "baseline" else i.candidate.error or i.baseline.error
+                          for i in self.items if i.failed), None)
+            error = f"no golden item measured ({self.errors.get('excluded', 0)}/{self.n_items} failed)"
+            if first:
+                error += f": {first}"
         signals = []
         for side, info in (("candidate", self.candidate), ("baseline", self.baseline)):
             values: dict[str, float] = {}
@@ -254,14 +262,6 @@ class DriftReport:
             # the A/A differences (baseline again - baseline) of the measured items: the judge's
             # null for how much answers move by themselves
             aa = self.per_item(measured, ItemResult.aa_diff) if side == "candidate" else {}
-            error = None
-            if not measured:
-                failed = failed_side(self.items)
-                first = next((i.baseline.error if failed == "baseline" else i.candidate.error or i.baseline.error
-                              for i in self.items if i.failed), None)
-                error = f"no golden item measured ({self.errors.get('excluded', 0)}/{self.n_items} failed)"
-                if first:
-                    error += f": {first}"
             signals.append(
                 Signal(
                     source="golden",
@@ -281,7 +281,7 @@ class DriftReport:
                         **({"aa": aa} if aa else {}),
                         # which engine failed when none was measured: a baseline that failed says
                         # nothing about FP8 (the rule's verdict is an error that never trips it)
-                        **({"failed_side": failed_side(self.items)} if not measured else {}),
+                        **({"failed_side": failed} if failed else {}),
                         "golden_set": self.golden_set,
                         "engine": info.name,
                         "role": side,

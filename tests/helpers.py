@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import time
 from collections.abc import Callable
@@ -103,8 +104,6 @@ def drain(consumer: Any, first_s: float, idle_s: float = 1.0) -> list[Any]:
 def write_golden_set(set_dir: Any, pairs: Any, *, name: str = "tiny", languages: str = "en, zh",
                      max_new_tokens: int = 16) -> Any:
     """A golden set of (prompt, reference) ``pairs`` in ``set_dir`` (a ``Path``): exact match and ROUGE-L."""
-    import json
-
     set_dir.mkdir(parents=True, exist_ok=True)
     (set_dir / "manifest.yaml").write_text(
         f"schema: 1\nname: {name}\ndomain: qa\ndescription: {name}\nlanguages: [{languages}]\nroutes: ['*']\n"

@@ -69,7 +69,8 @@ class _KafkaPython:
     """kafka-python behind the emitter's three calls."""
 
     def __init__(self, cfg: EventsConfig, on_sent: Callable[[Any], None], on_lost: Callable[[BaseException], None],
-                 client_id: str, on_error: Callable[[BaseException], None] | None = None) -> None:
+                 client_id: str, on_error: Callable[[BaseException], None]) -> None:
+        # ``on_error`` (the client's own errors) has no hook in kafka-python: its failures reach ``on_lost``
         from kafka import KafkaProducer
 
         self._p = KafkaProducer(bootstrap_servers=cfg.bootstrap_servers, linger_ms=cfg.linger_ms, acks=1,
@@ -97,12 +98,11 @@ class _Confluent:
     """confluent-kafka (librdkafka): produce() queues in C; delivery reports come on poll()."""
 
     def __init__(self, cfg: EventsConfig, on_sent: Callable[[Any], None], on_lost: Callable[[BaseException], None],
-                 client_id: str, on_error: Callable[[BaseException], None] | None = None) -> None:
+                 client_id: str, on_error: Callable[[BaseException], None]) -> None:
         from confluent_kafka import KafkaException, Producer
 
         self._on_sent, self._on_lost = on_sent, on_lost
         self._exc = KafkaException
-        report = on_error or on_lost
         conf: dict[str, Any] = {"bootstrap.servers": cfg.bootstrap_servers, "linger.ms": cfg.linger_ms,
                                 "acks": 1, "client.id": client_id,
                                 "message.timeout.ms": int(cfg.delivery_timeout_s * 1000),
@@ -111,7 +111,7 @@ class _Confluent:
                                 # daemon expects them (murmur2 of the key, docs/OPERATIONS.md)
                                 "partitioner": "murmur2_random",
                                 # the client's own errors (a broker down, a refused connection): no event lost
-                                "error_cb": lambda err: report(KafkaException(err)), **cfg.librdkafka}
+                                "error_cb": lambda err: on_error(KafkaException(err)), **cfg.librdkafka}
         self._p = Producer(conf)
 
     def _delivered(self, err: Any, _msg: Any) -> None:
