@@ -33,6 +33,7 @@ from watchdog.config.yamlpos import PosDoc
 from watchdog.core.brokers import require_bootstrap_servers, require_topic_name
 from watchdog.core.durations import duration_problem
 from watchdog.core.keys import require_cluster_prefix, require_redis_url
+from watchdog.core.schedule import cron_trigger, zone_info
 from watchdog.core.signals import Severity
 
 ENV_PREFIX = "LLMWD_"
@@ -218,7 +219,11 @@ class GoldenJobConfig(_Section):
     candidate: dict[str, Any]
     baseline: dict[str, Any]
     every_s: float | None = Field(3600.0, gt=0)
+    #: crontab fields (minute hour day month weekday); when set it is the schedule and ``every_s`` is ignored
     cron: str | None = None
+    #: the IANA zone ``cron`` is read in (not the host's): on a zone's spring-forward day a time that does not
+    #: exist runs once an hour later; on its fall-back day a time that occurs twice runs twice
+    timezone: str = "UTC"
     jitter_s: float = Field(30.0, ge=0)
     max_items: int | None = Field(None, ge=1)
     on_suspicion: bool = True
@@ -226,6 +231,19 @@ class GoldenJobConfig(_Section):
     #: broken-items test's null for how much answers move by themselves (sampling, batch-dependent
     #: kernels), measured rather than assumed. Costs one more baseline pass per replay.
     repeat_baseline: bool = True
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, zone: str) -> str:
+        zone_info(zone)
+        return zone
+
+    @field_validator("cron")
+    @classmethod
+    def _cron_parses(cls, spec: str | None) -> str | None:
+        if spec is not None:
+            cron_trigger(spec, "UTC", 0.0)
+        return spec
 
 
 class GoldenEnginesConfig(_Section):

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from watchdog.config.settings import GoldenConfig, GoldenJobConfig
 from watchdog.core.metrics import Metrics
+from watchdog.core.schedule import cron_trigger
 from watchdog.core.signals import Signal
 from watchdog.sources.engine_cache import EngineCache
 
@@ -126,13 +127,12 @@ class GoldenScheduler:
 
     def start(self) -> GoldenScheduler:
         from apscheduler.schedulers.background import BackgroundScheduler
-        from apscheduler.triggers.cron import CronTrigger
         from apscheduler.triggers.interval import IntervalTrigger
 
         self._scheduler = BackgroundScheduler(job_defaults={"coalesce": True, "max_instances": 1})
         for job in self.jobs.values():
             if job.spec.cron:
-                trigger: Any = CronTrigger.from_crontab(job.spec.cron, jitter=job.spec.jitter_s)
+                trigger: Any = cron_trigger(job.spec.cron, job.spec.timezone, job.spec.jitter_s)
             elif job.spec.every_s:
                 trigger = IntervalTrigger(seconds=job.spec.every_s, jitter=job.spec.jitter_s)
             else:
