@@ -1,8 +1,10 @@
 """A scripted OpenAI-compatible upstream for tests: aiohttp.web on its own loop in a thread.
 
 ``mode`` picks the answer: ``ok`` (``n`` choices, no ``usage``), ``slow`` (streams 200 chunks 50 ms
-apart, or answers after 10 s), ``big`` (``big`` as the completion), ``400``, ``429`` (with
-``Retry-After`` and ``x-ratelimit-*``). ``closed_at`` is when a connection was closed under it.
+apart, or answers after 10 s), ``hold`` (answers after ``hold_s``), ``stall`` (streams
+``stall_after`` chunks, then nothing for 30 s), ``big`` (``big`` as the completion), ``400``,
+``429`` (with ``Retry-After`` and ``x-ratelimit-*``), ``500``. ``closed_at`` is when a connection
+was closed under it; ``active`` / ``peak`` count the requests it is answering, now and at most.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ class Upstream:
         self.requests: list[dict[str, Any]] = []
         self.closed_at: float | None = None
         self.chunks_sent = 0
+        self.hold_s = 2.0
+        self.stall_after = 5
+        self.active = 0
+        self.peak = 0
         self.loop = asyncio.new_event_loop()
         self.runner: Any = None
         self.port = 0
@@ -65,8 +71,20 @@ class Upstream:
         return {"id": "c1", "object": "chat.completion", "created": 0, "model": MODEL, "choices": choices, **extra}
 
     async def chat(self, request: Any) -> Any:
+        self.active += 1
+        self.peak = max(self.peak, self.active)
+        try:
+            return await self._answer(request)
+        finally:
+            self.active -= 1
+
+    async def _answer(self, request: Any) -> Any:
         body = await request.json()
         self.requests.append(body)
+        if self.mode == "500":
+            return web.json_response({"error": {"message": "boom", "type": "server_error", "code": 500}}, status=500)
+        if self.mode == "hold":
+            await asyncio.sleep(self.hold_s)
         if self.mode == "400":
             return web.json_response({"error": {"message": "context too long", "type": "invalid_request_error",
                                                 "code": 400}}, status=400)
@@ -96,7 +114,7 @@ class Upstream:
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
         self.chunks_sent = 0
-        total = 200 if self.mode == "slow" else 3
+        total = 200 if self.mode in ("slow", "stall") else 3
         try:
             for i in range(total):
                 for c in range(n):  # the choices' chunks interleave, as vLLM sends them
@@ -104,6 +122,8 @@ class Upstream:
                     doc = {**self._doc([delta]), "object": "chat.completion.chunk"}
                     await resp.write(b"data: " + orjson.dumps(doc) + b"\n\n")
                 self.chunks_sent += 1
+                if self.mode == "stall" and self.chunks_sent == self.stall_after:
+                    await asyncio.sleep(30)
                 if self.mode == "slow":
                     await asyncio.sleep(0.05)
             await resp.write(b"data: [DONE]\n\n")

@@ -272,8 +272,9 @@ class Gateway:
             "schema": 1, "request_id": request_id, "ts": time.time(), "model": model, "route": route,
             "precision": precision, "engine": self.cfg.engine or upstream.model or model, "status": status,
             "latency_ms": round(latency_ms, 3), "prompt_tokens": result.prompt_tokens,
-            # a cancelled stream: the tokens produced before the client went
-            "completion_tokens": result.completion_tokens if status in ("ok", "cancelled") else 0,
+            # a stream cut short (cancelled, timed out, failed mid-stream): the tokens relayed before
+            # it ended; an answer that was not relayed has an empty result, so 0
+            "completion_tokens": result.completion_tokens,
         }
         if not result.usage_seen:
             ev["prompt_tokens"] = estimate_prompt_tokens(kind, body)
