@@ -3,19 +3,23 @@ and the event of a stream that stalls. The real ``openai`` client and raw aiohtt
 gateway (uvicorn), in front of a real scripted HTTP upstream (tests/scripted_upstream.py), real Redis
 flags and a real Kafka-protocol broker.
 
-Found by an attack on the gateway (2026-12-08): with no bound, 200 concurrent requests to a slow
-upstream were 200 requests at the upstream at once; and a stream that stalled past
-``timeout_s`` after 5 chunks had its event say 0 completion tokens.
+Found by an attack on the gateway: with no bound, 100 concurrent requests to a slow upstream were
+100 requests at the upstream at once (2,000 of 2,000 in bench/gateway_flood.py, the gateway's RSS
+104 -> 1,166 MiB with 256 KiB prompts); and a stream that stalled past ``timeout_s`` after 5 chunks
+had its event say 0 completion tokens.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
 import pytest
 
 pytest.importorskip("uvicorn")
@@ -24,6 +28,7 @@ aiohttp = pytest.importorskip("aiohttp")
 
 from tests import helpers  # noqa: E402
 from tests.scripted_upstream import Upstream  # noqa: E402
+from watchdog.gateway import app as gateway_app  # noqa: E402
 from watchdog.gateway.config import load_gateway_config  # noqa: E402
 from watchdog.gateway.server import GatewayServer, build_gateway  # noqa: E402
 
@@ -44,7 +49,7 @@ def upstream() -> Iterator[Upstream]:
 def gateway(upstream: Upstream, redis_service: Any, kafka_service: Any, topic: str,
             request: pytest.FixtureRequest) -> Iterator[GatewayServer]:
     upstream.mode, upstream.closed_at, upstream.peak = "ok", None, 0
-    settings: dict[str, Any] = getattr(request, "param", {})
+    settings: dict[str, Any] = dict(getattr(request, "param", {}))
     up = {"url": upstream.base_url, "timeout_s": settings.pop("timeout_s", 10)}
     cfg = load_gateway_config(None, redis_url=f"redis://{redis_service.address}/0",
                               redis_prefix=f"t{uuid.uuid4().hex[:8]}", port=0,
@@ -91,3 +96,99 @@ def test_a_stream_that_stalls_past_the_timeout_counts_the_tokens_it_relayed(
     (ev,) = helpers.read_events(kafka_service.address, topic, 1)
     assert ev.status == "timeout" and ev.completion_tokens == 5
     assert ev.ttft_ms is not None and ev.latency_ms >= 500
+
+
+def metric(srv: GatewayServer, name: str) -> float:
+    """One sample of the gateway's /metrics (``name`` with its labels), 0 if absent."""
+    import httpx
+
+    for line in httpx.get(f"http://127.0.0.1:{srv.port}/metrics", timeout=5).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.rpartition(" ")[2])
+    return 0.0
+
+
+OVERLOADED = 'llmwd_gateway_refused_total{code="gateway_overloaded"}'
+
+
+@pytest.mark.parametrize("gateway", [{"max_in_flight": 16}], indirect=True)
+def test_a_burst_over_max_in_flight_gets_fast_503s_and_the_upstream_sees_at_most_the_limit(
+        gateway: GatewayServer, upstream: Upstream, kafka_service: Any, topic: str) -> None:
+    upstream.mode, upstream.hold_s = "hold", 2.0
+    answers = flood(gateway, 100)
+    served = [a for a in answers if a[0] == 200]
+    refused = [a for a in answers if a[0] != 200]
+    print(f"100 at once, limit 16: upstream peak {upstream.peak}, {len(served)} served, {len(refused)} refused, "
+          f"slowest refusal {max((a[3] for a in refused), default=0) * 1000:.0f} ms")
+    assert upstream.peak <= 16, f"{upstream.peak} requests at the upstream at once"
+    assert len(served) == 16
+    assert {a[0] for a in refused} == {503} and len(refused) == 84
+    assert max(a[3] for a in refused) < upstream.hold_s  # answered at once, not queued behind the upstream
+    _, headers, content, _ = refused[0]
+    assert headers["Retry-After"] == "1" and headers["Content-Type"] == "application/json"
+    error = orjson.loads(content)["error"]
+    assert error["code"] == "gateway_overloaded" and error["type"] == "server_error" and "16" in error["message"]
+    assert metric(gateway, OVERLOADED) == 84 and metric(gateway, "llmwd_gateway_in_flight_limit") == 16
+    helpers.wait_until(lambda: metric(gateway, "llmwd_gateway_in_flight") == 0, 5, what="every slot released")
+    # one event per served request; a refused one has none (no precision served it)
+    events = helpers.read_events(kafka_service.address, topic, 17, timeout=4)
+    assert len(events) == 16 and {e.status for e in events} == {"ok"}
+
+
+@pytest.mark.parametrize("gateway", [{"max_in_flight": 1}], indirect=True)
+def test_the_openai_client_raises_the_503_or_retries_it_after_retry_after(
+        gateway: GatewayServer, upstream: Upstream) -> None:
+    upstream.mode, upstream.hold_s = "hold", 0.8
+    occupant = threading.Thread(target=lambda: client(gateway).chat.completions.create(model=MODEL,
+                                                                                       messages=MESSAGES))
+    occupant.start()
+    helpers.wait_until(lambda: gateway.app.in_flight == 1, 5, interval=0.01, what="the one slot taken")
+    with pytest.raises(openai.InternalServerError) as err:
+        client(gateway).chat.completions.create(model=MODEL, messages=MESSAGES)
+    assert err.value.status_code == 503 and err.value.code == "gateway_overloaded"
+    occupant.join()
+    occupant = threading.Thread(target=lambda: client(gateway).chat.completions.create(model=MODEL,
+                                                                                       messages=MESSAGES))
+    occupant.start()
+    helpers.wait_until(lambda: gateway.app.in_flight == 1, 5, interval=0.01, what="the one slot taken")
+    t0 = time.monotonic()
+    answer = client(gateway, max_retries=2).chat.completions.create(model=MODEL, messages=MESSAGES)
+    waited = time.monotonic() - t0
+    occupant.join()
+    assert answer.choices[0].message.content == " answer 0."
+    assert 1.0 <= waited < 4 and metric(gateway, OVERLOADED) == 2  # one retry, after Retry-After: 1
+
+
+def _served_again(srv: GatewayServer, upstream: Upstream) -> None:
+    """With ``max_in_flight: 1``: the slot came back (a leaked one would answer 503 here)."""
+    helpers.wait_until(lambda: srv.app.in_flight == 0, 5, interval=0.01, what="the slot released")
+    upstream.mode = "ok"
+    assert client(srv).chat.completions.create(model=MODEL, messages=MESSAGES).choices[0].message.content
+
+
+@pytest.mark.parametrize("gateway", [{"max_in_flight": 1, "timeout_s": 0.5}], indirect=True)
+def test_the_slot_comes_back_after_a_disconnect_an_upstream_error_a_timeout_and_a_slow_body(
+        gateway: GatewayServer, upstream: Upstream, monkeypatch: pytest.MonkeyPatch) -> None:
+    upstream.mode = "slow"  # the client hangs up mid-stream
+    stream = client(gateway).chat.completions.create(model=MODEL, messages=MESSAGES, stream=True)
+    assert next(iter(stream)).choices[0].delta.content
+    assert gateway.app.in_flight == 1
+    stream.close()
+    _served_again(gateway, upstream)
+    for mode, stream in (("500", False), ("500", True), ("hold", False), ("stall", True)):
+        upstream.mode, upstream.hold_s = mode, 2.0  # upstream 5xx, then timeouts (timeout_s 0.5)
+        with pytest.raises(openai.APIError):
+            for _ in client(gateway).chat.completions.create(model=MODEL, messages=MESSAGES, stream=True) \
+                    if stream else [client(gateway).chat.completions.create(model=MODEL, messages=MESSAGES)]:
+                pass
+        _served_again(gateway, upstream)
+    # a client that sends half its body and waits: answered 408 after BODY_TIMEOUT_S
+    monkeypatch.setattr(gateway_app, "BODY_TIMEOUT_S", 0.5)
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=5) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                     b"content-length: 100\r\n\r\n{\"model\":")
+        answer = b""
+        while b"body_timeout" not in answer and (chunk := sock.recv(4096)):
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 408") and b"body_timeout" in answer
+        _served_again(gateway, upstream)

@@ -34,7 +34,8 @@ class Refusal:
     @property
     def kind(self) -> str:
         """The OpenAI error ``type``."""
-        return {401: "authentication_error", 403: "permission_error"}.get(self.status, "invalid_request_error")
+        return {401: "authentication_error", 403: "permission_error",
+                503: "server_error"}.get(self.status, "invalid_request_error")
 
 
 def bearer_token(authorization: bytes | None) -> bytes | None:

@@ -46,6 +46,9 @@ _TRACE_ID = re.compile(rb"[0-9a-f]{32}")
 #: the client's X-Request-ID is kept in events (``client_request_id``) up to this many characters
 MAX_CLIENT_ID = 128
 MAX_SHADOWS_IN_FLIGHT = 64
+#: seconds a request body may take to arrive: a request holds an in-flight slot while it is read, so
+#: a client that sends its body slowly (or never finishes it) must not keep it
+BODY_TIMEOUT_S = 30.0
 
 
 class _Collector:
@@ -71,6 +74,12 @@ class _Collector:
         g = GaugeMetricFamily("llmwd_gateway_events_queued", "Events waiting in the buffer")
         g.add_metric([], em.queued if em else 0)
         yield g
+        g = GaugeMetricFamily("llmwd_gateway_in_flight", "Chat/completions requests being served now")
+        g.add_metric([], self.gw.in_flight)
+        yield g
+        g = GaugeMetricFamily("llmwd_gateway_in_flight_limit", "gateway.max_in_flight: more are answered 503")
+        g.add_metric([], self.gw.cfg.max_in_flight)
+        yield g
         g = GaugeMetricFamily("llmwd_gateway_redis_up", "1 while the flag reader is connected to Redis")
         g.add_metric([], 1 if flags is not None and flags.healthy else 0)
         yield g
@@ -89,6 +98,8 @@ class Gateway:
         # machine and aiohttp ~3,700 (bench/gateway.py, docs/BENCHMARKS.md)
         self.client: aiohttp.ClientSession | None = None
         self._shadows: set[asyncio.Task[None]] = set()
+        #: requests between the in-flight check and their end (``gateway.max_in_flight``)
+        self.in_flight = 0
         self._route_header = cfg.route_header.lower().encode()
         self._precision_header = cfg.precision_header.lower().encode()
         self.access = Access(cfg)
@@ -114,7 +125,7 @@ class Gateway:
         path, method = scope["path"], scope["method"]
         kind = _ENDPOINTS.get(path)
         if kind is not None and method == "POST":
-            await self._proxy(kind, scope, receive, send)
+            await self._proxy_bounded(kind, scope, receive, send)
         elif path in _REFUSED_ENDPOINTS:
             # refused, not proxied: no precision flag or event applies to them (docs/INTEGRATIONS.md)
             await self._refuse(send, Refusal(404, f"{_REFUSED_ENDPOINTS[path]}_not_proxied",
@@ -165,10 +176,28 @@ class Gateway:
         headers = [_JSON, (b"x-request-id", request_id)] if request_id else [_JSON]
         if refusal.status == 401:
             headers.append((b"www-authenticate", b'Bearer realm="llm-watchdog-gateway"'))
+        elif refusal.status == 503:  # the openai clients retry a 503 after Retry-After
+            headers.append((b"retry-after", b"1"))
         await self._reply(send, refusal.status, error_body(refusal.status, refusal.message, refusal.kind,
                                                            refusal.code), *headers)
 
     _reply = staticmethod(reply)
+
+    async def _proxy_bounded(self, kind: str, scope: Scope, receive: Receive, send: Send) -> None:
+        """``_proxy`` within ``max_in_flight``; beyond it a 503 before the body is read, so a burst
+        holds neither buffers nor upstream connections (and no event: no precision served it)."""
+        limit = self.cfg.max_in_flight
+        if self.in_flight >= limit:
+            request_id = dict(scope["headers"]).get(b"x-request-id") or uuid.uuid4().hex.encode()
+            await self._refuse(send, Refusal(503, "gateway_overloaded",
+                                             f"the gateway is serving its limit of {limit} requests; retry shortly"),
+                               request_id)
+            return
+        self.in_flight += 1
+        try:
+            await self._proxy(kind, scope, receive, send)
+        finally:
+            self.in_flight -= 1
 
     # -- routing ------------------------------------------------------------------------------
 
@@ -232,9 +261,16 @@ class Gateway:
     async def _request(self, receive: Receive, send: Send, headers: dict[bytes, bytes], request_id: str,
                        who: Any) -> tuple[dict[str, Any], str, str, PoolConfig] | None:
         """(body, model, route, pool) of a request from client ``who`` (None: anonymous); None when
-        it was answered already with 413 (body too large), 400 (no JSON object with a valid model
-        name), the route refusal (``watchdog.gateway.access``) or 404 (model not served here)."""
-        raw = await _read_body(receive)
+        it was answered already with 408 (body not in within ``BODY_TIMEOUT_S``), 413 (body too
+        large), 400 (no JSON object with a valid model name), the route refusal
+        (``watchdog.gateway.access``) or 404 (model not served here)."""
+        try:
+            async with asyncio.timeout(BODY_TIMEOUT_S):
+                raw = await _read_body(receive)
+        except TimeoutError:
+            await self._refuse(send, Refusal(408, "body_timeout", f"the request body did not arrive within "
+                                                                  f"{BODY_TIMEOUT_S:g} s"), request_id.encode())
+            return None
         if raw is None:
             await self._reply(send, 413, error_body(413, f"request body over {MAX_BODY} bytes", "invalid_request_error"),
                               _JSON, (b"x-request-id", request_id.encode()))

@@ -169,6 +169,9 @@ class GatewayConfig(_Section):
     #: client model name -> route, used when neither the API key nor an allowed header gives one
     model_routes: dict[str, Route] = Field(default_factory=dict)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    #: chat/completions requests served at once (reading the body, waiting on the upstream, relaying);
+    #: one more is answered 503 ``gateway_overloaded`` with ``Retry-After`` at once, without an event
+    max_in_flight: int = Field(512, ge=1)
     #: engine label put into events (e.g. ``vllm-0.6.3``); default: the served upstream's model name
     engine: str | None = None
     pools: list[PoolConfig] = Field(default_factory=list)
