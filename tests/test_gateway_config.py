@@ -224,6 +224,7 @@ def test_a_port_in_use_is_one_line_and_exit_2(tmp_path: Path, which: str) -> Non
 @pytest.mark.parametrize(("events", "says"), [
     ("{topic: 'bad topic!'}", "gateway.events.topic: Value error, 'bad topic!' is not a Kafka topic name"),
     ("{bootstrap_servers: 'kafka-0:abc'}", "gateway.events.bootstrap_servers: Value error, 'kafka-0:abc': port 'abc'"),
+    ("{librdkafka: {acks: 1}}", "gateway.events.librdkafka: Value error, acks: 1 does not go with the idempotent"),
 ])
 def test_an_events_address_kafka_refuses_is_a_config_error(tmp_path: Path, events: str, says: str) -> None:
     """The gateway started and logged "Broker: Invalid topic" (or a producer error) for every request."""

@@ -14,7 +14,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -49,9 +49,11 @@ class EventsConfig(BaseModel):
     #: producer library: ``auto`` takes confluent-kafka (librdkafka, ~10x less CPU per event) when
     #: it is installed, else kafka-python
     client: Literal["auto", "confluent", "kafka-python"] = "auto"
-    #: passed to kafka-python unchanged (security_protocol, sasl_*, ssl_*, compression_type, ...)
+    #: passed to kafka-python unchanged (security_protocol, sasl_*, ssl_*, compression_type, ...); wins over
+    #: the emitter's own settings
     producer: dict[str, Any] = Field(default_factory=dict)
-    #: passed to confluent-kafka unchanged (librdkafka names: security.protocol, sasl.*, compression.type ...)
+    #: passed to confluent-kafka unchanged (librdkafka names: security.protocol, sasl.*, compression.type ...);
+    #: wins over the emitter's own settings
     librdkafka: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("bootstrap_servers")
@@ -64,6 +66,64 @@ class EventsConfig(BaseModel):
     def _topic_legal(cls, topic: str) -> str:
         return require_topic_name(topic)
 
+    @field_validator("producer")
+    @classmethod
+    def _producer_idempotent(cls, settings: dict[str, Any]) -> dict[str, Any]:
+        return require_idempotence_settings(settings, KAFKA_PYTHON_IDEMPOTENCE)
+
+    @field_validator("librdkafka")
+    @classmethod
+    def _librdkafka_idempotent(cls, settings: dict[str, Any]) -> dict[str, Any]:
+        return require_idempotence_settings(settings, LIBRDKAFKA_IDEMPOTENCE)
+
+
+class IdempotenceNames(NamedTuple):
+    """One client's names for the settings the idempotent producer depends on."""
+
+    switch: str
+    acks: tuple[str, ...]
+    retries: tuple[str, ...]
+    in_flight: tuple[str, ...]
+
+
+KAFKA_PYTHON_IDEMPOTENCE = IdempotenceNames("enable_idempotence", ("acks",), ("retries",),
+                                            ("max_in_flight_requests_per_connection",))
+LIBRDKAFKA_IDEMPOTENCE = IdempotenceNames("enable.idempotence", ("acks", "request.required.acks"),
+                                          ("retries", "message.send.max.retries"),
+                                          ("max.in.flight", "max.in.flight.requests.per.connection"))
+
+
+def require_idempotence_settings(settings: dict[str, Any], names: IdempotenceNames) -> dict[str, Any]:
+    """``settings``, or ValueError when they keep the producer idempotent (the emitter's default) but set what
+    idempotence cannot work with: acks other than all, no retries, more than 5 requests in flight. Both
+    clients refuse that when they connect, and the emitter would retry the connect for ever."""
+    if _is_off(settings.get(names.switch, True)):
+        return settings
+    bad = [f"{k}: {settings[k]!r}" for k in names.acks if k in settings and not _is_all(settings[k])]
+    bad += [f"{k}: {settings[k]!r}" for k in names.retries if k in settings and _as_int(settings[k]) == 0]
+    bad += [f"{k}: {settings[k]!r}" for k in names.in_flight if k in settings and (_as_int(settings[k]) or 0) > 5]
+    if bad:
+        raise ValueError(f"{', '.join(bad)} does not go with the idempotent producer (on by default: a batch retried "
+                         f"after a lost acknowledgement is not written twice), which needs acks: all, retries > 0 "
+                         f"and at most 5 requests in flight; change it, or set {names.switch}: false and accept "
+                         "duplicates")
+    return settings
+
+
+def _is_off(value: Any) -> bool:
+    return value is False or str(value).strip().lower() in ("false", "0", "no", "off")
+
+
+def _is_all(value: Any) -> bool:
+    return str(value).strip().lower() in ("all", "-1")
+
+
+def _as_int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
 
 class _KafkaPython:
     """kafka-python behind the emitter's three calls."""
@@ -73,10 +133,11 @@ class _KafkaPython:
         # ``on_error`` (the client's own errors) has no hook in kafka-python: its failures reach ``on_lost``
         from kafka import KafkaProducer
 
-        self._p = KafkaProducer(bootstrap_servers=cfg.bootstrap_servers, linger_ms=cfg.linger_ms, acks=1,
-                                retries=3, max_block_ms=1000, batch_size=256 * 1024,
-                                delivery_timeout_ms=int(cfg.delivery_timeout_s * 1000), client_id=client_id,
-                                **cfg.producer)
+        conf: dict[str, Any] = {"bootstrap_servers": cfg.bootstrap_servers, "linger_ms": cfg.linger_ms,
+                                "acks": "all", "enable_idempotence": True, "retries": 3, "max_block_ms": 1000,
+                                "batch_size": 256 * 1024, "delivery_timeout_ms": int(cfg.delivery_timeout_s * 1000),
+                                "client_id": client_id}
+        self._p = KafkaProducer(**(conf | cfg.producer))
         self._on_sent, self._on_lost = on_sent, on_lost
 
     def send(self, topic: str, value: bytes, key: bytes) -> None:
@@ -104,7 +165,8 @@ class _Confluent:
         self._on_sent, self._on_lost = on_sent, on_lost
         self._exc = KafkaException
         conf: dict[str, Any] = {"bootstrap.servers": cfg.bootstrap_servers, "linger.ms": cfg.linger_ms,
-                                "acks": 1, "client.id": client_id,
+                                # acks=all: idempotence needs it
+                                "enable.idempotence": True, "acks": "all", "client.id": client_id,
                                 "message.timeout.ms": int(cfg.delivery_timeout_s * 1000),
                                 "queue.buffering.max.messages": max(cfg.buffer_size, 1000),
                                 # the Java/kafka-python partitioner: a route's events land where the
