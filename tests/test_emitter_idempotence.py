@@ -77,6 +77,39 @@ def test_a_lost_acknowledgement_writes_no_event_twice(client: str, cut_broker: t
     assert len(records) == FIRST + THEN, f"{len(records) - FIRST - THEN} extra copies written"
 
 
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_broker_that_forgot_the_producer_id_gets_a_new_producer(client: str, tmp_path: Path, topic: str) -> None:
+    """Tansu on memory storage forgets producer ids when it restarts. The idempotent producers then never
+    delivered again: librdkafka bumped the epoch ten times a second without end (each event lost after
+    ``delivery_timeout_s``), kafka-python failed for good on the bump (every event lost). The emitter now
+    replaces such a producer and sends again what it held: every event written once."""
+    from kafka import KafkaConsumer
+
+    svc = start_tansu(workdir=tmp_path / "tansu")
+    em = EventEmitter(EventsConfig(bootstrap_servers=svc.address, topic=topic, client=client,
+                                   flush_interval_s=0.01)).start()
+    try:
+        assert all(em.emit(event(i)) for i in range(5))
+        assert em.wait_sent(5, 15), (em.sent, em.last_error)
+        svc.kill()  # the first 5 go with it
+        assert all(em.emit(event(i)) for i in range(5, 15))
+        time.sleep(1.0)
+        svc.start()
+        assert em.wait_sent(15, 20), (em.sent, em.lost, em.renewed, em.last_error)
+        assert all(em.emit(event(i)) for i in range(15, 20))
+        assert em.wait_sent(20, 15), (em.sent, em.lost, em.renewed, em.last_error)
+        em.close()
+        consumer = KafkaConsumer(topic, bootstrap_servers=svc.address, auto_offset_reset="earliest")
+        records = [r.value.decode() for r in drain(consumer, 5.0)]
+        consumer.close()
+    finally:
+        em.close()
+        svc.kill()
+    print(f"{client}: producers renewed {em.renewed}, lost {em.lost}, {len(records)} records after the restart")
+    assert em.renewed >= 1 and em.lost == 0
+    assert len(records) == len(set(records)) == 15
+
+
 @pytest.mark.parametrize(("client", "opt_out"), [
     ("kafka-python", {"producer": {"enable_idempotence": False, "acks": 1}}),
     pytest.param("confluent", {"librdkafka": {"enable.idempotence": False, "acks": 1}}, marks=CLIENTS[1].marks),

@@ -5,20 +5,32 @@ Used by the gateway (``watchdog.gateway``) and the LiteLLM logger (``watchdog.in
 The thread hands batches to the Kafka producer (confluent-kafka when installed, else kafka-python;
 both batch again per partition), each event keyed by its route (``events.partition_key``); a send
 that fails, or a broker that cannot be reached, is counted and logged, never seen by a client.
+
+Both producers are idempotent (acks=all): a batch sent again after its acknowledgement was lost is not
+written twice. A producer whose id the broker no longer knows (a broker that lost its state) is replaced,
+and the events it held are sent again by the new one.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Literal, NamedTuple
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from watchdog.core.brokers import require_bootstrap_servers, require_topic_name
+from watchdog.core.brokers import (
+    KAFKA_PYTHON_IDEMPOTENCE,
+    LIBRDKAFKA_IDEMPOTENCE,
+    require_bootstrap_servers,
+    require_idempotence_settings,
+    require_topic_name,
+)
 from watchdog.core.events import partition_key
 from watchdog.core.truncation import MAX_VALUE_BYTES, fit_event
 
@@ -77,79 +89,66 @@ class EventsConfig(BaseModel):
         return require_idempotence_settings(settings, LIBRDKAFKA_IDEMPOTENCE)
 
 
-class IdempotenceNames(NamedTuple):
-    """One client's names for the settings the idempotent producer depends on."""
+@dataclass(frozen=True)
+class _Hooks:
+    """What a backend reports to its emitter."""
 
-    switch: str
-    acks: tuple[str, ...]
-    retries: tuple[str, ...]
-    in_flight: tuple[str, ...]
-
-
-KAFKA_PYTHON_IDEMPOTENCE = IdempotenceNames("enable_idempotence", ("acks",), ("retries",),
-                                            ("max_in_flight_requests_per_connection",))
-LIBRDKAFKA_IDEMPOTENCE = IdempotenceNames("enable.idempotence", ("acks", "request.required.acks"),
-                                          ("retries", "message.send.max.retries"),
-                                          ("max.in.flight", "max.in.flight.requests.per.connection"))
+    sent: Callable[[], None]
+    #: an event the producer gave up on
+    lost: Callable[[BaseException], None]
+    #: the client's own errors (a broker down, a refused connection): no event lost
+    error: Callable[[BaseException], None]
+    #: an encoded event (value, key) the broker refused unwritten because it did not know the producer's id:
+    #: to be sent again
+    returned: Callable[[bytes, bytes], None]
 
 
-def require_idempotence_settings(settings: dict[str, Any], names: IdempotenceNames) -> dict[str, Any]:
-    """``settings``, or ValueError when they keep the producer idempotent (the emitter's default) but set what
-    idempotence cannot work with: acks other than all, no retries, more than 5 requests in flight. Both
-    clients refuse that when they connect, and the emitter would retry the connect for ever."""
-    if _is_off(settings.get(names.switch, True)):
-        return settings
-    bad = [f"{k}: {settings[k]!r}" for k in names.acks if k in settings and not _is_all(settings[k])]
-    bad += [f"{k}: {settings[k]!r}" for k in names.retries if k in settings and _as_int(settings[k]) == 0]
-    bad += [f"{k}: {settings[k]!r}" for k in names.in_flight if k in settings and (_as_int(settings[k]) or 0) > 5]
-    if bad:
-        raise ValueError(f"{', '.join(bad)} does not go with the idempotent producer (on by default: a batch retried "
-                         f"after a lost acknowledgement is not written twice), which needs acks: all, retries > 0 "
-                         f"and at most 5 requests in flight; change it, or set {names.switch}: false and accept "
-                         "duplicates")
-    return settings
-
-
-def _is_off(value: Any) -> bool:
-    return value is False or str(value).strip().lower() in ("false", "0", "no", "off")
-
-
-def _is_all(value: Any) -> bool:
-    return str(value).strip().lower() in ("all", "-1")
-
-
-def _as_int(value: Any) -> int | None:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
+#: producer epochs librdkafka may bump without a delivery before the emitter takes the producer id for lost
+EPOCH_BUMPS_WITHOUT_DELIVERY = 20
 
 
 class _KafkaPython:
-    """kafka-python behind the emitter's three calls."""
+    """kafka-python behind the emitter's calls."""
 
-    def __init__(self, cfg: EventsConfig, on_sent: Callable[[Any], None], on_lost: Callable[[BaseException], None],
-                 client_id: str, on_error: Callable[[BaseException], None]) -> None:
-        # ``on_error`` (the client's own errors) has no hook in kafka-python: its failures reach ``on_lost``
+    def __init__(self, cfg: EventsConfig, hooks: _Hooks, client_id: str) -> None:
+        # kafka-python has no hook for the client's own errors: its failures reach ``hooks.lost``
         from kafka import KafkaProducer
+        from kafka.errors import UnknownProducerIdError
 
         conf: dict[str, Any] = {"bootstrap_servers": cfg.bootstrap_servers, "linger_ms": cfg.linger_ms,
                                 "acks": "all", "enable_idempotence": True, "retries": 3, "max_block_ms": 1000,
                                 "batch_size": 256 * 1024, "delivery_timeout_ms": int(cfg.delivery_timeout_s * 1000),
                                 "client_id": client_id}
         self._p = KafkaProducer(**(conf | cfg.producer))
-        self._on_sent, self._on_lost = on_sent, on_lost
+        self._hooks = hooks
+        self._unknown_id = UnknownProducerIdError
 
     def send(self, topic: str, value: bytes, key: bytes) -> None:
         future = self._p.send(topic, value=value, key=key)
-        future.add_callback(self._on_sent)
-        future.add_errback(self._on_lost)
+        future.add_callback(lambda _meta: self._hooks.sent())
+        future.add_errback(self._failed, value, key)
+
+    def _failed(self, value: bytes, key: bytes, exc: BaseException) -> None:
+        if isinstance(exc, self._unknown_id) or self.id_lost():
+            self._hooks.returned(value, key)  # refused or aborted, never written
+        else:
+            self._hooks.lost(exc)
+
+    def id_lost(self) -> bool:
+        """The broker did not know the producer id and refused a new epoch for it (kafka-python then stops for
+        good: every batch fails)."""
+        manager = self._p._transaction_manager
+        return manager is not None and bool(manager.has_fatal_error())
 
     def poll(self) -> None:
         pass
 
     def flush(self, timeout: float) -> None:
         self._p.flush(timeout=timeout)
+
+    def hand_back(self, timeout: float) -> None:
+        """Close; with the producer id lost, what it still held comes back through ``hooks.returned``."""
+        self._p.close(timeout=timeout)
 
     def close(self, timeout: float) -> None:
         self._p.close(timeout=timeout)
@@ -158,12 +157,15 @@ class _KafkaPython:
 class _Confluent:
     """confluent-kafka (librdkafka): produce() queues in C; delivery reports come on poll()."""
 
-    def __init__(self, cfg: EventsConfig, on_sent: Callable[[Any], None], on_lost: Callable[[BaseException], None],
-                 client_id: str, on_error: Callable[[BaseException], None]) -> None:
-        from confluent_kafka import KafkaException, Producer
+    def __init__(self, cfg: EventsConfig, hooks: _Hooks, client_id: str) -> None:
+        from confluent_kafka import KafkaError, KafkaException, Producer
 
-        self._on_sent, self._on_lost = on_sent, on_lost
+        self._hooks = hooks
         self._exc = KafkaException
+        self._purged = (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT)
+        self._unknown_id = KafkaError.UNKNOWN_PRODUCER_ID
+        self._handing_back = self._fatal = False
+        self._epoch = self._epoch_delivered = 0
         conf: dict[str, Any] = {"bootstrap.servers": cfg.bootstrap_servers, "linger.ms": cfg.linger_ms,
                                 # acks=all: idempotence needs it
                                 "enable.idempotence": True, "acks": "all", "client.id": client_id,
@@ -172,24 +174,54 @@ class _Confluent:
                                 # the Java/kafka-python partitioner: a route's events land where the
                                 # daemon expects them (murmur2 of the key, docs/OPERATIONS.md)
                                 "partitioner": "murmur2_random",
-                                # the client's own errors (a broker down, a refused connection): no event lost
-                                "error_cb": lambda err: on_error(KafkaException(err)), **cfg.librdkafka}
+                                "error_cb": self._error,
+                                # the producer epoch, to see librdkafka bump it in a loop (id_lost)
+                                "statistics.interval.ms": 1000, "stats_cb": self._stats, **cfg.librdkafka}
         self._p = Producer(conf)
 
-    def _delivered(self, err: Any, _msg: Any) -> None:
+    def _error(self, err: Any) -> None:
+        self._fatal = self._fatal or err.fatal()
+        self._hooks.error(self._exc(err))
+
+    def _delivered(self, err: Any, msg: Any) -> None:
         if err is None:
-            self._on_sent(None)
+            self._epoch_delivered = self._epoch
+            self._hooks.sent()
+        elif err.code() == self._unknown_id or (self._handing_back and err.code() in self._purged):
+            self._hooks.returned(msg.value(), msg.key())  # refused or never sent: not written
         else:
-            self._on_lost(self._exc(err))
+            self._hooks.lost(self._exc(err))
+
+    def _stats(self, raw: str) -> None:
+        self._epoch = int((json.loads(raw).get("eos") or {}).get("producer_epoch", 0))
+
+    def id_lost(self) -> bool:
+        """The broker does not know the producer id, and the producer cannot go on. Either librdkafka bumps
+        the epoch and sends again without end (Tansu after a restart of its memory storage answers the bump
+        but still does not know the id; each event would be lost after ``delivery_timeout_s``), or it gave
+        up with a fatal error (the first batch after events that timed out starts past sequence 0), after
+        which the handle sends nothing. A fatal error of another cause is no better: a new producer too."""
+        return self._fatal or self._epoch - self._epoch_delivered >= EPOCH_BUMPS_WITHOUT_DELIVERY
 
     def send(self, topic: str, value: bytes, key: bytes) -> None:
         self._p.produce(topic, value=value, key=key, on_delivery=self._delivered)
 
     def poll(self) -> None:
-        self._p.poll(0)
+        try:
+            self._p.poll(0)
+        except self._exc as exc:  # confluent-kafka raises a fatal error here, not through error_cb
+            self._fatal = self._fatal or exc.args[0].fatal()
+            raise
 
     def flush(self, timeout: float) -> None:
         self._p.flush(timeout)
+
+    def hand_back(self, timeout: float) -> None:
+        """Purge everything at once; the purged events come back through ``hooks.returned``. Only for a
+        producer whose id the broker does not know: its batches in flight are refused, not written."""
+        self._handing_back = True
+        self._p.purge(in_queue=True, in_flight=True, blocking=False)
+        self.close(timeout)
 
     def close(self, timeout: float) -> None:
         """Flush for up to ``timeout``, then drop what is still queued and let the librdkafka handle go.
@@ -222,6 +254,10 @@ def _backend(cfg: EventsConfig) -> type[_KafkaPython] | type[_Confluent]:
     return _Confluent
 
 
+class ProducerIdLost(Exception):
+    """The broker refuses the producer's batches because it does not know the producer's id."""
+
+
 class EventEmitter:
     """``name`` (``gateway``, ``litellm``) goes into the Kafka client id, the thread name and the logs."""
 
@@ -229,9 +265,11 @@ class EventEmitter:
                  name: str = "gateway") -> None:
         self.cfg = cfg
         self.name = name
-        self._factory = producer_factory or (
-            lambda: _backend(cfg)(cfg, self._on_sent, self._count_lost, f"llm-watchdog-{name}", self._count_error))
+        hooks = _Hooks(self._on_sent, self._count_lost, self._count_error, self._returned)
+        self._factory = producer_factory or (lambda: _backend(cfg)(cfg, hooks, f"llm-watchdog-{name}"))
         self._buf: deque[dict[str, Any]] = deque()
+        #: encoded events (value, key) a producer handed back unwritten, sent before the buffer
+        self._resend: deque[tuple[bytes, bytes]] = deque()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._producer: Any = None
@@ -248,6 +286,8 @@ class EventEmitter:
         #: events sent with texts cut to fit ``max_event_bytes``; events that did not fit even then
         self.truncated = 0
         self.too_large = 0
+        #: producers replaced because the broker did not know their id any more
+        self.renewed = 0
         self.connected = False
         self.last_error: str | None = None
 
@@ -297,12 +337,15 @@ class EventEmitter:
                 producer.close(timeout=self._close_timeout)
             except Exception as exc:  # noqa: BLE001 - shutting down anyway
                 log.warning("event producer close failed: %s", exc)
+        self.lost += len(self._resend)  # handed back by a producer, and no producer left to send them
+        self._resend.clear()
 
     def _run(self) -> None:
         while True:
             stopping = self._stop.is_set()
             if self._producer is None and not self._connect():
                 if stopping:
+                    self._close_producer()
                     return
                 self._stop.wait(1.0)
                 continue
@@ -323,27 +366,59 @@ class EventEmitter:
         return True
 
     def _drain(self) -> None:
-        buf, producer, topic = self._buf, self._producer, self.cfg.topic
-        for _ in range(len(buf)):
-            event = buf.popleft()
-            try:
-                key = partition_key(str(event.get("model", "")), str(event.get("route", "")))
-                value = fit_event(event, self.cfg.max_event_bytes)
-                if value is None:
-                    self.too_large += 1
-                    continue
-                if "truncated" in event:
-                    self.truncated += 1
-                producer.send(topic, value, key)
-            except Exception as exc:  # noqa: BLE001 - client queue full, broker gone, bad value
-                self._count_lost(exc)
+        if self._producer.id_lost() and not self._renew():
+            return
+        producer, topic = self._producer, self.cfg.topic
+        for _ in range(len(self._resend)):
+            self._send(producer, topic, *self._resend.popleft())
+        for _ in range(len(self._buf)):
+            encoded = self._encode(self._buf.popleft())
+            if encoded is not None:
+                self._send(producer, topic, *encoded)
         try:
             producer.poll()
         except Exception as exc:  # noqa: BLE001
             self._count_error(exc)
 
-    def _on_sent(self, _meta: Any) -> None:
+    def _encode(self, event: dict[str, Any]) -> tuple[bytes, bytes] | None:
+        """(value, key), or None when the event cannot be sent (counted)."""
+        try:
+            key = partition_key(str(event.get("model", "")), str(event.get("route", "")))
+            value = fit_event(event, self.cfg.max_event_bytes)
+        except Exception as exc:  # noqa: BLE001 - a value that cannot be encoded
+            self._count_lost(exc)
+            return None
+        if value is None:
+            self.too_large += 1
+            return None
+        if "truncated" in event:
+            self.truncated += 1
+        return value, key
+
+    def _send(self, producer: Any, topic: str, value: bytes, key: bytes) -> None:
+        try:
+            producer.send(topic, value, key)
+        except Exception as exc:  # noqa: BLE001 - client queue full, broker gone
+            self._count_lost(exc)
+
+    def _renew(self) -> bool:
+        """Replace a producer whose id the broker does not know (a broker that lost its state: Tansu's
+        memory storage after a restart) with a new one, which gets a new id; the events it held are sent
+        again. False when the new one could not connect (the loop tries again)."""
+        producer, self._producer = self._producer, None
+        self._count_error(ProducerIdLost("the broker does not know the producer id; starting a new producer"))
+        try:
+            producer.hand_back(timeout=1.0)
+        except Exception as exc:  # noqa: BLE001 - replacing it anyway
+            log.warning("event producer close failed: %s", exc)
+        self.renewed += 1
+        return self._connect()
+
+    def _on_sent(self) -> None:
         self.sent += 1
+
+    def _returned(self, value: bytes, key: bytes) -> None:
+        self._resend.append((value, key))
 
     def _count_lost(self, exc: BaseException) -> None:
         self.lost += 1
