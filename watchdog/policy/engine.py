@@ -19,7 +19,7 @@ from typing import Any
 from watchdog.core.signals import Action, Signal
 from watchdog.policy.causes import gpu_reading
 from watchdog.policy.decide import decide, utc_day
-from watchdog.policy.evaluate import BASELINE_FAILED, MAX_AA_NULL, Verdict, combine_window, evaluate_rule
+from watchdog.policy.evaluate import MAX_AA_NULL, Verdict, combine_window, evaluate_rule, trips_on_error
 from watchdog.policy.horizon import learn_anchor
 from watchdog.policy.judge.memo import window_memo
 from watchdog.policy.loader import PolicySet
@@ -317,7 +317,7 @@ class PolicyEngine:
         elif v.status == "fail":
             rs.fails += 1
             rs.errors = 0
-        elif v.status == "error" and not v.extra.get(BASELINE_FAILED):
+        elif v.status == "error" and trips_on_error(v):
             rs.errors += 1
         v.reason = _shared_reason(v.reason)
         rs.last = v

@@ -38,11 +38,23 @@ from watchdog.policy.schema import SAMPLE_COUNTS, Policy, Rule
 #: ``Verdict.extra`` key of an error verdict whose baseline failed: it pages ops and never trips the rule
 #: (``errors_trip_after``): a rollback to the engine that is failing helps nothing
 BASELINE_FAILED = "baseline_failed"
+#: ``Verdict.extra`` key of an error verdict of a golden set that could not be loaded (an edit left it
+#: invalid): neither engine ran, so it never trips the rule either; readiness names it (``golden``)
+SET_FAILED = "set_failed"
+
+
+def trips_on_error(v: Verdict) -> bool:
+    """Whether an error verdict counts toward the rule's ``errors_trip_after``: only the candidate's failures."""
+    return not (v.extra.get(BASELINE_FAILED) or v.extra.get(SET_FAILED))
 
 
 def source_failed(v: Verdict, role: str, sig: Signal) -> Verdict:
     """``v`` as the error verdict of a source that failed; a golden replay names the engine that failed."""
     side = sig.detail.get("failed_side") if sig.detail else None
+    if side == "set":
+        v.extra[SET_FAILED] = 1.0
+        v.status, v.reason = "error", f"no replay: {sig.error}"
+        return v
     if side in ("baseline", "both") or (side is None and role == "baseline"):
         v.extra[BASELINE_FAILED] = 1.0
         role = "candidate and baseline" if side == "both" else "baseline"

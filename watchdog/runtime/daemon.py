@@ -50,7 +50,7 @@ from watchdog.runtime.collector import LOOP_GC
 from watchdog.runtime.decisions import FLAG_RELOAD_S, Decisions
 from watchdog.runtime.evidence import EvidenceRecorder
 from watchdog.runtime.evidence_http import EvidencePages
-from watchdog.runtime.golden import GoldenRelay
+from watchdog.runtime.golden import GoldenRelay, golden_readiness
 from watchdog.runtime.health import LoopHealth, Readiness, RedisHealth
 from watchdog.runtime.heap_trim import HEAP_TRIM, fix_mmap_threshold
 from watchdog.runtime.ownership import Ownership
@@ -323,6 +323,7 @@ class Daemon:
         lap("pager")
         if self.golden_leader is not None:
             self.golden_leader.tick(now)
+            golden_readiness(self.readiness, self.golden_leader, now)
         lap("golden")
         self.decisions.reconcile(now)
         lap("reconcile")

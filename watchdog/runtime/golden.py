@@ -35,7 +35,7 @@ import redis
 from watchdog.core.metrics import Metrics
 from watchdog.core.signals import Signal
 from watchdog.policy import PolicyEngine
-from watchdog.runtime.health import RedisHealth
+from watchdog.runtime.health import Readiness, RedisHealth
 from watchdog.runtime.ownership import Ownership
 from watchdog.sources.golden import GoldenLeader, GoldenScheduler
 from watchdog.state.golden_stream import STREAM_MAXLEN, GoldenEntry, GoldenStream
@@ -180,3 +180,16 @@ class GoldenRelay:
         self._forwarded[(model, route)] = now
         self.metrics.golden_stream.labels("requested").inc()
         log.info("golden replay of %s/%s asked of the golden lease holder: %s", model, route, reason)
+
+
+def golden_readiness(readiness: Readiness, leader: GoldenLeader, now: float) -> None:
+    """Hold the readiness reason ``golden`` (one warning page) while a job of this replica's scheduler
+    judged nothing of FP8 at its last replay (``GoldenScheduler.failing``: an invalid or missing set,
+    a replay that raised, a baseline that failed every item); clear it at the next replay that judged.
+    Only the lease holder replays, so only it can name the reason."""
+    failing = leader.scheduler.failing() if leader.running else {}
+    if failing:
+        text = "; ".join(f"{job}: {why}" for job, why in sorted(failing.items()))
+        readiness.set("golden", f"golden replays judge nothing: {text}"[:500], now)
+    else:
+        readiness.clear("golden", now)

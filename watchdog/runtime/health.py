@@ -36,14 +36,14 @@ log = logging.getLogger(__name__)
 #: every reason the daemon may report (docs/OPERATIONS.md, "Readiness")
 REASONS = ("starting", "kafka", "kafka-startup", "undecodable", "unassigned", "loop-stuck", "watermark-stuck",
            "redis", "redis-auth", "redis-tls", "dlq", "offsets-reset", "unrestored", "fenced", "pending-flips",
-           "clock-skew", "broker-slow", "thread-died", "route-limit")
+           "clock-skew", "broker-slow", "thread-died", "route-limit", "golden")
 
 #: reasons that page (the others show in /readyz only)
 _SEVERITY = {"redis": "critical", "redis-auth": "critical", "redis-tls": "critical", "kafka": "critical",
              "kafka-startup": "critical", "undecodable": "critical", "unassigned": "warning",
              "watermark-stuck": "warning", "dlq": "critical", "offsets-reset": "warning", "unrestored": "critical",
              "fenced": "warning", "loop-stuck": "critical", "clock-skew": "warning",
-             "broker-slow": "warning", "thread-died": "critical", "route-limit": "warning"}
+             "broker-slow": "warning", "thread-died": "critical", "route-limit": "warning", "golden": "warning"}
 
 
 #: events rather than conditions: paged at once, shown in readiness only briefly

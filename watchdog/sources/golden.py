@@ -58,15 +58,31 @@ class GoldenJob:
         return self.spec.name
 
 
+class GoldenSetInvalid(Exception):
+    """The job's golden set could not be loaded (gone, or an edit made it invalid): nothing was replayed,
+    and neither engine is to blame."""
+
+
+def _load_set(job: GoldenJob) -> Any:
+    from probes.golden import GoldenSetError, find_golden_set, load_golden_set
+
+    try:
+        return load_golden_set(find_golden_set(job.spec.set, job.root))
+    except GoldenSetError as exc:
+        more = f" (and {len(exc.errors) - 1} more problems)" if len(exc.errors) > 1 else ""
+        raise GoldenSetInvalid(f"golden set invalid: {exc.errors[0] if exc.errors else exc}{more}") from None
+
+
 def default_replay(job: GoldenJob, engines: EngineCache | None = None) -> Any:
     """Replay the job's set through its candidate and baseline engines.
 
-    With ``engines`` (the scheduler's resident cache) the engines are taken from it and stay loaded
-    and compiled for the next replay; without, both are built here and closed after."""
-    from probes.golden import find_golden_set, load_golden_set
+    The set is read from disk at every replay, so an edit takes effect at the next one; one that
+    leaves it invalid raises ``GoldenSetInvalid``. With ``engines`` (the scheduler's resident cache)
+    the engines are taken from it and stay loaded and compiled for the next replay; without, both
+    are built here and closed after."""
     from probes.golden_replay import replay
 
-    golden = load_golden_set(find_golden_set(job.spec.set, job.root))
+    golden = _load_set(job)
     if job.spec.max_items is not None:
         golden = golden.head(job.spec.max_items)
     if engines is None:
@@ -188,21 +204,31 @@ class GoldenScheduler:
                         sig.values.update(extra)
                     signals.append(sig)
             self._done.put((name, signals))
-            job.last_error = None
+            job.last_error = _not_judged(signals)
             return True
+        except GoldenSetInvalid as exc:  # the set's owner must fix it: no traceback, no engine blamed
+            log.error("golden replay %s not run: %s", name, exc)
+            job.last_error = str(exc)
+            self._failed(job, started, str(exc), failed_side="set")
+            return False
         except Exception as exc:  # noqa: BLE001 - a failed replay is an error signal, not a crash
             log.exception("golden replay %s failed", name)
             job.last_error = str(exc)
-            ended = time.time()
-            self._done.put((name, [Signal(source="golden", model=job.spec.model, route=route,
-                                   precision=str(job.spec.candidate.get("precision", "fp8")), start=started,
-                                   end=ended, samples=0, error=f"replay failed: {exc}")
-                            for route in job.spec.routes]))
+            self._failed(job, started, f"replay failed: {exc}")
             return False
         finally:
             job.runs += 1
             job.last_run = time.time()
             job.lock.release()
+
+    def _failed(self, job: GoldenJob, started: float, error: str, failed_side: str | None = None) -> None:
+        """A replay that produced no report: one error signal per guarded route (``failed_side``: who
+        failed, ``set`` for a set that could not be loaded; None: the candidate is assumed)."""
+        detail = {"failed_side": failed_side, "golden_set": job.spec.set} if failed_side else {}
+        self._done.put((job.name, [Signal(source="golden", model=job.spec.model, route=route,
+                                          precision=str(job.spec.candidate.get("precision", "fp8")), start=started,
+                                          end=time.time(), samples=0, error=error, detail=dict(detail))
+                                   for route in job.spec.routes]))
 
     def drain_runs(self) -> list[tuple[str, list[Signal]]]:
         """(job name, its signals) of each run finished since the last call; idle engines are swept."""
@@ -218,12 +244,26 @@ class GoldenScheduler:
         """The signals of the runs finished since the last call, in one list."""
         return [sig for _job, run in self.drain_runs() for sig in run]
 
+    def failing(self) -> dict[str, str]:
+        """{job: why} of the jobs whose last replay judged nothing of the candidate (the readiness reason
+        ``golden``): the set could not be loaded, the replay itself raised, or the baseline failed every
+        item. A report whose candidate failed every item is not here: that is a verdict on FP8."""
+        return {j.name: j.last_error for j in self.jobs.values() if j.last_error}
+
     def engines_status(self) -> dict[str, Any] | None:
         return self.engines.status() if self.engines is not None else None
 
     def status(self) -> list[dict[str, Any]]:
         return [{"job": j.name, "set": j.spec.set, "routes": j.spec.routes, "runs": j.runs, "last_run": j.last_run,
                  "running": j.lock.locked(), "last_error": j.last_error, **j.last_extra} for j in self.jobs.values()]
+
+
+def _not_judged(signals: list[Signal]) -> str | None:
+    """The error of a replay whose baseline failed every item (nothing of FP8 judged), else None."""
+    for sig in signals:
+        if sig.error and sig.detail.get("failed_side") in ("baseline", "both"):
+            return sig.error
+    return None
 
 
 class _Lease(Protocol):
