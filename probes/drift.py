@@ -81,6 +81,8 @@ class ItemResult:
     agreement: float | None = None
     #: the baseline's second answer (an A/A replay), when the replay repeated the baseline
     repeat: SideResult | None = None
+    #: ``GoldenSet.version`` of the item as replayed (None in reports written before 2026-12-08)
+    version: str | None = None
 
     @property
     def failed(self) -> bool:
@@ -180,6 +182,7 @@ class DriftReport:
                 tags=list(i.get("tags", [])),
                 agreement=i.get("agreement"),
                 repeat=SideResult(**i["repeat"]) if i.get("repeat") else None,
+                version=i.get("version"),
             )
             for i in d["items"]
         ]
@@ -259,6 +262,8 @@ class DriftReport:
             # tells a rotated set (different items) from a repeated one
             item_ids = [i.id for i in measured] if paired and all(
                 len(v) == len(measured) for v in paired.values()) else None
+            # what each item asked: the judge learns per item id and version, so an edited item starts afresh
+            versions = [i.version for i in measured] if item_ids is not None else None
             # the A/A differences (baseline again - baseline) of the measured items: the judge's
             # null for how much answers move by themselves
             aa = self.per_item(measured, ItemResult.aa_diff) if side == "candidate" else {}
@@ -276,6 +281,7 @@ class DriftReport:
                     error=error,
                     detail={
                         **({"item_ids": item_ids} if item_ids is not None else {}),
+                        **({"item_versions": versions} if versions and all(versions) else {}),
                         # the regressed items' texts, for the evidence page (probes/drift_outputs.py)
                         **({"outputs": regressed_outputs(self)} if side == "candidate" else {}),
                         **({"aa": aa} if aa else {}),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import fnmatch
+import hashlib
 import json
 import logging
 import os
@@ -121,6 +122,14 @@ class GoldenSet:
         template = self.manifest.template or (DEFAULT_CONTEXT_TEMPLATE if item.context else DEFAULT_TEMPLATE)
         context = "\n".join(f"[{n}] {p}" for n, p in enumerate(item.context, 1))
         return template.replace("{context}", context).replace("{prompt}", item.prompt)
+
+    def version(self, item: GoldenItem) -> str:
+        """A short hash of what the item asks and expects: its rendered prompt, its reference and the
+        generation settings. An item edited under the same id is another item to the judge (what it
+        learned about the old question is not carried over to the new one)."""
+        g = self.manifest.generation
+        text = json.dumps([self.render(item), item.reference, g.max_new_tokens, list(g.stop)], ensure_ascii=False)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
 
     def pairs(self) -> list[tuple[str, str]]:
         """(rendered prompt, reference) pairs: exactly what replay sends and scores (use these to

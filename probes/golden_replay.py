@@ -181,7 +181,7 @@ def replay(
             # measurement, the worst one - its perplexity is capped at PERPLEXITY_CAP (probes.metrics)
         results.append(
             ItemResult(item.id, item.reference, sides["candidate"], sides["baseline"], list(item.tags),
-                       repeat=sides.get("repeat"))
+                       repeat=sides.get("repeat"), version=golden_set.version(item))
         )
 
     # score the items both engines answered: per item, and corpus level from the same statistics

@@ -16,12 +16,14 @@ from typing import Any
 
 import pytest
 
+from probes.golden import load_golden_set
 from tests.test_replay import TableEngine
 from watchdog.config.settings import GoldenJobConfig
 from watchdog.core.metrics import Metrics
 from watchdog.policy.engine import PolicyEngine
 from watchdog.policy.evaluate import Verdict
 from watchdog.policy.loader import load_policy_files
+from watchdog.policy.pooling import line_up_entries
 from watchdog.runtime.golden import golden_readiness
 from watchdog.runtime.health import Readiness
 from watchdog.sources.engine_cache import EngineCache
@@ -94,6 +96,123 @@ class _LabEngine(TableEngine):
 def change_test(v: Verdict) -> dict[str, Any]:
     bt = ((v.judgement or {}).get("detail") or {}).get("broken_test") or {}
     return bt.get("change") or {}
+
+
+# --- items edited under their ids ---------------------------------------------------------------
+
+
+def test_a_set_replaced_under_the_same_ids_keeps_a_healthy_fp8(tmp_path: Path) -> None:
+    """A healthy FP8 differs from FP16 on a few items either way (here 3 worse and 3 better of 200,
+    1.5 % each: the shipped tolerance). After 16 hourly replays the lead replaces the questions,
+    keeping the ids q0..q199; FP8 is as healthy on the new ones. Before, the per-item healthy levels
+    learned on the old questions were applied to the new ones: the 3 items where FP8 had beaten FP16
+    counted as broken by 1.0 in the change test, beside the 3 new FP8-sensitive ones, and 6/200
+    against a learned 6/3200 failed (Fisher p = 2.6e-5 < 5e-5): a rollback of a healthy FP8 at the
+    first replay after the edit."""
+    lab = Lab(tmp_path)
+    lab.write(items(200), fp8_wrong=(0, 1, 2), fp16_wrong=(3, 4, 5))
+    for _ in range(16):
+        assert lab.replay().status == "pass"
+    lab.write(items(200, tag="new"), fp8_wrong=(10, 11, 12), fp16_wrong=(13, 14, 15))
+    verdicts = [lab.replay() for _ in range(3)]
+    assert lab.rollbacks == 0, [v.reason for v in verdicts]
+    assert all(v.status == "pass" for v in verdicts)
+    # the third replay judges the new questions against their own learned levels: nothing broke
+    assert change_test(verdicts[-1])["count"] == 0
+
+
+def test_items_edited_under_their_ids_start_afresh_and_damage_still_rolls_back(tmp_path: Path) -> None:
+    """Three items' questions edited (ids kept) where FP8 had beaten FP16: no false change, and an FP8
+    damaged afterwards (12 of 60 items broken) still rolls back."""
+    lab = Lab(tmp_path)
+    rows = items(60)
+    lab.write(rows, fp8_wrong=(0,), fp16_wrong=(3, 4, 5))
+    for _ in range(4):
+        assert lab.replay().status == "pass"
+    for k in (3, 4, 5):
+        rows[k] = (f"q{k}", f"edited question {k}?", f"The edited answer {k}.")
+    lab.write(rows, fp8_wrong=(0,))
+    for _ in range(3):
+        v = lab.replay()
+        assert v.status == "pass" and change_test(v).get("count", 0) == 0, v.reason
+    lab.write(rows, fp8_wrong=(0, *range(10, 60, 5)))
+    assert lab.replay().status == "fail" and lab.rollbacks == 1
+
+
+def test_item_versions_follow_what_is_asked(tmp_path: Path) -> None:
+    """An item's version changes with its rendered prompt, its reference and the generation settings,
+    not with its tags or its line; every replay's signals carry them, aligned with the ids."""
+    lab = Lab(tmp_path)
+    lab.write(items(3))
+    gs = load_golden_set(lab.set_dir)
+    first = [gs.version(i) for i in gs.items]
+    assert len(set(first)) == 3
+    rows = items(3)
+    rows[1] = ("q1", "old question 1?", "Another reference.")
+    lab.write(rows)
+    again = load_golden_set(lab.set_dir)
+    assert [again.version(i) for i in again.items] == [first[0], again.version(again.items[1]), first[2]]
+    assert again.version(again.items[1]) != first[1]
+    lab.write(items(3), generation="{max_new_tokens: 32}")
+    longer = load_golden_set(lab.set_dir)
+    assert not set(longer.version(i) for i in longer.items) & set(first)
+    lab.write(items(3))
+    lab.scheduler.run_job("mini")
+    cand = next(s for s in lab.scheduler.drain() if s.precision == "fp8")
+    assert cand.detail["item_ids"] == ["q0", "q1", "q2"] and cand.detail["item_versions"] == first
+
+
+def test_an_edited_item_is_not_paired_with_its_old_answers() -> None:
+    """The pooled look pairs items by id and version: an edited item takes the latest replay alone,
+    and a rotated look never counts it beside its old question as an independent item."""
+    prev = {"ids": ["a", "b", "c", "d"], "v": ["1", "1", "1", "1"]}
+    edited = {"ids": ["a", "b", "c", "d"], "v": ["1", "2", "1", "1"]}
+    values, ids, keys, rotated = line_up_entries(prev, [1.0, 2.0, 3.0, 4.0], edited)
+    assert not rotated and ids == ["a", "b", "c", "d"] and values[0] == 1.0 and values[2:] == [3.0, 4.0]
+    assert values[1] != values[1]  # NaN: b was another question then
+    replaced = {"ids": ["a", "b", "c", "x"], "v": ["9", "9", "9", "9"]}
+    values, ids, keys, rotated = line_up_entries(prev, [1.0, 2.0, 3.0, 4.0], replaced)
+    assert rotated and ids == ["d"] and keys == ["d@1"] and values == [4.0]
+    # entries from before versions: paired by id as before
+    values, ids, keys, rotated = line_up_entries({"ids": ["a", "b"]}, [1.0, 2.0], {"ids": ["b", "a"], "v": ["1", "1"]})
+    assert not rotated and values == [2.0, 1.0] and ids == keys == ["b", "a"]
+
+
+# --- the set cut, grown, and max_items ----------------------------------------------------------
+
+
+def test_items_appended_removed_and_cut_below_min_items(tmp_path: Path) -> None:
+    """Appending and removing items keeps a healthy FP8 (pass); a set cut below the rule's 20 items
+    is inconclusive (visible, decides nothing); back to full size a damaged FP8 rolls back."""
+    lab = Lab(tmp_path)
+    rows = items(100)
+    lab.write(rows, fp8_wrong=(0,), fp16_wrong=(1,))
+    for _ in range(3):
+        assert lab.replay().status == "pass"
+    grown = rows + items(60, tag="added", prefix="a")
+    lab.write(grown, fp8_wrong=(0, 120), fp16_wrong=(1,))
+    assert lab.replay().status == "pass"
+    lab.write(grown[40:], fp8_wrong=(80,))
+    assert lab.replay().status == "pass"
+    lab.write(rows[:10])
+    cut = lab.replay()
+    assert cut.status == "inconclusive" and "10 < min_samples 20" in cut.reason
+    lab.write(rows, fp8_wrong=tuple(range(0, 100, 4)))
+    assert lab.replay().status == "fail" and lab.rollbacks == 1
+
+
+def test_max_items_changed_between_replays(tmp_path: Path) -> None:
+    """``max_items`` (read at each replay; a changed config takes a restart, whose state comes back from
+    the checkpoints): fewer items, then all again, keeps a healthy FP8; under the rule's minimum it is
+    inconclusive."""
+    lab = Lab(tmp_path)
+    lab.write(items(120), fp8_wrong=(0,), fp16_wrong=(1,))
+    spec = lab.scheduler.jobs["mini"].spec
+    for max_items in (None, None, 40, 40, None, 12):
+        spec.max_items = max_items
+        v = lab.replay()
+        assert v.status == ("inconclusive" if max_items == 12 else "pass"), (max_items, v.reason)
+    assert lab.rollbacks == 0
 
 
 # --- the set made invalid ---------------------------------------------------------------------------

@@ -26,10 +26,11 @@ from watchdog.policy.pooling import (
     SAMPLED_SHARE,
     Pool,
     aa_moving,
+    item_keys,
     item_levels,
     judge_pool,
     learned,
-    line_up,
+    line_up_entries,
     rate_counts,
     rate_value,
 )
@@ -342,6 +343,14 @@ def _item_ids(cand: Signal | None, base: Signal | None) -> list[Any] | None:
     return None
 
 
+def _item_keys(cand: Signal | None, base: Signal | None) -> list[str] | None:
+    """The replay's ``pooling.item_keys`` (id and version): what per-item levels are looked up by."""
+    for sig in (cand, base):
+        if sig is not None and isinstance(sig.detail.get("item_ids"), list):
+            return item_keys(sig.detail["item_ids"], sig.detail.get("item_versions"))
+    return None
+
+
 def aa_count(rule: Rule, cand: Signal | None) -> tuple[float, int] | None:
     """This replay's A/A count for ``rule``'s broken-items test: (half the items whose baseline
     repeat moved by more than ``drop`` either way - the harmful side's share by symmetry, items)
@@ -381,7 +390,7 @@ def broken_null(rule: Rule, cand: Signal | None, null: list[dict[str, Any]] | No
 
 def _with_broken(rule: Rule, mean_j: Judgement | str, items: list[float] | None, cand: Signal | None,
                  base: Signal | None, null: list[dict[str, Any]] | None,
-                 prev_ids: list[Any] | None = None) -> Judgement | str:
+                 prev_ids: list[Any] | None = None, prev_keys: list[str] | None = None) -> Judgement | str:
     """A paired rule with ``judge.broken``: the mean-drift judgement and the broken-items tests of
     the latest replay (of the latest two when they asked different items), which split the
     rule's alpha (Bonferroni: ``broken.alpha``, default half, and the rest); the failing one
@@ -399,8 +408,9 @@ def _with_broken(rule: Rule, mean_j: Judgement | str, items: list[float] | None,
         return mean_j
     b = j.broken
     ids = (prev_ids or []) + (_item_ids(cand, base) or []) if prev_ids else _item_ids(cand, base)
+    keys = (prev_keys or []) + (_item_keys(cand, base) or []) if prev_keys else _item_keys(cand, base)
     k0, n0, tolerance = broken_null(rule, cand, null)
-    adjusted = _level_adjusted(rule, items, ids, null)
+    adjusted = _level_adjusted(rule, items, keys, null)
     alpha = j.broken_alpha / (2 if adjusted is not None else 1)
     common: dict[str, Any] = dict(direction=j.harm_direction, drop=b.drop, effect_threshold=b.effect, alpha=alpha,
                                   min_items=j.min_n, item_ids=ids, metric=rule.metric)
@@ -430,7 +440,8 @@ def _with_broken(rule: Rule, mean_j: Judgement | str, items: list[float] | None,
 def _level_adjusted(rule: Rule, items: list[float], ids: list[Any] | None, null: list[dict[str, Any]] | None
                     ) -> list[float] | None:
     """``items`` net of each item's learned healthy level (items seen in at least 2 passing
-    replays), or None when the rule does not learn or no item has a level yet."""
+    replays; ``ids``: their ``pooling.item_keys``), or None when the rule does not learn or no item
+    has a level yet."""
     j = rule.judge
     assert j is not None
     levels = item_levels(null) if j.learn is not None else {}
@@ -461,9 +472,9 @@ def _run_judge(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool 
         if j.test == "paired" and j.broken is not None:
             out = judge_pool(rule, cand, base, pool, items, null)
             if not isinstance(out, str) and out.detail.get("looks", {}).get("rotated2") and len(pool) >= 2:
-                prev, prev_ids, _ = line_up(pool[-2].get("ids"), [math.nan if x is None else float(x) for x in pool[-2]["diffs"]],
-                                            pool[-1].get("ids"))
-                return _with_broken(rule, out, prev + (items or []), cand, base, null, prev_ids)
+                prev, prev_ids, prev_keys, _ = line_up_entries(
+                    pool[-2], [math.nan if x is None else float(x) for x in pool[-2]["diffs"]], pool[-1])
+                return _with_broken(rule, out, prev + (items or []), cand, base, null, prev_ids, prev_keys)
             return _with_broken(rule, out, items, cand, base, null)
         return judge_pool(rule, cand, base, pool, items, null)
     if j.test == "paired":

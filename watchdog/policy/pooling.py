@@ -173,6 +173,46 @@ def line_up(prev_ids: Any, prev: list[float], ids: Any) -> tuple[list[float], li
     return [prev[at[i]] if i in at else math.nan for i in ids], list(ids), False
 
 
+def item_keys(ids: Any, versions: Any) -> list[str] | None:
+    """What the judge learns and pairs an item by: ``id@version`` where the replay gave each item's
+    version (``GoldenSet.version``: a hash of what it asked), else the id. An item edited under the
+    same id is another item: the healthy level learned on the old question is not the new one's."""
+    if not isinstance(ids, list):
+        return None
+    if isinstance(versions, list) and len(versions) == len(ids) and all(versions):
+        return [f"{i}@{v}" for i, v in zip(ids, versions, strict=True)]
+    return [str(i) for i in ids]
+
+
+def entry_keys(entry: Mapping[str, Any]) -> list[str] | None:
+    """The item keys of a pool entry (``item_keys`` of its ``ids`` and ``v``)."""
+    return item_keys(entry.get("ids"), entry.get("v"))
+
+
+def line_up_entries(prev: Mapping[str, Any], values: list[float], latest: Mapping[str, Any]
+                    ) -> tuple[list[float], list[str] | None, list[str] | None, bool]:
+    """``line_up`` of two pool entries by item key: (the previous replay's values, their ids, their
+    keys, rotated). An item the latest replay asked under the same id but edited (another version)
+    is neither paired with its old answers nor counted beside them as an independent item: it was
+    asked once, in the latest replay."""
+    prev_keys, keys = entry_keys(prev), entry_keys(latest)
+    if prev_keys is None or keys is None or "v" not in prev or "v" not in latest:
+        # a replay without versions (a report from before them): paired by id as before
+        out, ids, rotated = line_up(prev.get("ids"), values, latest.get("ids"))
+        return out, ids, ids, rotated
+    out, kept, rotated = line_up(prev_keys, values, keys)
+    if kept is None:
+        return out, None, None, rotated
+    shown = {**dict(zip(prev_keys, map(str, prev["ids"]), strict=True)),
+             **dict(zip(keys, map(str, latest["ids"]), strict=True))}
+    ids = [shown.get(k, k) for k in kept]
+    if rotated:
+        asked = {str(i) for i in latest["ids"]}
+        keep = [n for n, i in enumerate(ids) if i not in asked]
+        out, ids, kept = [out[n] for n in keep], [ids[n] for n in keep], [kept[n] for n in keep]
+    return out, ids, kept, rotated
+
+
 def learned(rule: Rule) -> bool:
     """Whether a live judged rule works on per-window differences (a quantile test, or a learned
     null): its pool then holds one (e, v) pair per window instead of sketches or counts."""
@@ -585,9 +625,10 @@ def item_levels(null: list[dict[str, Any]] | None) -> dict[str, list[float]]:
 
 def learn_items(null: list[dict[str, Any]], entry: Mapping[str, Any], learn: int) -> None:
     """Fold a passing replay (pool entry with ``ids``) into the per-item healthy levels: a mean
-    over the last ~``learn`` replays of each item (exponential beyond that)."""
-    ids = entry.get("ids")
-    if not isinstance(ids, list):
+    over the last ~``learn`` replays of each item (exponential beyond that), keyed by ``entry_keys``.
+    The items replayed least recently go first beyond ``MAX_LEARNED_ITEMS`` (edited or removed ones)."""
+    ids = entry_keys(entry)
+    if ids is None:
         return
     levels = item_levels(null)
     if not levels:
@@ -595,7 +636,7 @@ def learn_items(null: list[dict[str, Any]], entry: Mapping[str, Any], learn: int
     for i, d in zip(ids, _diffs(entry), strict=False):
         if not math.isfinite(d):
             continue
-        m, c = levels.get(i, [0.0, 0])
+        m, c = levels.pop(i, [0.0, 0])  # re-inserted last: the dict's order is the eviction order
         c = min(int(c) + 1, learn)
         levels[i] = [m + (d - m) / c, c]
     while len(levels) > MAX_LEARNED_ITEMS:
@@ -617,8 +658,8 @@ def _against_items(rule: Rule, pool: Pool, replays: list[list[float]], null: lis
     out = []
     known_all = 0
     for e, diffs in zip(pool, replays, strict=True):
-        ids = e.get("ids")
-        if not isinstance(ids, list):
+        ids = entry_keys(e)
+        if ids is None:
             out.append(diffs)
             continue
         m = [levels[i][0] if i in levels and levels[i][1] >= 2 else None for i in ids]
@@ -652,10 +693,13 @@ def judge_pool(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool,
         if not paired_items:
             return f"no paired values for {rule.metric}"
         golden_set = cand.detail.get("golden_set") or (base.detail.get("golden_set") if base else None)
-        ids = cand.detail.get("item_ids") or (base.detail.get("item_ids") if base else None)
+        sig = cand if cand.detail.get("item_ids") or base is None else base
+        ids, versions = sig.detail.get("item_ids"), sig.detail.get("item_versions")
         entry: dict[str, Any] = {"start": cand.start, "end": cand.end, "set": golden_set, "diffs": _plain_diffs(paired_items)}
         if isinstance(ids, list) and len(ids) == len(paired_items):
             entry["ids"] = [str(i) for i in ids]
+            if isinstance(versions, list) and len(versions) == len(ids) and all(versions):
+                entry["v"] = [str(v) for v in versions]
         moving = aa_moving(cand, rule.metric)
         entry["moving"] = moving
         _push_replay(pool, entry, k)
@@ -671,7 +715,7 @@ def judge_pool(rule: Rule, cand: Signal | None, base: Signal | None, pool: Pool,
             replays, level = _against_items(rule, pool, replays, null)
         rotated = False
         if len(replays) >= 2:
-            replays[-2], _, rotated = line_up(pool[-2].get("ids"), replays[-2], pool[-1].get("ids"))
+            replays[-2], _, _, rotated = line_up_entries(pool[-2], replays[-2], pool[-1])
         out = judge_paired_replays(replays, direction=j.harm_direction, effect_threshold=j.effect,
                                    marginal_threshold=j.marginal, alpha=alpha, min_items=j.min_n,
                                    max_ci_width=j.max_ci_width, metric=rule.metric, method=j.method,
