@@ -178,6 +178,24 @@ def test_an_edited_item_is_not_paired_with_its_old_answers() -> None:
     assert not rotated and values == [2.0, 1.0] and ids == keys == ["b", "a"]
 
 
+def test_levels_of_items_still_asked_outlive_those_of_edited_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Edits leave levels of old versions behind; beyond ``MAX_LEARNED_ITEMS`` the least recently replayed
+    go first. Before, the first learned went first: items never edited lost their level every time the
+    edited ones' old versions filled the map (1,140 item-replays without a level in 1,500 replays of a
+    200-item set with 10 items edited each time, at the 5,000 cap)."""
+    from watchdog.policy import pooling
+
+    monkeypatch.setattr(pooling, "MAX_LEARNED_ITEMS", 30)
+    null: list[dict[str, Any]] = []
+    ids = [f"q{k}" for k in range(20)]
+    for t in range(10):
+        versions = [str(t) if k < 5 else "0" for k in range(20)]  # q0..q4 edited every replay
+        pooling.learn_items(null, {"ids": ids, "v": versions, "diffs": [0.0] * 20}, 24)
+    levels = pooling.item_levels(null)
+    assert len(levels) == 30
+    assert all(f"q{k}@0" in levels and levels[f"q{k}@0"][1] == 10 for k in range(5, 20))
+
+
 # --- the set cut, grown, and max_items ----------------------------------------------------------
 
 
