@@ -55,15 +55,16 @@ class Lab:
         engines = EngineCache(build=lambda options: _LabEngine(self, str(options["precision"])), idle_s=None)
         self.scheduler = GoldenScheduler([GoldenJob(spec, root=str(root))], engines=engines)
         self.engine = PolicyEngine(load_policy_files([str(POLICY)]))
+        self.scheduler.judged = lambda model, route: self.engine.policy_set.golden_rules(model, route)  # as the daemon
         self.flags = {("m", "qa"): "fp8"}
         self.rollbacks = 0
 
     def write(self, rows: list[Item], *, fp8_wrong: tuple[int, ...] = (), fp16_wrong: tuple[int, ...] = (),
-              generation: str = "{max_new_tokens: 16}") -> None:
+              generation: str = "{max_new_tokens: 16}", metrics: str = "[exact_match, rougeL]") -> None:
         self.set_dir.mkdir(parents=True, exist_ok=True)
         (self.set_dir / "manifest.yaml").write_text(
             "schema: 1\nname: mini\ndomain: qa\ndescription: mini\nlanguages: [en]\nroutes: ['*']\n"
-            f"template: '{{prompt}}'\ngeneration: {generation}\nmetrics: [exact_match, rougeL]\n")
+            f"template: '{{prompt}}'\ngeneration: {generation}\nmetrics: {metrics}\n")
         (self.set_dir / "items.jsonl").write_text(
             "".join(json.dumps({"id": i, "prompt": p, "reference": r}) + "\n" for i, p, r in rows))
         self.answers.update({p: r for _, p, r in rows})
@@ -280,6 +281,23 @@ def test_an_invalid_set_is_an_error_that_never_rolls_back(tmp_path: Path, how: s
     assert lab.replay().status == "pass" and lab.scheduler.failing() == {}
 
 
+def test_a_manifest_edit_that_drops_the_judged_metric_is_named(tmp_path: Path) -> None:
+    """The lead swaps ``rougeL`` for ``chrf`` in the manifest's metrics. The shipped ``golden-rougeL``
+    rule then has nothing to judge: an FP8 with 20 of 60 items broken stayed on FP8, every verdict
+    ``inconclusive`` ("no paired values for rougeL"), readiness green. It still cannot judge, but the
+    job is named as failing (readiness ``golden``, one page) until the metric is back."""
+    lab = Lab(tmp_path)
+    rows = items(60)
+    lab.write(rows)
+    assert lab.replay().status == "pass" and lab.scheduler.failing() == {}
+    lab.write(rows, metrics="[exact_match, chrf]", fp8_wrong=tuple(range(0, 60, 3)))
+    v = lab.replay()
+    assert v.status == "inconclusive" and "no paired values for rougeL" in v.reason
+    assert lab.scheduler.failing() == {"mini": "rougeL not measured by set mini (rules golden-rougeL judge nothing)"}
+    lab.write(rows, fp8_wrong=tuple(range(0, 60, 3)))
+    assert lab.replay().status == "fail" and lab.rollbacks == 1 and lab.scheduler.failing() == {}
+
+
 def test_readiness_names_a_golden_job_that_judges_nothing(tmp_path: Path) -> None:
     """The readiness reason ``golden`` holds while a job's last replay judged nothing of FP8, on the
     lease holder only; it pages once (warning) and clears at the next replay that judged."""
@@ -355,6 +373,14 @@ def test_daemon_keeps_fp8_and_pages_while_an_edit_leaves_the_set_invalid(kafka_s
             flag = daemon.flags.precision_for("llama-3-8b", "qa")
             verdicts = json.dumps(daemon.status()["verdicts"])
             (set_dir / "items.jsonl").write_text(good)
+            assert scheduler.run_job("mini")
+            wait_until(lambda: not any(p.startswith("golden: ") for p in daemon.problems()), 10)
+            # a manifest edit that drops the metric the shipped golden rule judges: named, not silent
+            manifest = (set_dir / "manifest.yaml").read_text()
+            (set_dir / "manifest.yaml").write_text(manifest.replace("[exact_match, rougeL]", "[exact_match]"))
+            assert scheduler.run_job("mini")
+            wait_until(lambda: any("rougeL not measured" in p for p in daemon.problems()), 10, detail=daemon.problems)
+            (set_dir / "manifest.yaml").write_text(manifest)
             assert scheduler.run_job("mini")
             wait_until(lambda: not any(p.startswith("golden: ") for p in daemon.problems()), 10)
             audit = redis_client.xrange("llmwd:audit")

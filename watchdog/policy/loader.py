@@ -69,6 +69,16 @@ class PolicySet:
     def names(self) -> list[str]:
         return [p.name for p in self.policies]
 
+    def golden_rules(self, model: str, route: str) -> dict[str, list[str]]:
+        """{metric: [rule names]} of the ``source: golden`` rules of the policies covering (model, route)."""
+        out: dict[str, list[str]] = {}
+        for p in self.policies:
+            if p.scope.covers(model, route):
+                for r in p.rules:
+                    if r.source == "golden":
+                        out.setdefault(r.metric, []).append(r.name)
+        return out
+
 
 def _fmt(fname: str, pos: Pos, message: str) -> str:
     return f"{fname}:{pos.line}:{pos.col}: {message}"

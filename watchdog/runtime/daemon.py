@@ -124,6 +124,8 @@ class Daemon:
         self.engine = self.policies.engine
         self.sources = list(sources or [])
         self.golden = GoldenScheduler.from_config(cfg.golden, metrics=self.metrics)
+        if self.golden is not None:  # read at each replay: the policies in force after a reload
+            self.golden.judged = lambda model, route: self.engine.policy_set.golden_rules(model, route)
         self.golden_leader: GoldenLeader | None = None
         gpu = GpuSource.from_config(cfg.gpu, self.metrics.registry, gpu_nvml)
         self.gpu = gpu.monitor if gpu is not None else None

@@ -185,7 +185,8 @@ class GoldenRelay:
 def golden_readiness(readiness: Readiness, leader: GoldenLeader, now: float) -> None:
     """Hold the readiness reason ``golden`` (one warning page) while a job of this replica's scheduler
     judged nothing of FP8 at its last replay (``GoldenScheduler.failing``: an invalid or missing set,
-    a replay that raised, a baseline that failed every item); clear it at the next replay that judged.
+    a replay that raised, a baseline that failed every item, a metric the golden rules judge not
+    measured); clear it at the next replay that judged.
     Only the lease holder replays, so only it can name the reason."""
     failing = leader.scheduler.failing() if leader.running else {}
     if failing:

@@ -21,7 +21,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -123,6 +123,9 @@ class GoldenScheduler:
         self._done: queue.SimpleQueue[tuple[str, list[Signal]]] = queue.SimpleQueue()
         self._scheduler: Any = None
         self._requested: dict[str, float] = {}
+        #: (model, route) -> {metric: [rule names]} the policies judge on its golden signals (the daemon's
+        #: ``PolicySet.golden_rules``); None: not checked
+        self.judged: Callable[[str, str], Mapping[str, list[str]]] | None = None
 
     @classmethod
     def from_config(cls, cfg: GoldenConfig, replay_fn: ReplayFn | None = None,
@@ -204,7 +207,7 @@ class GoldenScheduler:
                         sig.values.update(extra)
                     signals.append(sig)
             self._done.put((name, signals))
-            job.last_error = _not_judged(signals)
+            job.last_error = _not_judged(signals) or self._unmeasured(job, signals)
             return True
         except GoldenSetInvalid as exc:  # the set's owner must fix it: no traceback, no engine blamed
             log.error("golden replay %s not run: %s", name, exc)
@@ -220,6 +223,21 @@ class GoldenScheduler:
             job.runs += 1
             job.last_run = time.time()
             job.lock.release()
+
+    def _unmeasured(self, job: GoldenJob, signals: list[Signal]) -> str | None:
+        """The metrics golden rules of the job's routes judge that its replay did not measure (a manifest
+        edit dropped one from ``metrics``, an engine that cannot score for ``ppl``): those rules stay
+        inconclusive, so a damaged FP8 would never be rolled back by them. None when all were measured."""
+        missing: dict[str, set[str]] = {}
+        precision = job.spec.candidate.get("precision")
+        for sig in signals:
+            if self.judged is None or sig.error or sig.precision != precision:
+                continue
+            for metric, rules in self.judged(sig.model, sig.route).items():
+                if metric not in sig.values and not (sig.paired or {}).get(metric):
+                    missing.setdefault(metric, set()).update(rules)
+        return "; ".join(f"{m} not measured by set {job.spec.set} (rules {', '.join(sorted(r))} judge nothing)"
+                         for m, r in sorted(missing.items())) or None
 
     def _failed(self, job: GoldenJob, started: float, error: str, failed_side: str | None = None) -> None:
         """A replay that produced no report: one error signal per guarded route (``failed_side``: who
@@ -246,8 +264,9 @@ class GoldenScheduler:
 
     def failing(self) -> dict[str, str]:
         """{job: why} of the jobs whose last replay judged nothing of the candidate (the readiness reason
-        ``golden``): the set could not be loaded, the replay itself raised, or the baseline failed every
-        item. A report whose candidate failed every item is not here: that is a verdict on FP8."""
+        ``golden``): the set could not be loaded, the replay itself raised, the baseline failed every
+        item, or a metric golden rules judge was not measured. A report whose candidate failed every item
+        is not here: that is a verdict on FP8."""
         return {j.name: j.last_error for j in self.jobs.values() if j.last_error}
 
     def engines_status(self) -> dict[str, Any] | None:
