@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from watchdog.core.brokers import (
     KAFKA_PYTHON_IDEMPOTENCE,
@@ -83,6 +83,23 @@ class EventsConfig(BaseModel):
     def _producer_idempotent(cls, settings: dict[str, Any]) -> dict[str, Any]:
         return require_idempotence_settings(settings, KAFKA_PYTHON_IDEMPOTENCE)
 
+    @model_validator(mode="after")
+    def _timeouts_fit(self) -> EventsConfig:
+        """Both clients refuse a delivery timeout that a linger (and, kafka-python, a request timeout) does not
+        fit in, when the producer is built; the emitter would then retry building it for ever."""
+        delivery_ms = self.delivery_timeout_s * 1000
+        if self.linger_ms >= delivery_ms:
+            raise ValueError(f"linger_ms {self.linger_ms} must be below delivery_timeout_s ({delivery_ms:g} ms)")
+        request_ms = self.producer.get("request_timeout_ms")
+        if isinstance(request_ms, (int, float)) and self.linger_ms + request_ms > delivery_ms:
+            raise ValueError(f"producer request_timeout_ms {request_ms} + linger_ms {self.linger_ms} must not exceed "
+                             f"delivery_timeout_s ({delivery_ms:g} ms): kafka-python refuses that")
+        return self
+
+    def request_timeout_ms(self) -> int:
+        """kafka-python's request timeout: its 30 s default, or what fits in the delivery timeout after the linger."""
+        return int(min(30_000, self.delivery_timeout_s * 1000 - self.linger_ms))
+
     @field_validator("librdkafka")
     @classmethod
     def _librdkafka_idempotent(cls, settings: dict[str, Any]) -> dict[str, Any]:
@@ -118,6 +135,7 @@ class _KafkaPython:
         conf: dict[str, Any] = {"bootstrap_servers": cfg.bootstrap_servers, "linger_ms": cfg.linger_ms,
                                 "acks": "all", "enable_idempotence": True, "retries": 3, "max_block_ms": 1000,
                                 "batch_size": 256 * 1024, "delivery_timeout_ms": int(cfg.delivery_timeout_s * 1000),
+                                "request_timeout_ms": cfg.request_timeout_ms(),
                                 "client_id": client_id}
         self._p = KafkaProducer(**(conf | cfg.producer))
         self._hooks = hooks
