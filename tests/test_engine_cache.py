@@ -15,7 +15,7 @@ from prometheus_client import generate_latest
 from tests.helpers import write_golden_set
 from watchdog.config.settings import GoldenConfig, GoldenJobConfig
 from watchdog.core.metrics import Metrics
-from watchdog.sources.engine_cache import EngineCache, engine_key
+from watchdog.sources.engine_cache import EngineBuildError, EngineCache, engine_key
 from watchdog.sources.golden import GoldenJob, GoldenScheduler
 
 
@@ -181,9 +181,12 @@ def test_a_failed_build_raises_and_keeps_what_was_built() -> None:
         return FakeEngine(options)
 
     cache = EngineCache(build)
-    with pytest.raises(RuntimeError), cache.lease("job", [FP8, FP16]):
+    with pytest.raises(EngineBuildError) as failed, cache.lease("job", [FP8, FP16]):
         pass
     assert len(cache) == 1 and cache.loads == 1
+    # which config failed (the golden scheduler blames that side), and why
+    assert failed.value.index == 0 and failed.value.options == FP8
+    assert isinstance(failed.value.__cause__, RuntimeError) and str(failed.value) == "RuntimeError: out of memory"
 
 
 def test_config_section_builds_a_bounded_cache_and_can_turn_it_off() -> None:

@@ -50,6 +50,15 @@ MAX_FINGERPRINT_FILES = 64
 BuildFn = Callable[[dict[str, Any]], Any]
 
 
+class EngineBuildError(Exception):
+    """The engine of ``configs[index]`` of a lease could not be built (``__cause__``: why)."""
+
+    def __init__(self, index: int, options: Mapping[str, Any], cause: BaseException) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.index = index
+        self.options = dict(options)
+
+
 def _default_build(options: dict[str, Any]) -> Any:
     from probes.engines import get_engine
 
@@ -122,7 +131,8 @@ class EngineCache:
 
         Engines ``owner`` used last time under another config and that no other owner uses are
         released first (a config change frees its GPU memory before the new engines load). An
-        engine that fails to build raises here; engines built before it stay resident."""
+        engine that fails to build raises ``EngineBuildError`` naming its config here; engines built
+        before it stay resident."""
         with self._lock:
             keys = [engine_key(c) for c in configs]
             stale = self._owned.get(owner, set()) - set(keys)
@@ -135,7 +145,7 @@ class EngineCache:
             # FP8 engines built last: one over the model files an unquantised engine just loaded quantises
             # that engine's weights instead of reading them again (probes.engines.torch_engine.load_model)
             order = sorted(range(len(keys)), key=lambda i: configs[i].get("precision") == "fp8")
-            built = {i: self._get(keys[i], dict(configs[i]), owner) for i in order}
+            built = {i: self._build(i, keys[i], configs[i], owner) for i in order}
             engines = [built[i] for i in range(len(keys))]
             self._bound(keep=set(keys))
             try:
@@ -149,6 +159,12 @@ class EngineCache:
                 if self._close_pending is not None:
                     self._release_all(self._close_pending)
                 self._publish()
+
+    def _build(self, index: int, key: str, options: Mapping[str, Any], owner: str) -> Any:
+        try:
+            return self._get(key, dict(options), owner)
+        except Exception as exc:  # noqa: BLE001 - any build failure (bad path, OOM, refused) names its engine
+            raise EngineBuildError(index, options, exc) from exc
 
     def _get(self, key: str, options: dict[str, Any], owner: str) -> Any:
         r = self._engines.get(key)

@@ -30,7 +30,7 @@ from watchdog.config.settings import GoldenConfig, GoldenJobConfig
 from watchdog.core.metrics import Metrics
 from watchdog.core.schedule import cron_trigger
 from watchdog.core.signals import Signal
-from watchdog.sources.engine_cache import EngineCache
+from watchdog.sources.engine_cache import EngineBuildError, EngineCache
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +58,25 @@ class GoldenJob:
         return self.spec.name
 
 
-class GoldenSetInvalid(Exception):
+class ReplayFailed(Exception):
+    """A replay that produced no report, and whose failure it was (``side``, the error signal's
+    ``failed_side``): ``candidate`` (its engine could not be built: FP8's failure, counted toward the
+    rule's ``errors_trip_after``), ``baseline``, ``both`` (not one engine's: a shared engine, the
+    scoring, the scheduler) or ``set``. Only the candidate's trips the rule (policy/evaluate.py)."""
+
+    side = "both"
+
+    def __init__(self, message: str, side: str | None = None) -> None:
+        super().__init__(message)
+        if side is not None:
+            self.side = side
+
+
+class GoldenSetInvalid(ReplayFailed):
     """The job's golden set could not be loaded (gone, or an edit made it invalid): nothing was replayed,
     and neither engine is to blame."""
+
+    side = "set"
 
 
 def _load_set(job: GoldenJob) -> Any:
@@ -95,17 +111,32 @@ def default_replay(job: GoldenJob, engines: EngineCache | None = None) -> Any:
 
 
 def _replay_with(job: GoldenJob, engines: EngineCache, golden: Any, replay: Callable[..., Any]) -> Any:
-    with engines.lease(job.name, [job.spec.candidate, job.spec.baseline]) as (candidate, baseline):
-        reset = getattr(candidate, "reset_saturation", None)
-        if callable(reset):
-            reset()  # a resident engine: count this replay's saturation, not the runs before
-        report = replay(golden, candidate, baseline, progress=False, repeat_baseline=job.spec.repeat_baseline)
-        extra: dict[str, float] = {}
-        saturation = getattr(candidate, "saturation", lambda: None)()
-        if saturation is not None:
-            # share of FP8 activations clipped at +-448: rising means the calibration went stale
-            extra["fp8_saturation"] = float(saturation.total)
-        return report, extra
+    try:
+        with engines.lease(job.name, [job.spec.candidate, job.spec.baseline]) as (candidate, baseline):
+            return _replay_leased(job, golden, replay, candidate, baseline)
+    except EngineBuildError as exc:
+        raise _build_failed(job, exc) from exc
+
+
+def _build_failed(job: GoldenJob, exc: EngineBuildError) -> ReplayFailed:
+    """An engine of the job could not be built: whose it was (one config for both sides: both)."""
+    shared = job.spec.candidate == job.spec.baseline
+    side = "both" if shared else ("candidate", "baseline")[exc.index]
+    what = f"{exc.options.get('kind', '?')}, {exc.options.get('precision', '?')}"
+    return ReplayFailed(f"{'shared' if shared else side} engine could not be built ({what}): {exc}", side)
+
+
+def _replay_leased(job: GoldenJob, golden: Any, replay: Callable[..., Any], candidate: Any, baseline: Any) -> Any:
+    reset = getattr(candidate, "reset_saturation", None)
+    if callable(reset):
+        reset()  # a resident engine: count this replay's saturation, not the runs before
+    report = replay(golden, candidate, baseline, progress=False, repeat_baseline=job.spec.repeat_baseline)
+    extra: dict[str, float] = {}
+    saturation = getattr(candidate, "saturation", lambda: None)()
+    if saturation is not None:
+        # share of FP8 activations clipped at +-448: rising means the calibration went stale
+        extra["fp8_saturation"] = float(saturation.total)
+    return report, extra
 
 
 class GoldenScheduler:
@@ -198,8 +229,7 @@ class GoldenScheduler:
             result = self.replay_fn(job)
             report, extra = result if isinstance(result, tuple) else (result, {})
             job.last_extra = dict(extra)
-            if self.reports_dir is not None:
-                report.save(self.reports_dir / name)
+            self._save(job, report)
             signals = []
             for route in job.spec.routes:
                 for sig in report.to_signals(job.spec.model, route):
@@ -209,15 +239,17 @@ class GoldenScheduler:
             self._done.put((name, signals))
             job.last_error = _not_judged(signals) or self._unmeasured(job, signals)
             return True
-        except GoldenSetInvalid as exc:  # the set's owner must fix it: no traceback, no engine blamed
+        except ReplayFailed as exc:  # the set or an engine that cannot be built, named: no traceback
             log.error("golden replay %s not run: %s", name, exc)
+            log.debug("golden replay %s not run", name, exc_info=True)
             job.last_error = str(exc)
-            self._failed(job, started, str(exc), failed_side="set")
+            self._failed(job, started, str(exc), exc.side)
             return False
         except Exception as exc:  # noqa: BLE001 - a failed replay is an error signal, not a crash
             log.exception("golden replay %s failed", name)
             job.last_error = str(exc)
-            self._failed(job, started, f"replay failed: {exc}")
+            # raised outside both engines' calls (those are per-item errors in the report): not FP8's
+            self._failed(job, started, f"replay failed: {type(exc).__name__}: {exc}", "both")
             return False
         finally:
             job.runs += 1
@@ -239,10 +271,20 @@ class GoldenScheduler:
         return "; ".join(f"{m} not measured by set {job.spec.set} (rules {', '.join(sorted(r))} judge nothing)"
                          for m, r in sorted(missing.items())) or None
 
-    def _failed(self, job: GoldenJob, started: float, error: str, failed_side: str | None = None) -> None:
-        """A replay that produced no report: one error signal per guarded route (``failed_side``: who
-        failed, ``set`` for a set that could not be loaded; None: the candidate is assumed)."""
-        detail = {"failed_side": failed_side, "golden_set": job.spec.set} if failed_side else {}
+    def _save(self, job: GoldenJob, report: Any) -> None:
+        """Write the report under ``reports_dir/<job>``. A report that cannot be written (a full disk)
+        is logged, never an error of the replay: its signals judge FP8 all the same."""
+        if self.reports_dir is None:
+            return
+        try:
+            report.save(self.reports_dir / job.name)
+        except OSError as exc:
+            log.error("golden replay %s: report not saved: %s", job.name, exc)
+
+    def _failed(self, job: GoldenJob, started: float, error: str, failed_side: str) -> None:
+        """A replay that produced no report: one error signal per guarded route. ``failed_side`` (``ReplayFailed.side``)
+        decides whether it counts toward the rule's ``errors_trip_after``: only ``candidate`` does."""
+        detail = {"failed_side": failed_side, "golden_set": job.spec.set}
         self._done.put((job.name, [Signal(source="golden", model=job.spec.model, route=route,
                                           precision=str(job.spec.candidate.get("precision", "fp8")), start=started,
                                           end=time.time(), samples=0, error=error, detail=dict(detail))
