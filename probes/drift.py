@@ -6,9 +6,11 @@ policy engine sees it through ``to_signals`` as ``source="golden"`` signals.
 
 from __future__ import annotations
 
+import calendar
 import json
 import math
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -27,6 +29,9 @@ BOOTSTRAP_SEED = 0
 CONFIDENCE = 0.95
 #: regressed items kept in the ranking
 TOP_REGRESSIONS = 10
+#: ``save``'s name of a report: ``report-<UTC finish time>.json`` (``latest.json`` is its copy)
+REPORT_STAMP = "%Y%m%dT%H%M%SZ"
+REPORT_NAME = re.compile(r"report-(\d{8}T\d{6}Z)\.json")
 
 
 def paired_bootstrap_ci(
@@ -49,6 +54,33 @@ def paired_bootstrap_ci(
     tail = (1 - confidence) / 2 * 100
     lo, hi = np.percentile(means, [tail, 100 - tail])
     return float(d.mean()), float(lo), float(hi)
+
+
+def prune_reports(directory: str | os.PathLike[str], keep: int, max_age_s: float | None = None,
+                  now: float | None = None) -> list[Path]:
+    """Delete the reports ``DriftReport.save`` wrote in ``directory`` beyond the newest ``keep`` and,
+    with ``max_age_s``, those that finished longer ago than that before ``now`` (by the time in their
+    names, which a copy keeps). ``latest.json``, ``summary.txt`` and other files stay. Returns the
+    deleted paths."""
+    stamped = sorted(((m[1], p) for p in Path(directory).iterdir() if (m := REPORT_NAME.fullmatch(p.name))),
+                     reverse=True)
+    cutoff = None if max_age_s is None else (time.time() if now is None else now) - max_age_s
+    gone = []
+    for n, (stamp, path) in enumerate(stamped):
+        finished = _stamp_time(stamp)
+        if finished is None:
+            continue
+        if n >= keep or (cutoff is not None and finished < cutoff):
+            path.unlink(missing_ok=True)
+            gone.append(path)
+    return gone
+
+
+def _stamp_time(stamp: str) -> float | None:
+    try:
+        return float(calendar.timegm(time.strptime(stamp, REPORT_STAMP)))
+    except ValueError:  # a name like a report's, with no such date: not one save wrote
+        return None
 
 
 @dataclass(slots=True)
@@ -209,7 +241,7 @@ class DriftReport:
         """Write ``report-<UTC time>.json``, ``latest.json`` and ``summary.txt``; returns the first."""
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self.finished_at))
+        stamp = time.strftime(REPORT_STAMP, time.gmtime(self.finished_at))
         path = out / f"report-{stamp}.json"
         text = self.to_json()
         for target in (path, out / "latest.json"):

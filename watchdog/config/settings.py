@@ -270,6 +270,11 @@ class GoldenConfig(_Section):
     root: str | None = None
     engines: GoldenEnginesConfig = Field(default_factory=GoldenEnginesConfig)
     reports_dir: str | None = None
+    #: drift reports each job keeps in ``reports_dir`` (the newest; ``latest.json`` always stays): 720 is
+    #: 30 days of an hourly job, ~70 MB at ~100 KB a 54-item report
+    reports_keep: int = Field(720, ge=1)
+    #: seconds a report is kept (older ones go at its job's next replay); None: by count only
+    reports_max_age_s: float | None = Field(None, gt=0)
     #: minimum seconds between two suspicion-triggered replays of one job
     debounce_s: float = Field(60.0, ge=0)
 

@@ -142,12 +142,16 @@ def _replay_leased(job: GoldenJob, golden: Any, replay: Callable[..., Any], cand
 class GoldenScheduler:
     def __init__(self, jobs: list[GoldenJob], replay_fn: ReplayFn | None = None,
                  reports_dir: str | Path | None = None, debounce_s: float = 60.0,
-                 engines: EngineCache | None = None) -> None:
+                 engines: EngineCache | None = None, reports_keep: int = 720,
+                 reports_max_age_s: float | None = None) -> None:
         self.jobs = {j.name: j for j in jobs}
         #: engines kept loaded between replays (None: each replay builds and closes its own)
         self.engines = engines
         self.replay_fn: ReplayFn = replay_fn or functools.partial(default_replay, engines=engines)
         self.reports_dir = Path(reports_dir) if reports_dir else None
+        #: reports kept per job in ``reports_dir``: the newest this many, none older than the age
+        self.reports_keep = reports_keep
+        self.reports_max_age_s = reports_max_age_s
         self.debounce_s = debounce_s
         #: the signals of each finished run, one list per run (a run's candidate and baseline signals
         #: must reach the policy engine together)
@@ -173,7 +177,8 @@ class GoldenScheduler:
             # read by torch's inductor when an in-process engine compiles; setting it imports nothing
             os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", e.compile_cache_dir)
         return cls([GoldenJob(j, root=cfg.root) for j in cfg.jobs], replay_fn=replay_fn,
-                   reports_dir=cfg.reports_dir, debounce_s=cfg.debounce_s, engines=engines)
+                   reports_dir=cfg.reports_dir, debounce_s=cfg.debounce_s, engines=engines,
+                   reports_keep=cfg.reports_keep, reports_max_age_s=cfg.reports_max_age_s)
 
     def start(self) -> GoldenScheduler:
         from apscheduler.schedulers.background import BackgroundScheduler
@@ -272,14 +277,25 @@ class GoldenScheduler:
                          for m, r in sorted(missing.items())) or None
 
     def _save(self, job: GoldenJob, report: Any) -> None:
-        """Write the report under ``reports_dir/<job>``. A report that cannot be written (a full disk)
-        is logged, never an error of the replay: its signals judge FP8 all the same."""
+        """Write the report under ``reports_dir/<job>`` and delete those past the retention. A report
+        that cannot be written (a full disk) is logged, never an error of the replay: its signals judge
+        FP8 all the same."""
+        from probes.drift import prune_reports
+
         if self.reports_dir is None:
             return
+        out = self.reports_dir / job.name
         try:
-            report.save(self.reports_dir / job.name)
+            report.save(out)
         except OSError as exc:
             log.error("golden replay %s: report not saved: %s", job.name, exc)
+        try:  # also after a failed save: what it deletes may be what the disk lacked
+            gone = prune_reports(out, self.reports_keep, self.reports_max_age_s)
+        except OSError as exc:
+            log.error("golden replay %s: old reports not deleted: %s", job.name, exc)
+            return
+        if gone:
+            log.debug("golden replay %s: %d old reports deleted", job.name, len(gone))
 
     def _failed(self, job: GoldenJob, started: float, error: str, failed_side: str) -> None:
         """A replay that produced no report: one error signal per guarded route. ``failed_side`` (``ReplayFailed.side``)
