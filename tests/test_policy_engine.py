@@ -317,6 +317,13 @@ def test_reload_keeps_state_of_unchanged_rules_only() -> None:
     assert "tmo" not in engine.states[("p", M, R)].rules
     assert kinds(engine.observe(window(DAY0 + 60, 0.10), DAY0 + 60, {})) == ["rollback"]
     engine.set_policy_set(policy_set(make_policy(name="other")))
+    # a removed policy is forgotten, except its rollback (pending here): a retired scope without rules
+    # follows it until the route leaves FP16 (tests/test_policy_midincident.py)
+    assert list(engine.states) == [("p", M, R)] and engine.states[("p", M, R)].rules == {}
+    assert engine.states[("p", M, R)].retired["why"] == "removed"  # type: ignore[index]
+    engine.states[("p", M, R)].pending = None  # had the rollback been refused, nothing is in force
+    engine.states[("p", M, R)].retired = None
+    engine.set_policy_set(policy_set(make_policy(name="other")))
     assert engine.states == {}
 
 

@@ -155,6 +155,10 @@ class IncidentBook:
             tag = None
             if action.kind == "rollback":
                 tag = "dry-rollback" if action.dry_run else "rollback"
+            elif isinstance(action.detail.get("announce"), str):
+                # news the open incident's severity would swallow (a policy gone while its rollback is in
+                # force): sent once per incident, as an update
+                tag = f"alert:{action.detail['announce']}"
             return self._fire(
                 action.incident_key, severity, summary, action.reason, action.kind, now,
                 model=action.model, route=action.route, policy=action.policy,

@@ -17,6 +17,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from watchdog.core.signals import Action, Signal
+from watchdog.policy import retired
 from watchdog.policy.causes import gpu_reading
 from watchdog.policy.decide import decide, utc_day
 from watchdog.policy.evaluate import MAX_AA_NULL, Verdict, combine_window, evaluate_rule, trips_on_error
@@ -128,24 +129,43 @@ class PolicyEngine:
     def __init__(self, policy_set: PolicySet | None = None) -> None:
         self.policy_set = policy_set or PolicySet()
         self.states: dict[ScopeKey, ScopeState] = {}
+        #: (model, route) -> names of the policies with a retired scope there (``set_policy_set``)
+        self._retired: dict[tuple[str, str], set[str]] = {}
 
     # -- policies -------------------------------------------------------------------------
     def set_policy_set(self, policy_set: PolicySet) -> None:
         """Swap policies (hot reload). State of unchanged rules is kept; flip history of a
-        policy that still exists under the same name is kept; removed policies are forgotten."""
-        self.policy_set = policy_set
+        policy that still exists under the same name is kept; removed policies are forgotten,
+        and so is a policy's state of a route its scope no longer covers, except where its rollback
+        is in force: that scope is kept, retired (``ScopeState.retired``), until the route leaves the
+        precision the rollback put it on."""
+        old, self.policy_set = self.policy_set, policy_set
+        self._retired = {}
         for key in list(self.states):
-            policy = policy_set.get(key[0])
-            if policy is None:
-                del self.states[key]
-                continue
+            name, model, route = key
             st = self.states[key]
-            for name in list(st.rules):
-                rule = policy.rule(name)
-                if rule is None or not same_rule(rule, st.rules[name].fingerprint):
-                    del st.rules[name]
+            policy = policy_set.get(name)
+            if policy is None or not policy.scope.covers(model, route):
+                if st.retired is None:
+                    st.retired = retired.retire(old.get(name) or policy, policy is None, st)
+                if st.retired is None:
+                    del self.states[key]
+                    continue
+                st.rules.clear()  # no rule of it judges this route any more
+                self._retired.setdefault((model, route), set()).add(name)
+                continue
+            st.retired = None  # the policy covers the route (again): its rollback is its own again
+            for rname in list(st.rules):
+                rule = policy.rule(rname)
+                if rule is None or not same_rule(rule, st.rules[rname].fingerprint):
+                    del st.rules[rname]
                 else:
-                    st.rules[name].fingerprint = rule_fingerprint(rule)  # saved in today's form from now on
+                    st.rules[rname].fingerprint = rule_fingerprint(rule)  # saved in today's form from now on
+
+    @property
+    def retired_policies(self) -> set[str]:
+        """Names of the policies that hold a retired scope (their state is saved like any other)."""
+        return {name for names in self._retired.values() for name in names}
 
     def judging_rank(self, model: str, route: str) -> int:
         """Where a closed window of (model, route) waits among the windows to judge (the daemon's
@@ -235,7 +255,31 @@ class PolicyEngine:
                 if at is None:
                     continue
                 proposed += decide(policy, st, model, route, serving, now, at)
+        if self._retired:
+            for pair in by_pair:
+                if pair in self._retired:
+                    proposed += self._follow_retired(pair, flags.get(pair, default_precision), now, default_precision)
         return self._arbitrate(proposed, now, flags, default_precision)
+
+    def _follow_retired(self, pair: tuple[str, str], serving: str, now: float, default_precision: str) -> list[Action]:
+        """The retired scopes of one route (``watchdog/policy/retired.py``): never a flip; one notice while
+        the route stays on the precision their rollback put it on, a resolve when it leaves it."""
+        out: list[Action] = []
+        names = self._retired[pair]
+        for name in sorted(names):
+            st = self.states.get((name, *pair))
+            if st is None or st.retired is None:
+                names.discard(name)
+                continue
+            self._sync_serving(st, serving, now)
+            acts, done = retired.follow(name, st, pair, serving, now, default_precision, self.policy_set)
+            out += acts
+            if done:
+                del self.states[(name, *pair)]
+                names.discard(name)
+        if not names:
+            del self._retired[pair]
+        return out
 
     def _group(self, signals: list[Signal], flags: Mapping[tuple[str, str], str]) -> dict[tuple[str, str], list[Signal]]:
         """Signals by (model, route); a ``*`` model or route (e.g. GPU health) applies to every
@@ -263,6 +307,7 @@ class PolicyEngine:
         elif serving != st.serving and st.serving is not None:
             st.serving_since = now  # changed by someone else
             st.pending = None
+            st.rollback_to = None  # whatever our rollback did, the route is where someone else put it
             st.reset_pools()
             changed = True
         st.serving = serving
@@ -390,6 +435,7 @@ class PolicyEngine:
         st.promote_ready = False
         st.promote_ready_alerted = False
         st.open_alerts -= {"rollback_blocked", "promote_blocked", "dry_run_rollback"}
+        st.rollback_to = a.precision if a.kind == "rollback" else None
         a.detail["flips_today"] = st.flips_today
 
     # -- status and persistence -----------------------------------------------------------

@@ -133,6 +133,14 @@ class ScopeState:
     promote_ready: bool = False
     #: the latest usable GPU reading of the route: {"at": end, "problems": ["xid_critical=1", ...]}
     gpu: dict[str, Any] | None = None
+    #: the precision our last rollback put the route on, while no promote or change by someone else
+    #: followed it (whether this policy's rollback is what holds the route on its baseline)
+    rollback_to: str | None = None
+    #: set when the policy was removed, or its scope no longer covers the route, while its rollback was in
+    #: force: {"why": "removed" | "scope", "precision", "candidate", "routing", "told"}. Such a scope
+    #: judges nothing; it keeps the rollback's incident until the route leaves that precision
+    #: (``PolicyEngine.set_policy_set``)
+    retired: dict[str, Any] | None = None
 
     def reset_pools(self) -> None:
         """Start every pooled rule afresh: evidence from before a flip is not about after it."""
@@ -155,6 +163,9 @@ class ScopeState:
             "open_alerts": sorted(self.open_alerts),
             "promote_ready_alerted": self.promote_ready_alerted,
             "gpu": self.gpu,
+            # only when set: most scopes never roll back (bytes per route in every checkpoint)
+            **({"rollback_to": self.rollback_to} if self.rollback_to is not None else {}),
+            **({"retired": self.retired} if self.retired is not None else {}),
         }
 
     @classmethod
@@ -172,4 +183,7 @@ class ScopeState:
         st.open_alerts = set(d.get("open_alerts", []))
         st.promote_ready_alerted = bool(d.get("promote_ready_alerted", False))
         st.gpu = d.get("gpu")
+        st.rollback_to = d.get("rollback_to")
+        retired = d.get("retired")
+        st.retired = dict(retired) if isinstance(retired, dict) and retired.get("precision") else None
         return st

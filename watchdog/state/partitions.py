@@ -67,7 +67,8 @@ def engine_states_by_route(engine: PolicyEngine, routes: set[Route] | None = Non
             out[(model, route)][policy] = st.to_json()
         return out
     states = engine.states
-    names = [p.name for p in engine.policy_set.policies]
+    # and the scopes a removed policy keeps while its rollback is in force (``PolicyEngine.set_policy_set``)
+    names = [p.name for p in engine.policy_set.policies] + sorted(engine.retired_policies)
     for model, route in routes:
         for name in names:
             found = states.get((name, model, route))

@@ -1,0 +1,153 @@
+"""Policies edited and hot-reloaded while a route is rolled back and its incident is open (outside review,
+2026-12-07). Pure engine and the pager's incident book: no services, time passed in.
+
+What an on-call engineer expects (docs/POLICIES.md, "Hot reload"): an edit never restores FP8 by
+itself and never leaves the route on FP16 without anyone told; the rollback's incident resolves when
+FP8 comes back, whoever brings it back; FP8 comes back only on the evidence the policies now in force
+ask for; the state of what was removed does not stay behind.
+"""
+
+from __future__ import annotations
+
+import json
+
+from tests.test_policy_engine import DAY0, M, R, Sim, kinds, make_policy, policy_set, window
+from watchdog.alerting.incidents import IncidentBook
+from watchdog.core.signals import Action
+from watchdog.policy import PolicyEngine
+
+KEY = f"{M}/{R}/p"
+#: a policy that covers none of these routes, to stand for "the other files"
+ELSEWHERE = make_policy(name="q", routes='["nomatch/*"]')
+
+
+def merged(*texts: str) -> str:
+    return "policies:\n" + "".join(t.split("policies:\n", 1)[1] for t in texts)
+
+
+class Pager:
+    """The engine, the flags as the actuator leaves them and the pager's incident book together."""
+
+    def __init__(self, text: str) -> None:
+        self.sim = Sim(text)
+        self.book = IncidentBook()
+        self.sent: list[tuple[str, str, str, str]] = []  # (key, status, event, text) of every message
+
+    def step(self, t: float, cand: float, apply: bool = True) -> list[Action]:
+        acts = self.sim.step(window(t, cand), t, apply=apply)
+        for a in acts:
+            for m in self.book.on_action(a):
+                self.sent.append((m.key, m.status, m.event, m.description))
+        return acts
+
+    def reload(self, text: str) -> None:
+        self.sim.engine.set_policy_set(policy_set(text))
+
+    @property
+    def flag(self) -> str:
+        return self.sim.flags.get((M, R), "fp8")
+
+    def open_keys(self) -> list[str]:
+        return [i["key"] for i in self.book.open_incidents()]
+
+
+def rolled_back(text: str) -> Pager:
+    pg = Pager(text)
+    assert kinds(pg.step(DAY0, 0.10)) == ["rollback"] and pg.flag == "fp16" and pg.open_keys() == [KEY]
+    return pg
+
+
+def test_a_deleted_policy_leaves_fp16_in_force_tells_once_and_resolves_when_fp8_is_restored() -> None:
+    # before: the route stayed on FP16 for ever, nothing said so, and the rollback's incident stayed open
+    # even after an operator restored FP8 by hand (the deleted policy's state was dropped at the reload)
+    pg = rolled_back(merged(make_policy(rule_for=1), ELSEWHERE))
+    pg.reload(ELSEWHERE)  # the ML lead deletes policy p
+    for i in range(1, 6):
+        pg.step(DAY0 + 60 * i, 0.01)
+    assert pg.flag == "fp16"  # nothing restores FP8 without the evidence a policy asks for
+    notes = [s for s in pg.sent if s[0] == KEY and s[1] == "firing" and s[2] == "alert"]
+    assert len(notes) == 1, pg.sent  # once, on the rollback's own incident
+    assert "was removed" in notes[0][3] and f"flags set {M} {R} fp8" in notes[0][3], notes[0][3]
+    assert pg.open_keys() == [KEY]
+    assert pg.sim.engine.snapshot()["scopes"][0]["retired"]["why"] == "removed"
+    pg.sim.flags[(M, R)] = "fp8"  # the operator: `flags set ... fp8`
+    acts = pg.step(DAY0 + 400, 0.01)
+    assert [(a.kind, a.policy) for a in acts] == [("resolve", "p")]
+    assert pg.open_keys() == [] and pg.sent[-1][:2] == (KEY, "resolved")
+    assert pg.sim.engine.states == {}  # nothing of p stays behind
+    assert pg.step(DAY0 + 460, 0.01) == []
+
+
+def test_a_narrowed_scope_is_a_removal_for_the_routes_it_left_and_leaves_no_state_behind() -> None:
+    # before: the scope state of a route the policy no longer covers was kept for ever (checkpointed,
+    # re-asserted after a Redis loss), and its rollback was never resolved
+    pg = rolled_back(make_policy(rule_for=1))
+    other = (M, "chat/other")
+    pg.sim.engine.observe(window(DAY0, 0.01, route="chat/other"), DAY0, pg.sim.flags)
+    assert ("p", *other) in pg.sim.engine.states
+    pg.reload(make_policy(rule_for=1, routes='["code/*"]'))
+    assert ("p", *other) not in pg.sim.engine.states  # nothing in force there: forgotten at once
+    pg.step(DAY0 + 60, 0.01)
+    (note,) = [s for s in pg.sent if s[2] == "alert"]
+    assert "no longer covers" in note[3] and "nothing will promote" in note[3], note
+    pg.sim.flags[(M, R)] = "fp8"
+    assert kinds(pg.step(DAY0 + 120, 0.01)) == ["resolve"] and pg.open_keys() == []
+    assert pg.sim.engine.states == {}
+
+
+def test_a_rollback_still_pending_when_its_policy_is_deleted_is_followed_until_it_lands() -> None:
+    pg = Pager(merged(make_policy(rule_for=1), ELSEWHERE))
+    assert kinds(pg.step(DAY0, 0.10, apply=False)) == ["rollback"]  # Redis away: the flip waits
+    pg.reload(ELSEWHERE)
+    pg.step(DAY0 + 60, 0.01)
+    assert pg.flag == "fp8" and [s for s in pg.sent if s[2] == "alert"] == []
+    pg.sim.flags[(M, R)] = "fp16"  # the actuator's retry lands
+    pg.step(DAY0 + 120, 0.01)
+    assert [s[2] for s in pg.sent if s[0] == KEY] == ["rollback", "alert"]
+    pg.sim.flags[(M, R)] = "fp8"
+    pg.step(DAY0 + 180, 0.01)
+    assert pg.open_keys() == [] and pg.sim.engine.states == {}
+
+
+def test_a_policy_put_back_takes_its_rollback_back() -> None:
+    text = merged(make_policy(rule_for=1, healthy=3), ELSEWHERE)
+    pg = rolled_back(text)
+    pg.reload(ELSEWHERE)
+    pg.step(DAY0 + 60, 0.01)
+    pg.reload(text)  # deleted by mistake, put back
+    for i in range(2, 8):
+        pg.step(DAY0 + 60 * i, 0.01)
+    assert pg.flag == "fp8" and pg.open_keys() == []
+    assert [s[1] for s in pg.sent if s[0] == KEY] == ["firing", "firing", "resolved"]
+    assert pg.sim.engine.states[("p", M, R)].retired is None
+
+
+def test_a_retired_rollback_survives_a_restart_and_the_checkpoint_path() -> None:
+    from watchdog.state import partitions as P
+
+    pg = rolled_back(merged(make_policy(rule_for=1), ELSEWHERE))
+    pg.reload(ELSEWHERE)
+    saved = json.loads(json.dumps(pg.sim.engine.export_state()))
+    by_route = P.engine_states_by_route(pg.sim.engine, {(M, R)})  # what a checkpoint of the route writes
+    assert "p" in by_route[(M, R)]
+    for restored in (saved, None):
+        fresh = PolicyEngine(policy_set(ELSEWHERE))
+        if restored is not None:
+            fresh.import_state(restored)
+        else:  # the policy file was deleted while the daemon was down: its state comes back from Redis
+            P.load_engine_states(fresh, {(M, R): {"scopes": json.loads(json.dumps(by_route[(M, R)]))}})
+        acts = fresh.observe(window(DAY0 + 60, 0.01), DAY0 + 60, {(M, R): "fp16"})
+        assert [(a.kind, a.policy) for a in acts] == [("alert", "p")]
+        acts = fresh.observe(window(DAY0 + 120, 0.01), DAY0 + 120, {(M, R): "fp8"})
+        assert [(a.kind, a.policy) for a in acts] == [("resolve", "p")]
+
+
+def test_a_policy_deleted_while_the_daemon_was_down_keeps_its_rollback() -> None:
+    """The state in Redis names a policy the new files lack: the rollback it holds is still followed."""
+    pg = rolled_back(merged(make_policy(rule_for=1), ELSEWHERE))
+    saved = json.loads(json.dumps(pg.sim.engine.export_state()))
+    fresh = PolicyEngine(policy_set(ELSEWHERE))
+    fresh.import_state(saved)
+    acts = fresh.observe(window(DAY0 + 60, 0.01), DAY0 + 60, {(M, R): "fp16"})
+    assert [(a.kind, a.policy) for a in acts] == [("alert", "p")]
+    assert "was removed" in acts[0].reason

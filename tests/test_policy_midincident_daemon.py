@@ -1,0 +1,73 @@
+"""Policies edited while an incident is open, end to end: real Tansu, real Redis, the daemon's policy
+poll and a real alert sink (outside review, policy edits mid-incident)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+from tests.daemon_harness import MODEL, POLICY, make_config, running_daemon, traffic
+from tests.helpers import wait_until
+from watchdog.actuation.actuator import FlagStore
+from watchdog.core.keys import Keys
+
+pytestmark = pytest.mark.services
+
+ROUTE = "legal/contracts"
+KEY = f"{MODEL}/{ROUTE}/e2e"
+#: a second policy file, so that deleting the first leaves a valid (non-empty) directory
+OTHER = """\
+policies:
+  - name: other
+    scope: {routes: ["code/*"]}
+    rules:
+      - {name: err, metric: error_rate, fail_if: "candidate > 0.5", action: alert}
+"""
+
+
+def _messages(sink, key: str) -> list[dict]:
+    return [r.body for r in sink.received if r.path.endswith("webhook") and r.body.get("key") == key]
+
+
+def test_deleting_the_policy_whose_rollback_is_in_force_tells_on_call_and_resolves_on_restore(
+        kafka_service, redis_service, redis_client, topic, tmp_path, sink):
+    s, url = sink
+    pdir = tmp_path / "policies"
+    pdir.mkdir()
+    (pdir / "e2e.yaml").write_text(POLICY.format(dry_run="false"))
+    (pdir / "other.yaml").write_text(OTHER)
+    cfg = make_config(kafka_service.address, redis_service.port, topic, pdir, url)
+    store = FlagStore(redis_client, Keys())
+    with running_daemon(cfg) as (daemon, server), \
+            traffic(kafka_service.address, topic, [ROUTE], daemon.flags.precision_for) as gen:
+        gen.inject(MODEL, ROUTE, "quality")
+        wait_until(lambda: daemon.flags.precision_for(MODEL, ROUTE) == "fp16", 30)
+        wait_until(lambda: _messages(s, KEY), 10, what="the rollback page")
+        gen.inject(MODEL, ROUTE, None)
+        (pdir / "e2e.yaml").unlink()  # the ML lead deletes the policy mid-incident
+        wait_until(lambda: daemon.policies.loader.policy_set.names == ["other"], 10)
+        # on-call is told, on the rollback's incident, that nothing will restore FP8 by itself
+        told = wait_until(lambda: [m for m in _messages(s, KEY) if "flags set" in m.get("description", "")], 15,
+                          what="a message saying the route is left on fp16",
+                          detail=lambda: _messages(s, KEY))
+        closed = daemon.stats.windows_closed
+        wait_until(lambda: daemon.stats.windows_closed >= closed + 4, 15)
+        assert daemon.flags.precision_for(MODEL, ROUTE) == "fp16"  # never restored without evidence
+        status = httpx.get(f"{server.url}/status", params={"route": ROUTE}).json()
+        assert any(i["key"] == KEY for i in status["incidents"]), status["incidents"]
+        # the operator restores FP8 by hand: the incident resolves
+        store.flip(MODEL, ROUTE, "fp8", expected_epoch=None, reason="INC-1 done", changed_by="test", manual=True)
+        resolved = wait_until(lambda: [m for m in _messages(s, KEY) if m.get("status") == "resolved"], 15,
+                              what="the rollback's incident resolved", detail=lambda: _messages(s, KEY))
+        time.sleep(1.5)
+        status = httpx.get(f"{server.url}/status").json()
+    assert len(told) == 1 and told[0]["status"] == "firing", told
+    assert len(resolved) == 1, resolved
+    assert not any(i["key"] == KEY for i in status["incidents"])
+    # nothing of the deleted policy is kept once its rollback is over
+    assert not [k for k in daemon.policies.engine.states if k[0] == "e2e"]
+    firing = [m for m in _messages(s, KEY) if m.get("status") == "firing"]
+    assert len(firing) == 2, json.dumps(firing)[:2000]  # the rollback and the notice, no more
