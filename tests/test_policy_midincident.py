@@ -151,3 +151,21 @@ def test_a_policy_deleted_while_the_daemon_was_down_keeps_its_rollback() -> None
     acts = fresh.observe(window(DAY0 + 60, 0.01), DAY0 + 60, {(M, R): "fp16"})
     assert [(a.kind, a.policy) for a in acts] == [("alert", "p")]
     assert "was removed" in acts[0].reason
+
+
+def test_a_rule_edited_mid_incident_restarts_the_healthy_count() -> None:
+    # before: 4 windows counted healthy under the old rule + 1 under the new restore_if = a promote after
+    # one window of the evidence the edited policy asks for (healthy_windows: 5)
+    base = make_policy(rule_for=1, healthy=5)
+    pg = rolled_back(base)
+    for i in range(1, 5):
+        pg.step(DAY0 + 60 * i, 0.02)  # FP8 1 point worse: passes fail_if, would fail the new restore_if
+    pg.reload(base.replace("action: rollback", "action: rollback\n        restore_if: candidate - baseline < 0.005"))
+    promoted = next(i for i in range(5, 20) if "promote" in kinds(pg.step(DAY0 + 60 * i, 0.011)))
+    assert promoted == 9  # 5 windows that meet restore_if
+    # a description reworded is no change: the count goes on
+    pg2 = rolled_back(base)
+    for i in range(1, 5):
+        pg2.step(DAY0 + 60 * i, 0.011)
+    pg2.reload(base.replace("name: err\n", "name: err\n        description: reworded\n"))
+    assert "promote" in kinds(pg2.step(DAY0 + 300, 0.011))

@@ -138,7 +138,8 @@ class PolicyEngine:
         policy that still exists under the same name is kept; removed policies are forgotten,
         and so is a policy's state of a route its scope no longer covers, except where its rollback
         is in force: that scope is kept, retired (``ScopeState.retired``), until the route leaves the
-        precision the rollback put it on."""
+        precision the rollback put it on. A rule added or changed restarts the scope's healthy count:
+        the windows counted so far were not judged by it."""
         old, self.policy_set = self.policy_set, policy_set
         self._retired = {}
         for key in list(self.states):
@@ -161,6 +162,8 @@ class PolicyEngine:
                     del st.rules[rname]
                 else:
                     st.rules[rname].fingerprint = rule_fingerprint(rule)  # saved in today's form from now on
+            if any(r.name not in st.rules for r in policy.rules):
+                st.healthy = 0
 
     @property
     def retired_policies(self) -> set[str]:
