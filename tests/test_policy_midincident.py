@@ -169,3 +169,44 @@ def test_a_rule_edited_mid_incident_restarts_the_healthy_count() -> None:
         pg2.step(DAY0 + 60 * i, 0.011)
     pg2.reload(base.replace("name: err\n", "name: err\n        description: reworded\n"))
     assert "promote" in kinds(pg2.step(DAY0 + 300, 0.011))
+
+
+def test_another_policy_that_takes_over_restores_on_its_own_evidence_and_both_incidents_resolve() -> None:
+    # before: fp8-default promoted 5 minutes after the strict policy's rollback although its promote.after
+    # is 30m (it had never flipped, so "since the rollback" was infinite), and the strict incident stayed
+    # open for ever (its policy was gone, the promote closed the default policy's key only)
+    default = make_policy(rule_for=1, healthy=3, after="30m", name="default")
+    strict = make_policy(rule_for=1, promote="manual", healthy=1, name="strict",
+                         routes='["chat/*"]').replace("> 0.02", "> 0.005")
+    pg = Pager(merged(default, strict))
+    assert [(a.kind, a.policy) for a in pg.step(DAY0, 0.02)] == [("rollback", "strict")]
+    for i in range(1, 5):
+        pg.step(DAY0 + 60 * i, 0.012)
+    pg.reload(default)  # strict deleted 5 minutes after its rollback
+    promoted = None
+    for i in range(5, 40):
+        acts = pg.step(DAY0 + 60 * i, 0.012)
+        if "promote" in kinds(acts):
+            promoted = i
+            break
+    assert promoted is not None and promoted >= 30, promoted  # default's own promote.after, from the rollback
+    (note,) = [s[3] for s in pg.sent if s[0] == f"{M}/{R}/strict" and s[2] == "alert" and "was removed" in s[3]]
+    assert "policy default covers it" in note, note
+    pg.step(DAY0 + 60 * (promoted + 1), 0.012)
+    assert pg.flag == "fp8" and pg.open_keys() == []
+    assert [k for k in pg.sim.engine.states if k[0] == "strict"] == []
+
+
+def test_a_policy_taking_over_counts_its_healthy_windows_from_the_rollback_only() -> None:
+    # before: the lenient policy had counted its healthy windows while the route still served FP8 (through
+    # the regression the strict policy rolled back for), so it promoted one window after the strict policy
+    # was deleted: no window of FP8 judged after the rollback
+    strict = make_policy(rule_for=1, promote="manual", healthy=1, name="strict").replace("> 0.02", "> 0.005")
+    lenient = make_policy(rule_for=1, healthy=3, name="lenient").replace("> 0.02", "> 0.2")
+    pg = Pager(merged(strict, lenient))
+    for i in range(10):
+        assert pg.step(DAY0 + 60 * i, 0.012) == []
+    assert [(a.kind, a.policy) for a in pg.step(DAY0 + 600, 0.02)] == [("rollback", "strict")]
+    pg.reload(lenient)
+    promoted = next(i for i in range(11, 20) if "promote" in kinds(pg.step(DAY0 + 60 * i, 0.012)))
+    assert promoted == 13  # windows 11, 12 and 13: the three healthy windows on FP16 it asks for

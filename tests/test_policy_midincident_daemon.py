@@ -71,3 +71,55 @@ def test_deleting_the_policy_whose_rollback_is_in_force_tells_on_call_and_resolv
     assert not [k for k in daemon.policies.engine.states if k[0] == "e2e"]
     firing = [m for m in _messages(s, KEY) if m.get("status") == "firing"]
     assert len(firing) == 2, json.dumps(firing)[:2000]  # the rollback and the notice, no more
+
+
+AUTO = """\
+policies:
+  - name: auto
+    scope: {routes: ["legal/*"]}
+    cooldown: 0s
+    promote: {mode: auto, healthy_windows: 2, after: 0s}
+    rules:  # lenient: passes through the regression (shadow ROUGE-L 0.15-0.45 in 1-s windows) and after
+      - {name: shadow-floor, metric: shadow_rougeL, fail_if: "candidate < 0.05", min_samples: 3, action: rollback}
+"""
+
+
+def test_a_pinned_route_whose_policy_is_deleted_stays_on_fp16_until_an_operator_restores_it(
+        kafka_service, redis_service, redis_client, topic, tmp_path, sink):
+    """The e2e policy (manual promote) rolls back and holds back the lenient auto policy; the operator pins
+    FP16; the e2e policy is deleted. Before: the auto policy promoted one window later on healthy windows it
+    had counted while the route still served FP8 (refused by the pin, then retried). Now it counts from the
+    rollback, and on FP16 this traffic gives it no FP8 window to judge: the route stays on FP16, on-call
+    is told which policy may restore it, and the operator's restore resolves the deleted policy's incident."""
+    s, url = sink
+    pdir = tmp_path / "policies"
+    pdir.mkdir()
+    (pdir / "e2e.yaml").write_text(POLICY.format(dry_run="false"))
+    (pdir / "auto.yaml").write_text(AUTO)
+    cfg = make_config(kafka_service.address, redis_service.port, topic, pdir, url)
+    store = FlagStore(redis_client, Keys())
+    with running_daemon(cfg) as (daemon, _server), \
+            traffic(kafka_service.address, topic, [ROUTE], daemon.flags.precision_for) as gen:
+        gen.inject(MODEL, ROUTE, "quality")
+        wait_until(lambda: daemon.flags.precision_for(MODEL, ROUTE) == "fp16", 30)
+        gen.inject(MODEL, ROUTE, None)
+        pin_s = 4.0
+        store.pin(MODEL, ROUTE, "fp16", pin_s, reason="INC-2 investigating", changed_by="test")
+        pinned_at = time.time()
+        (pdir / "e2e.yaml").unlink()
+        wait_until(lambda: [m for m in _messages(s, KEY) if m.get("event") == "alert"], 15,
+                   what="the notice on the rollback's incident", detail=lambda: _messages(s, KEY))
+        wait_until(lambda: time.time() > pinned_at + pin_s + 3, 15)
+        closed = daemon.stats.windows_closed
+        wait_until(lambda: daemon.stats.windows_closed >= closed + 3, 15)
+        assert daemon.flags.precision_for(MODEL, ROUTE) == "fp16"
+        store.flip(MODEL, ROUTE, "fp8", expected_epoch=None, reason="INC-2 done", changed_by="test", manual=True)
+        wait_until(lambda: [m for m in _messages(s, KEY) if m.get("status") == "resolved"], 15,
+                   what="the deleted policy's incident resolved", detail=lambda: _messages(s, KEY))
+        time.sleep(1.5)
+    mine = _messages(s, KEY)
+    assert [(m["status"], m["event"]) for m in mine] == [("firing", "rollback"), ("firing", "alert"),
+                                                         ("resolved", "resolve")], mine
+    assert "policy auto covers it" in mine[1]["description"], mine[1]
+    assert not [r.body for r in s.received if "refused" in json.dumps(r.body) or r.body.get("event") == "promote"]
+    assert [r["mode"] for r in reversed(store.audit(10))] == ["policy", "manual", "manual"]  # rollback, pin, restore

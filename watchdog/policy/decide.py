@@ -159,7 +159,10 @@ class _Decision:
                 self.act("alert", f"{policy.candidate} healthy for {st.healthy} windows; promote manually "
                          "when ready", "info", detail={"promote_ready": True})
         elif not policy.dry_run:
-            since = math.inf if st.last_flip is None else now - st.last_flip
+            # since the route came to the baseline: our rollback, or one seen in the flags (another
+            # policy's, an operator's), so a policy that takes over waits its promote.after too
+            arrived = max((t for t in (st.last_flip, st.serving_since) if t is not None), default=None)
+            since = math.inf if arrived is None else now - arrived
             why = f"{st.healthy} consecutive healthy windows"
             if _retry(policy, st, policy.candidate, now):
                 self.act("promote", why, "info", precision=policy.candidate, detail={"retry": True})

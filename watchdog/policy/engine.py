@@ -247,6 +247,8 @@ class PolicyEngine:
                 st = self._state(policy, model, route)
                 serving = flags.get((model, route), default_precision)
                 was = st.serving
+                if was is None and serving == policy.baseline and st.serving_since is None:
+                    st.serving_since = now  # first seen on the baseline: promote.after counts from here
                 if self._sync_serving(st, serving, now) and serving == policy.candidate and was == policy.baseline \
                         and st.last_flip is not None and not policy.dry_run:
                     # an operator put the candidate back after our rollback (``flags set``): the
@@ -311,6 +313,7 @@ class PolicyEngine:
             st.serving_since = now  # changed by someone else
             st.pending = None
             st.rollback_to = None  # whatever our rollback did, the route is where someone else put it
+            st.healthy = 0  # healthy windows count on the precision served now (as after our own flip)
             st.reset_pools()
             changed = True
         st.serving = serving
