@@ -210,3 +210,36 @@ def test_a_policy_taking_over_counts_its_healthy_windows_from_the_rollback_only(
     pg.reload(lenient)
     promoted = next(i for i in range(11, 20) if "promote" in kinds(pg.step(DAY0 + 60 * i, 0.012)))
     assert promoted == 13  # windows 11, 12 and 13: the three healthy windows on FP16 it asks for
+def test_dry_run_switched_on_mid_incident_says_fp8_is_healthy_and_an_operator_restore_resolves() -> None:
+    # before: the route stayed on FP16 with nothing said, and `flags set ... fp8` left the incident open
+    pg = rolled_back(make_policy(rule_for=1, healthy=3))
+    pg.reload(make_policy(rule_for=1, healthy=3, dry_run=True))
+    for i in range(1, 8):
+        pg.step(DAY0 + 60 * i, 0.01)
+    assert pg.flag == "fp16"  # dry run: never flips
+    (note,) = [s for s in pg.sent if s[2] == "alert"]
+    assert note[1] == "firing" and "dry run" in note[3] and "flags set" in note[3], note
+    pg.sim.flags[(M, R)] = "fp8"
+    assert kinds(pg.step(DAY0 + 600, 0.01)) == ["resolve"] and pg.open_keys() == []
+
+
+def test_a_manual_policy_made_dry_run_lets_the_other_policy_promote_and_its_incident_resolves() -> None:
+    a = make_policy(rule_for=1, healthy=3, name="p", promote="manual")
+    b = make_policy(rule_for=1, healthy=3, name="b").replace("> 0.02", "> 0.2")
+    pg = rolled_back(merged(a, b))
+    for i in range(1, 4):
+        pg.step(DAY0 + 60 * i, 0.01)
+    pg.reload(merged(a.replace("dry_run: false", "dry_run: true"), b))
+    for i in range(4, 8):
+        pg.step(DAY0 + 60 * i, 0.01)
+    assert pg.flag == "fp8" and pg.open_keys() == [], pg.sent
+
+
+def test_the_manual_promote_hint_reaches_on_call_on_the_open_rollback_incident() -> None:
+    # before: "fp8 healthy for N windows; promote manually" was suppressed by the incident book (the
+    # rollback's incident was open at critical), so the one message a manual policy sends was never sent
+    pg = rolled_back(make_policy(rule_for=1, healthy=3, promote="manual"))
+    for i in range(1, 8):
+        pg.step(DAY0 + 60 * i, 0.01)
+    hints = [s for s in pg.sent if s[2] == "alert"]
+    assert len(hints) == 1 and "promote manually" in hints[0][3] and hints[0][1] == "firing", pg.sent

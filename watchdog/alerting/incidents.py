@@ -156,8 +156,8 @@ class IncidentBook:
             if action.kind == "rollback":
                 tag = "dry-rollback" if action.dry_run else "rollback"
             elif isinstance(action.detail.get("announce"), str):
-                # news the open incident's severity would swallow (a policy gone while its rollback is in
-                # force): sent once per incident, as an update
+                # news the open incident's severity would swallow (the manual promote hint, a policy
+                # gone while its rollback is in force): sent once per incident, as an update
                 tag = f"alert:{action.detail['announce']}"
             return self._fire(
                 action.incident_key, severity, summary, action.reason, action.kind, now,

@@ -153,12 +153,16 @@ class _Decision:
         if not st.promote_ready:
             st.open_alerts.discard("promote_blocked")
             st.promote_ready_alerted = False
-        elif policy.promote.mode == "manual":
+        elif policy.promote.mode == "manual" or policy.dry_run:
             if not st.promote_ready_alerted:
                 st.promote_ready_alerted = True
-                self.act("alert", f"{policy.candidate} healthy for {st.healthy} windows; promote manually "
-                         "when ready", "info", detail={"promote_ready": True})
-        elif not policy.dry_run:
+                how = ("promote manually when ready" if not policy.dry_run else
+                       f"dry run: not promoting it; restore it by hand (`fp8-watchdog flags set {self.model} "
+                       f"{self.route} {policy.candidate}`) or turn dry_run off")
+                # announced on the rollback's open incident too (watchdog.alerting.incidents)
+                self.act("alert", f"{policy.candidate} healthy for {st.healthy} windows; {how}", "info",
+                         detail={"promote_ready": True, "announce": "promote-ready"})
+        else:
             # since the route came to the baseline: our rollback, or one seen in the flags (another
             # policy's, an operator's), so a policy that takes over waits its promote.after too
             arrived = max((t for t in (st.last_flip, st.serving_since) if t is not None), default=None)

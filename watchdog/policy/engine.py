@@ -250,9 +250,9 @@ class PolicyEngine:
                 if was is None and serving == policy.baseline and st.serving_since is None:
                     st.serving_since = now  # first seen on the baseline: promote.after counts from here
                 if self._sync_serving(st, serving, now) and serving == policy.candidate and was == policy.baseline \
-                        and st.last_flip is not None and not policy.dry_run:
+                        and (st.last_flip is not None or st.promote_ready_alerted):
                     # an operator put the candidate back after our rollback (``flags set``): the
-                    # rollback's incident ends here, not at the next rollback or never
+                    # rollback's incident (or the "promote manually" one) ends here, not never
                     proposed.append(Action(kind="resolve", policy=policy.name, model=model, route=route,
                                            reason=f"{serving} restored outside the watchdog (flags)",
                                            severity="info", at=now))
