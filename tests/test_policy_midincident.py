@@ -243,3 +243,16 @@ def test_the_manual_promote_hint_reaches_on_call_on_the_open_rollback_incident()
         pg.step(DAY0 + 60 * i, 0.01)
     hints = [s for s in pg.sent if s[2] == "alert"]
     assert len(hints) == 1 and "promote manually" in hints[0][3] and hints[0][1] == "firing", pg.sent
+
+
+def test_two_auto_policies_ready_together_promote_once() -> None:
+    # before: both promoted; the second sent a critical "resolved" for an incident it never opened
+    a = make_policy(rule_for=1, healthy=3, name="p")
+    b = make_policy(rule_for=1, healthy=3, name="b").replace("> 0.02", "> 0.2")
+    pg = rolled_back(merged(a, b))
+    promotes = []
+    for i in range(1, 6):
+        promotes += [x for x in pg.step(DAY0 + 60 * i, 0.01) if x.kind == "promote"]
+    assert [(x.policy, [o["policy"] for o in x.detail.get("also", [])]) for x in promotes] == [("p", ["b"])]
+    assert [s[:2] for s in pg.sent] == [(KEY, "firing"), (KEY, "resolved")]
+    assert pg.sim.engine.states[("b", M, R)].flips_today == 0  # only the flip made spends budget

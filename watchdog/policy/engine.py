@@ -405,13 +405,23 @@ class PolicyEngine:
                 rolled[pair] = a
             out.append(a)
         final: list[Action] = []
+        promotes: dict[tuple[str, str], list[Action]] = {}
         for a in out:
             pair = (a.model, a.route)
             if pair in rolled and a is not rolled[pair] and (a.kind == "promote" or "blocked" in a.detail):
                 continue
-            if a.kind == "promote" and not self._all_ready(a, pair):
-                continue
+            if a.kind == "promote":
+                if not self._all_ready(a, pair):
+                    continue
+                promotes.setdefault(pair, []).append(a)
             final.append(a)
+        for pair, acts in promotes.items():
+            if len(acts) > 1:  # one promote per route, by the policy whose rollback it undoes if one is
+                keep = next((a for a in acts if self.states[(a.policy, *pair)].rollback_to is not None), acts[0])
+                dropped = {id(a) for a in acts if a is not keep}
+                keep.detail.setdefault("also", []).extend({"policy": a.policy, "reason": a.reason}
+                                                          for a in acts if id(a) in dropped)
+                final = [a for a in final if id(a) not in dropped]
         for a in final:
             if a.kind in ("rollback", "promote") and not a.detail.get("retry"):
                 self._record_flip(a, now)
