@@ -123,3 +123,40 @@ def test_a_pinned_route_whose_policy_is_deleted_stays_on_fp16_until_an_operator_
     assert "policy auto covers it" in mine[1]["description"], mine[1]
     assert not [r.body for r in s.received if "refused" in json.dumps(r.body) or r.body.get("event") == "promote"]
     assert [r["mode"] for r in reversed(store.audit(10))] == ["policy", "manual", "manual"]  # rollback, pin, restore
+
+
+def test_a_rejected_edit_mid_incident_keeps_the_policy_its_state_and_the_incident(
+        kafka_service, redis_service, redis_client, topic, tmp_path, sink):
+    s, url = sink
+    policy = tmp_path / "p.yaml"
+    policy.write_text(POLICY.format(dry_run="false"))
+    cfg = make_config(kafka_service.address, redis_service.port, topic, policy, url)
+    with running_daemon(cfg) as (daemon, server), \
+            traffic(kafka_service.address, topic, [ROUTE], daemon.flags.precision_for) as gen:
+        gen.inject(MODEL, ROUTE, "quality")
+        wait_until(lambda: daemon.flags.precision_for(MODEL, ROUTE) == "fp16", 30)
+        engine = daemon.policies.engine
+        before = engine.states[("e2e", MODEL, ROUTE)]
+        last_flip, flips = before.last_flip, before.flips_today
+        # the edit removes the rule that rolled back and breaks the file: nothing of it may apply
+        policy.write_text(POLICY.format(dry_run="false").replace("      - name: shadow-agreement", "      - nme: x"))
+        wait_until(lambda: any(i["key"] == "ops/policy-reload" for i in daemon.alerter.open_incidents()), 10)
+        status = httpx.get(f"{server.url}/status").json()
+        ready = httpx.get(f"{server.url}/readyz")
+        st = engine.states[("e2e", MODEL, ROUTE)]
+        assert "shadow-agreement" in st.rules and (st.last_flip, st.flips_today) == (last_flip, flips)
+        assert daemon.flags.precision_for(MODEL, ROUTE) == "fp16"
+        policy.write_text(POLICY.format(dry_run="false").replace("min_samples: 5", "min_samples: 6"))
+        wait_until(lambda: not any(i["key"] == "ops/policy-reload" for i in daemon.alerter.open_incidents()), 10)
+        wait_until(lambda: engine.policy_set.get("e2e").rules[0].min_samples == 6, 5)  # type: ignore[union-attr]
+        st = engine.states[("e2e", MODEL, ROUTE)]
+        assert (st.last_flip, st.flips_today, st.retired) == (last_flip, flips, None)
+        time.sleep(1.5)
+        incidents = [i["key"] for i in httpx.get(f"{server.url}/status").json()["incidents"]]
+    assert ready.status_code == 200  # the last good policies are in force (docs/OPERATIONS.md)
+    reload_incident = [i for i in status["incidents"] if i["key"] == "ops/policy-reload"]
+    assert reload_incident and "p.yaml:" in reload_incident[0]["summary"], status["incidents"]
+    assert KEY in [i["key"] for i in status["incidents"]]
+    assert incidents == [KEY]  # the rollback's incident stays open; the reload's resolved
+    ops = [r.body for r in s.received if r.body.get("key") == "ops/policy-reload"]
+    assert [m["status"] for m in ops] == ["firing", "resolved"], ops
