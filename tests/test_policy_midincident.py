@@ -256,3 +256,15 @@ def test_two_auto_policies_ready_together_promote_once() -> None:
     assert [(x.policy, [o["policy"] for o in x.detail.get("also", [])]) for x in promotes] == [("p", ["b"])]
     assert [s[:2] for s in pg.sent] == [(KEY, "firing"), (KEY, "resolved")]
     assert pg.sim.engine.states[("b", M, R)].flips_today == 0  # only the flip made spends budget
+
+
+def test_healthy_sources_narrowed_mid_incident_restarts_the_healthy_count() -> None:
+    # before: 4 live windows counted, then the edit "3 passing golden replays in a row" (healthy_sources:
+    # [golden], healthy_windows: 3) promoted FP8 at the next live window, with no golden replay at all
+    pg = rolled_back(make_policy(rule_for=1, healthy=5))
+    for i in range(1, 5):
+        assert pg.step(DAY0 + 60 * i, 0.01) == []
+    pg.reload(make_policy(rule_for=1, healthy=3).replace("after: 0s}", "after: 0s, healthy_sources: [golden]}"))
+    for i in range(5, 10):
+        pg.step(DAY0 + 60 * i, 0.01)
+    assert pg.flag == "fp16"  # live windows do not count any more; no golden replay came

@@ -138,8 +138,8 @@ class PolicyEngine:
         policy that still exists under the same name is kept; removed policies are forgotten,
         and so is a policy's state of a route its scope no longer covers, except where its rollback
         is in force: that scope is kept, retired (``ScopeState.retired``), until the route leaves the
-        precision the rollback put it on. A rule added or changed restarts the scope's healthy count:
-        the windows counted so far were not judged by it."""
+        precision the rollback put it on. A rule added or changed, or ``promote.healthy_sources`` changed,
+        restarts the scope's healthy count: the windows counted so far were not judged or counted so."""
         old, self.policy_set = self.policy_set, policy_set
         self._retired = {}
         for key in list(self.states):
@@ -162,7 +162,9 @@ class PolicyEngine:
                     del st.rules[rname]
                 else:
                     st.rules[rname].fingerprint = rule_fingerprint(rule)  # saved in today's form from now on
-            if any(r.name not in st.rules for r in policy.rules):
+            prev = old.get(name)
+            if any(r.name not in st.rules for r in policy.rules) or (
+                    prev is not None and prev.promote.healthy_sources != policy.promote.healthy_sources):
                 st.healthy = 0
 
     @property
