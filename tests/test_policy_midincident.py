@@ -268,3 +268,20 @@ def test_healthy_sources_narrowed_mid_incident_restarts_the_healthy_count() -> N
     for i in range(5, 10):
         pg.step(DAY0 + 60 * i, 0.01)
     assert pg.flag == "fp16"  # live windows do not count any more; no golden replay came
+
+
+def test_a_renamed_policy_promotes_on_its_own_evidence_and_the_old_names_incident_resolves() -> None:
+    """A rename is a removal and an addition: the new name starts afresh (its promote.after counts from
+    the first window it sees the route on FP16), the old name's rollback is followed until FP8 is back.
+    While retired, the rollback is still ours: a flag Redis lost is re-asserted (``flipped_routes``)."""
+    text = make_policy(rule_for=1, healthy=3, after="10m")
+    pg = rolled_back(text)
+    pg.reload(text.replace("name: p\n", "name: p2\n"))
+    assert kinds(pg.step(DAY0 + 60, 0.01)) == ["alert"]
+    assert pg.sim.engine.flipped_routes("fp8") == {(M, R): "fp16"}
+    promoted = next(i for i in range(2, 30) if "promote" in kinds(pg.step(DAY0 + 60 * i, 0.01)))
+    assert promoted == 11  # first seen at window 1, promote.after 10m
+    pg.step(DAY0 + 60 * (promoted + 1), 0.01)
+    assert pg.flag == "fp8" and pg.open_keys() == [] and list(pg.sim.engine.states) == [("p2", M, R)]
+    assert [s[:3] for s in pg.sent if s[0] == KEY] == [(KEY, "firing", "rollback"), (KEY, "firing", "alert"),
+                                                         (KEY, "resolved", "resolve")]
