@@ -285,3 +285,25 @@ def test_a_renamed_policy_promotes_on_its_own_evidence_and_the_old_names_inciden
     assert pg.flag == "fp8" and pg.open_keys() == [] and list(pg.sim.engine.states) == [("p2", M, R)]
     assert [s[:3] for s in pg.sent if s[0] == KEY] == [(KEY, "firing", "rollback"), (KEY, "firing", "alert"),
                                                          (KEY, "resolved", "resolve")]
+
+
+def test_an_alert_rule_deleted_mid_incident_resolves_its_incident_saying_so_not_recovered() -> None:
+    # before: "recovered: no rule trips any more", while FP8 was as bad as when it fired
+    text = make_policy(rule_for=1, action="alert", extra_rules="""\
+      - name: tmo
+        metric: timeout_rate
+        fail_if: candidate > 0.5
+""")
+    pg = Pager(text)
+    assert kinds(pg.step(DAY0, 0.10)) == ["alert"]
+    pg.reload(text.replace("""      - name: err
+        metric: error_rate
+        fail_if: candidate - baseline > 0.02
+        min_samples: 100
+        for: 1
+        severity: critical
+        action: alert
+""", ""))
+    (a,) = pg.step(DAY0 + 60, 0.10)
+    assert a.kind == "resolve" and a.reason == "rule err removed from the policy by an edit (not judged recovered)"
+    assert pg.open_keys() == []

@@ -89,22 +89,30 @@ class _Decision:
         notes: dict[str, str] = {}
         candidates = self._confirmed(tripped, on_candidate, notes)
         tripped_rb, inhibited = self._inhibit(candidates, on_candidate)
-        self._clear_incidents(tripped, inhibited)
+        removed = self._clear_incidents(tripped, inhibited)
         rolled_back = self._rollback(tripped_rb, inhibited, notes)
         promoted = self._promote(tripped)
         if had_open and not st.open_alerts and not (rolled_back or promoted):
-            self.act("resolve", "recovered: no rule trips any more", "info")
+            why = (f"rule {', '.join(removed)} removed from the policy by an edit (not judged recovered)" if removed
+                   else "recovered: no rule trips any more")
+            self.act("resolve", why, "info")
         return self.out
 
-    def _clear_incidents(self, tripped: list[Rule], inhibited: list[tuple[Rule, Attribution]]) -> None:
-        """Close the rule, suspicion and inhibition incidents whose cause no longer holds."""
+    def _clear_incidents(self, tripped: list[Rule], inhibited: list[tuple[Rule, Attribution]]) -> list[str]:
+        """Close the rule, suspicion and inhibition incidents whose cause no longer holds; the names of
+        the rules among them that the policy no longer has (removed by an edit: not a recovery)."""
         st = self.st
         still = ({f"rule:{r.name}" for r in tripped if r.action == "alert"}
                  | {f"suspect:{r.name}" for r in tripped if r.action == "rollback" and r.confirm_with}
                  | {f"inhibited:{a.cause}" for _, a in inhibited})
-        for key in list(st.open_alerts):
-            if key.split(":", 1)[0] in ("rule", "suspect", "inhibited") and key not in still:
+        removed: list[str] = []
+        for key in sorted(st.open_alerts):
+            kind, _, name = key.partition(":")
+            if kind in ("rule", "suspect", "inhibited") and key not in still:
                 st.open_alerts.discard(key)
+                if kind in ("rule", "suspect") and self.policy.rule(name) is None:
+                    removed.append(name)
+        return removed
 
     def _rollback(self, tripped_rb: list[Rule], inhibited: list[tuple[Rule, Attribution]],
                   notes: dict[str, str]) -> bool:
