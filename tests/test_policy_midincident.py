@@ -307,3 +307,12 @@ def test_an_alert_rule_deleted_mid_incident_resolves_its_incident_saying_so_not_
     (a,) = pg.step(DAY0 + 60, 0.10)
     assert a.kind == "resolve" and a.reason == "rule err removed from the policy by an edit (not judged recovered)"
     assert pg.open_keys() == []
+
+
+def test_a_dry_run_policy_says_nothing_about_a_rollback_it_did_not_make() -> None:
+    a = make_policy(rule_for=1, healthy=3, name="p", promote="manual")
+    b = make_policy(rule_for=1, healthy=3, name="b", dry_run=True).replace("> 0.02", "> 0.2")
+    pg = rolled_back(merged(a, b))
+    for i in range(1, 8):
+        pg.step(DAY0 + 60 * i, 0.01)
+    assert [(s[0], s[2]) for s in pg.sent] == [(KEY, "rollback"), (KEY, "alert")]  # p's "promote manually"

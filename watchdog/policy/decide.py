@@ -162,7 +162,8 @@ class _Decision:
             st.open_alerts.discard("promote_blocked")
             st.promote_ready_alerted = False
         elif policy.promote.mode == "manual" or policy.dry_run:
-            if not st.promote_ready_alerted:
+            # a dry-run policy speaks of its own rollback only (switched to dry run while it was in force)
+            if not st.promote_ready_alerted and (not policy.dry_run or st.rollback_to == self.serving):
                 st.promote_ready_alerted = True
                 how = ("promote manually when ready" if not policy.dry_run else
                        f"dry run: not promoting it; restore it by hand (`fp8-watchdog flags set {self.model} "
