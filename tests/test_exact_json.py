@@ -110,7 +110,14 @@ def _state(engine: PolicyEngine) -> ScopeState:
     rule = RuleState(fingerprint, last=last, ref={"candidate": 1.0, "baseline": NAN},
                      pool=[{"end": 1800000120.0, "e": -0.42, "v": 0.0}],
                      horizon={"seq": {"count": 0, "tests": [], "end": None, "w": 0.0}})
-    return ScopeState(rules={"latency-typical": rule}, last_end={"live": 1800000130.0}, healthy=3, serving="fp8")
+    return ScopeState(rules={**_fresh_rules(policy), "latency-typical": rule}, last_end={"live": 1800000130.0},
+                      healthy=3, serving="fp8")
+
+
+def _fresh_rules(policy: Any) -> dict[str, RuleState]:
+    """A state for every rule of ``policy``, as the engine keeps them (a saved scope that lacks one of the
+    policy's rules was saved before that rule was added: its healthy count restarts when it loads)."""
+    return {r.name: RuleState(rule_fingerprint(r)) for r in policy.rules}
 
 
 def test_an_engine_state_with_inf_and_nan_reads_back_what_was_saved() -> None:
@@ -160,7 +167,8 @@ def test_engine_states_a_previous_release_wrote_still_load(redis_client) -> None
     reads is the state that was saved."""
     keys = Keys()
     engine = _engine()
-    old, new = _state(engine), ScopeState(rules={}, last_end={"live": 1800000130.0}, healthy=5)
+    rules = _fresh_rules(engine.policy_set.get(POLICY))
+    old, new = _state(engine), ScopeState(rules=rules, last_end={"live": 1800000130.0}, healthy=5)
     redis_client.set(keys.engine("g", "m", "old"), json.dumps({"schema": SCHEMA, "scopes": {POLICY: old.to_json()}},
                                                                check_circular=False))
     redis_client.set(keys.engine("g", "m", "new"), P.engine_json({POLICY: new.to_json()}))
