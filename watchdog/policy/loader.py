@@ -69,14 +69,17 @@ class PolicySet:
     def names(self) -> list[str]:
         return [p.name for p in self.policies]
 
+    def covering(self, model: str, route: str) -> list[Policy]:
+        """The policies whose scope covers (model, route), in file order."""
+        return [p for p in self.policies if p.scope.covers(model, route)]
+
     def golden_rules(self, model: str, route: str) -> dict[str, list[str]]:
         """{metric: [rule names]} of the ``source: golden`` rules of the policies covering (model, route)."""
         out: dict[str, list[str]] = {}
-        for p in self.policies:
-            if p.scope.covers(model, route):
-                for r in p.rules:
-                    if r.source == "golden":
-                        out.setdefault(r.metric, []).append(r.name)
+        for p in self.covering(model, route):
+            for r in p.rules:
+                if r.source == "golden":
+                    out.setdefault(r.metric, []).append(r.name)
         return out
 
 

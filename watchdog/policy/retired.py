@@ -71,7 +71,7 @@ def _rollback_pending(st: ScopeState) -> bool:
 
 
 def _who_restores(policy_set: PolicySet, pair: tuple[str, str], name: str, candidate: str) -> str:
-    covering = [p for p in policy_set.policies if p.name != name and p.scope.covers(*pair)]
+    covering = [p for p in policy_set.covering(*pair) if p.name != name]
     flipping = [p for p in covering if not p.dry_run]
     if flipping and all(p.promote.mode == "auto" for p in flipping):
         return (f"policy {', '.join(p.name for p in flipping)} covers it and will promote {candidate} back on its "
