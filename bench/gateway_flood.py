@@ -6,7 +6,8 @@ request ``--hold`` seconds and counts how many it holds at once; the gateway as 
 connection. Reported: the answers by status, the upstream's peak concurrency, the gateway's RSS
 before, at its peak during the burst and after, the slowest refusal, and the gateway's in-flight
 metrics. Works on checkouts without ``gateway.max_in_flight`` (``--code``, ``--max-in-flight 0``
-leaves the key out), to compare.
+leaves the key out), to compare. ``--prompt-bytes`` of a few MB shows the body budget
+(``gateway.max_body_bytes_in_flight``).
 
     .venv/bin/python bench/gateway_flood.py [--clients 1000] [--hold 3] [--prompt-bytes 1000] [--max-in-flight N]
     .venv/bin/python bench/gateway_flood.py --code /path/to/other/checkout --max-in-flight 0     # before
@@ -59,7 +60,7 @@ class HeldUpstream:
         return web.Response(body=_ANSWER, content_type="application/json")
 
     def start(self) -> HeldUpstream:
-        app = web.Application()
+        app = web.Application(client_max_size=16 * 1024 * 1024)  # the gateway passes bodies up to 8 MiB
         app.router.add_post("/v1/chat/completions", self.chat)
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
 
@@ -107,7 +108,7 @@ def scrape(port: int) -> dict[str, float]:
 
     out = {}
     for line in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text.splitlines():
-        if line.startswith(("llmwd_gateway_in_flight", "llmwd_gateway_refused_total")):
+        if line.startswith(("llmwd_gateway_in_flight", "llmwd_gateway_refused_total", "llmwd_gateway_body_bytes")):
             name, _, value = line.rpartition(" ")
             out[name] = float(value)
     return out
@@ -141,7 +142,7 @@ def main() -> int:
                                 stdout=(svc.workdir / "gateway.log").open("wb"), stderr=subprocess.STDOUT)
         try:
             wait_for_port(port, 30, proc)
-            up.hold, warm = 0.0, asyncio.run(burst(port, 50, body))
+            up.hold, warm = 0.0, asyncio.run(burst(port, 50 if args.prompt_bytes < 1e6 else 4, body))
             assert all(s == 200 for s, _ in warm), warm
             up.hold, up.peak = args.hold, 0
             before = rss_mib(proc.pid)

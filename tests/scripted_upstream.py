@@ -45,7 +45,7 @@ class Upstream:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def start(self) -> Upstream:
-        app = web.Application()
+        app = web.Application(client_max_size=32 * 1024 * 1024)  # the gateway passes bodies up to 8 MiB
         app.router.add_post("/v1/chat/completions", self.chat)
         ready = threading.Event()
 

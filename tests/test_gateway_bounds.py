@@ -3,7 +3,8 @@ and the event of a stream that stalls. The real ``openai`` client and raw aiohtt
 gateway (uvicorn), in front of a real scripted HTTP upstream (tests/scripted_upstream.py), real Redis
 flags and a real Kafka-protocol broker.
 
-Found by an attack on the gateway: with no bound, 100 concurrent requests to a slow upstream were
+Found by an attack on the gateway (and the body budget, ``gateway.max_body_bytes_in_flight``, by the
+next one: 512 requests in flight could each hold an 8 MiB body, ~4 GiB read plus its parsed copy): with no bound, 100 concurrent requests to a slow upstream were
 100 requests at the upstream at once (2,000 of 2,000 in bench/gateway_flood.py, the gateway's RSS
 104 -> 1,166 MiB with 256 KiB prompts); and a stream that stalled past ``timeout_s`` after 5 chunks
 had its event say 0 completion tokens.
@@ -29,7 +30,7 @@ aiohttp = pytest.importorskip("aiohttp")
 from tests import helpers  # noqa: E402
 from tests.scripted_upstream import Upstream  # noqa: E402
 from watchdog.gateway import app as gateway_app  # noqa: E402
-from watchdog.gateway.config import load_gateway_config  # noqa: E402
+from watchdog.gateway.config import GatewayConfigError, load_gateway_config  # noqa: E402
 from watchdog.gateway.server import GatewayServer, build_gateway  # noqa: E402
 
 pytestmark = [pytest.mark.services]
@@ -51,9 +52,9 @@ def gateway(upstream: Upstream, redis_service: Any, kafka_service: Any, topic: s
     upstream.mode, upstream.closed_at, upstream.peak = "ok", None, 0
     settings: dict[str, Any] = dict(getattr(request, "param", {}))
     up = {"url": upstream.base_url, "timeout_s": settings.pop("timeout_s", 10)}
+    pool = {"model": MODEL, "candidate": up, "baseline": up, "shadow_sample": settings.pop("shadow_sample", 0.0)}
     cfg = load_gateway_config(None, redis_url=f"redis://{redis_service.address}/0",
-                              redis_prefix=f"t{uuid.uuid4().hex[:8]}", port=0,
-                              pools=[{"model": MODEL, "candidate": up, "baseline": up}],
+                              redis_prefix=f"t{uuid.uuid4().hex[:8]}", port=0, pools=[pool],
                               events={"bootstrap_servers": kafka_service.address, "topic": topic,
                                       "flush_interval_s": 0.01}, **settings)
     app = build_gateway(cfg)
@@ -192,3 +193,63 @@ def test_the_slot_comes_back_after_a_disconnect_an_upstream_error_a_timeout_and_
             answer += chunk
         assert answer.startswith(b"HTTP/1.1 408") and b"body_timeout" in answer
         _served_again(gateway, upstream)
+
+
+BIG = {"model": MODEL, "messages": [{"role": "user", "content": "x" * (6 * 1024 * 1024)}]}  # ~6 MiB of JSON
+
+
+@pytest.mark.parametrize("gateway", [{"max_body_bytes_in_flight": 16 * 1024 * 1024}], indirect=True)
+def test_bodies_past_the_body_budget_get_fast_503s_and_the_budget_comes_back(
+        gateway: GatewayServer, upstream: Upstream) -> None:
+    upstream.mode, upstream.hold_s = "hold", 2.0
+    answers = flood(gateway, 5, BIG)  # 5 x 6 MiB against 16 MiB: two fit
+    served = [a for a in answers if a[0] == 200]
+    refused = [a for a in answers if a[0] != 200]
+    print(f"5 bodies of 6 MiB, budget 16 MiB: {len(served)} served, {len(refused)} refused, upstream peak "
+          f"{upstream.peak}, refusals in {max((a[3] for a in refused), default=0):.2f} s")
+    assert len(served) == 2 and upstream.peak == 2
+    for status, headers, content, seconds in refused:
+        assert status == 503 and headers.get("Retry-After") == "1" and seconds < 1.5
+        assert orjson.loads(content)["error"]["code"] == "gateway_overloaded"
+    assert metric(gateway, OVERLOADED) == 3
+    assert metric(gateway, "llmwd_gateway_body_bytes_in_flight_limit") == 16 * 1024 * 1024
+    assert metric(gateway, "llmwd_gateway_body_bytes_in_flight") == 0 == gateway.app.bodies.used
+    upstream.mode = "ok"
+    assert [a[0] for a in flood(gateway, 2, BIG)] == [200, 200]
+
+
+@pytest.mark.parametrize("gateway", [{"max_body_bytes_in_flight": 16 * 1024 * 1024}], indirect=True)
+def test_a_body_sent_in_chunks_without_a_length_counts_as_it_arrives(gateway: GatewayServer,
+                                                                     upstream: Upstream) -> None:
+    upstream.mode, upstream.hold_s = "hold", 2.0
+    raw = orjson.dumps(BIG)
+
+    async def chunked(session: Any) -> int:
+        async def parts() -> Any:
+            for i in range(0, len(raw), 1024 * 1024):
+                yield raw[i:i + 1024 * 1024]
+        async with session.post(f"{gateway.base_url}/chat/completions", data=parts(),
+                                headers={"content-type": "application/json"}) as resp:
+            await resp.read()
+            return resp.status
+
+    async def run() -> list[int]:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                         timeout=aiohttp.ClientTimeout(total=20)) as session:
+            return sorted(await asyncio.gather(*(chunked(session) for _ in range(4))))
+    assert asyncio.run(run()) == [200, 200, 503, 503]
+    assert gateway.app.bodies.used == 0
+
+
+@pytest.mark.parametrize("gateway", [{"shadow_sample": 1.0}], indirect=True)
+def test_a_shadow_request_holds_its_body_until_it_ends(gateway: GatewayServer, upstream: Upstream) -> None:
+    upstream.mode, upstream.hold_s = "hold", 1.0
+    assert flood(gateway, 1, BIG)[0][0] == 200  # the answer took 1 s; its shadow takes 1 s more
+    assert gateway.app.bodies.used > 6 * 1024 * 1024
+    assert helpers.wait_until(lambda: gateway.app.bodies.used == 0, 5)
+
+
+def test_a_body_budget_below_one_largest_body_is_a_config_error() -> None:
+    with pytest.raises(GatewayConfigError, match="max_body_bytes_in_flight"):
+        load_gateway_config(None, pools=[{"model": MODEL, "candidate": {"url": "http://x/v1"},
+                                          "baseline": {"url": "http://y/v1"}}], max_body_bytes_in_flight=1024)

@@ -25,7 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from watchdog.core.events import name_problem
 from watchdog.gateway.access import Access, Refusal
-from watchdog.gateway.config import GatewayConfig, PoolConfig, UpstreamConfig
+from watchdog.gateway.config import MAX_BODY, GatewayConfig, PoolConfig, UpstreamConfig
 from watchdog.gateway.openai_io import Result, error_body, estimate_prompt_tokens, parse_response, prompt_of
 from watchdog.gateway.relay import JSON, Exchange, forward, forward_headers, reply, run_cancellable
 from watchdog.ingest.emitter import EventEmitter
@@ -40,7 +40,6 @@ _ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 #: OpenAI endpoints answered 404 with a clear error code (``<name>_not_proxied``)
 _REFUSED_ENDPOINTS = {"/v1/embeddings": "embeddings", "/embeddings": "embeddings"}
 _JSON = JSON
-MAX_BODY = 8 * 1024 * 1024
 #: the trace id of a W3C ``traceparent`` (``00-<trace id>-<span id>-<flags>``), the only part put into events
 _TRACE_ID = re.compile(rb"[0-9a-f]{32}")
 #: the client's X-Request-ID is kept in events (``client_request_id``) up to this many characters
@@ -49,6 +48,49 @@ MAX_SHADOWS_IN_FLIGHT = 64
 #: seconds a request body may take to arrive: a request holds an in-flight slot while it is read, so
 #: a client that sends its body slowly (or never finishes it) must not keep it
 BODY_TIMEOUT_S = 30.0
+
+
+class BodyBudget:
+    """Bytes of request bodies the gateway holds at once (``gateway.max_body_bytes_in_flight``): a
+    request's body counts from its first chunk until the request ends, or until its shadow request
+    ends when one mirrors it. ``max_in_flight`` alone bounds memory only at its count times
+    ``MAX_BODY`` (~4 GiB at the defaults, with the parsed copy twice that)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def hold(self) -> BodyHold:
+        return BodyHold(self)
+
+
+class _OverBudget(Exception):
+    """The bodies held would pass ``max_body_bytes_in_flight`` (``_read_body``)."""
+
+
+class BodyHold:
+    """One request's share of a ``BodyBudget``; ``release`` is idempotent."""
+
+    __slots__ = ("budget", "held", "kept")
+
+    def __init__(self, budget: BodyBudget) -> None:
+        self.budget = budget
+        self.held = 0
+        #: a shadow task took the body over: it releases the hold when it ends
+        self.kept = False
+
+    def take(self, n: int) -> bool:
+        """Count ``n`` more bytes of this request's body; False (nothing taken) past the budget."""
+        b = self.budget
+        if b.used + n > b.limit:
+            return False
+        b.used += n
+        self.held += n
+        return True
+
+    def release(self) -> None:
+        self.budget.used -= self.held
+        self.held = 0
 
 
 class _Collector:
@@ -80,6 +122,13 @@ class _Collector:
         g = GaugeMetricFamily("llmwd_gateway_in_flight_limit", "gateway.max_in_flight: more are answered 503")
         g.add_metric([], self.gw.cfg.max_in_flight)
         yield g
+        g = GaugeMetricFamily("llmwd_gateway_body_bytes_in_flight", "Bytes of request bodies held now")
+        g.add_metric([], self.gw.bodies.used)
+        yield g
+        g = GaugeMetricFamily("llmwd_gateway_body_bytes_in_flight_limit",
+                              "gateway.max_body_bytes_in_flight: a body past it is answered 503")
+        g.add_metric([], self.gw.bodies.limit)
+        yield g
         g = GaugeMetricFamily("llmwd_gateway_redis_up", "1 while the flag reader is connected to Redis")
         g.add_metric([], 1 if flags is not None and flags.healthy else 0)
         yield g
@@ -100,6 +149,7 @@ class Gateway:
         self._shadows: set[asyncio.Task[None]] = set()
         #: requests between the in-flight check and their end (``gateway.max_in_flight``)
         self.in_flight = 0
+        self.bodies = BodyBudget(cfg.max_body_bytes_in_flight)
         self._route_header = cfg.route_header.lower().encode()
         self._precision_header = cfg.precision_header.lower().encode()
         self.access = Access(cfg)
@@ -194,10 +244,13 @@ class Gateway:
                                request_id)
             return
         self.in_flight += 1
+        hold = self.bodies.hold()
         try:
-            await self._proxy(kind, scope, receive, send)
+            await self._proxy(kind, scope, receive, send, hold)
         finally:
             self.in_flight -= 1
+            if not hold.kept:
+                hold.release()
 
     # -- routing ------------------------------------------------------------------------------
 
@@ -210,7 +263,7 @@ class Gateway:
 
     # -- proxying -----------------------------------------------------------------------------
 
-    async def _proxy(self, kind: str, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _proxy(self, kind: str, scope: Scope, receive: Receive, send: Send, hold: BodyHold) -> None:
         started = time.perf_counter()
         headers = dict(scope["headers"])
         # the event's id is the gateway's own, never the client's: the daemon samples shadow pairs
@@ -222,7 +275,7 @@ class Gateway:
         if isinstance(who, Refusal):
             await self._refuse(send, who, request_id.encode())
             return
-        request = await self._request(receive, send, headers, request_id, who)
+        request = await self._request(receive, send, headers, request_id, who, hold)
         if request is None:
             return
         body, model, route, pool = request
@@ -250,8 +303,9 @@ class Gateway:
             event["client_request_id"] = client_id[:MAX_CLIENT_ID]
         if status == "ok" and pool.shadow_sample and self.rng.random() < pool.shadow_sample:
             if len(self._shadows) < MAX_SHADOWS_IN_FLIGHT:
+                hold.kept = True
                 task = asyncio.get_running_loop().create_task(
-                    self._shadow(kind, body, pool, not on_candidate, request_id, event))
+                    self._shadow(kind, body, pool, not on_candidate, request_id, event, hold))
                 self._shadows.add(task)
                 task.add_done_callback(self._shadows.discard)
                 return
@@ -259,14 +313,19 @@ class Gateway:
         self.emitter.emit(event)
 
     async def _request(self, receive: Receive, send: Send, headers: dict[bytes, bytes], request_id: str,
-                       who: Any) -> tuple[dict[str, Any], str, str, PoolConfig] | None:
+                       who: Any, hold: BodyHold) -> tuple[dict[str, Any], str, str, PoolConfig] | None:
         """(body, model, route, pool) of a request from client ``who`` (None: anonymous); None when
         it was answered already with 408 (body not in within ``BODY_TIMEOUT_S``), 413 (body too
-        large), 400 (no JSON object with a valid model name), the route refusal
+        large), 503 (the bodies held would pass ``max_body_bytes_in_flight``), 400 (no JSON object with a valid model name), the route refusal
         (``watchdog.gateway.access``) or 404 (model not served here)."""
         try:
             async with asyncio.timeout(BODY_TIMEOUT_S):
-                raw = await _read_body(receive)
+                raw = await _read_body(receive, hold, _content_length(headers))
+        except _OverBudget:
+            await self._refuse(send, Refusal(503, "gateway_overloaded", "the gateway holds its limit of "
+                                             f"{self.bodies.limit} bytes of request bodies; retry shortly"),
+                               request_id.encode())
+            return None
         except TimeoutError:
             await self._refuse(send, Refusal(408, "body_timeout", f"the request body did not arrive within "
                                                                   f"{BODY_TIMEOUT_S:g} s"), request_id.encode())
@@ -341,7 +400,7 @@ class Gateway:
         return ev
 
     async def _shadow(self, kind: str, body: dict[str, Any], pool: PoolConfig, to_candidate: bool,
-                      request_id: str, event: dict[str, Any]) -> None:
+                      request_id: str, event: dict[str, Any], hold: BodyHold) -> None:
         """Mirror to the other precision (never streamed), attach ``shadow``, then emit."""
         upstream = pool.candidate if to_candidate else pool.baseline
         precision = pool.candidate_precision if to_candidate else pool.baseline_precision
@@ -379,11 +438,27 @@ class Gateway:
             self.shadows.labels("cancelled").inc()
             raise
         finally:
+            hold.release()
             if self.emitter is not None:
                 self.emitter.emit(event)
 
 
-async def _read_body(receive: Receive) -> bytes | None:
+def _content_length(headers: dict[bytes, bytes]) -> int | None:
+    raw = headers.get(b"content-length")
+    try:
+        return int(raw) if raw is not None else None
+    except ValueError:
+        return None
+
+
+async def _read_body(receive: Receive, hold: BodyHold, declared: int | None) -> bytes | None:
+    """The request body; None past ``MAX_BODY``. Raises ``_OverBudget`` when the bodies held would
+    pass the budget - judged on the declared length before anything is read."""
+    if declared is not None:
+        if declared > MAX_BODY:
+            return None
+        if not hold.take(declared):
+            raise _OverBudget
     parts: list[bytes] = []
     size = 0
     while True:
@@ -392,6 +467,8 @@ async def _read_body(receive: Receive) -> bytes | None:
         size += len(chunk)
         if size > MAX_BODY:
             return None
+        if size > hold.held and not hold.take(size - hold.held):
+            raise _OverBudget
         parts.append(chunk)
         if not msg.get("more_body"):
             return b"".join(parts)

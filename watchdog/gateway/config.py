@@ -40,6 +40,9 @@ from watchdog.core.keys import require_cluster_prefix, require_redis_url
 from watchdog.ingest.emitter import EventsConfig
 from watchdog.policy.names import check_route
 
+#: the largest request body the gateway reads (more: 413)
+MAX_BODY = 8 * 1024 * 1024
+
 __all__ = ["AuthConfig", "ClientConfig", "EventsConfig", "GatewayConfig", "GatewayConfigError", "MetricsConfig",
            "PoolConfig", "UpstreamConfig", "check_route", "load_gateway_config"]
 
@@ -172,6 +175,10 @@ class GatewayConfig(_Section):
     #: chat/completions requests served at once (reading the body, waiting on the upstream, relaying);
     #: one more is answered 503 ``gateway_overloaded`` with ``Retry-After`` at once, without an event
     max_in_flight: int = Field(512, ge=1)
+    #: bytes of request bodies held at once (a body counts from its first chunk until its request, and
+    #: its shadow request, end); a body past it is answered 503 ``gateway_overloaded`` like the above.
+    #: At least one body of the largest size (``MAX_BODY``); memory runs ~3x this (raw, parsed, sent)
+    max_body_bytes_in_flight: int = Field(128 * 1024 * 1024, ge=MAX_BODY)
     #: engine label put into events (e.g. ``vllm-0.6.3``); default: the served upstream's model name
     engine: str | None = None
     pools: list[PoolConfig] = Field(default_factory=list)
