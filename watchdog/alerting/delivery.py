@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 
 #: seconds between two looks at the page source when nobody woke the worker
 POLL_S = 1.0
+#: a channel whose receiver answers after its ``timeout_s`` waits up to this many times longer
+SLOW_TIMEOUT_FACTOR = 8.0
 #: page ids of in-memory messages: this process, then a count
 _PROCESS_ID = uuid.uuid4().hex[:12]
 _SEQ = itertools.count(1)
@@ -74,6 +76,9 @@ class ChannelWorker:
         self._next_poll = 0.0
         self._failures = 0  # retryable failures in a row: the channel's backoff
         self._resume_at = 0.0  # monotonic time of the next probe while failing
+        #: seconds to wait for an answer: ``timeout_s``, doubled after each answer that did not come
+        #: in time (the receiver may have the message and be slow), back once one comes in time
+        self.read_timeout = channel.config.timeout_s
         self.sent = self.failed = self.retried = self.dropped = 0
         self.last_error: str | None = None
 
@@ -273,10 +278,23 @@ class ChannelWorker:
             if item.alert.page_id is None:  # an in-memory message: its id, the same on every retry
                 item.alert = replace(item.alert, page_id=f"{_PROCESS_ID}-{next(_SEQ)}")
         ch = self.channel
+        waited = self.read_timeout
+        started = time.monotonic()
         try:
             body = ch.body(item.alert)  # within the receiver's limits, valid UTF-8 JSON
             headers = {"Idempotency-Key": item.alert.page_id} if item.alert.page_id else None
-            resp = client.post(ch.endpoint(), content=body, headers=headers)
+            resp = client.post(ch.endpoint(), content=body, headers=headers,
+                               timeout=httpx.Timeout(ch.config.timeout_s, read=waited))
+        except httpx.ReadTimeout as exc:
+            # sent, but no answer in time: a slow receiver that has it. Sending it again every
+            # backoff with the same timeout would copy it each time and never get an answer.
+            with self._cond:
+                self.read_timeout = max(self.read_timeout,
+                                        min(2 * waited, SLOW_TIMEOUT_FACTOR * ch.config.timeout_s))
+            self.last_error = f"{type(exc).__name__}: no answer within {waited:g} s"
+            log.warning("alert to %s failed (attempt %d): %s; waiting up to %g s next time", ch.name,
+                        item.attempt, self.last_error, self.read_timeout)
+            return "retry", None
         except httpx.HTTPError as exc:
             self.last_error = f"{type(exc).__name__}: {exc}"
             log.warning("alert to %s failed (attempt %d): %s", ch.name, item.attempt, self.last_error)
@@ -285,6 +303,9 @@ class ChannelWorker:
             self.last_error = f"{type(exc).__name__}: {exc}"
             log.exception("alert to %s could not be built", ch.name)
             return "fail", None
+        if time.monotonic() - started < ch.config.timeout_s:
+            with self._cond:
+                self.read_timeout = ch.config.timeout_s  # answered in time again
         if 200 <= resp.status_code < 300:
             if item.done is None:
                 log.info("alert %s (%s) delivered to %s", item.alert.key, item.alert.status, ch.name)
