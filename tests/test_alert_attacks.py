@@ -18,6 +18,37 @@ pytestmark = pytest.mark.services
 GROUP = "g"
 
 
+def _am_states(sink: AlertSink, route: str) -> list[str]:
+    out = []
+    for r in sink.accepted:
+        for a in r.body:
+            if a["labels"].get("route") == route:
+                out.append("resolved" if a.get("endsAt") else "firing")
+    return out
+
+
+def test_a_resolved_incident_is_not_re_posted_firing_by_the_other_replica(redis_client: Any) -> None:
+    """Two replicas, Alertmanager re-posting open incidents: one replica takes the trigger, the
+    other (started meanwhile, so its book restored the incident) may take the resolve. After the
+    resolve, no replica may re-post the incident as firing: Alertmanager would open it again."""
+    with AlertSink() as sink:
+        channels = [{"kind": "alertmanager", "url": sink.url, "resend_interval_s": 0.3}]
+        with pager(redis_client, channels, instance="i1"):
+            dispatch(redis_client, act("r0", "rollback"))
+            wait(lambda: redis_client.hlen(Keys().incidents(GROUP)) == 1, 5, "the incident stored")
+            with pager(redis_client, channels, instance="i2"):
+                time.sleep(0.3)
+                dispatch(redis_client, act("r0", "promote"))
+                wait(lambda: "resolved" in _am_states(sink, "r0"), 5, "the resolve")
+                resolved_at = len(sink.accepted)
+                time.sleep(1.5)
+                after = [s for r in sink.accepted[resolved_at:] for s in
+                         ("resolved" if a.get("endsAt") else "firing" for a in r.body
+                          if a["labels"].get("route") == "r0")]
+    print(f"\nafter the resolve: {Counter(after)} re-posts of r0")
+    assert "firing" not in after
+
+
 def test_a_slow_receiver_gets_each_page_a_few_times_at_most_and_all_pages_go_through(redis_client: Any) -> None:
     """A receiver that answers every POST after longer than the channel's ``timeout_s`` (Slack
     answering in 30 s with the default 5 s), scaled down 10x: it gets each POST, but no answer comes

@@ -86,9 +86,19 @@ class Pager:
             self.alerter.restore_incidents([json.loads(text(v)) for v in raw.values()])
             self._restored = True
         if not self._attached:
-            self.alerter.attach(self.pages)
+            self.alerter.attach(self.pages, self._stored_incidents)
             self._attached = True
         self._ready = True
+
+    def _stored_incidents(self) -> list[dict[str, Any]] | None:
+        """The open route incidents as Redis has them (another replica may have resolved one this
+        process still holds); None when Redis does not answer. Called from a sender thread."""
+        try:
+            raw = self.client.hgetall(self._incidents_key)
+            return [json.loads(text(v)) for v in raw.values()]
+        except (redis.RedisError, OSError, ValueError) as exc:
+            log.warning("open incidents could not be read from Redis: %s", exc)
+            return None
 
     def _migrate(self) -> None:
         """Trim what the old consumer group ``pager`` acknowledged, then remove the group."""

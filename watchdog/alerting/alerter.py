@@ -63,6 +63,7 @@ class Alerter:
             for ch in built
         ]
         self.invalid = 0
+        self._shared_incidents: Callable[[], list[dict[str, Any]] | None] | None = None
 
     @classmethod
     def from_config(cls, channels: Iterable[Mapping[str, Any] | Any], **kwargs: Any) -> Alerter:
@@ -104,8 +105,13 @@ class Alerter:
     def channel_names(self) -> list[str]:
         return [w.channel.name for w in self.workers]
 
-    def attach(self, source: PageSource) -> None:
-        """Every channel also delivers its durable pages from ``source``, each at its own pace."""
+    def attach(self, source: PageSource,
+               incidents: Callable[[], list[dict[str, Any]] | None] | None = None) -> None:
+        """Every channel also delivers its durable pages from ``source``, each at its own pace.
+        ``incidents`` lists the route incidents open in the shared store (None when it cannot be
+        read): a channel that re-posts open incidents asks it first, so an incident another replica
+        resolved is not posted as firing again."""
+        self._shared_incidents = incidents
         for w in self.workers:
             w.attach(source)
 
@@ -161,7 +167,10 @@ class Alerter:
                     w.put(alert)
 
     def _active_alerts(self) -> list[Alert]:
+        shared = self._shared_incidents() if self._shared_incidents is not None else None
         with self._lock:
+            if shared is not None:
+                self._book.sync(shared, keep_prefix=OPS_PREFIX)
             return self._book.active_alerts()
 
     # -- lifecycle ----------------------------------------------------------------------------

@@ -213,6 +213,12 @@ class IncidentBook:
         inc = self._open.get(key)
         return inc.to_json() if inc is not None else None
 
+    def sync(self, incidents: list[dict[str, Any]], keep_prefix: str) -> None:
+        """Make the open incidents those of ``incidents`` (as the shared store has them), except the
+        ones whose key starts with ``keep_prefix``, which only this book knows."""
+        self._open = {k: i for k, i in self._open.items() if k.startswith(keep_prefix)}
+        self.restore(incidents)
+
     def replace(self, key: str, data: dict[str, Any] | None) -> None:
         """Make ``key`` what ``data`` says (None: not open), e.g. as another replica left it."""
         self._open.pop(key, None)
