@@ -72,3 +72,50 @@ def test_a_slow_receiver_gets_each_page_a_few_times_at_most_and_all_pages_go_thr
     assert left == 0 and len(got) == n
     # copies: the first POSTs of the burst, and the probe's while the timeout doubles (0.5, 1, 2, 4 s)
     assert max(got.values()) <= 4 and len(sink.received) <= 2 * n
+
+
+class RateLimitedSink(AlertSink):
+    """Accepts one POST per ``every_s`` (as Slack's 1 message a second per webhook); answers the
+    others 429 (Retry-After is not sent by AlertSink: the channel's backoff decides)."""
+
+    def __init__(self, every_s: float) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self._last = 0.0
+
+    def _record(self, path: str, body: Any, headers: dict[str, str]) -> int:
+        with self._cond:
+            now = time.monotonic()
+            ok = now - self._last >= self.every_s
+            if ok:
+                self._last = now
+            self.status = 200 if ok else 429
+        return super()._record(path, body, headers)
+
+
+def test_a_storm_of_rollbacks_stays_within_the_receivers_rate_limit(redis_client: Any) -> None:
+    """A model's FP8 build goes bad: ``n`` routes roll back in the same window, and the receiver
+    takes one message per 0.1 s (Slack's one a second, scaled down 10x). Every page once, in about
+    the time the limit allows, without a stream of 429s (one every few ms while 4 senders run)."""
+    n = 40
+    with RateLimitedSink(0.09) as sink:  # a little under the pace: the clocks of two processes
+        channels = [{"kind": "webhook", "url": sink.url, "min_interval_s": 0.1}]
+        with pager(redis_client, channels, backoff_initial=0.05, backoff_max=1.0):
+            t0 = time.monotonic()
+            dispatch(redis_client, *(act(f"r{i}", "rollback") for i in range(n)))
+            sink.wait_for(n, timeout=60)
+            took = time.monotonic() - t0
+    got = Counter(r.body["id"] for r in sink.accepted)
+    refused = sum(1 for r in sink.received if r.status == 429)
+    print(f"\nstorm: {n} rollbacks -> {len(sink.accepted)} accepted ({len(got)} distinct), {refused} answered 429, "
+          f"{took:.1f} s (the limit allows {n * 0.1:.1f} s)")
+    assert len(got) == n and sum(got.values()) == n
+    assert refused <= 2 and took < n * 0.1 + 2
+
+
+def test_slack_keeps_to_one_message_a_second_by_default() -> None:
+    from watchdog.alerting.channels import build_channel
+
+    assert build_channel({"kind": "slack", "url": "http://x"}).min_interval_s == 1.0
+    assert build_channel({"kind": "slack", "url": "http://x", "min_interval_s": 0}).min_interval_s == 0
+    assert build_channel({"kind": "pagerduty", "routing_key": "k"}).min_interval_s == 0

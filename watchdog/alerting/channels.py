@@ -81,6 +81,8 @@ class Channel(ABC):
     requires_routing_key: ClassVar[bool] = False
     #: None: this receiver keeps state, a message is sent once
     default_resend_interval_s: ClassVar[float | None] = None
+    #: seconds between the starts of two requests (the receiver's rate limit); 0: no limit
+    default_min_interval_s: ClassVar[float] = 0.0
     #: the largest request body this channel sends (a bigger one is a bug: refused, not sent)
     max_body_bytes: ClassVar[int] = limits.WEBHOOK_BODY_MAX_BYTES
 
@@ -88,6 +90,8 @@ class Channel(ABC):
         self.config = channel_config(config)
         self.name = self.config.name or self.config.kind
         self.resend_interval_s = self.config.resend_interval_s or self.default_resend_interval_s
+        self.min_interval_s = (self.default_min_interval_s if self.config.min_interval_s is None
+                               else self.config.min_interval_s)
 
     def accepts(self, alert: Alert) -> bool:
         """``alert`` is at least this channel's ``min_severity`` and, when its policy names channels,
@@ -227,6 +231,8 @@ class SlackChannel(Channel):
     """Slack incoming webhook: fallback ``text`` plus one coloured attachment holding blocks."""
 
     kind = "slack"
+    #: an incoming webhook takes 1 message a second (short bursts allowed), then answers 429
+    default_min_interval_s = 1.0
 
     def payload(self, alert: Alert) -> dict[str, Any]:
         title = _title(alert)

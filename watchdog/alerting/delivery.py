@@ -76,6 +76,7 @@ class ChannelWorker:
         self._next_poll = 0.0
         self._failures = 0  # retryable failures in a row: the channel's backoff
         self._resume_at = 0.0  # monotonic time of the next probe while failing
+        self._next_start = 0.0  # monotonic time the next request may start (channel.min_interval_s)
         #: seconds to wait for an answer: ``timeout_s``, doubled after each answer that did not come
         #: in time (the receiver may have the message and be slow), back once one comes in time
         self.read_timeout = channel.config.timeout_s
@@ -216,12 +217,19 @@ class ChannelWorker:
 
     def _take(self, now: float) -> Delivery | float | None:
         """The next message that may go, or how long to wait: while the channel fails, one probe at
-        a time, after the channel's backoff delay."""
+        a time, after the channel's backoff delay; never two starts closer than the channel's
+        ``min_interval_s``."""
         if self._failures and self._queue.in_flight():
             return None  # the probe in flight decides
         if self._failures and self._resume_at > now:
             return self._resume_at - now
-        return self._queue.take(now)
+        pace = self.channel.min_interval_s
+        if pace and self._next_start > now and len(self._queue):
+            return self._next_start - now
+        got = self._queue.take(now)
+        if pace and isinstance(got, Delivery):
+            self._next_start = now + pace
+        return got
 
     def _abandon(self) -> None:
         left = [d for d in self._queue.drain() if not d.durable]  # durable ones stay in their store

@@ -200,6 +200,9 @@ class AlertChannelConfig(BaseModel):
     #: re-post open incidents this often (Alertmanager forgets alerts not re-sent within its
     #: resolve_timeout); None: the kind's default (60 s for alertmanager, never for the others)
     resend_interval_s: float | None = Field(None, gt=0)
+    #: seconds between the starts of two requests, to stay within the receiver's rate limit;
+    #: None: the kind's default (1 s for slack, its documented 1 message a second, else 0)
+    min_interval_s: float | None = Field(None, ge=0)
 
 
 class AlertsConfig(_Section):
