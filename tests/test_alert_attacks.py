@@ -12,6 +12,7 @@ import pytest
 from tests.test_pages import act, dispatch, pager, wait
 from watchdog.core.keys import Keys
 from watchdog.dev.alertsink import AlertSink
+from watchdog.dev.embedded import free_port
 
 pytestmark = pytest.mark.services
 
@@ -119,3 +120,36 @@ def test_slack_keeps_to_one_message_a_second_by_default() -> None:
     assert build_channel({"kind": "slack", "url": "http://x"}).min_interval_s == 1.0
     assert build_channel({"kind": "slack", "url": "http://x", "min_interval_s": 0}).min_interval_s == 0
     assert build_channel({"kind": "pagerduty", "routing_key": "k"}).min_interval_s == 0
+
+
+def test_a_channel_down_then_back_delivers_each_page_once_in_order(redis_client: Any) -> None:
+    """The receiver refuses connections (a 10-minute outage, scaled to 20 backoff_max of 0.25 s),
+    while routes roll back, one flaps (rollback, promote, rollback, promote) and an ops incident
+    opens and closes. Once it listens again: every page once, each resolve after its trigger."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    n = 10
+    channels = [{"kind": "webhook", "url": url}]
+    with pager(redis_client, channels, backoff_initial=0.05, backoff_max=0.25) as p:
+        dispatch(redis_client, *(act(f"r{i}", "rollback", "critical") for i in range(n)))
+        dispatch(redis_client, act("flap", "rollback"), act("flap", "promote"))
+        p.alerter.ops_alert("redis", "Redis unreachable", "critical")
+        dispatch(redis_client, act("flap", "rollback"), act("flap", "promote"))
+        dispatch(redis_client, *(act(f"r{i}", "promote") for i in range(n)))
+        p.alerter.ops_resolve("redis")
+        time.sleep(5.0)
+        with AlertSink(port=port) as sink:
+            wait(lambda: redis_client.xlen(Keys().pages(GROUP, "webhook")) == 0 and not p.alerter.stats()["queued"],
+                 20, "every page delivered")
+            time.sleep(0.5)
+            stats = p.alerter.stats()
+    got = Counter(r.body["id"] for r in sink.accepted)
+    order = [(r.body["route"] or r.body["key"], r.body["status"]) for r in sink.accepted]
+    print(f"\noutage: {len(sink.accepted)} POSTs after it, {len(got)} distinct, "
+          f"{sum(got.values()) - len(got)} copies; sent {stats['sent']} failed {stats['failed']} "
+          f"dropped {stats['dropped']} retried {stats['retried']}; ops: {[o for o in order if o[0] == 'ops/redis']}")
+    assert sum(got.values()) == len(got) == 2 * n + 4 + 2
+    for i in range(n):
+        assert order.index((f"r{i}", "firing")) < order.index((f"r{i}", "resolved"))
+    assert [s for r, s in order if r == "flap"] == ["firing", "resolved", "firing", "resolved"]
+    assert [s for r, s in order if r == "ops/redis"] == ["firing", "resolved"]

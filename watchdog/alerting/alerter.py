@@ -33,14 +33,17 @@ class Alerter:
     """Turns actions and operational events into on-call messages on every configured channel."""
 
     def __init__(self, channels: Sequence[Channel | Mapping[str, Any] | Any], *, max_queue: int = 1000,
-                 backoff_initial: float = 0.5, backoff_max: float = 60.0, max_attempts: int = 8,
+                 backoff_initial: float = 0.5, backoff_max: float = 60.0, max_attempts: int | None = None,
                  status_url: str | None = None, clock: Callable[[], float] = time.time,
                  seed: int | None = None, on_page: Callable[[str, int], None] | None = None,
                  on_channel_page: Callable[[str, str, int], None] | None = None, max_in_flight: int = 4,
                  durable_give_up_s: float = 3600.0, evidence_url: str | None = None) -> None:
         """``on_page(result, n)`` counts messages over all channels: delivered, failed (given up) or
-        dropped; ``on_channel_page(channel, result, n)`` the same per channel, plus ``retried``."""
-        if max_queue < 1 or max_attempts < 1 or backoff_initial <= 0 or backoff_max < backoff_initial:
+        dropped; ``on_channel_page(channel, result, n)`` the same per channel, plus ``retried``.
+        An in-memory message (an ops alert) is retried like a page from the outbox, until it is
+        ``durable_give_up_s`` old, unless ``max_attempts`` is given (a short-lived CLI)."""
+        if max_queue < 1 or (max_attempts is not None and max_attempts < 1) or backoff_initial <= 0 \
+                or backoff_max < backoff_initial:
             raise ValueError("alerter: need max_queue >= 1, max_attempts >= 1, 0 < backoff_initial <= backoff_max")
         if max_in_flight < 1:
             raise ValueError("alerter: need max_in_flight >= 1")

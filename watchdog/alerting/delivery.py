@@ -13,7 +13,8 @@ channel that fails or hangs delays only its own messages; the alerter never wait
 Durable pages come from a :class:`PageSource` (the Redis outbox's per-channel stream, see
 ``watchdog.actuation.pages``): the worker fetches at most ``window`` of them at a time, retries a
 retryable failure until it is delivered or ``durable_give_up_s`` old, and acknowledges each by its
-own id as soon as it is delivered or given up. In-memory messages (ops alerts) keep ``max_attempts``.
+own id as soon as it is delivered or given up. In-memory messages (ops alerts) are retried the same
+way, unless ``max_attempts`` is given: then they are given up after that many attempts.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class ChannelWorker:
     """Delivers one channel's alerts from its queue, in ``max_in_flight`` threads of its own."""
 
     def __init__(self, channel: Channel, *, max_queue: int, backoff_initial: float, backoff_max: float,
-                 max_attempts: int, active: ActiveAlerts, rng: random.Random,
+                 max_attempts: int | None, active: ActiveAlerts, rng: random.Random,
                  on_page: Callable[[str, str, int], None] | None = None, max_in_flight: int = 4,
                  durable_give_up_s: float = 3600.0) -> None:
         #: counts (channel, delivered|failed|dropped|retried, n) messages
@@ -275,7 +276,7 @@ class ChannelWorker:
                     self._cond.notify_all()
 
     def _may_retry(self, item: Delivery) -> bool:
-        if item.durable:  # a page from the outbox is never lost to a receiver that is only down
+        if item.durable or self.max_attempts is None:  # never lost to a receiver that is only down
             return time.monotonic() - (item.first_try or 0.0) < self.durable_give_up_s
         return item.attempt < self.max_attempts
 
