@@ -153,3 +153,24 @@ def test_a_channel_down_then_back_delivers_each_page_once_in_order(redis_client:
         assert order.index((f"r{i}", "firing")) < order.index((f"r{i}", "resolved"))
     assert [s for r, s in order if r == "flap"] == ["firing", "resolved", "firing", "resolved"]
     assert [s for r, s in order if r == "ops/redis"] == ["firing", "resolved"]
+
+
+def test_a_daemon_stopped_with_an_ops_incident_open_resolves_it(kafka_service, redis_service, redis_client,
+                                                               topic, tmp_path, sink) -> None:
+    """An ops incident is about this process and is not kept across a restart (the next process
+    does not know it). Stopped while one is open (the runbook for ``thread-died`` is "restart the
+    daemon"), the daemon must close it at the receivers, or PagerDuty keeps it open forever."""
+    import json
+
+    from tests.daemon_harness import make_config, running_daemon, write_policy
+    from tests.helpers import wait_until
+
+    s, url = sink
+    policy = write_policy(tmp_path / "p.yaml")
+    cfg = make_config(kafka_service.address, redis_service.port, topic, policy, url)
+    with running_daemon(cfg) as (daemon, _server):
+        policy.write_text(policy.read_text().replace('fail_if: "candidate < 0.85"', 'fail_if: "candidate <<< 0.85"'))
+        wait_until(lambda: any("rejected" in json.dumps(r.body) for r in s.accepted), 15)
+    ops = [r.body["status"] for r in s.accepted if r.body.get("key") == "ops/policy-reload"]
+    print(f"\nops/policy-reload at the receiver across the stop: {ops}")
+    assert ops == ["firing", "resolved"]

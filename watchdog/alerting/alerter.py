@@ -161,6 +161,17 @@ class Alerter:
             self._dispatch(alerts)
         return alerts
 
+    def resolve_ops(self, why: str) -> list[Alert]:
+        """Close every open ops incident, saying ``why``: at stop, as they are about this process
+        and are not kept, so a new start could never resolve them."""
+        with self._lock:
+            alerts = []
+            for inc in self._book.export(OPS_PREFIX):
+                text = f"resolved: {inc['summary']} ({why})"
+                alerts += self._book.on_ops_resolve(inc["key"][len(OPS_PREFIX):], text)
+            self._dispatch(alerts)
+        return alerts
+
     def _dispatch(self, alerts: list[Alert]) -> None:
         # called under self._lock so two threads' messages for one key reach the queues in order
         for alert in alerts:

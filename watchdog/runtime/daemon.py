@@ -495,6 +495,8 @@ class Daemon:
                 closer.start()
                 closer.join(max(0.5, deadline - time.monotonic()))
             self.flags.close()
+            # ops incidents are about this process and are not kept: close them while we still can
+            self.alerter.resolve_ops("the daemon stopped; a new start pages again if it persists")
             if self.alerter.stop(timeout=1.5):
                 self.pager.release()  # nothing in flight: the next replica may deliver our channels at once
             if self._gc_entered:
