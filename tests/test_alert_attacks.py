@@ -174,3 +174,25 @@ def test_a_daemon_stopped_with_an_ops_incident_open_resolves_it(kafka_service, r
     ops = [r.body["status"] for r in s.accepted if r.body.get("key") == "ops/policy-reload"]
     print(f"\nops/policy-reload at the receiver across the stop: {ops}")
     assert ops == ["firing", "resolved"]
+
+
+def test_one_replicas_ops_resolve_does_not_close_anothers_in_pagerduty(sink: Any) -> None:
+    """Two replicas lose Redis; one gets it back first. Its resolve must not close the other's
+    still-open ops incident in PagerDuty (Alertmanager's ops alerts carry a ``source`` label for
+    this; a PagerDuty event is identified by its ``dedup_key`` alone)."""
+    from watchdog.alerting.alerter import Alerter
+
+    s, url = sink
+    a = Alerter([{"kind": "pagerduty", "url": url, "routing_key": "k", "source": "host-a"}],
+                backoff_initial=0.05, backoff_max=0.5).start()
+    b = Alerter([{"kind": "pagerduty", "url": url, "routing_key": "k", "source": "host-b"}],
+                backoff_initial=0.05, backoff_max=0.5).start()
+    a.ops_alert("redis", "Redis unreachable", "critical")
+    b.ops_alert("redis", "Redis unreachable", "critical")
+    s.wait_for(2)
+    a.ops_resolve("redis")
+    assert a.stop(2) and b.stop(2)
+    events = [(r.body["event_action"], r.body["dedup_key"]) for r in s.accepted]
+    open_keys = {k for e, k in events if e == "trigger"} - {k for e, k in events if e == "resolve"}
+    print(f"\nPagerDuty events: {events}; open after host-a's resolve: {open_keys}")
+    assert len(open_keys) == 1  # host-b's outage is still open

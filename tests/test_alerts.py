@@ -268,7 +268,7 @@ def test_incident_book_rollback_announcements() -> None:
 
 
 def test_ops_alerts(sink: AlertSink) -> None:
-    alerter = Alerter([{"kind": "pagerduty", "url": sink.url, "routing_key": "k"}], **FAST).start()
+    alerter = Alerter([{"kind": "pagerduty", "url": sink.url, "routing_key": "k", "source": "h1"}], **FAST).start()
     alerter.ops_alert("redis", "Redis unreachable: Connection refused", "critical", {"host": "127.0.0.1"})
     alerter.ops_alert("redis", "Redis unreachable: Connection refused", "critical", {})
     alerter.ops_alert("policy-reload", "policy reload rejected: policies/default.yaml:12:7 unknown metric 'rouge'",
@@ -282,7 +282,7 @@ def test_ops_alerts(sink: AlertSink) -> None:
     # two incidents go out side by side (max_in_flight): the order holds per incident
     posts = sorted((r.body for r in sink.received), key=lambda p: p["dedup_key"])
     assert [(p["event_action"], p["dedup_key"]) for p in posts] == [
-        ("trigger", "ops/policy-reload"), ("trigger", "ops/redis"), ("resolve", "ops/redis")]
+        ("trigger", "ops/policy-reload@h1"), ("trigger", "ops/redis@h1"), ("resolve", "ops/redis@h1")]
     assert posts[1]["payload"]["group"] == "ops" and posts[1]["payload"]["custom_details"]["host"] == "127.0.0.1"
     assert "policies/default.yaml:12:7" in posts[0]["payload"]["summary"]
     s = alerter.stats()

@@ -265,9 +265,12 @@ class PagerDutyChannel(Channel):
 
     def payload(self, alert: Alert) -> dict[str, Any]:
         short = limits.PAGERDUTY_FIELD_MAX
+        # An ops incident is about one daemon: without its source, one replica's resolve would close
+        # another's still-open incident (as for Alertmanager's ``source`` label)
+        key = f"{alert.key}@{self.config.source or _hostname()}" if alert.is_ops else alert.key
         body: dict[str, Any] = {
             "routing_key": self.config.routing_key,
-            "dedup_key": stable_key(alert.key, limits.PAGERDUTY_DEDUP_KEY_MAX),
+            "dedup_key": stable_key(key, limits.PAGERDUTY_DEDUP_KEY_MAX),
         }
         if alert.status == "resolved":
             body["event_action"] = "resolve"
