@@ -1,7 +1,8 @@
 """Policy backtesting: replay recorded history through the same pure core the daemon runs.
 
 Recorded inference events (JSON lines, optionally gzip) are decoded with ``decode_event`` (bad
-lines are counted, never fatal), folded into tumbling windows by ``WindowAggregator`` on *event*
+lines are counted, never fatal), put in event-time order (``event_time_order``: a recording of a
+topic of several partitions holds each partition's stretch in turn), folded into tumbling windows by ``WindowAggregator`` on *event*
 time (a window closes when event time passes its end + grace; ``close_all`` at the end), golden
 drift reports are fed at their finish time, and every closed window goes to ``PolicyEngine.observe``
 with simulated flags: every route starts at the policies' candidate, and rollback/promote actions
@@ -12,18 +13,22 @@ alert with its time, reason and numbers, plus a timeline for plotting
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import heapq
 import json
 import logging
 import math
 import os
+import struct
+import tempfile
 import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from watchdog.core.events import InvalidEvent, decode_event
 from watchdog.core.signals import Action, Signal
@@ -138,6 +143,54 @@ def read_lines(path: str | os.PathLike[str]) -> Iterator[bytes]:
                     yield line
         except (EOFError, zlib.error) as exc:  # a cut-short or damaged gzip file: callers catch OSError
             raise OSError(f"{os.fspath(path)}: damaged gzip file: {exc}") from exc
+
+
+#: lines ``event_time_order`` sorts in memory at a time; a longer recording is sorted in runs of this
+#: many, spilled to temporary files and merged, so memory stays bounded whatever its length
+SORT_RUN_LINES = 200_000
+_RUN_HEADER = struct.Struct("<dQI")  # event time, position in the input, line length
+
+
+def _sort_key(line: bytes) -> float:
+    try:
+        return decode_event(line).ts
+    except InvalidEvent:
+        return -math.inf  # a bad line is counted wherever it goes: first
+
+
+def event_time_order(lines: Iterable[bytes], run_lines: int = SORT_RUN_LINES) -> Iterator[bytes]:
+    """``lines`` in event-time order; lines of equal time, and bad lines (first), keep their order.
+
+    A recording made from the daemon's topic (docs/POLICIES.md "Backtest") holds each partition's
+    stretch of events in turn, not one time order: the daemon closes windows on the slowest
+    partition's watermark, while a fold over the file in its own order would close a window as soon
+    as one partition's events passed it and drop the other partitions' events for it as late (half of
+    a 4-partition recording). Runs of ``run_lines`` lines are sorted in memory; beyond one run they go
+    to temporary files and are merged."""
+    runs: list[IO[bytes]] = []
+    run: list[tuple[float, int, bytes]] = []
+    with contextlib.ExitStack() as files:
+        for i, line in enumerate(lines):
+            run.append((_sort_key(line), i, line))
+            if len(run) >= run_lines:
+                run.sort()
+                fh = files.enter_context(tempfile.TemporaryFile())
+                for ts, n, ln in run:
+                    fh.write(_RUN_HEADER.pack(ts, n, len(ln)))
+                    fh.write(ln)
+                fh.seek(0)
+                runs.append(fh)
+                run = []
+        run.sort()
+        for _ts, _n, ln in heapq.merge(run, *(_read_run(fh) for fh in runs)) if runs else run:
+            yield ln
+
+
+def _read_run(fh: IO[bytes]) -> Iterator[tuple[float, int, bytes]]:
+    size = _RUN_HEADER.size
+    while header := fh.read(size):
+        ts, n, length = _RUN_HEADER.unpack(header)
+        yield ts, n, fh.read(length)
 
 
 def _report_files(path: Path) -> list[Path]:
@@ -266,7 +319,7 @@ def run_backtest(policy_set: PolicySet, lines: Iterable[bytes], golden: GoldenFe
     r = rp.result
     feed = list(golden or [])
     gi = 0
-    for line in lines:
+    for line in event_time_order(lines):
         r.lines += 1
         try:
             ev = decode_event(line)

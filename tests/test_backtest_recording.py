@@ -1,0 +1,73 @@
+"""A backtest of a recording made the way docs/POLICIES.md ("Backtest") says: read from the daemon's
+topic with a plain KafkaConsumer. A topic of several partitions gives each partition's stretch of
+events in turn, not one time order; the backtest must decide on it exactly what it decides on the
+same events in time order (as the daemon, which closes windows on the slowest partition, sees them).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+from test_backtest import T0, M, _events
+
+from watchdog.dev.traffic import Route
+from watchdog.policy import load_policy_files
+from watchdog.policy.backtest import event_time_order, read_lines, run_backtest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _decisions(r: Any) -> list[tuple[Any, ...]]:
+    return [(a.at, a.kind, a.route, a.policy, a.rule, a.precision, a.flip) for a in r.actions]
+
+
+def test_recording_from_a_partitioned_topic_backtests_like_the_time_ordered_events(
+        kafka_service: Any, topic: str, tmp_path: Path) -> None:
+    from kafka import KafkaConsumer, KafkaProducer
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    admin = KafkaAdminClient(bootstrap_servers=kafka_service.address)
+    admin.create_topics([NewTopic(topic, 4, 1)])
+    admin.close()
+    routes = [Route(M, f"r{i}/chat", rate=2.0, baseline_share=0.5, shadow_share=0.0) for i in range(8)]
+    events = _events(routes, T0, 1800.0, ("r3/chat", T0 + 600), seed=5)
+    producer = KafkaProducer(bootstrap_servers=kafka_service.address, linger_ms=5)
+    for e in events:  # keyed by model/route, as the gateway and the emitters send them
+        producer.send(topic, key=f"{e['model']}/{e['route']}".encode(), value=json.dumps(e).encode())
+    producer.flush()
+    producer.close()
+    recorded = tmp_path / "events.jsonl.gz"
+    # the recipe of docs/POLICIES.md
+    c = KafkaConsumer(topic, bootstrap_servers=kafka_service.address, auto_offset_reset="earliest",
+                      enable_auto_commit=False, consumer_timeout_ms=5000)
+    with gzip.open(recorded, "wb") as out:
+        for m in c:
+            out.write(m.value.rstrip(b"\n") + b"\n")
+    c.close()
+    in_order = tmp_path / "in-order.jsonl"
+    in_order.write_text("".join(json.dumps(e) + "\n" for e in events))
+    assert list(read_lines(recorded)) != list(read_lines(in_order))  # the recording is not in time order
+
+    ps = load_policy_files([ROOT / "policies"])
+    want = run_backtest(ps, read_lines(in_order), window_s=300)
+    got = run_backtest(ps, read_lines(recorded), window_s=300)
+    # before: 13,563 of 28,665 events, 15,102 late, 46 of 96 windows
+    assert (got.events, got.late, got.windows) == (want.events, 0, want.windows) == (len(events), 0, 96)
+    assert _decisions(got) == _decisions(want)
+    assert [a.route for a in got.actions if a.flip] == ["r3/chat"]
+
+
+def test_event_time_order_spills_long_recordings_and_keeps_ties_and_bad_lines() -> None:
+    def line(ts: float, n: int) -> bytes:
+        return json.dumps({"schema": 1, "request_id": f"q{n}", "ts": ts, "model": "m", "route": "r",
+                           "precision": "fp8", "status": "ok", "latency_ms": 1.0}).encode()
+
+    lines = [line(T0 + (i * 7919) % 50, i) for i in range(100)]
+    lines.insert(40, b"not json")
+    want = [b"not json", *sorted(lines[:40] + lines[41:], key=lambda ln: json.loads(ln)["ts"])]
+    assert list(event_time_order(lines)) == want  # one run, in memory
+    assert list(event_time_order(lines, run_lines=7)) == want  # 15 runs spilled and merged
+    assert list(event_time_order([])) == []
