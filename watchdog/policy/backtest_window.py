@@ -3,7 +3,8 @@
 A policy has no window length of its own (the daemon's ``windows.length_s`` is deployment config),
 but its live rules say how much traffic a window needs: ``min_samples`` (and a judge's
 ``min_items``) per precision, ``for`` windows in a row, ``pool`` windows together. One pass over
-the recording through ``WindowAggregator`` at a short base length counts, per (rule, route,
+the recording in event-time order (``backtest.event_time_order``) through ``WindowAggregator`` at a
+short base length, each base window closed as the events pass it, counts, per (rule, route,
 precision), what ``min_samples`` counts (``evaluate.sample_count``); a longer window's count is
 the sum of its base windows (windows are aligned to multiples of their length). For each length
 of a ladder the rule is *reachable* when the median full window of some route it covers reaches
@@ -21,6 +22,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from watchdog.core.events import InvalidEvent, decode_event
+from watchdog.core.signals import Signal
+from watchdog.policy.backtest import event_time_order
 from watchdog.policy.evaluate import sample_count
 from watchdog.policy.loader import PolicySet
 from watchdog.policy.schema import Policy, Rule
@@ -73,27 +76,21 @@ def choose_window(policy_set: PolicySet, lines: Iterable[bytes]) -> WindowChoice
     counts: dict[tuple[str, str, str, str, str], dict[int, int]] = defaultdict(dict)
     first: float | None = None
     last: float | None = None
-    for line in lines:
+    for line in event_time_order(lines):
         try:
             ev = decode_event(line)
         except InvalidEvent:
             continue
+        # in time order, each base window is counted and dropped once the events pass it: the open
+        # windows stay a few per route, not every 10 s of the recording (a week of 100 routes held
+        # ~3 MB per route and hour open)
+        _count(agg.close_due(ev.ts), rules, counts)
         if agg.add(ev):
             first = ev.ts if first is None else min(first, ev.ts)
             last = ev.ts if last is None else max(last, ev.ts)
     if first is None or last is None:
         raise WindowChoiceError("cannot pick a window: the recording holds no valid event; pass --window")
-    for sig in agg.close_all():
-        if sig.source != "live":
-            continue
-        k = int(math.floor(sig.start / BASE_S + 1e-9))
-        for p, r in rules:
-            if not p.scope.covers(sig.model, sig.route):
-                continue
-            role = "candidate" if sig.precision == p.candidate else "baseline" if sig.precision == p.baseline else None
-            if role is None:
-                continue
-            counts[(p.name, r.name, sig.model, sig.route, role)][k] = sample_count(r, sig)
+    _count(agg.close_all(), rules, counts)
     if not rules:
         return WindowChoice(LADDER_S[0])
     choices = [_at(length, rules, counts, first, last) for length in LADDER_S]
@@ -109,6 +106,21 @@ def choose_window(policy_set: PolicySet, lines: Iterable[bytes]) -> WindowChoice
         raise WindowChoiceError(f"cannot pick a window: in this {span} recording no live rule reaches its "
                                 f"min_samples at any window length (e.g. {name}: {why}); pass --window")
     return best
+
+
+def _count(signals: list[Signal], rules: list[tuple[Policy, Rule]],
+           counts: dict[tuple[str, str, str, str, str], dict[int, int]]) -> None:
+    for sig in signals:
+        if sig.source != "live":
+            continue
+        k = int(math.floor(sig.start / BASE_S + 1e-9))
+        for p, r in rules:
+            if not p.scope.covers(sig.model, sig.route):
+                continue
+            role = "candidate" if sig.precision == p.candidate else "baseline" if sig.precision == p.baseline else None
+            if role is None:
+                continue
+            counts[(p.name, r.name, sig.model, sig.route, role)][k] = sample_count(r, sig)
 
 
 def _at(length: float, rules: list[tuple[Policy, Rule]], counts: dict[tuple[str, str, str, str, str], dict[int, int]],
