@@ -14,8 +14,10 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
+import pytest
 from test_backtest import T0, M, _events
 
+from watchdog.cli.policy import main as policy_cli
 from watchdog.dev.traffic import Route
 from watchdog.policy import load_policy_files
 from watchdog.policy.backtest import event_time_order, read_lines, run_backtest
@@ -103,3 +105,16 @@ def test_choosing_the_window_keeps_memory_flat_as_the_recording_grows() -> None:
     # held open for the whole recording); now 7.4 and 14.3 MB: the time-order sort's run and the
     # per-window counts (ints) still grow with the recording
     assert peaks[1] - peaks[0] < 15_000_000, peaks
+
+
+@pytest.mark.parametrize("content", ["", "\n\n", '{"schema": 1, "model": "m"}\n{"resourceSpans": []}\n'])
+def test_a_recording_without_a_valid_event_is_refused_not_reported_as_no_flips(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str) -> None:
+    """With --window it printed "0 flips, 0 alerts" and exited 0 (without --window: exit 2)."""
+    events = tmp_path / "events.jsonl"
+    events.write_text(content)
+    rc = policy_cli(["policy", "backtest", "--policy", str(ROOT / "policies"), "--events", str(events),
+                     "--window", "5m"])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == "", (rc, out)
+    assert len(err.strip().splitlines()) == 1 and "holds no valid event" in err, err

@@ -152,6 +152,11 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"{_PROG}: cannot read events: {exc}", file=sys.stderr)
         return 2
+    if result.events == 0:  # "0 flips" would read as a pass (without --window this stops at the window choice)
+        bad_note = f", {result.bad_lines} bad: {dict(result.bad_reasons)}" if result.bad_lines else ""
+        print(f"{_PROG}: --events {args.events}: the recording holds no valid event ({result.lines} "
+              f"lines{bad_note}); nothing to backtest", file=sys.stderr)
+        return 2
     result.golden_bad = bad
     result.window_note = note
     try:
