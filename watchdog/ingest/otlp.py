@@ -32,6 +32,13 @@ from watchdog.config.settings import CODECS, OtlpOptions
 from watchdog.core.events import InferenceEvent, InvalidEvent, decode_event
 
 _STATUS_ERROR = 2  # opentelemetry.proto.trace.v1.Status.STATUS_CODE_ERROR
+#: ``error.type`` (the exception class an instrumentation names, e.g. opentelemetry-instrumentation-openai-v2;
+#: last dotted part, lower case) of failures that say nothing about the precision (docs/EVENTS.md, "not judged")
+_NOT_JUDGED_ERRORS = {
+    "ratelimiterror": "rate_limited", "cancellederror": "cancelled", "badrequesterror": "client_error",
+    "authenticationerror": "client_error", "permissiondeniederror": "client_error", "notfounderror": "client_error",
+    "conflicterror": "client_error", "unprocessableentityerror": "client_error",
+}
 
 
 class RejectedSpan(InvalidEvent):
@@ -79,7 +86,7 @@ class _Mapper:
         self.opts = opts
         #: a span holding none of these is not a GenAI span
         self.genai_keys = _GENAI_KEYS
-        self.span_keys = _GENAI_KEYS | {"error.type", *opts.route_attributes, *opts.precision_attributes}
+        self.span_keys = _GENAI_KEYS | {"error.type", "http.response.status_code", *opts.route_attributes, *opts.precision_attributes}
         self.resource_keys = frozenset({"service.name", *opts.route_attributes, *opts.precision_attributes})
         self._exact = {k: v for k, v in opts.model_precisions.items() if not _is_pattern(k)}
         self._patterns = [(re.compile(fnmatch.translate(k)), v) for k, v in opts.model_precisions.items()
@@ -110,8 +117,7 @@ class _Mapper:
         status = "ok"
         finish = get("gen_ai.response.finish_reasons")
         if status_code == _STATUS_ERROR or (isinstance(finish, list) and "error" in finish):
-            err = f"{get('error.type') or ''} {status_message}".lower()
-            status = "timeout" if "timeout" in err or "timed out" in err else "error"
+            status = _failure_status(get("error.type"), get("http.response.status_code"), status_message)
         e2e = get("gen_ai.latency.e2e")
         ev: dict[str, Any] = {
             "schema": 1,
@@ -122,7 +128,8 @@ class _Mapper:
             "precision": _pick(opts.precision_attributes, attrs, resource)
             or self.precision_for_model(model) or opts.default_precision,
             "status": status,
-            "latency_ms": _seconds_to_ms(e2e) if e2e is not None else max(0, end_ns - start_ns) / 1e6,
+            # start > end is a broken span: negative, rejected as bad_value:latency_ms like a JSON event
+            "latency_ms": _seconds_to_ms(e2e) if e2e is not None else (end_ns - start_ns) / 1e6 if end_ns > 0 else 0.0,
             "prompt_tokens": _or(get("gen_ai.usage.input_tokens"), get("gen_ai.usage.prompt_tokens")),
             "completion_tokens": _or(get("gen_ai.usage.output_tokens"), get("gen_ai.usage.completion_tokens")),
             "engine": resource.get("service.name") or get("gen_ai.system") or get("gen_ai.provider.name"),
@@ -133,6 +140,22 @@ class _Mapper:
         if ttft is not None:
             ev["ttft_ms"] = _seconds_to_ms(ttft)
         return ev
+
+
+def _failure_status(error_type: Any, http_status: Any, message: str) -> str:
+    """The event status of a failed span, as the gateway and the LiteLLM hook decide it: HTTP 429
+    ``rate_limited``, another 4xx but 408 ``client_error``, a cancelled call ``cancelled`` (none of them
+    judged), else ``timeout`` when the error says so, else ``error``."""
+    if type(http_status) is not int and type(error_type) is str and error_type.isdigit():
+        http_status = int(error_type)  # HTTP semconv: error.type is the status code
+    if type(http_status) is int and 400 <= http_status < 500 and http_status != 408:
+        return "rate_limited" if http_status == 429 else "client_error"
+    if type(error_type) is str:
+        hit = _NOT_JUDGED_ERRORS.get(error_type.rsplit(".", 1)[-1].lower())
+        if hit is not None:
+            return hit
+    err = f"{error_type or ''} {message}".lower()
+    return "timeout" if "timeout" in err or "timed out" in err else "error"
 
 
 def _is_pattern(name: str) -> bool:
