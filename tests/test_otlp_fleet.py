@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import time
+import uuid
 from typing import Any
 
 import pytest
@@ -58,3 +60,60 @@ def test_a_span_that_ends_before_it_starts_is_rejected_not_a_zero_latency():
         events, rejected, _ = decode(encoding, make_request([span, zero]))
         assert [r.reason for r in rejected] == ["bad_value:latency_ms"], encoding
         assert [e.latency_ms for e in events] == [0.0], encoding  # a zero duration is a value
+
+
+# --- one Collector batch: 1,000 GenAI spans of which 3 are bad, 503 HTTP / DB spans of the same traces ----
+
+def _windows(redis_client: Any, route: str) -> list[dict[str, Any]]:
+    return [w for _id, v in redis_client.xrange("llmwd:windows") if (w := json.loads(v["json"]))["route"] == route]
+
+
+def _count(daemon: Any, result: str) -> float:
+    return daemon.metrics.registry.get_sample_value("llmwd_events_total", {"result": result}) or 0.0
+
+
+@pytest.mark.services
+def test_a_mixed_batch_keeps_its_good_spans_dead_letters_its_bad_ones_and_counts_the_others(
+        kafka_service, redis_service, redis_client, topic, tmp_path):
+    """One record as a Collector batches a fleet's traces, gzip and zstd: 994 spans folded, 3 dead-lettered
+    (one dead letter each), the 503 HTTP and database spans skipped quietly but counted
+    (``llmwd_events_total{result="skipped"}``): an operator whose spans all miss the mapping sees why
+    nothing arrives. The same batch written twice (a Collector retrying an export whose acknowledgement
+    was lost) counts twice: spans are not deduplicated, as JSON events are not."""
+    from kafka import KafkaConsumer, KafkaProducer
+
+    from tests.daemon_harness import make_config, running_daemon, write_policy
+    from tests.helpers import drain, wait_until
+    from tests.test_otlp import VLLM
+    from watchdog.config.settings import OtlpOptions
+
+    route = f"fleet-{uuid.uuid4().hex[:6]}"
+    good = {**VLLM, "llmwd.route": route}
+    end = time.time_ns() - 3_000_000_000
+    spans = [{**good, "gen_ai.request.id": f"g{j}", "_end_ns": end} for j in range(997)]
+    spans[100] = {**VLLM, "gen_ai.request.id": "noroute", "_end_ns": end}
+    spans[500] = {**good, "gen_ai.request.id": "neg", "gen_ai.latency.e2e": -1.0, "_end_ns": end}
+    spans[900] = {**good, "gen_ai.request.id": "str", "gen_ai.usage.completion_tokens": "many", "_end_ns": end}
+    spans += [{"_name": "GET /v1/models", "http.request.method": "GET", "http.route": "/v1/models"}] * 500
+    spans += [{"_name": "SELECT", "db.system": "postgresql"}] * 3
+    batch = make_request(spans).SerializeToString()
+    cfg = make_config(kafka_service.address, redis_service.port, topic, write_policy(tmp_path / "p.yaml", dry_run=True),
+                      None)
+    cfg.kafka.codec = "otlp_proto"
+    cfg.kafka.otlp = OtlpOptions(model_precisions={"*-fp8": "fp8"})
+    with running_daemon(cfg) as (daemon, _server):
+        for compression in ("gzip", "zstd"):
+            producer = KafkaProducer(bootstrap_servers=kafka_service.address, compression_type=compression)
+            producer.send(topic, batch)
+            producer.flush()
+            producer.close()
+        wait_until(lambda: sum(w["samples"] for w in _windows(redis_client, route)) >= 2 * 994, 30)
+        ok, skipped = _count(daemon, "ok"), _count(daemon, "skipped")
+    assert sum(w["samples"] for w in _windows(redis_client, route)) == 2 * 994
+    assert (ok, skipped) == (2 * 994, 2 * 503)
+    dlq = KafkaConsumer(cfg.kafka.dead_letter_topic, bootstrap_servers=kafka_service.address,
+                        auto_offset_reset="earliest", group_id=None)
+    letters = drain(dlq, 3.0)
+    dlq.close()
+    assert sorted(dict(m.headers)["llmwd.reason"].decode() for m in letters) == sorted(
+        ["missing_field:route", "bad_value:latency_ms", "bad_type:completion_tokens"] * 2)

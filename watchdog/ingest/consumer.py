@@ -196,6 +196,8 @@ class Ingest:
         self.metrics.kafka_up.set(1)
         seen = 0
         ok = 0
+        #: spans without gen_ai.* attributes the OTLP decoder passed over (HTTP, database spans)
+        skipped_before = getattr(self.decode_many, "skipped", 0)
         self.last_polled = set()
         for tp, records in batches.items():
             pkey = self._pkeys.get(tp)
@@ -236,6 +238,9 @@ class Ingest:
             self.next_offset[pkey] = records[-1].offset + 1
         if ok:
             self.metrics.events.labels("ok").inc(ok)
+        skipped = getattr(self.decode_many, "skipped", 0) - skipped_before
+        if skipped:
+            self.metrics.events.labels("skipped").inc(skipped)
         return seen
 
     def forget(self, pkey: PartitionKey) -> None:
