@@ -117,3 +117,22 @@ def test_a_mixed_batch_keeps_its_good_spans_dead_letters_its_bad_ones_and_counts
     dlq.close()
     assert sorted(dict(m.headers)["llmwd.reason"].decode() for m in letters) == sorted(
         ["missing_field:route", "bad_value:latency_ms", "bad_type:completion_tokens"] * 2)
+
+
+def test_the_serving_replica_comes_from_the_resource():
+    """The windows keep latency per replica so one stalled pod cannot speak for its precision
+    (docs/EVENTS.md, ``replica``); a span's resource names its pod (the Collector's k8sattributes
+    processor) or its SDK instance (the Python SDK sets ``service.instance.id`` per process), and the
+    event carries it."""
+    from tests.test_otlp import ENCODINGS, VLLM, decode
+
+    span = {**VLLM, "llmwd.route": "r", "llmwd.precision": "fp8"}
+    for encoding in ENCODINGS:
+        (ev,), _, _ = decode(encoding, make_request([span], {"k8s.pod.name": "vllm-fp8-7", "service.instance.id": "i-1"}))
+        assert ev.replica == "vllm-fp8-7", encoding
+        (ev,), _, _ = decode(encoding, make_request([span], {"service.instance.id": "i-1"}))
+        assert ev.replica == "i-1", encoding
+        (ev,), _, _ = decode(encoding, make_request([span], {"k8s.pod.name": "p"}), replica_attributes=[])
+        assert ev.replica is None, encoding
+        (ev,), _, _ = decode(encoding, make_request([span], {"host.name": "gpu-3"}), replica_attributes=["host.name"])
+        assert ev.replica == "gpu-3", encoding

@@ -58,6 +58,9 @@ class OtlpOptions(BaseModel):
     model_precisions: dict[str, str] = Field(default_factory=dict)
     #: last resort; None: the span is rejected (``missing_field:precision``)
     default_precision: str | None = None
+    #: attributes naming the serving instance (the event's ``replica``: windows keep latency per replica),
+    #: tried like the route attributes; a non-string value or none of them: no replica
+    replica_attributes: list[str] = Field(default_factory=lambda: ["k8s.pod.name", "service.instance.id"])
     #: a record larger than this is rejected whole (``too_large``): it holds a whole batch of spans
     max_record_bytes: int = Field(16 * 1024 * 1024, ge=1024)
 

@@ -86,8 +86,10 @@ class _Mapper:
         self.opts = opts
         #: a span holding none of these is not a GenAI span
         self.genai_keys = _GENAI_KEYS
-        self.span_keys = _GENAI_KEYS | {"error.type", "http.response.status_code", *opts.route_attributes, *opts.precision_attributes}
-        self.resource_keys = frozenset({"service.name", *opts.route_attributes, *opts.precision_attributes})
+        self.span_keys = _GENAI_KEYS | {"error.type", "http.response.status_code", *opts.route_attributes,
+                                       *opts.precision_attributes, *opts.replica_attributes}
+        self.resource_keys = frozenset({"service.name", *opts.route_attributes, *opts.precision_attributes,
+                                        *opts.replica_attributes})
         self._exact = {k: v for k, v in opts.model_precisions.items() if not _is_pattern(k)}
         self._patterns = [(re.compile(fnmatch.translate(k)), v) for k, v in opts.model_precisions.items()
                           if _is_pattern(k)]
@@ -136,6 +138,9 @@ class _Mapper:
             "trace_id": trace_id,
             "span_id": span_id,
         }
+        replica = _pick(opts.replica_attributes, attrs, resource)
+        if type(replica) is str:
+            ev["replica"] = replica
         ttft = get("gen_ai.latency.time_to_first_token")
         if ttft is not None:
             ev["ttft_ms"] = _seconds_to_ms(ttft)
