@@ -136,3 +136,78 @@ def test_the_serving_replica_comes_from_the_resource():
         assert ev.replica is None, encoding
         (ev,), _, _ = decode(encoding, make_request([span], {"host.name": "gpu-3"}), replica_attributes=["host.name"])
         assert ev.replica == "gpu-3", encoding
+
+
+@pytest.mark.services
+def test_a_crash_in_the_middle_of_a_record_loses_and_doubles_nothing(
+        kafka_service, redis_service, redis_client, topic, tmp_path):
+    """Two 1,000-span records; the loop fails after 499 spans of the second. Crash-only: no checkpoint of
+    that half-folded state, the next start re-reads the record from the last good checkpoint and counts
+    each span once. (Closing the consumer at the crash ran the revoke callback, which checkpointed the
+    half-folded windows at the consumer's fetch position: 501 spans were never counted.)"""
+    import threading
+
+    from kafka import KafkaProducer
+
+    from tests.daemon_harness import make_config, write_policy
+    from tests.helpers import wait_until
+    from tests.test_otlp import VLLM
+    from watchdog.config.settings import OtlpOptions
+    from watchdog.runtime.daemon import Daemon
+
+    route = f"crash-{uuid.uuid4().hex[:6]}"
+    now = time.time_ns()
+
+    def record(tag: str, end_ns: int, n: int = 1000) -> bytes:
+        return make_request([{**VLLM, "llmwd.route": route, "gen_ai.request.id": f"{tag}{j}",
+                              "_end_ns": end_ns + j * 1_000_000} for j in range(n)]).SerializeToString()
+
+    cfg = make_config(kafka_service.address, redis_service.port, topic, write_policy(tmp_path / "p.yaml", dry_run=True),
+                      None)
+    cfg.kafka.codec = "otlp_proto"
+    cfg.kafka.otlp = OtlpOptions(model_precisions={"*-fp8": "fp8"})
+    producer = KafkaProducer(bootstrap_servers=kafka_service.address)
+    producer.send(topic, record("a", now - 60_000_000_000), partition=0)
+    producer.send(topic, record("b", now - 40_000_000_000), partition=0)
+    producer.flush()
+
+    first = Daemon(cfg)
+    fold = first.ownership.fold
+    seen_b = [0]
+
+    def failing_fold(event: Any, pk: Any, offset: int) -> str | None:
+        if event.request_id.startswith("b"):
+            seen_b[0] += 1
+            if seen_b[0] == 500:
+                raise RuntimeError("the loop failed mid-record")
+        return fold(event, pk, offset)
+
+    first.ownership.fold = failing_fold  # type: ignore[method-assign]
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            first.run()
+        except RuntimeError as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(60)
+    assert len(failed) == 1 and seen_b[0] == 500
+
+    second = Daemon(cfg)
+    thread = threading.Thread(target=second.run, daemon=True)
+    thread.start()
+    try:
+        producer.send(topic, record("c", now - 5_000_000_000, 10), partition=0)  # moves the watermark on
+        producer.flush()
+        wait_until(lambda: sum(w["samples"] for w in _windows(redis_client, route)) >= 2010, 60,
+                   detail=lambda: [w["samples"] for w in _windows(redis_client, route)])
+        time.sleep(2)
+    finally:
+        second.stop()
+        thread.join(30)
+        producer.close()
+    # windows of a and b closed, c's window closed at the stop: every span once
+    assert sum(w["samples"] for w in _windows(redis_client, route)) == 2010

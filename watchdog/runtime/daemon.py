@@ -479,6 +479,8 @@ class Daemon:
         """Checkpoint every partition (open windows stay open, in the checkpoint) and close; without
         ``checkpoint`` (a crash) only close: Kafka gets the offsets of the last good checkpoints."""
         deadline = time.monotonic() + 6.0
+        if not checkpoint:
+            self.ownership.save_on_revoke = False  # nor when closing the consumer revokes the partitions
         try:
             if self.ingest is not None and checkpoint:
                 self._drain(deadline)

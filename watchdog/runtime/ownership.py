@@ -72,6 +72,9 @@ class Ownership:
         self.max_age_s = cfg.windows.max_age_s or float("inf")
         #: events of new routes refused (``route_limit``), by the cap that refused them
         self.route_limited = {"partition": 0, "replica": 0}
+        #: False once the loop failed (crash-only): closing the consumer revokes every partition, and
+        #: their state - a poll folded halfway - must not become a checkpoint
+        self.save_on_revoke = True
         self._save: Callable[[P.Partition, float], Any] = lambda part, now: None
         self._restored: Callable[[float], Any] = lambda now: None
 
@@ -134,7 +137,7 @@ class Ownership:
         now = self.clock()
         for pk in pks:
             part = self.parts.get(pk)
-            if part is not None:
+            if part is not None and self.save_on_revoke:
                 self._save(part, now)
             self.forget(pk)
 
