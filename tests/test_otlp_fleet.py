@@ -211,3 +211,22 @@ def test_a_crash_in_the_middle_of_a_record_loses_and_doubles_nothing(
         producer.close()
     # windows of a and b closed, c's window closed at the stop: every span once
     assert sum(w["samples"] for w in _windows(redis_client, route)) == 2010
+
+
+@pytest.mark.parametrize("finish, want", [
+    (("abort",), "cancelled"),      # vLLM's FinishReason.ABORT: the client went away
+    ('["abort"]', "cancelled"),     # SGLang writes the list JSON-encoded, as one string
+    ('["error"]', "error"),
+    ('["stop"]', "ok"),
+    (("length",), "ok"),
+    ("stop", "ok"),
+])
+def test_finish_reasons_as_list_or_json_string(finish, want):
+    """An aborted request (client disconnect) is ``cancelled`` and not judged, as the gateway records
+    it; counted ``ok`` it added its cut-short latency and tokens to the precision's numbers."""
+    from tests.test_otlp import ENCODINGS, VLLM, decode
+
+    span = {**VLLM, "llmwd.route": "r", "llmwd.precision": "fp8", "gen_ai.response.finish_reasons": finish}
+    for encoding in ENCODINGS:
+        (ev,), rejected, _ = decode(encoding, make_request([span]))
+        assert (ev.status, rejected) == (want, []), encoding

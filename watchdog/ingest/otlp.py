@@ -117,9 +117,11 @@ class _Mapper:
         get = attrs.get
         model = get("gen_ai.response.model") or get("gen_ai.request.model")
         status = "ok"
-        finish = get("gen_ai.response.finish_reasons")
-        if status_code == _STATUS_ERROR or (isinstance(finish, list) and "error" in finish):
+        finish = _finish_reasons(get("gen_ai.response.finish_reasons"))
+        if status_code == _STATUS_ERROR or "error" in finish:
             status = _failure_status(get("error.type"), get("http.response.status_code"), status_message)
+        elif "abort" in finish:  # vLLM's FinishReason.ABORT: aborted by the client, not judged
+            status = "cancelled"
         e2e = get("gen_ai.latency.e2e")
         ev: dict[str, Any] = {
             "schema": 1,
@@ -145,6 +147,17 @@ class _Mapper:
         if ttft is not None:
             ev["ttft_ms"] = _seconds_to_ms(ttft)
         return ev
+
+
+def _finish_reasons(v: Any) -> list[Any]:
+    """``gen_ai.response.finish_reasons``: a string array (semconv, vLLM), or that array JSON-encoded in
+    one string (SGLang); anything else: none."""
+    if type(v) is str and v.startswith("["):
+        try:
+            v = orjson.loads(v)
+        except orjson.JSONDecodeError:
+            return []
+    return v if type(v) is list else []
 
 
 def _failure_status(error_type: Any, http_status: Any, message: str) -> str:
