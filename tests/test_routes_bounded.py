@@ -43,9 +43,10 @@ class World:
         self.keeper = RouteKeeper(self.cfg, self.own, self.engine, self.readiness, self.metrics,
                                   lambda: self.flags, lambda: self.pending, lambda: self.incidents)
 
-    def fold(self, route: str, pk: P.PartitionKey = PK0, ts: float | None = None, offset: int = 0) -> str | None:
+    def fold(self, route: str, pk: P.PartitionKey = PK0, ts: float | None = None, offset: int = 0,
+             precision: str = "fp8") -> str | None:
         self.own.poll_now = self.now
-        ev = InferenceEvent(f"{route}-{offset}", ts or self.now, "m", route, "fp8", "ok", 100.0)
+        ev = InferenceEvent(f"{route}-{offset}", ts or self.now, "m", route, precision, "ok", 100.0)
         return self.own.fold(ev, pk, offset)
 
 
@@ -63,6 +64,21 @@ def test_new_routes_beyond_the_partition_cap_are_refused_known_ones_fold() -> No
     w.now += ROUTE_LIMIT_HOLD_S + 1  # quiet for a minute: the reason clears
     w.keeper.update(w.now)
     assert not any(p.startswith("route-limit:") for p in w.readiness.problems())
+
+
+def test_an_event_of_a_precision_no_flag_may_take_is_dead_lettered_not_given_windows() -> None:
+    # found by an attack on OTLP ingest: 10,000 distinct precision values on one route opened 10,000
+    # windows (16.9 MB) in one 10 s slot; no policy can judge them (they are checked against precisions)
+    w = World()
+    got = [w.fold("r", offset=i, precision=f"p{i}") for i in range(1000)]
+    assert got == ["unknown_precision"] * 1000
+    assert w.fold("r", precision="fp16") is None and w.fold("r", precision="fp8") is None
+    assert w.own.parts[PK0].agg.open_windows() == 2
+    w = World()
+    w.cfg.precisions.append("bf16")
+    w.own = Ownership(w.cfg, w.engine, None, w.wm, w.readiness, None, lambda: w.now)  # type: ignore[arg-type]
+    w.own.parts[PK0] = P.Partition(PK0, "tok", 0, WindowAggregator(length_s=10.0, grace_s=2.0))
+    assert w.fold("r", precision="bf16") is None  # configured: kept
 
 
 def test_a_late_event_of_a_new_route_does_not_take_a_place() -> None:

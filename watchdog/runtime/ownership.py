@@ -70,6 +70,9 @@ class Ownership:
         self.max_part_routes = cfg.windows.max_routes_per_partition
         self.max_routes = cfg.windows.max_routes
         self.max_age_s = cfg.windows.max_age_s or float("inf")
+        #: the precisions a flag may take (``precisions``): an event of another can never be judged, and
+        #: each distinct one would open windows of its own on its route
+        self.precisions = frozenset(cfg.precisions)
         #: events of new routes refused (``route_limit``), by the cap that refused them
         self.route_limited = {"partition": 0, "replica": 0}
         #: False once the loop failed (crash-only): closing the consumer revokes every partition, and
@@ -91,13 +94,15 @@ class Ownership:
     def fold(self, event: Any, pk: P.PartitionKey, offset: int) -> str | None:
         """Fold one event into its partition's windows; the dead-letter reason when refused
         (``future``, ``stale``: older than ``windows.max_age_s``, ``late``, ``route_limit``: a new route
-        beyond the partition's or the replica's cap)."""
+        beyond the partition's or the replica's cap, ``unknown_precision``: not one of ``precisions``)."""
         ts = event.ts
         now = self.poll_now
         if ts > now + self.wm.max_future_s:
             return "future"
         if ts < now - self.max_age_s:
             return "stale"
+        if event.precision not in self.precisions:
+            return "unknown_precision"
         part = self.parts[pk]
         route = (event.model, event.route)
         if route in part.routes:
