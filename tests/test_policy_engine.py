@@ -477,3 +477,18 @@ def test_nearness_orders_the_routes_of_rank_zero_streaks_first_then_by_the_share
     assert near["b"] is not None and near["c"] is not None and near["d"] is not None
     assert near["b"] > near["c"] > near["d"]
     assert near["c"] == pytest.approx(0.95)
+
+
+def test_a_backlog_handed_over_in_one_call_decides_after_every_window_as_one_window_per_call_does() -> None:
+    """Found comparing the daemon with a backtest of its recorded topic: catching up a backlog, the
+    daemon handed the engine several windows of a route in one call and it decided once, after the
+    last: the flip came a window later, and a rule that tripped and passed again did not flip at all."""
+    shapes = ([0.10, 0.10, 0.10], [0.10, 0.10, 0.01], [0.10, 0.01, 0.10, 0.10, 0.01])
+    for values in shapes:
+        one = Sim(make_policy(rule_for=2))
+        for i, v in enumerate(values):
+            one.step(window(DAY0 + 60 * i, v), DAY0 + 60 * i)
+        batch = Sim(make_policy(rule_for=2))
+        got = batch.step([s for i, v in enumerate(values) for s in window(DAY0 + 60 * i, v)], DAY0 + 60 * len(values))
+        assert [(a.kind, a.at, a.reason) for a in got] == [(a.kind, a.at, a.reason) for a in one.log], values
+        assert [a.kind for a in got] == ["rollback"]

@@ -240,6 +240,27 @@ class PolicyEngine:
         flags: Mapping[tuple[str, str], str],
         default_precision: str = "fp8",
     ) -> list[Action]:
+        """Judge ``signals`` and return the actions. Live windows of several ends (the daemon catching up
+        a backlog) are decided one end at a time, as one window per pass and the backtest decide: a rule
+        that trips at one end flips there, even when it passes again at the next. A route flipped at one
+        end is judged at the later ends but decided again only at the next call, once the flags show
+        the flip. Other sources (golden, GPU) go with the latest end."""
+        ends = sorted({s.end for s in signals if s.source == "live"})
+        if len(ends) <= 1:
+            return self._observe(signals, now, flags, default_precision, frozenset())
+        by_end: dict[float, list[Signal]] = {end: [] for end in ends}
+        for s in signals:
+            by_end[s.end if s.source == "live" else ends[-1]].append(s)
+        out: list[Action] = []
+        flipped: set[tuple[str, str]] = set()
+        for end in ends:
+            acts = self._observe(by_end[end], now, flags, default_precision, frozenset(flipped))
+            flipped |= {(a.model, a.route) for a in acts if a.kind in ("rollback", "promote") and not a.dry_run}
+            out += acts
+        return out
+
+    def _observe(self, signals: list[Signal], now: float, flags: Mapping[tuple[str, str], str],
+                 default_precision: str, flipped: frozenset[tuple[str, str]]) -> list[Action]:
         by_pair = self._group(signals, flags)
         proposed: list[Action] = []
         for policy in self.policy_set.policies:
@@ -259,7 +280,7 @@ class PolicyEngine:
                                            reason=f"{serving} restored outside the watchdog (flags)",
                                            severity="info", at=now))
                 at = self._process_windows(policy, st, sigs)
-                if at is None:
+                if at is None or (model, route) in flipped:
                     continue
                 proposed += decide(policy, st, model, route, serving, now, at)
         if self._retired:
