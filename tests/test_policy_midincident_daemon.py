@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -32,13 +33,20 @@ def _messages(sink, key: str) -> list[dict]:
     return [r.body for r in sink.received if r.path.endswith("webhook") and r.body.get("key") == key]
 
 
-def test_deleting_the_policy_whose_rollback_is_in_force_tells_on_call_and_resolves_on_restore(
-        kafka_service, redis_service, redis_client, topic, tmp_path, sink):
-    s, url = sink
+def _policies(tmp_path: Path, **others: str) -> Path:
+    """A policy directory with the e2e policy (rolls back, manual promote) and ``others`` (name=YAML)."""
     pdir = tmp_path / "policies"
     pdir.mkdir()
     (pdir / "e2e.yaml").write_text(POLICY.format(dry_run="false"))
-    (pdir / "other.yaml").write_text(OTHER)
+    for name, text in others.items():
+        (pdir / f"{name}.yaml").write_text(text)
+    return pdir
+
+
+def test_deleting_the_policy_whose_rollback_is_in_force_tells_on_call_and_resolves_on_restore(
+        kafka_service, redis_service, redis_client, topic, tmp_path, sink):
+    s, url = sink
+    pdir = _policies(tmp_path, other=OTHER)
     cfg = make_config(kafka_service.address, redis_service.port, topic, pdir, url)
     store = FlagStore(redis_client, Keys())
     with running_daemon(cfg) as (daemon, server), \
@@ -92,10 +100,7 @@ def test_a_pinned_route_whose_policy_is_deleted_stays_on_fp16_until_an_operator_
     rollback, and on FP16 this traffic gives it no FP8 window to judge: the route stays on FP16, on-call
     is told which policy may restore it, and the operator's restore resolves the deleted policy's incident."""
     s, url = sink
-    pdir = tmp_path / "policies"
-    pdir.mkdir()
-    (pdir / "e2e.yaml").write_text(POLICY.format(dry_run="false"))
-    (pdir / "auto.yaml").write_text(AUTO)
+    pdir = _policies(tmp_path, auto=AUTO)
     cfg = make_config(kafka_service.address, redis_service.port, topic, pdir, url)
     store = FlagStore(redis_client, Keys())
     with running_daemon(cfg) as (daemon, _server), \

@@ -316,8 +316,8 @@ class Gateway:
                        who: Any, hold: BodyHold) -> tuple[dict[str, Any], str, str, PoolConfig] | None:
         """(body, model, route, pool) of a request from client ``who`` (None: anonymous); None when
         it was answered already with 408 (body not in within ``BODY_TIMEOUT_S``), 413 (body too
-        large), 503 (the bodies held would pass ``max_body_bytes_in_flight``), 400 (no JSON object with a valid model name), the route refusal
-        (``watchdog.gateway.access``) or 404 (model not served here)."""
+        large), 503 (the bodies held would pass ``max_body_bytes_in_flight``), 400 (no JSON object with
+        a valid model name), the route refusal (``watchdog.gateway.access``) or 404 (model not served here)."""
         try:
             async with asyncio.timeout(BODY_TIMEOUT_S):
                 raw = await _read_body(receive, hold, _content_length(headers))
