@@ -139,12 +139,14 @@ def test_the_serving_replica_comes_from_the_resource():
 
 
 @pytest.mark.services
+@pytest.mark.parametrize("codec", ["otlp_proto", "json"])
 def test_a_crash_in_the_middle_of_a_record_loses_and_doubles_nothing(
-        kafka_service, redis_service, redis_client, topic, tmp_path):
-    """Two 1,000-span records; the loop fails after 499 spans of the second. Crash-only: no checkpoint of
-    that half-folded state, the next start re-reads the record from the last good checkpoint and counts
-    each span once. (Closing the consumer at the crash ran the revoke callback, which checkpointed the
-    half-folded windows at the consumer's fetch position: 501 spans were never counted.)"""
+        kafka_service, redis_service, redis_client, topic, tmp_path, codec):
+    """Two 1,000-span records (json: two runs of 1,000 events, each a record, read in one poll batch); the
+    loop fails after 499 events of the second. Crash-only: no checkpoint of that half-folded state, the
+    next start re-reads from the last good checkpoint and counts each event once. (Closing the consumer at
+    the crash ran the revoke callback, which checkpointed the half-folded windows at the consumer's fetch
+    position: 501 spans were never counted.)"""
     import threading
 
     from kafka import KafkaProducer
@@ -158,18 +160,27 @@ def test_a_crash_in_the_middle_of_a_record_loses_and_doubles_nothing(
     route = f"crash-{uuid.uuid4().hex[:6]}"
     now = time.time_ns()
 
-    def record(tag: str, end_ns: int, n: int = 1000) -> bytes:
-        return make_request([{**VLLM, "llmwd.route": route, "gen_ai.request.id": f"{tag}{j}",
-                              "_end_ns": end_ns + j * 1_000_000} for j in range(n)]).SerializeToString()
+    def records(tag: str, end_ns: int, n: int = 1000) -> list[bytes]:
+        if codec == "json":
+            return [json.dumps({"request_id": f"{tag}{j}", "ts": (end_ns + j * 1_000_000) / 1e9,
+                                "model": VLLM["gen_ai.response.model"], "route": route, "precision": "fp8",
+                                "status": "ok", "latency_ms": 812.5}).encode() for j in range(n)]
+        return [make_request([{**VLLM, "llmwd.route": route, "gen_ai.request.id": f"{tag}{j}",
+                               "_end_ns": end_ns + j * 1_000_000} for j in range(n)]).SerializeToString()]
+
+    def send(tag: str, end_ns: int, n: int = 1000) -> None:
+        for value in records(tag, end_ns, n):
+            producer.send(topic, value, partition=0)
+        producer.flush()
 
     cfg = make_config(kafka_service.address, redis_service.port, topic, write_policy(tmp_path / "p.yaml", dry_run=True),
                       None)
-    cfg.kafka.codec = "otlp_proto"
-    cfg.kafka.otlp = OtlpOptions(model_precisions={"*-fp8": "fp8"})
-    producer = KafkaProducer(bootstrap_servers=kafka_service.address)
-    producer.send(topic, record("a", now - 60_000_000_000), partition=0)
-    producer.send(topic, record("b", now - 40_000_000_000), partition=0)
-    producer.flush()
+    if codec == "otlp_proto":
+        cfg.kafka.codec = "otlp_proto"
+        cfg.kafka.otlp = OtlpOptions(model_precisions={"*-fp8": "fp8"})
+    producer = KafkaProducer(bootstrap_servers=kafka_service.address, linger_ms=20)
+    send("a", now - 60_000_000_000)
+    send("b", now - 40_000_000_000)
 
     first = Daemon(cfg)
     fold = first.ownership.fold
@@ -200,8 +211,7 @@ def test_a_crash_in_the_middle_of_a_record_loses_and_doubles_nothing(
     thread = threading.Thread(target=second.run, daemon=True)
     thread.start()
     try:
-        producer.send(topic, record("c", now - 5_000_000_000, 10), partition=0)  # moves the watermark on
-        producer.flush()
+        send("c", now - 5_000_000_000, 10)  # moves the watermark on
         wait_until(lambda: sum(w["samples"] for w in _windows(redis_client, route)) >= 2010, 60,
                    detail=lambda: [w["samples"] for w in _windows(redis_client, route)])
         time.sleep(2)
