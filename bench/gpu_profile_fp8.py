@@ -42,7 +42,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.gpu_replay import Shape, golden_set_of, random_llama, token_agreement  # noqa: E402
-from probes.engines.fast_decode import FUSED_MIN_ROWS  # noqa: E402
+from probes.engines.fast_decode import FUSED_MIN_ROWS, PASS_GRAPH_MAX_ROWS  # noqa: E402
 
 LINES: list[str] = []
 
@@ -93,7 +93,9 @@ VARIANTS = {"old": (False, 0), "own": (True, 0), "new": (True, 128)}  # (own_for
 #: and more): "new+auto" is the engine as shipped at every batch
 #: rkv = prefill/scoring attention on K/V repeated per query head (the engine before 2026-12-06's SDPA
 #: ``enable_gqa``, ``fast_forward.SDPA_GQA``)
-OPTIONS = ("q1", "gqa", "head8", "nocount", "s8", "tri", "kv8", "tg", "fq", "loop", "auto", "rkv")
+#: nopg = prefill and scoring passes never captured as CUDA graphs (the engine before 2026-12-07's pass
+#: graphs; else a pass of at most ``PASS_GRAPH_MAX_ROWS`` positions is captured when its shape repeats)
+OPTIONS = ("q1", "gqa", "head8", "nocount", "s8", "tri", "kv8", "tg", "fq", "loop", "auto", "rkv", "nopg")
 HEADS: dict[int, tuple[Any, Any]] = {}  # id(engine) -> (its own lm_head module, the FP8 one)
 
 
@@ -123,6 +125,7 @@ def set_variant(engines: list[Any], name: str) -> None:
                        gemm="triton" if "tg" in opts else "cublas", fused_quant="fq" in opts or "auto" in opts)
         # "fq": every pass; "auto": the engine's default, passes of FUSED_MIN_ROWS positions and more
         fd.fused_min_rows = FUSED_MIN_ROWS if "auto" in opts else 0
+        fd.pass_graph_max_rows = 0 if "nopg" in opts else PASS_GRAPH_MAX_ROWS
         if id(eng) in HEADS:
             own_head, head8 = HEADS[id(eng)]
             mod = head8 if "head8" in opts else own_head
@@ -516,8 +519,9 @@ def main(argv: list[str] | None = None) -> int:
         for variant in variants:
             set_variant([fp16, fp8], variant)
             t_w = time.perf_counter()
-            run_round(fp16, prompts, refs, args.new_tokens, b)  # warm-up: compile + capture
-            run_round(fp8, prompts, refs, args.new_tokens, b)
+            for _ in range(2):  # warm-up: compile + capture (a pass is captured when its shape comes again)
+                run_round(fp16, prompts, refs, args.new_tokens, b)
+                run_round(fp8, prompts, refs, args.new_tokens, b)
             t_w = time.perf_counter() - t_w
             for eng in (fp16, fp8):
                 if eng.fast_decoder is not None:
@@ -539,7 +543,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{pre['fp16']:.3f} / score {med['fp16'][1]:.3f}), FP8 {eng8:.3f} s (generate {med['fp8'][0]:.3f}, "
                 f"prefill {pre['fp8']:.3f} / score {med['fp8'][1]:.3f}): FP8/FP16 {eng8 / eng16:.3f}, rounds "
                 f"{', '.join(f'{x:.3f}' for x in ratios)}; decode ms/step {ms_step['fp16']:.2f} / "
-                f"{ms_step['fp8']:.2f}; warm-up round {t_w:.1f} s")
+                f"{ms_step['fp8']:.2f}; warm-up rounds {t_w:.1f} s; passes replayed as graphs "
+                f"{st['fp16'].get('pass_replays', 0):.0f} / {st['fp8'].get('pass_replays', 0):.0f}")
             summary.append((b, n, variant, eng16, eng8, ms_step, ratios))
             if (b == batches[0] and variant != variants[-1] and any(o in variant for o in ("tri", "kv8", "tg"))
                     and device == "cuda"):

@@ -135,7 +135,11 @@ def resident(model_dir: Path, set_name: str, batch: int, cache_dir: Path, rounds
             replay(golden, cand, basel, batch_size=batch, progress=False, timings=spent)
         out.append({"wall_s": time.perf_counter() - t0, "build_s": t1 - t0, "loads": cache.loads - loads,
                     "generate_fp8_s": spent.get("generate_candidate_s", 0.0),
-                    "generate_fp16_s": spent.get("generate_baseline_s", 0.0)})
+                    "generate_fp16_s": spent.get("generate_baseline_s", 0.0),
+                    "score_fp8_s": spent.get("score_candidate_s", 0.0),
+                    "score_fp16_s": spent.get("score_baseline_s", 0.0),
+                    "graphed": sum(e.fast_decoder.stats.get("pass_replays", 0.0) for e in (cand, basel)
+                                   if getattr(e, "fast_decoder", None) is not None)})
     cache.close()
     return out
 
@@ -201,17 +205,18 @@ def main(argv: list[str] | None = None) -> int:
         more = [x for kv in opts.split(",") for x in ("-o", kv)]
         for label in ("cold", "warm"):
             run(f"{opts}: {label}", work / f"compile-cache-{n + 1}", more)
-    say(f"command: {runs[0][1]['cmd']}")
-    say(f"set {args.set}, batch {args.batch}; items measured: {[r['measured'] for _l, r in runs]}; "
-        f"compile cache {sum(f.stat().st_size for f in cache.rglob('*') if f.is_file()) / 1e6 if cache.exists() else 0:.0f} MB")
-    say("")
-    say("| run | wall s | import s | load s FP8 / FP16 | FP8 quantise s | compile + graph capture s FP8 / FP16 | "
-        "generate s FP8 / FP16 | score s FP8 / FP16 | metrics s |")
-    say("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for label, done in runs:
-        say(split_row(label, done))
-    for label, done in runs:
-        say(f"timings of {label!r}: {json.dumps(done['timings'], sort_keys=True)}")
+    if runs:
+        say(f"command: {runs[0][1]['cmd']}")
+        say(f"set {args.set}, batch {args.batch}; items measured: {[r['measured'] for _l, r in runs]}; "
+            f"compile cache {sum(f.stat().st_size for f in cache.rglob('*') if f.is_file()) / 1e6 if cache.exists() else 0:.0f} MB")
+        say("")
+        say("| run | wall s | import s | load s FP8 / FP16 | FP8 quantise s | compile + graph capture s FP8 / FP16 | "
+            "generate s FP8 / FP16 | score s FP8 / FP16 | metrics s |")
+        say("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        for label, done in runs:
+            say(split_row(label, done))
+        for label, done in runs:
+            say(f"timings of {label!r}: {json.dumps(done['timings'], sort_keys=True)}")
     warm = [r["wall_s"] for _l, r in runs[plain + 1:series]]
     if warm and plain < series:
         cold = runs[plain][1]["wall_s"]
@@ -219,11 +224,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.resident_rounds > 0:
         res = resident(model_dir, args.set, args.batch, cache, args.resident_rounds)
         say("\n## resident engines (watchdog.sources.engine_cache, in one process)")
-        say("| scheduled replay | wall s | engines loaded | build s | generate s FP8 / FP16 |")
-        say("| --- | --- | --- | --- | --- |")
+        say("| scheduled replay | wall s | engines loaded | build s | generate s FP8 / FP16 | score s FP8 / FP16 "
+            "| passes replayed as graphs (running total) |")
+        say("| --- | --- | --- | --- | --- | --- | --- |")
         for i, r in enumerate(res):
             say(f"| {i + 1} | {r['wall_s']:.1f} | {r['loads']} | {r['build_s']:.1f} | "
-                f"{r['generate_fp8_s']:.2f} / {r['generate_fp16_s']:.2f} |")
+                f"{r['generate_fp8_s']:.2f} / {r['generate_fp16_s']:.2f} | "
+                f"{r['score_fp8_s']:.2f} / {r['score_fp16_s']:.2f} | {r['graphed']:.0f} |")
     if args.out:
         Path(args.out).write_text("\n".join(LINES) + "\n")
     if not args.model_dir:

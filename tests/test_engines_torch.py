@@ -359,7 +359,7 @@ def test_the_direct_load_refuses_a_tensor_of_another_shape(tmp_path: Path) -> No
 def test_picked_logprobs_is_the_float_log_softmax_of_the_targets() -> None:
     import torch
 
-    from probes.engines.torch_engine import picked_logprobs
+    from probes.engines.fast_layers import picked_logprobs
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(3, 5, 50, generator=g).to(torch.float16)

@@ -483,3 +483,46 @@ def test_compile_decode_only_leaves_the_passes_eager() -> None:
     assert not FastDecoder(model, compile=False).compile_passes
     with pytest.raises(ValueError, match="compile must be"):
         FastDecoder(model, compile="fast")
+
+
+def test_repeated_passes_replay_captured_graphs_with_the_same_numbers_and_counts() -> None:
+    """On CUDA a prefill or scoring pass whose shape comes a second time is captured as a graph and
+    replayed from then on (``FastDecoder._pass``): the tokens, logprobs, scores and FP8 saturation counts
+    of every replay equal the first, eager, run's; a pass above ``pass_graph_max_rows`` stays eager."""
+    import torch
+
+    from probes.engines.torch_engine import TorchEngine, calibrate_engine
+    from probes.fp8 import saturation_report
+    from probes.tiny_model import byte_tokenizer
+
+    if not torch.cuda.is_available():
+        pytest.skip("CUDA graphs need a GPU (on CPU the passes are eager, as every other test here runs them)")
+    base = _random_llama(5)
+    cal = TorchEngine(precision="fp16", model=copy.deepcopy(base), tokenizer=byte_tokenizer(), fast="off")
+    amax = {k: v * 0.25 for k, v in calibrate_engine(cal, MIXED).items()}  # stale: values clip, counts move
+    _eager, fast = _engines("fp8", calibration=amax)
+    dec = fast.fast_decoder
+    assert dec is not None and dec.cuda_graphs
+    runs, counts = [], []
+    for _ in range(3):
+        fast.reset_saturation()
+        before = dict(dec.stats)
+        gens = fast.generate(MIXED, 8)
+        scores = fast.score(MIXED, REFS)
+        rep = saturation_report(fast.model)
+        runs.append(([(g.text, g.token_logprobs) for g in gens], [s.logprob_sum for s in scores],
+                     rep.n_values, rep.n_saturated))
+        counts.append({k: dec.stats[k] - before[k] for k in ("pass_captures", "pass_replays", "batches")})
+    assert runs[0][3] > 0
+    assert runs[1] == runs[0] and runs[2] == runs[0]
+    assert counts[1]["pass_captures"] >= 2  # prefill and scoring batches, seen once before
+    assert counts[2]["pass_captures"] == 0 and counts[2]["pass_replays"] >= counts[2]["batches"] + 1
+    assert dec.cache_bytes() >= dec.pass_pool_bytes > 0
+    dec.pass_graph_max_rows = 0
+    before = dict(dec.stats)
+    fast.reset_saturation()
+    gens = fast.generate(MIXED, 8)
+    assert [(g.text, g.token_logprobs) for g in gens] == runs[0][0]
+    assert dec.stats["pass_replays"] == before["pass_replays"]
+    dec.clear_graphs()
+    assert not dec._pass_graphs and not any(bk.passes for bk in dec._buckets.values())

@@ -15,6 +15,12 @@
   in ONE CUDA graph and replayed. FP8 linears use their static calibrated per-tensor activation
   scale; the divide/clamp/cast is fused by inductor into the preceding norm or SiLU*up kernel, and
   the product runs through ``torch._scaled_mm``. FP16 gets the same compile and graph.
+* Prefill and scoring passes of at most ``PASS_GRAPH_MAX_ROWS`` positions are captured as CUDA graphs
+  the second time their exact shape comes (``_pass``) and replayed after: at batch 16 those passes are
+  bound by the host (the FP8 prefill launched ~960 kernels for ~30 ms of GPU work in ~48 ms of wall on
+  an H100, docs/BENCHMARKS.md). A resident engine replaying the same golden set meets the same shapes
+  every time; a one-off replay sees each shape once and captures nothing. The graphs share one memory
+  pool per decoder (their outputs are read before the next pass runs), counted in ``cache_bytes``.
 * FP8 prefill/scoring passes of at least ``FUSED_MIN_ROWS`` positions quantise each linear's input and
   count its saturation in one kernel with the norm, residual add or SiLU*up before it
   (``probes.fp8_fused``; CUDA with Triton, layers with merged q/k/v and gate/up scales).
@@ -46,12 +52,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from probes.decode_attention import FP8_KV, FP8_KV_STORE, decode_attention, quant_kv, store_prompt_kv
+from probes.engines import fast_forward
 from probes.engines.fast_forward import clipped, forward_layer, fused_here, sequence_inputs
 from probes.engines.fast_layers import (
     COUNT_INPUT,
     lin_params,
     linear,
     merge_linears,
+    picked_logprobs,
     projections,
     rms_norm,
     rotate_half,
@@ -71,6 +79,14 @@ MAX_BUCKETS = 3
 FUSED_MIN_ROWS = 16384
 #: decode attends over the cache up to the current position rounded up to a multiple of this
 LIVE_WINDOW = 128
+#: prefill/scoring passes of at most this many positions (batch x width) are captured as CUDA graphs once
+#: their shape repeats: below it the passes are bound by kernel launches, above it by the GPU (and a
+#: graph's memory pool would hold the larger pass's activations and logits)
+PASS_GRAPH_MAX_ROWS = 16384
+#: captured passes kept per cache bucket (prefill) and per decoder (scoring), least recently used dropped
+MAX_PASS_GRAPHS = 16
+#: pass shapes remembered as seen once (the second sighting captures)
+MAX_PASS_SEEN = 256
 
 
 def unsupported_reason(model: nn.Module) -> str | None:
@@ -186,6 +202,16 @@ def step_inputs(slot: torch.Tensor, pad: torch.Tensor, cos_t: torch.Tensor, sin_
 
 
 @dataclass
+class _PassGraph:
+    """A captured prefill or scoring pass: its static inputs and the outputs each replay rewrites."""
+
+    graph: Any
+    ids: torch.Tensor
+    mask: torch.Tensor
+    outputs: tuple[torch.Tensor, ...]
+
+
+@dataclass
 class _Bucket:
     """Static tensors (and the captured graph) of one (batch, cache length) shape."""
 
@@ -205,6 +231,8 @@ class _Bucket:
     #: per layer, the FP8 cache's per-head K and V scales [KVH] float32 (empty lists: fp16 cache)
     ks: list[torch.Tensor] = field(default_factory=list)
     vs: list[torch.Tensor] = field(default_factory=list)
+    #: captured prefill passes that write this bucket's cache (they go with it)
+    passes: OrderedDict[Any, _PassGraph] = field(default_factory=OrderedDict)
 
     def store_kv(self, i: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Layer ``i``'s prompt K/V [B, KVH, L, D] into positions [0, L) of the cache; an FP8 cache
@@ -320,8 +348,18 @@ class FastDecoder:
             # two graphs per layer, split around the (eager) attention
             self._forward_fn = torch.compile(forward_layer)
         self.warmup_seconds = 0.0  # compile + capture time spent so far (reported, not hidden)
-        #: seconds in prefill / decode steps (each ends on a host read, so no extra syncs), steps run
-        self.stats = {"prefill_s": 0.0, "decode_s": 0.0, "steps": 0.0, "batches": 0.0}
+        #: seconds in prefill / decode steps (each ends on a host read, so no extra syncs), steps run;
+        #: prefill and scoring passes captured and replayed as graphs
+        self.stats = {"prefill_s": 0.0, "decode_s": 0.0, "steps": 0.0, "batches": 0.0,
+                      "pass_captures": 0.0, "pass_replays": 0.0}
+        #: passes of at most this many positions are graphed once their shape repeats (0: never; needs
+        #: ``cuda_graphs``)
+        self.pass_graph_max_rows = PASS_GRAPH_MAX_ROWS
+        self._pass_graphs: OrderedDict[Any, _PassGraph] = OrderedDict()  # scoring passes
+        self._pass_seen: OrderedDict[Any, None] = OrderedDict()
+        self._pass_pool: Any = None
+        #: bytes the captured passes' shared memory pool reserved (grown at each capture)
+        self.pass_pool_bytes = 0
         self.cache_arg = "past_key_values"
         self._lock = threading.Lock()  # the static caches and graphs serve one batch at a time
 
@@ -374,10 +412,14 @@ class FastDecoder:
     def clear_graphs(self) -> None:
         for bk in self._buckets.values():
             bk.graphs.clear()
+            bk.passes.clear()
+        self._pass_graphs.clear()
+        self._pass_seen.clear()
 
     def cache_bytes(self) -> int:
-        """Bytes of the static K/V caches and step tensors the kept buckets hold."""
-        total = 0
+        """Bytes of the static K/V caches and step tensors the kept buckets hold, and of the captured
+        passes' memory pool."""
+        total = self.pass_pool_bytes
         for bk in self._buckets.values():
             for t in (*bk.kc, *bk.vc, bk.hist_tok, bk.hist_lp):
                 total += t.numel() * t.element_size()
@@ -625,23 +667,96 @@ class FastDecoder:
                     mod._n_saturated += n_sat
                     mod._n_values += n_valid * mod.in_features
 
+    def token_logprobs(self, ids: torch.Tensor, mask: torch.Tensor, keep: int) -> torch.Tensor:
+        """For the last ``keep`` positions of a left-padded batch, the float32 log-probability of each
+        next token [B, keep - 1] (``hidden``, the lm_head, a float log-softmax in row chunks)."""
+        def run(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor]:
+            logits = self.head_logits(self.hidden(ids, mask, keep), mask[:, -keep:])
+            targets = ids[:, ids.shape[1] - keep + 1:]
+            picked = torch.empty(targets.shape, dtype=torch.float32, device=ids.device)
+            for s in range(0, ids.shape[0], 16):  # bounded memory: 16 rows of float logits at a time
+                picked[s:s + 16] = picked_logprobs(logits[s:s + 16, :-1, :], targets[s:s + 16])
+            return (picked,)
+
+        return self._pass(self._pass_graphs, ("score", keep), run, ids, mask)[0]
+
+    def _first_token(self, bk: _Bucket, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prompts' pass with K/V into ``bk``'s cache; the greedy first token and its logprob."""
+        logits = self.head_logits(self.hidden(ids, mask, 1, kv_into=bk)[:, -1])
+        return first_token(logits)
+
+    def _pass_key(self, ids: torch.Tensor, what: Any) -> Any | None:
+        """The key a pass over ``ids`` is captured under (None: run it eagerly). It holds what the captured
+        kernels read from the host at capture time: the shape, the counting choices and the counters'
+        storage (another decoder over the same model rebinds them; a graph would add to the old ones)."""
+        if not (self.cuda_graphs and self.own_forward and ids.numel() <= self.pass_graph_max_rows):
+            return None
+        sat = self._sat_first._n_values.data_ptr() if self._sat_mods else 0
+        head = self._head_mod._n_saturated.data_ptr() if self._head_mod is not None else 0
+        return (what, tuple(ids.shape), self.count_saturation, self.saturation_stride, self.fused_min_rows,
+                fast_forward.SDPA_GQA, id(self.head), sat, head)
+
+    def _pass(self, graphs: OrderedDict[Any, _PassGraph], what: Any,
+              run: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]],
+              ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``run(ids, mask)``: eagerly the first time its shape comes, captured as a CUDA graph the second
+        (on the stream's results, so the first run did every lazy set-up) and replayed after. The outputs
+        of a replay are valid until the next pass of this decoder."""
+        key = self._pass_key(ids, what)
+        if key is None:
+            return run(ids, mask)
+        g = graphs.get(key)
+        if g is not None:
+            graphs.move_to_end(key)
+            g.ids.copy_(ids)
+            g.mask.copy_(mask)
+            g.graph.replay()
+            self.stats["pass_replays"] += 1
+            return g.outputs
+        if key not in self._pass_seen:
+            self._pass_seen[key] = None
+            while len(self._pass_seen) > MAX_PASS_SEEN:
+                self._pass_seen.popitem(last=False)
+            return run(ids, mask)
+        t0 = time.perf_counter()
+        if self._pass_pool is None:
+            self._pass_pool = torch.cuda.graph_pool_handle()
+        while len(graphs) >= MAX_PASS_GRAPHS:
+            graphs.popitem(last=False)
+        static_ids, static_mask = ids.clone(), mask.clone()
+        reserved = torch.cuda.memory_reserved(self.device)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, pool=self._pass_pool):
+                outputs = run(static_ids, static_mask)
+        except RuntimeError as exc:  # a capture the stack cannot take: eager from now on, said once
+            log.warning("fast decode: passes left eager, capturing a %s pass failed: %s", what, exc)
+            self.pass_graph_max_rows = 0
+            return run(ids, mask)
+        self.pass_pool_bytes += max(0, torch.cuda.memory_reserved(self.device) - reserved)
+        g = graphs[key] = _PassGraph(graph, static_ids, static_mask, outputs)
+        g.graph.replay()  # capture records; this computes
+        self.stats["pass_captures"] += 1
+        self.warmup_seconds += time.perf_counter() - t0
+        log.info("fast decode: captured a %s pass of %s in %.2f s", what[0] if isinstance(what, tuple) else what,
+                 tuple(ids.shape), time.perf_counter() - t0)
+        return g.outputs
+
     def _prefill(self, bk: _Bucket, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The prompts' forward (``hidden``, or the model's own with ``own_forward`` off); K/V into the
         static cache; the first token."""
         width = ids.shape[1]
         if self.own_forward:
-            logits = self.head_logits(self.hidden(ids, mask, 1, kv_into=bk)[:, -1])
+            tok, lp = self._pass(bk.passes, "prefill", lambda i, m: self._first_token(bk, i, m), ids, mask)
         else:
-            logits = self._model_prefill(bk, ids, mask)
-        lp = torch.log_softmax(logits.float(), dim=-1)
-        tok = lp.argmax(dim=-1)
+            tok, lp = first_token(self._model_prefill(bk, ids, mask))
         pad = (mask == 0).sum(-1)
         bk.tokens.copy_(tok)
         bk.slot.fill_(width)
         bk.pad.copy_(pad)
         bk.step_i.zero_()
         bk.done.copy_(torch.isin(tok, torch.tensor([-1], device=tok.device)))
-        return tok, lp.gather(1, tok[:, None])[:, 0]
+        return tok, lp
 
     def _model_prefill(self, bk: _Bucket, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The model's own (transformers) forward; K/V into the static cache; last position's logits."""
@@ -659,6 +774,13 @@ class FastDecoder:
             bk.store_kv(i, k[:, :, :width], v[:, :, :width])
         QUANT_MEMO.clear()
         return out.logits[:, -1, :]
+
+
+def first_token(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The greedy token of each row's logits [B, V] and its float log-probability."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    tok = lp.argmax(dim=-1)
+    return tok, lp.gather(1, tok[:, None])[:, 0]
 
 
 def _counted(module: nn.Module) -> Fp8Linear | None:

@@ -634,18 +634,20 @@ class TorchEngine:
         fast = self.fast_decoder
         with torch.inference_mode():
             if fast is not None and fast.model is self.model and fast.own_forward:
-                logits = fast.head_logits(fast.hidden(ids, mask, keep), mask[:, -keep:])
+                picked = fast.token_logprobs(ids, mask, keep).tolist()
             else:
+                from probes.engines.fast_layers import picked_logprobs
+
                 kw = {"logits_to_keep": keep} if self._keep_kw else {}
                 logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
                                     **kw).logits
-            if logits.shape[1] != keep:
-                logits = logits[:, -keep:]
-            targets = ids[:, width - keep + 1:]
-            picked_t = torch.empty(targets.shape, dtype=torch.float32, device=ids.device)
-            for s in range(0, ids.shape[0], 16):  # float log-softmax in row chunks: bounded memory
-                picked_t[s:s + 16] = picked_logprobs(logits[s:s + 16, :-1, :], targets[s:s + 16])
-            picked = picked_t.tolist()
+                if logits.shape[1] != keep:
+                    logits = logits[:, -keep:]
+                targets = ids[:, width - keep + 1:]
+                picked_t = torch.empty(targets.shape, dtype=torch.float32, device=ids.device)
+                for s in range(0, ids.shape[0], 16):  # float log-softmax in row chunks: bounded memory
+                    picked_t[s:s + 16] = picked_logprobs(logits[s:s + 16, :-1, :], targets[s:s + 16])
+                picked = picked_t.tolist()
         if self.precision == "fp8":
             from probes.fp8 import QUANT_MEMO
 
@@ -720,16 +722,6 @@ def _e4m3_cache_class() -> Any:
             return (key_states, value_states) if first else out
 
     return E4m3Cache
-
-
-def picked_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log_softmax(logits)[..., target] in float32: [B, L, V] logits (any float dtype), [B, L] targets.
-
-    Eager on purpose: compiling it (the float32 up-cast fused into the reductions) was measured on
-    the H200 at the 8B/128k-vocabulary shape and saved 1-2 % of scoring time, less than the compile
-    it adds to a cold replay (docs/BENCHMARKS.md, "replay through the CLI")."""
-    lg = logits.float()
-    return lg.gather(2, targets[:, :, None])[:, :, 0] - lg.logsumexp(-1)
 
 
 # -- calibration ------------------------------------------------------------------------------------
