@@ -11,6 +11,11 @@ leaves the key out), to compare. ``--prompt-bytes`` of a few MB shows the body b
 
     .venv/bin/python bench/gateway_flood.py [--clients 1000] [--hold 3] [--prompt-bytes 1000] [--max-in-flight N]
     .venv/bin/python bench/gateway_flood.py --code /path/to/other/checkout --max-in-flight 0     # before
+
+``--idle N`` opens N TCP connections that send nothing instead (a client that opens sockets and
+forgets them, or a slow-header attack), waits ``--idle-wait`` seconds (the default
+``gateway.header_timeout_s`` is 20) and reports how many the gateway closed, its open descriptors and
+RSS, and whether a real request is served meanwhile.
 """
 
 from __future__ import annotations
@@ -114,6 +119,49 @@ def scrape(port: int) -> dict[str, float]:
     return out
 
 
+def idle_drill(pid: int, port: int, n: int, wait: float, body: bytes) -> None:
+    """``n`` connections that send nothing; what the gateway holds and whether it still serves."""
+    import resource
+    import socket
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, n + 1024)), hard))
+    fds = lambda: len(list(Path(f"/proc/{pid}/fd").iterdir()))  # noqa: E731
+    before_rss, before_fds = rss_mib(pid), fds()
+    socks, failed = [], 0
+    for _ in range(n):
+        try:
+            socks.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        except OSError:
+            failed += 1
+    time.sleep(1)
+    held_rss, held_fds = rss_mib(pid), fds()
+    try:
+        status, seconds = asyncio.run(burst(port, 1, body))[0]
+        meanwhile = f"{status} in {seconds * 1000:.0f} ms"
+    except (aiohttp.ClientError, OSError) as exc:
+        meanwhile = f"failed: {exc}"
+    t0 = time.perf_counter()
+    closed = 0
+    while time.perf_counter() - t0 < wait:
+        time.sleep(1)
+    for s in socks:
+        s.setblocking(False)
+        try:
+            closed += s.recv(1) == b""
+        except BlockingIOError:
+            pass
+        except OSError:
+            closed += 1
+    after_rss, after_fds = rss_mib(pid), fds()
+    print(table(["idle connections", "failed to connect", "gateway fds before / held / after", "RSS MiB before / held / after",
+                 f"closed by the gateway within {wait:g} s", "a request meanwhile"],
+                [[n, failed, f"{before_fds} / {held_fds} / {after_fds}",
+                  f"{before_rss:.0f} / {held_rss:.0f} / {after_rss:.0f}", closed, meanwhile]]))
+    for s in socks:
+        s.close()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", type=int, default=1000, help="requests sent at once")
@@ -122,6 +170,8 @@ def main() -> int:
     ap.add_argument("--max-in-flight", type=int, default=None,
                     help="gateway.max_in_flight (default: the checkout's default; 0: key left out)")
     ap.add_argument("--code", default=str(Path(__file__).resolve().parent.parent), help="checkout to run")
+    ap.add_argument("--idle", type=int, default=0, help="open this many idle connections instead of a burst")
+    ap.add_argument("--idle-wait", type=float, default=25.0, help="seconds to watch the idle connections")
     args = ap.parse_args()
     print(f"machine: {machine_note()} (shared: other work may run); code: {args.code}")
     body = orjson.dumps({"model": MODEL, "max_tokens": 8,
@@ -144,6 +194,9 @@ def main() -> int:
             wait_for_port(port, 30, proc)
             up.hold, warm = 0.0, asyncio.run(burst(port, 50 if args.prompt_bytes < 1e6 else 4, body))
             assert all(s == 200 for s, _ in warm), warm
+            if args.idle:
+                idle_drill(proc.pid, port, args.idle, args.idle_wait, body)
+                return 0
             up.hold, up.peak = args.hold, 0
             before = rss_mib(proc.pid)
             samples: list[float] = []

@@ -255,3 +255,97 @@ def test_a_body_budget_below_one_largest_body_is_a_config_error() -> None:
     with pytest.raises(GatewayConfigError, match="max_body_bytes_in_flight"):
         load_gateway_config(None, pools=[{"model": MODEL, "candidate": {"url": "http://x/v1"},
                                           "baseline": {"url": "http://y/v1"}}], max_body_bytes_in_flight=1024)
+
+
+def _request(port: int, body: dict[str, Any] = BODY) -> bytes:
+    raw = orjson.dumps(body)
+    return (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n" % len(raw)) + raw
+
+
+def _answer(sock: socket.socket, timeout: float = 5.0) -> bytes:
+    """What the gateway sent on ``sock`` until it closed it or was quiet for 0.3 s after a response."""
+    sock.settimeout(timeout)
+    data = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            return data
+        if not chunk:
+            return data
+        data += chunk
+        sock.settimeout(0.3)
+
+
+def _closed(sock: socket.socket) -> bool:
+    sock.settimeout(0.05)
+    try:
+        return sock.recv(1) == b""
+    except TimeoutError:
+        return False
+    except OSError:
+        return True
+
+
+@pytest.mark.parametrize("gateway", [{"header_timeout_s": 1.0}], indirect=True)
+def test_idle_and_trickling_connections_are_closed_after_the_header_timeout(gateway: GatewayServer) -> None:
+    """uvicorn arms no timer before a first request: an idle socket, or one that trickles its request
+    head, was held for good (a descriptor and buffers each). Now each has ``header_timeout_s`` to send
+    a whole head; a kept-alive connection between requests keeps uvicorn's 75 s."""
+    port = gateway.port
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(50)]
+    trickle = socket.create_connection(("127.0.0.1", port))
+    kept = socket.create_connection(("127.0.0.1", port))
+    kept.sendall(_request(port))
+    assert _answer(kept).startswith(b"HTTP/1.1 200")
+    assert helpers.wait_until(lambda: gateway.app.connections == 52, 5)
+    head = _request(port)
+    t0 = time.monotonic()
+    for i in range(12):  # one byte every 0.2 s: 2.4 s for 12 bytes of the head
+        try:
+            trickle.sendall(head[i:i + 1])
+        except OSError:
+            break
+        time.sleep(0.2)
+    assert all(_closed(s) for s in idle) and _closed(trickle)
+    assert time.monotonic() - t0 < 4
+    assert not _closed(kept)  # idle between requests for ~2.5 s: still open (keep-alive)
+    kept.sendall(_request(port))
+    assert _answer(kept).startswith(b"HTTP/1.1 200")
+    assert helpers.wait_until(lambda: gateway.app.connections <= 2, 5)  # kept + the /metrics scrape
+    assert metric(gateway, 'llmwd_gateway_connections_closed_total{reason="header_timeout"}') == 51
+    for s in (*idle, trickle, kept):
+        s.close()
+
+
+@pytest.mark.parametrize("gateway", [{"max_connections": 20}], indirect=True)
+def test_a_connection_past_max_connections_gets_a_503_and_is_closed(gateway: GatewayServer) -> None:
+    """Past ``gateway.max_connections`` a new connection is answered 503 ``gateway_overloaded`` and
+    closed at once (not held, not queued); when the others close, requests are served again."""
+    held = [socket.create_connection(("127.0.0.1", gateway.port)) for _ in range(20)]
+    assert helpers.wait_until(lambda: gateway.app.connections == 20, 5)
+    extra = socket.create_connection(("127.0.0.1", gateway.port))
+    t0 = time.monotonic()
+    answer = _answer(extra)
+    assert time.monotonic() - t0 < 1.0
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in head.lower()
+    assert orjson.loads(body)["error"]["code"] == "gateway_overloaded"
+    assert _closed(extra)
+    held[0].sendall(_request(gateway.port))  # a connection within the limit is served meanwhile
+    assert _answer(held[0]).startswith(b"HTTP/1.1 200")
+    for s in held:
+        s.close()
+    assert helpers.wait_until(lambda: gateway.app.connections == 0, 5)
+    assert [a[0] for a in flood(gateway, 5)] == [200] * 5
+    assert metric(gateway, 'llmwd_gateway_connections_closed_total{reason="limit"}') == 1
+    assert metric(gateway, "llmwd_gateway_connections_limit") == 20
+
+
+def test_connection_bounds_are_validated() -> None:
+    pools = [{"model": MODEL, "candidate": {"url": "http://x/v1"}, "baseline": {"url": "http://y/v1"}}]
+    with pytest.raises(GatewayConfigError, match="header_timeout_s"):
+        load_gateway_config(None, pools=pools, header_timeout_s=0)
+    with pytest.raises(GatewayConfigError, match="max_connections"):
+        load_gateway_config(None, pools=pools, max_connections=0)

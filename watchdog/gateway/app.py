@@ -122,6 +122,18 @@ class _Collector:
         g = GaugeMetricFamily("llmwd_gateway_in_flight_limit", "gateway.max_in_flight: more are answered 503")
         g.add_metric([], self.gw.cfg.max_in_flight)
         yield g
+        g = GaugeMetricFamily("llmwd_gateway_connections", "TCP connections open now")
+        g.add_metric([], self.gw.connections)
+        yield g
+        g = GaugeMetricFamily("llmwd_gateway_connections_limit", "gateway.max_connections: more are answered 503")
+        g.add_metric([], self.gw.cfg.max_connections)
+        yield g
+        c = CounterMetricFamily("llmwd_gateway_connections_closed", "Connections the gateway closed before a "
+                                "request: over max_connections (limit) or no request head within "
+                                "header_timeout_s (header_timeout)", labels=["reason"])
+        for reason, n in self.gw.connections_closed.items():
+            c.add_metric([reason], n)
+        yield c
         g = GaugeMetricFamily("llmwd_gateway_body_bytes_in_flight", "Bytes of request bodies held now")
         g.add_metric([], self.gw.bodies.used)
         yield g
@@ -150,6 +162,10 @@ class Gateway:
         #: requests between the in-flight check and their end (``gateway.max_in_flight``)
         self.in_flight = 0
         self.bodies = BodyBudget(cfg.max_body_bytes_in_flight)
+        #: TCP connections open now, and those closed by ``gateway.max_connections`` / ``header_timeout_s``
+        #: (kept by ``server.guarded_protocol``)
+        self.connections = 0
+        self.connections_closed = {"limit": 0, "header_timeout": 0}
         self._route_header = cfg.route_header.lower().encode()
         self._precision_header = cfg.precision_header.lower().encode()
         self.access = Access(cfg)

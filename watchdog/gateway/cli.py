@@ -36,7 +36,11 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     except ImportError:
         print(f"{prog} gateway: needs the 'gateway' extra (pip install 'fp8-watchdog[gateway]')", file=sys.stderr)
         return 2
-    from watchdog.gateway.server import build_gateway, serve_metrics, uvicorn_config
+    from watchdog.gateway.server import build_gateway, raise_fd_limit, serve_metrics, uvicorn_config
+
+    fd_warning = raise_fd_limit(cfg.max_connections)
+    if fd_warning:
+        print(f"{prog} gateway: warning: {fd_warning}", file=sys.stderr)
 
     try:  # bound here, not by uvicorn: a busy port is one line and exit 2, and port 0 logs the real one
         sock = _bind(cfg.host, cfg.port)

@@ -179,6 +179,13 @@ class GatewayConfig(_Section):
     #: its shadow request, end); a body past it is answered 503 ``gateway_overloaded`` like the above.
     #: At least one body of the largest size (``MAX_BODY``); memory runs ~3x this (raw, parsed, sent)
     max_body_bytes_in_flight: int = Field(128 * 1024 * 1024, ge=MAX_BODY)
+    #: TCP connections open at once, idle keep-alive ones included; one more is answered 503
+    #: ``gateway_overloaded`` and closed before its request is read (its file descriptor and buffers freed)
+    max_connections: int = Field(4096, ge=1)
+    #: seconds a connection has to send a whole request head (request line and headers), from its
+    #: start or from the first byte of its next request; past it the connection is closed (uvicorn
+    #: itself waits forever for a first request: one idle socket per client held a slot and a descriptor)
+    header_timeout_s: float = Field(20.0, gt=0, le=3600)
     #: engine label put into events (e.g. ``vllm-0.6.3``); default: the served upstream's model name
     engine: str | None = None
     pools: list[PoolConfig] = Field(default_factory=list)

@@ -40,6 +40,92 @@ def serve_metrics(app: Gateway) -> Any:
     return server
 
 
+def guarded_protocol(app: Gateway) -> type:
+    """uvicorn's httptools protocol with the two bounds uvicorn lacks on what a client holds open:
+
+    * ``gateway.max_connections``: a connection past it is answered 503 ``gateway_overloaded`` and
+      closed at once (uvicorn's ``limit_concurrency`` answers 503 to *requests* while idle sockets
+      stay, so a few hundred idle sockets would refuse every real request);
+    * ``gateway.header_timeout_s``: a connection that has not sent a whole request head that long
+      after it opened, or after the first byte of its next request, is closed. uvicorn arms no timer
+      before a first request, so an idle or trickling socket was held for good.
+
+    An idle keep-alive connection between requests is uvicorn's own ``timeout_keep_alive`` (75 s)."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    from watchdog.gateway.openai_io import error_body
+
+    limit, head_s = app.cfg.max_connections, app.cfg.header_timeout_s
+    body = error_body(503, f"the gateway holds its limit of {limit} connections; retry shortly", "server_error",
+                      "gateway_overloaded")
+    refused = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
+               b"connection: close\r\ncontent-length: %d\r\n\r\n" % len(body)) + body
+
+    class GuardedProtocol(HttpToolsProtocol):
+        _head_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: Any) -> None:
+            app.connections += 1
+            super().connection_made(transport)
+            if app.connections > limit:
+                app.connections_closed["limit"] += 1
+                transport.write(refused)
+                transport.close()
+                return
+            self._arm_head()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            app.connections -= 1
+            self._disarm_head()
+            super().connection_lost(exc)
+
+        def on_message_begin(self) -> None:
+            if self._head_timer is None:
+                self._arm_head()
+            super().on_message_begin()
+
+        def on_headers_complete(self) -> None:
+            self._disarm_head()
+            super().on_headers_complete()
+
+        def _arm_head(self) -> None:
+            self._head_timer = self.loop.call_later(head_s, self._head_late)
+
+        def _disarm_head(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_late(self) -> None:
+            self._head_timer = None
+            if not self.transport.is_closing():
+                app.connections_closed["header_timeout"] += 1
+                self.transport.close()
+
+    return GuardedProtocol
+
+
+def raise_fd_limit(connections: int) -> str | None:
+    """Raise this process's soft limit of open files towards ``connections`` + 1,024 (the hard limit
+    caps it); a warning when even that leaves fewer descriptors than the connections need."""
+    import resource
+
+    need = connections + 1024
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        want = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError):
+            pass
+    if soft != resource.RLIM_INFINITY and soft < need:
+        return (f"gateway.max_connections {connections} needs ~{need} open files, the limit here is {soft}: "
+                f"past ~{max(0, soft - 1024)} connections new ones fail to be accepted (raise `ulimit -n` or "
+                "lower gateway.max_connections)")
+    return None
+
+
 def uvicorn_config(app: Gateway, host: str, port: int) -> Any:
     import uvicorn
 
@@ -48,7 +134,7 @@ def uvicorn_config(app: Gateway, host: str, port: int) -> Any:
         import uvloop  # noqa: F401
     except ImportError:
         loop = "asyncio"
-    return uvicorn.Config(app, host=host, port=port, loop=loop, http="httptools", lifespan="on",
+    return uvicorn.Config(app, host=host, port=port, loop=loop, http=guarded_protocol(app), lifespan="on",
                           access_log=False, log_level="warning", log_config=None, timeout_keep_alive=75,
                           backlog=4096)
 
