@@ -349,3 +349,32 @@ def test_connection_bounds_are_validated() -> None:
         load_gateway_config(None, pools=pools, header_timeout_s=0)
     with pytest.raises(GatewayConfigError, match="max_connections"):
         load_gateway_config(None, pools=pools, max_connections=0)
+
+
+def test_a_request_head_past_max_header_bytes_gets_431_and_bodies_do_not_count(gateway: GatewayServer) -> None:
+    """httptools buffers an unfinished head without bound (160 MB of headers were 160 MB of the
+    server's memory): a head past ``gateway.max_header_bytes`` (64 KiB) is answered 431 and the
+    connection closed; a head under it, a large body after a small head and the next request on a
+    kept-alive connection are served."""
+    port = gateway.port
+    big = socket.create_connection(("127.0.0.1", port))
+    big.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+    line = b"x-filler: " + b"a" * 8000 + b"\r\n"
+    for _ in range(40):  # 320 KB of headers, never ended
+        try:
+            big.sendall(line)
+        except OSError:
+            break
+    answer = _answer(big)
+    assert answer.startswith(b"HTTP/1.1 431"), answer[:80]
+    assert orjson.loads(answer.partition(b"\r\n\r\n")[2])["error"]["code"] == "headers_too_large"
+    assert _closed(big)
+    ok = socket.create_connection(("127.0.0.1", port))
+    raw = orjson.dumps({**BODY, "user": "u" * 2_000_000})  # a 2 MB body after a small head
+    ok.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-filler: " + b"a" * 30_000 +
+               b"\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(raw) + raw)
+    assert _answer(ok).startswith(b"HTTP/1.1 200")
+    ok.sendall(_request(port))  # the next request on the kept-alive connection
+    assert _answer(ok).startswith(b"HTTP/1.1 200")
+    ok.close()
+    assert metric(gateway, 'llmwd_gateway_connections_closed_total{reason="headers_too_large"}') == 1

@@ -129,8 +129,8 @@ class _Collector:
         g.add_metric([], self.gw.cfg.max_connections)
         yield g
         c = CounterMetricFamily("llmwd_gateway_connections_closed", "Connections the gateway closed before a "
-                                "request: over max_connections (limit) or no request head within "
-                                "header_timeout_s (header_timeout)", labels=["reason"])
+                                "request: over max_connections (limit), no request head within "
+                                "header_timeout_s (header_timeout) or a head over max_header_bytes (headers_too_large)", labels=["reason"])
         for reason, n in self.gw.connections_closed.items():
             c.add_metric([reason], n)
         yield c
@@ -165,7 +165,7 @@ class Gateway:
         #: TCP connections open now, and those closed by ``gateway.max_connections`` / ``header_timeout_s``
         #: (kept by ``server.guarded_protocol``)
         self.connections = 0
-        self.connections_closed = {"limit": 0, "header_timeout": 0}
+        self.connections_closed = {"limit": 0, "header_timeout": 0, "headers_too_large": 0}
         self._route_header = cfg.route_header.lower().encode()
         self._precision_header = cfg.precision_header.lower().encode()
         self.access = Access(cfg)

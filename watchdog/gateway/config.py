@@ -186,6 +186,8 @@ class GatewayConfig(_Section):
     #: start or from the first byte of its next request; past it the connection is closed (uvicorn
     #: itself waits forever for a first request: one idle socket per client held a slot and a descriptor)
     header_timeout_s: float = Field(20.0, gt=0, le=3600)
+    #: bytes of one request head (request line and headers); past it: 431 and the connection closed
+    max_header_bytes: int = Field(64 * 1024, ge=4096)
     #: engine label put into events (e.g. ``vllm-0.6.3``); default: the served upstream's model name
     engine: str | None = None
     pools: list[PoolConfig] = Field(default_factory=list)

@@ -50,29 +50,62 @@ def guarded_protocol(app: Gateway) -> type:
       after it opened, or after the first byte of its next request, is closed. uvicorn arms no timer
       before a first request, so an idle or trickling socket was held for good.
 
+    * ``gateway.max_header_bytes``: a request head past it is answered 431 and the connection closed
+      (httptools buffers an unfinished head without bound).
+
     An idle keep-alive connection between requests is uvicorn's own ``timeout_keep_alive`` (75 s)."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     from watchdog.gateway.openai_io import error_body
 
-    limit, head_s = app.cfg.max_connections, app.cfg.header_timeout_s
-    body = error_body(503, f"the gateway holds its limit of {limit} connections; retry shortly", "server_error",
-                      "gateway_overloaded")
-    refused = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
-               b"connection: close\r\ncontent-length: %d\r\n\r\n" % len(body)) + body
+    limit, head_s, head_max = app.cfg.max_connections, app.cfg.header_timeout_s, app.cfg.max_header_bytes
+    refused = _closing_answer(503, "Service Unavailable", error_body(
+        503, f"the gateway holds its limit of {limit} connections; retry shortly", "server_error",
+        "gateway_overloaded"), b"retry-after: 1\r\n")
+    too_large = _closing_answer(431, "Request Header Fields Too Large", error_body(
+        431, f"the request head is over {head_max} bytes", "invalid_request_error", "headers_too_large"))
 
     class GuardedProtocol(HttpToolsProtocol):
         _head_timer: asyncio.TimerHandle | None = None
+        #: bytes received since the current request head began (None: not reading a head)
+        _head_bytes: int | None = 0
+        _refused = False
 
         def connection_made(self, transport: Any) -> None:
             app.connections += 1
             super().connection_made(transport)
             if app.connections > limit:
                 app.connections_closed["limit"] += 1
-                transport.write(refused)
-                transport.close()
+                self._refuse(refused)
                 return
             self._arm_head()
+
+        def data_received(self, data: bytes) -> None:
+            if self._refused:
+                return  # read and dropped until the close: closing on unread data resets the answer away
+            if self._head_bytes is not None:
+                self._head_bytes += len(data)
+            super().data_received(data)
+            # still in the head after parsing this chunk: every byte of it was head (httptools buffers
+            # an unfinished head without bound: 160 MB of headers were 160 MB of RSS)
+            if self._head_bytes is not None and self._head_bytes > head_max and not self.transport.is_closing():
+                app.connections_closed["headers_too_large"] += 1
+                self._refuse(too_large)
+
+        def _refuse(self, answer: bytes) -> None:
+            """Answer and end the connection: our side shut at once, the socket closed after a
+            second of dropping what the client still sends (a close with unread data sends a reset,
+            which can discard the answer before the client reads it)."""
+            self._refused = True
+            self._disarm_head()
+            self.transport.write(answer)
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+            self.loop.call_later(1.0, self.transport.close)
+
+        def on_response_complete(self) -> None:
+            self._head_bytes = 0  # what comes next is the next request's head
+            super().on_response_complete()
 
         def connection_lost(self, exc: Exception | None) -> None:
             app.connections -= 1
@@ -86,6 +119,7 @@ def guarded_protocol(app: Gateway) -> type:
 
         def on_headers_complete(self) -> None:
             self._disarm_head()
+            self._head_bytes = None
             super().on_headers_complete()
 
         def _arm_head(self) -> None:
@@ -103,6 +137,12 @@ def guarded_protocol(app: Gateway) -> type:
                 self.transport.close()
 
     return GuardedProtocol
+
+
+def _closing_answer(status: int, reason: str, body: bytes, extra: bytes = b"") -> bytes:
+    """A whole HTTP/1.1 answer that ends the connection (written straight to the transport)."""
+    return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\n%sconnection: close\r\n"
+            b"content-length: %d\r\n\r\n" % (status, reason.encode(), extra, len(body))) + body
 
 
 def raise_fd_limit(connections: int) -> str | None:
