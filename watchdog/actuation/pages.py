@@ -112,6 +112,17 @@ class PageStreams:
             with self._lock:
                 self._unacked.setdefault(channel, set()).add(entry)
 
+    def ack_many(self, channel: str, entries: list[str]) -> None:
+        """``channel`` is done with all of ``entries`` (one grouped message): one XDEL."""
+        if not entries:
+            return
+        try:
+            self._ack(channel, entries)
+        except (redis.RedisError, OSError) as exc:
+            self._failed("delete", channel, exc)
+            with self._lock:
+                self._unacked.setdefault(channel, set()).update(entries)
+
     def _ack(self, channel: str, entries: list[str]) -> None:
         self.client.xdel(self.stream(channel), *entries)
         with self._lock:

@@ -22,7 +22,7 @@ from urllib.parse import quote
 
 from pydantic import ValidationError
 
-from watchdog.alerting import limits
+from watchdog.alerting import groups, limits
 from watchdog.alerting.limits import clip, fit_mapping, stable_key
 from watchdog.alerting.message import Alert, rfc3339
 from watchdog.config.settings import AlertChannelConfig
@@ -30,6 +30,8 @@ from watchdog.core.signals import SEVERITY_RANK
 
 #: version of the generic webhook body; bump when a field changes meaning
 WEBHOOK_SCHEMA = "llm-watchdog.alert/v1"
+#: version of the generic webhook body of a grouped message (several incidents)
+WEBHOOK_GROUP_SCHEMA = "llm-watchdog.alert-group/v1"
 
 def channel_config(raw: AlertChannelConfig | Mapping[str, Any] | Any) -> AlertChannelConfig:
     """A checked :class:`~watchdog.config.settings.AlertChannelConfig` from the model itself, a
@@ -56,6 +58,9 @@ def channel_config(raw: AlertChannelConfig | Mapping[str, Any] | Any) -> AlertCh
         raise ValueError(f"alert channel {config.kind}: 'url' is required")
     if cls.requires_routing_key and not config.routing_key:
         raise ValueError(f"alert channel {config.kind}: 'routing_key' is required")
+    if config.group_wait_s and not cls.groups:
+        raise ValueError(f"alert channel {config.kind}: group_wait_s: this kind does not group messages; "
+                         "leave it unset or 0")
     return config
 
 
@@ -85,6 +90,10 @@ class Channel(ABC):
     default_min_interval_s: ClassVar[float] = 0.0
     #: the largest request body this channel sends (a bigger one is a bug: refused, not sent)
     max_body_bytes: ClassVar[int] = limits.WEBHOOK_BODY_MAX_BYTES
+    #: the channel can send several incidents as one message (``group_payload``)
+    groups: ClassVar[bool] = False
+    #: ``group_wait_s`` when the config leaves it unset; 0: no grouping
+    default_group_wait_s: ClassVar[float] = 0.0
 
     def __init__(self, config: AlertChannelConfig | Mapping[str, Any] | Any) -> None:
         self.config = channel_config(config)
@@ -92,6 +101,10 @@ class Channel(ABC):
         self.resend_interval_s = self.config.resend_interval_s or self.default_resend_interval_s
         self.min_interval_s = (self.default_min_interval_s if self.config.min_interval_s is None
                                else self.config.min_interval_s)
+        #: seconds a route incident's message waits for others to go with it; 0: one per message
+        self.group_wait_s = (self.default_group_wait_s if self.config.group_wait_s is None
+                             else self.config.group_wait_s)
+        self.group_max = self.config.group_max
 
     def accepts(self, alert: Alert) -> bool:
         """``alert`` is at least this channel's ``min_severity`` and, when its policy names channels,
@@ -112,9 +125,18 @@ class Channel(ABC):
     def payload(self, alert: Alert) -> Any:
         """The request body this channel's receiver expects for ``alert``, within its limits."""
 
-    def body(self, alert: Alert) -> bytes:
-        """``payload(alert)`` as UTF-8 JSON; ``ValueError`` if over ``max_body_bytes``."""
-        data = limits.encode(self.payload(alert))
+    def group_payload(self, alerts: list[Alert], group_id: str) -> Any:
+        """The body of one message about several incidents (channels with ``groups`` only)."""
+        raise NotImplementedError(f"{self.kind} does not group alerts")
+
+    def body(self, alert: Alert | list[Alert], group_id: str | None = None) -> bytes:
+        """``payload(alert)`` (or ``group_payload`` of a list of two or more) as UTF-8 JSON;
+        ``ValueError`` if over ``max_body_bytes``."""
+        if isinstance(alert, list):
+            payload = self.payload(alert[0]) if len(alert) == 1 else self.group_payload(alert, group_id or "")
+        else:
+            payload = self.payload(alert)
+        data = limits.encode(payload)
         if len(data) > self.max_body_bytes:
             raise ValueError(f"{self.kind} body of {len(data)} bytes is over {self.max_body_bytes}")
         return data
@@ -190,12 +212,19 @@ def _facts(alert: Alert) -> dict[str, str]:
 
 @register_channel
 class WebhookChannel(Channel):
-    """Generic JSON: the alert as one object with a schema version."""
+    """Generic JSON: the alert as one object with a schema version; a storm as one object listing
+    them (``llm-watchdog.alert-group/v1``) when ``group_wait_s`` is set."""
 
     kind = "webhook"
+    groups = True
 
     def payload(self, alert: Alert) -> dict[str, Any]:
-        text = limits.WEBHOOK_TEXT_MAX_BYTES
+        body = self._fields(alert, limits.WEBHOOK_TEXT_MAX_BYTES)
+        body["detail"] = fit_mapping(alert.detail, limits.WEBHOOK_BODY_MAX_BYTES // 2)
+        body["id"] = body.pop("id")  # last, as before
+        return body
+
+    def _fields(self, alert: Alert, text: int) -> dict[str, Any]:
         return {
             "schema": WEBHOOK_SCHEMA,
             "source": "llm-watchdog",
@@ -213,9 +242,38 @@ class WebhookChannel(Channel):
             "started_at": rfc3339(alert.started_at),
             "ended_at": rfc3339(alert.ended_at) if alert.ended_at is not None else None,
             "url": _url(alert.url),
-            "detail": fit_mapping(alert.detail, limits.WEBHOOK_BODY_MAX_BYTES // 2),
             "id": stable_key(alert.page_id, limits.WEBHOOK_KEY_MAX) if alert.page_id else None,
         }
+
+    def group_payload(self, alerts: list[Alert], group_id: str) -> dict[str, Any]:
+        """One object for the group: counts, a title and each incident as a v1 object without its
+        ``detail`` (texts cut to 1 KiB); incidents past the body's bound are counted in ``omitted``
+        (never with ``group_max`` at most 200 and routes of ordinary length)."""
+        firing = sum(a.status == "firing" for a in alerts)
+        body: dict[str, Any] = {
+            "schema": WEBHOOK_GROUP_SCHEMA,
+            "source": "llm-watchdog",
+            "id": group_id,
+            "status": groups.status(alerts),
+            "severity": groups.worst_severity(alerts),
+            "count": len(alerts),
+            "firing": firing,
+            "resolved": len(alerts) - firing,
+            "summary": groups.title(alerts),
+            "url": _url(groups.status_link(alerts)),
+            "omitted": 0,
+            "alerts": [],
+        }
+        used = len(limits.encode(body)) + 32  # room for a longer ``omitted`` count
+        for i, alert in enumerate(alerts):
+            item = self._fields(alert, 1024)
+            size = len(limits.encode(item)) + 1
+            if used + size > self.max_body_bytes:
+                body["omitted"] = len(alerts) - i
+                break
+            body["alerts"].append(item)
+            used += size
+        return body
 
 
 SLACK_COLORS = {
@@ -233,6 +291,9 @@ class SlackChannel(Channel):
     kind = "slack"
     #: an incoming webhook takes 1 message a second (short bursts allowed), then answers 429
     default_min_interval_s = 1.0
+    groups = True
+    #: people read it: a storm is one message, an isolated incident waits 1 s for company
+    default_group_wait_s = 1.0
 
     def payload(self, alert: Alert) -> dict[str, Any]:
         title = _title(alert)
@@ -248,6 +309,44 @@ class SlackChannel(Channel):
             {"type": "section", "text": {"type": "mrkdwn", "text": body}},
             {"type": "context", "elements": [{"type": "mrkdwn", "text": clip(facts, block)}]},
         ]
+        return {
+            "text": clip(title, limits.SLACK_TEXT_MAX),
+            "attachments": [{"color": color, "fallback": clip(title, limits.SLACK_FALLBACK_MAX), "blocks": blocks}],
+        }
+
+    def group_payload(self, alerts: list[Alert], group_id: str) -> dict[str, Any]:
+        """One message for the group: a title with the counts, one line per incident packed into
+        section blocks (each within 3,000 characters, at most 50 blocks in all), the status link."""
+        title = groups.title(alerts)
+        state = groups.status(alerts)
+        color = SLACK_COLORS["resolved" if state == "resolved" else groups.worst_severity(alerts)]
+        block = limits.SLACK_BLOCK_TEXT_MAX
+        url = _url(groups.status_link(alerts))
+        link = f"<{url}|watchdog status>" if url else "the watchdog's /status"
+        blocks: list[dict[str, Any]] = [
+            {"type": "section", "text": {"type": "mrkdwn", "text": f"*{clip(title, block - 2)}*"}}]
+        room = limits.SLACK_MAX_BLOCKS - 3  # the title, a possible "and N more", the context line
+        sections: list[str] = []
+        text = ""
+        listed = 0
+        for alert in alerts:
+            item = "• " + groups.line(alert)
+            if text and limits.size(text) + 1 + limits.size(item) > block:
+                sections.append(text)
+                text = ""
+                if len(sections) == room:
+                    break
+            text = f"{text}\n{item}" if text else item
+            listed += 1
+        if text:
+            sections.append(text)
+        blocks += [{"type": "section", "text": {"type": "mrkdwn", "text": t}} for t in sections]
+        if listed < len(alerts):
+            more = f"… and {len(alerts) - listed} more incidents: {link}"
+            blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": clip(more, block)}})
+        facts = (f"*group* `{clip(group_id, 300)}` · *incidents* `{len(alerts)}` · "
+                 f"*since* `{rfc3339(min(a.started_at for a in alerts))}` · {link}")
+        blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": clip(facts, block)}]})
         return {
             "text": clip(title, limits.SLACK_TEXT_MAX),
             "attachments": [{"color": color, "fallback": clip(title, limits.SLACK_FALLBACK_MAX), "blocks": blocks}],

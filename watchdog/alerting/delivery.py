@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 import httpx
 
+from watchdog.alerting import groups
 from watchdog.alerting.channels import Channel
 from watchdog.alerting.message import ActiveAlerts, Alert
 from watchdog.alerting.queue import Delivery, DeliveryQueue, PageSource, acker
@@ -62,7 +63,8 @@ class ChannelWorker:
         self.max_attempts = max_attempts
         self.max_in_flight = max_in_flight
         self.durable_give_up_s = durable_give_up_s
-        self.window = 8 * max_in_flight
+        # a grouping channel holds enough pages for two full groups, so a storm is not cut in windows
+        self.window = max(8 * max_in_flight, 2 * channel.group_max if channel.group_wait_s else 0)
         self._active = active
         self._rng = rng
         self._queue = DeliveryQueue(max_queue)
@@ -82,13 +84,15 @@ class ChannelWorker:
         #: in time (the receiver may have the message and be slow), back once one comes in time
         self.read_timeout = channel.config.timeout_s
         self.sent = self.failed = self.retried = self.dropped = 0
+        #: requests that carried several incidents' messages (storm grouping)
+        self.grouped = 0
         self.last_error: str | None = None
 
     # -- called from any thread ---------------------------------------------------------------
 
     def put(self, alert: Alert) -> None:
         with self._cond:
-            self._count_dropped(self._queue.put(Delivery(alert)))
+            self._count_dropped(self._queue.put(Delivery(alert, queued_at=time.monotonic())))
             self._cond.notify()
 
     def attach(self, source: PageSource) -> None:
@@ -136,7 +140,7 @@ class ChannelWorker:
     def stats(self) -> dict[str, Any]:
         return {"kind": self.channel.config.kind, "url": self.channel.endpoint(), "sent": self.sent,
                 "failed": self.failed, "retried": self.retried, "dropped": self.dropped,
-                "queued": self.queued(), "last_error": self.last_error,
+                "queued": self.queued(), "last_error": self.last_error, "grouped": self.grouped,
                 "senders": sum(t.is_alive() for t in self._threads)}
 
     # -- sender threads -----------------------------------------------------------------------
@@ -149,18 +153,19 @@ class ChannelWorker:
                 log.warning("alert queue of %s full: dropped %s (%s); %d dropped so far", self.channel.name,
                             item.alert.key, item.alert.status, self.dropped)
 
-    def _next(self, index: int) -> Delivery | None:
-        """Wait for the next delivery that may go; None when stopping and done."""
+    def _next(self, index: int) -> list[Delivery] | None:
+        """Wait for the next message that may go (one delivery, or a group of them); None when
+        stopping and done."""
         while True:
             got = self._wait(index)
-            if got is None or isinstance(got, Delivery):
+            if got is None or isinstance(got, list):
                 return got
             if got == "resend":
                 # fetched without holding our lock: the alerter takes its lock, then ours
                 alerts = [a for a in self._active() if self.channel.accepts(a)]
                 with self._cond:
                     for alert in alerts:
-                        self._count_dropped(self._queue.put(Delivery(alert)))
+                        self._count_dropped(self._queue.put(Delivery(alert, queued_at=time.monotonic())))
             else:
                 self._fetch()
 
@@ -183,11 +188,12 @@ class ChannelWorker:
                 if self._queue.drop_durable():
                     log.warning("pages of %s: delivered by another replica now", name)
                 pages = []
+            now = time.monotonic()
             for entry, alert in pages:
-                self._queue.put(Delivery(alert, entry=entry, done=acker(source, name, entry)))
+                self._queue.put(Delivery(alert, entry=entry, done=acker(source, name, entry), queued_at=now))
             self._cond.notify_all()
 
-    def _wait(self, index: int) -> Delivery | None | Literal["resend", "fetch"]:
+    def _wait(self, index: int) -> list[Delivery] | None | Literal["resend", "fetch"]:
         with self._cond:
             while True:
                 now = time.monotonic()
@@ -196,7 +202,7 @@ class ChannelWorker:
                     self._abandon()
                     return None
                 got = self._take(now)
-                if isinstance(got, Delivery):
+                if isinstance(got, list):
                     return got
                 waits = [got] if got is not None else []
                 if stopping:
@@ -216,10 +222,10 @@ class ChannelWorker:
                         waits.append(until)
                 self._cond.wait(min(waits) if waits else None)
 
-    def _take(self, now: float) -> Delivery | float | None:
-        """The next message that may go, or how long to wait: while the channel fails, one probe at
-        a time, after the channel's backoff delay; never two starts closer than the channel's
-        ``min_interval_s``."""
+    def _take(self, now: float) -> list[Delivery] | float | None:
+        """The next message that may go (one delivery, or with ``group_wait_s`` a group of them),
+        or how long to wait: while the channel fails, one probe at a time, after the channel's
+        backoff delay; never two starts closer than the channel's ``min_interval_s``."""
         if self._failures and self._queue.in_flight():
             return None  # the probe in flight decides
         if self._failures and self._resume_at > now:
@@ -227,8 +233,15 @@ class ChannelWorker:
         pace = self.channel.min_interval_s
         if pace and self._next_start > now and len(self._queue):
             return self._next_start - now
-        got = self._queue.take(now)
-        if pace and isinstance(got, Delivery):
+        ch = self.channel
+        got: list[Delivery] | float | None
+        if ch.group_wait_s:
+            wait_s = 0.0 if self._deadline is not None else ch.group_wait_s  # stopping: no waiting
+            got = self._queue.take_group(now, ch.group_max, wait_s, lambda d: groups.groupable(d.alert))
+        else:
+            one = self._queue.take(now)
+            got = [one] if isinstance(one, Delivery) else one
+        if pace and isinstance(got, list):
             self._next_start = now + pace
         return got
 
@@ -243,55 +256,82 @@ class ChannelWorker:
     def _run(self, index: int) -> None:
         ch = self.channel
         with httpx.Client(timeout=ch.config.timeout_s, headers=ch.headers()) as client:
-            while (item := self._next(index)) is not None:
-                outcome, retry_after = self._attempt(client, item)
+            while (batch := self._next(index)) is not None:
+                outcome, retry_after = self._attempt(client, batch)
+                what = _describe(batch)
                 acked = False
-                if outcome == "ok" and item.done is not None:  # first thing after the 2xx: shortest window
-                    item.done(True)  # in which a crash would send it again
-                    acked = True
-                    log.info("alert %s (%s) delivered to %s", item.alert.key, item.alert.status, ch.name)
+                if outcome == "ok":  # first thing after the 2xx: the shortest window in which a
+                    acked = self._done(batch, True)  # crash would send it again
+                    log.info("alert %s delivered to %s", what, ch.name)
                 with self._cond:
                     if outcome == "retry":
                         self._failures += 1
                         self._resume_at = time.monotonic() + self._retry_delay(self._failures, retry_after)
                     else:  # delivered, or refused by a receiver that answers: the channel is up
                         self._failures = 0
-                    if outcome == "retry" and self._may_retry(item):
-                        self.retried += 1
-                        self._on_page(ch.name, "retried", 1)
-                        self._count_dropped(self._queue.retry(item))
+                    again = [d for d in batch if outcome == "retry" and self._may_retry(d)]
+                    kept = {id(d) for d in again}
+                    over = [d for d in batch if id(d) not in kept]
+                    if again:
+                        self.retried += len(again)
+                        self._on_page(ch.name, "retried", len(again))
+                        for d in reversed(again):  # back in front, in their order
+                            self._count_dropped(self._queue.retry(d))
                         self._cond.notify_all()
-                        continue
-                    if outcome == "ok":
-                        self.sent += 1
-                    else:
-                        self.failed += 1
-                        log.error("alert %s (%s) to %s given up after %d attempt(s): %s", item.alert.key,
-                                  item.alert.status, ch.name, item.attempt, self.last_error)
-                    self._on_page(ch.name, "delivered" if outcome == "ok" else "failed", 1)
-                if item.done is not None and not acked:
-                    item.done(outcome == "ok")  # outside our lock: it may write to Redis
+                    if over:
+                        if outcome == "ok":
+                            self.sent += len(over)
+                            self.grouped += len(over) > 1
+                        else:
+                            self.failed += len(over)
+                            log.error("alert %s to %s given up after %d attempt(s): %s", _describe(over),
+                                      ch.name, max(d.attempt for d in over), self.last_error)
+                        self._on_page(ch.name, "delivered" if outcome == "ok" else "failed", len(over))
+                if not over:
+                    continue
+                if not acked:
+                    self._done(over, outcome == "ok")  # outside our lock: it may write to Redis
                 with self._cond:
-                    self._queue.finish(item)
+                    for d in over:
+                        self._queue.finish(d)
                     self._cond.notify_all()
+
+    def _done(self, batch: list[Delivery], ok: bool) -> bool:
+        """Tell the page source the batch's durable pages are done, a group's in one round trip."""
+        durable = [d for d in batch if d.entry is not None and d.done is not None]
+        if len(durable) > 1 and self._source is not None:
+            self._source.ack_many(self.channel.name, [d.entry for d in durable if d.entry is not None])
+            durable_ids = {id(d) for d in durable}
+            rest = [d for d in batch if id(d) not in durable_ids]
+        else:
+            rest = batch
+        for d in rest:
+            if d.done is not None:
+                d.done(ok)
+        return True
 
     def _may_retry(self, item: Delivery) -> bool:
         if item.durable or self.max_attempts is None:  # never lost to a receiver that is only down
             return time.monotonic() - (item.first_try or 0.0) < self.durable_give_up_s
         return item.attempt < self.max_attempts
 
-    def _attempt(self, client: httpx.Client, item: Delivery) -> tuple[str, float | None]:
-        item.attempt += 1
-        if item.first_try is None:
-            item.first_try = time.monotonic()
-            if item.alert.page_id is None:  # an in-memory message: its id, the same on every retry
-                item.alert = replace(item.alert, page_id=f"{_PROCESS_ID}-{next(_SEQ)}")
+    def _attempt(self, client: httpx.Client, batch: list[Delivery]) -> tuple[str, float | None]:
+        for item in batch:
+            item.attempt += 1
+            if item.first_try is None:
+                item.first_try = time.monotonic()
+                if item.alert.page_id is None:  # an in-memory message: its id, the same on every retry
+                    item.alert = replace(item.alert, page_id=f"{_PROCESS_ID}-{next(_SEQ)}")
         ch = self.channel
+        alerts = [d.alert for d in batch]
+        # a group's id names its pages: the same group retried carries the same Idempotency-Key
+        key = groups.group_id(alerts) if len(alerts) > 1 else alerts[0].page_id
+        attempt = max(d.attempt for d in batch)
         waited = self.read_timeout
         started = time.monotonic()
         try:
-            body = ch.body(item.alert)  # within the receiver's limits, valid UTF-8 JSON
-            headers = {"Idempotency-Key": item.alert.page_id} if item.alert.page_id else None
+            body = ch.body(alerts, key)  # within the receiver's limits, valid UTF-8 JSON
+            headers = {"Idempotency-Key": key} if key else None
             resp = client.post(ch.endpoint(), content=body, headers=headers,
                                timeout=httpx.Timeout(ch.config.timeout_s, read=waited))
         except httpx.ReadTimeout as exc:
@@ -302,11 +342,11 @@ class ChannelWorker:
                                         min(2 * waited, SLOW_TIMEOUT_FACTOR * ch.config.timeout_s))
             self.last_error = f"{type(exc).__name__}: no answer within {waited:g} s"
             log.warning("alert to %s failed (attempt %d): %s; waiting up to %g s next time", ch.name,
-                        item.attempt, self.last_error, self.read_timeout)
+                        attempt, self.last_error, self.read_timeout)
             return "retry", None
         except httpx.HTTPError as exc:
             self.last_error = f"{type(exc).__name__}: {exc}"
-            log.warning("alert to %s failed (attempt %d): %s", ch.name, item.attempt, self.last_error)
+            log.warning("alert to %s failed (attempt %d): %s", ch.name, attempt, self.last_error)
             return "retry", None
         except Exception as exc:  # a payload bug must not kill the delivery thread
             self.last_error = f"{type(exc).__name__}: {exc}"
@@ -316,12 +356,10 @@ class ChannelWorker:
             with self._cond:
                 self.read_timeout = ch.config.timeout_s  # answered in time again
         if 200 <= resp.status_code < 300:
-            if item.done is None:
-                log.info("alert %s (%s) delivered to %s", item.alert.key, item.alert.status, ch.name)
             return "ok", None
         self.last_error = f"HTTP {resp.status_code}: {resp.text[:200]}"
         if resp.status_code in (408, 425, 429) or resp.status_code >= 500:
-            log.warning("alert to %s failed (attempt %d): %s", ch.name, item.attempt, self.last_error)
+            log.warning("alert to %s failed (attempt %d): %s", ch.name, attempt, self.last_error)
             return "retry", _retry_after(resp)
         return "fail", None
 
@@ -329,6 +367,13 @@ class ChannelWorker:
         """Seconds before probe ``attempt`` of a failing channel: the project's one schedule
         (``core.backoff``), jittered by this worker's own random stream, Retry-After honoured."""
         return backoff_delay(attempt, self.backoff_initial, self.backoff_max, self._rng, retry_after)
+
+
+def _describe(batch: list[Delivery]) -> str:
+    """A log label: one message's incident and state, or a group's size."""
+    if len(batch) == 1:
+        return f"{batch[0].alert.key} ({batch[0].alert.status})"
+    return f"group of {len(batch)} incidents ({batch[0].alert.key}, ...)"
 
 
 def _retry_after(resp: httpx.Response) -> float | None:

@@ -36,6 +36,8 @@ class Delivery:
     entry: str | None = None
     #: called once the message is delivered (True) or given up (False); not when abandoned at stop
     done: Callable[[bool], None] | None = None
+    #: monotonic time the message joined the queue (storm grouping waits from it)
+    queued_at: float = 0.0
 
     @property
     def durable(self) -> bool:
@@ -91,6 +93,44 @@ class DeliveryQueue:
             blocked.add(key)  # later messages of this incident wait behind it
         return wait
 
+    def take_group(self, now: float, limit: int, wait_s: float,
+                   groupable: Callable[[Delivery], bool]) -> list[Delivery] | float | None:
+        """Storm grouping: the messages that may go now as one group (marked in flight), the first
+        of each incident only, at most ``limit``; a message that ``groupable`` refuses goes alone.
+        A group goes once its oldest message has waited ``wait_s`` since it was queued, or once it
+        holds ``limit``; until then, the seconds to wait (None as for ``take``)."""
+        blocked = {k for k, n in self._busy.items() if n}
+        wait: float | None = None
+        group: list[Delivery] = []
+        alone: Delivery | None = None
+        for item in self._items:
+            key = item.alert.key
+            if key in blocked:
+                continue
+            blocked.add(key)  # later messages of this incident wait behind this one
+            if item.due > now:
+                wait = item.due - now if wait is None else min(wait, item.due - now)
+            elif not groupable(item):
+                alone = alone or item
+            elif len(group) < limit:
+                group.append(item)
+        if group:
+            ready_at = min(d.queued_at for d in group) + wait_s
+            if len(group) >= limit or ready_at <= now:
+                taken = {id(d) for d in group}
+                self._items = deque(d for d in self._items if id(d) not in taken)
+                for item in group:
+                    self._busy[item.alert.key] = 1
+                    self._in_flight.append(item)
+                return group
+            wait = ready_at - now if wait is None else min(wait, ready_at - now)
+        if alone is not None:
+            self._items.remove(alone)
+            self._busy[alone.alert.key] = 1
+            self._in_flight.append(alone)
+            return [alone]
+        return wait
+
     def finish(self, item: Delivery) -> None:
         """``item`` was delivered or given up: its incident's next message may go."""
         self._busy.pop(item.alert.key, None)
@@ -139,6 +179,11 @@ class PageSource(Protocol):
     def fetch(self, channel: str, n: int) -> list[tuple[str, Alert]] | None: ...
 
     def ack(self, channel: str, entry: str) -> None: ...
+
+    def ack_many(self, channel: str, entries: list[str]) -> None:
+        """Several pages are done at once (a grouped message): one round trip, so a crash cannot
+        leave half of a delivered group to be sent again."""
+        ...
 
 
 def acker(source: PageSource, channel: str, entry: str) -> Callable[[bool], None]:

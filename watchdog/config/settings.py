@@ -180,6 +180,14 @@ class WindowConfig(_Section):
         return seconds
 
 
+#: channel kinds whose receiver groups alerts itself: storm grouping (``group_wait_s``) is refused
+RECEIVER_GROUPED_KINDS = {
+    "alertmanager": "its route's group_by, group_wait and group_interval",
+    "pagerduty": "one event per request, each incident its own dedup_key; group them with the service's "
+                 "alert grouping",
+}
+
+
 class AlertChannelConfig(BaseModel):
     """One entry of ``alerts: channels:``: how one on-call channel is reached (docs/ALERTS.md).
 
@@ -206,6 +214,22 @@ class AlertChannelConfig(BaseModel):
     #: seconds between the starts of two requests, to stay within the receiver's rate limit;
     #: None: the kind's default (1 s for slack, its documented 1 message a second, else 0)
     min_interval_s: float | None = Field(None, ge=0)
+    #: storm grouping (docs/ALERTS.md, "Storms"): a route incident's message waits up to this many
+    #: seconds for others, then every message waiting for the channel goes as one; 0: one message per
+    #: incident. None: the kind's default (1 s for slack, 0 for webhook); alertmanager and pagerduty
+    #: group on the receiver's side (group_by, alert grouping) and refuse a value above 0
+    group_wait_s: float | None = Field(None, ge=0, le=60)
+    #: at most this many incidents' messages in one grouped message (each listed by name)
+    group_max: int = Field(100, ge=2, le=200)
+
+    @field_validator("group_wait_s")
+    @classmethod
+    def _grouping_kind(cls, value: float | None, info: ValidationInfo) -> float | None:
+        kind = info.data.get("kind")
+        if value and kind in RECEIVER_GROUPED_KINDS:
+            raise ValueError(f"{kind} groups alerts on its own side ({RECEIVER_GROUPED_KINDS[kind]}): "
+                             "leave group_wait_s unset or 0")
+        return value
 
 
 class AlertsConfig(_Section):
