@@ -247,8 +247,9 @@ class WebhookChannel(Channel):
 
     def group_payload(self, alerts: list[Alert], group_id: str) -> dict[str, Any]:
         """One object for the group: counts, a title and each incident as a v1 object without its
-        ``detail`` (texts cut to 1 KiB); incidents past the body's bound are counted in ``omitted``
-        (never with ``group_max`` at most 200 and routes of ordinary length)."""
+        ``detail``, its texts cut to the group's share of the body (1 KiB each for up to ~100
+        incidents, ~300 bytes for 200); incidents past the body's bound are counted in ``omitted``
+        (never with ``group_max`` at most 200 and names of ordinary length)."""
         firing = sum(a.status == "firing" for a in alerts)
         body: dict[str, Any] = {
             "schema": WEBHOOK_GROUP_SCHEMA,
@@ -265,8 +266,10 @@ class WebhookChannel(Channel):
             "alerts": [],
         }
         used = len(limits.encode(body)) + 32  # room for a longer ``omitted`` count
+        # each incident's share of the body, less ~700 bytes for its other fields, for two texts
+        text = min(1024, max(128, ((self.max_body_bytes - used) // len(alerts) - 700) // 2))
         for i, alert in enumerate(alerts):
-            item = self._fields(alert, 1024)
+            item = self._fields(alert, text)
             size = len(limits.encode(item)) + 1
             if used + size > self.max_body_bytes:
                 body["omitted"] = len(alerts) - i
