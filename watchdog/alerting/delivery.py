@@ -15,6 +15,11 @@ Durable pages come from a :class:`PageSource` (the Redis outbox's per-channel st
 retryable failure until it is delivered or ``durable_give_up_s`` old, and acknowledges each by its
 own id as soon as it is delivered or given up. In-memory messages (ops alerts) are retried the same
 way, unless ``max_attempts`` is given: then they are given up after that many attempts.
+
+A channel with ``group_wait_s`` (storm grouping, :mod:`watchdog.alerting.groups`) sends the route
+incidents' messages that wait for it together, as one request: a message waits up to
+``group_wait_s`` for company, a group holds at most ``group_max``; it is delivered, retried or given
+up as a whole, and its durable pages are acknowledged in one round trip.
 """
 
 from __future__ import annotations

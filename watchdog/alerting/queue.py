@@ -4,6 +4,7 @@
 messages waiting for one channel and hands out the next one that may go now. A message may go when
 it is due and no earlier message of the same incident is waiting or in flight, so a resolve never
 overtakes its trigger, while a message waiting out a retry holds back only its own incident.
+``take_group`` hands out several incidents' messages at once (storm grouping), by the same rule.
 
 Two kinds of message share the queue. An in-memory one (``entry`` None: ops alerts, the CLI) exists
 only here; when more than ``max_queue`` of them are held, the oldest waiting one is dropped. A
