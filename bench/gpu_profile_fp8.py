@@ -90,7 +90,7 @@ VARIANTS = {"old": (False, 0), "own": (True, 0), "new": (True, 128)}  # (own_for
 #: loop = each pass's saturation counts added per FP8 module (2 small adds each, the engine before the
 #: one counter store of 2026-12-04); else in one store
 #: auto = the fused quantisers where the engine's own rule puts them (passes of ``FUSED_MIN_ROWS`` positions
-#: and more): "new+auto" is the engine as shipped at every batch
+#: and more; 0 since 2026-12-07, so "auto" is "fq" now): "new+auto" is the engine as shipped at every batch
 #: rkv = prefill/scoring attention on K/V repeated per query head (the engine before 2026-12-06's SDPA
 #: ``enable_gqa``, ``fast_forward.SDPA_GQA``)
 #: nopg = prefill and scoring passes never captured as CUDA graphs (the engine before 2026-12-07's pass

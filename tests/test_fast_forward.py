@@ -449,7 +449,7 @@ def test_fused_fp8_quantisers_give_the_separate_steps() -> None:
         if isinstance(m, Fp8Linear):
             m.backend = "scaled_mm"  # CPU torch runs _scaled_mm too: the layers take the FP8 product path
     dec = FastDecoder(fast.model)
-    dec.fused_min_rows = 0  # every pass (the default takes passes of 16k positions and more)
+    dec.fused_min_rows = 0  # every pass (the default since 2026-12-07; set here in case it changes)
     if not all(fusable(p) for p in dec.layers):
         pytest.skip("_scaled_mm with float32 output is not available on this device")
     assert not any(p["fused_quant"] for p in dec.layers)  # CUDA with Triton only, unless set here

@@ -21,7 +21,7 @@
   an H100, docs/BENCHMARKS.md). A resident engine replaying the same golden set meets the same shapes
   every time; a one-off replay sees each shape once and captures nothing. The graphs share one memory
   pool per decoder (their outputs are read before the next pass runs), counted in ``cache_bytes``.
-* FP8 prefill/scoring passes of at least ``FUSED_MIN_ROWS`` positions quantise each linear's input and
+* FP8 prefill/scoring passes of at least ``FUSED_MIN_ROWS`` positions (every pass since 2026-12-07) quantise each linear's input and
   count its saturation in one kernel with the norm, residual add or SiLU*up before it
   (``probes.fp8_fused``; CUDA with Triton, layers with merged q/k/v and gate/up scales).
 * Opt-in: ``set_options(kv_cache="fp8")`` keeps the cache in e4m3 with per-head scales and
@@ -74,9 +74,10 @@ T_BUCKET = 128
 #: at most this many (batch, length) buckets keep their caches and graphs
 MAX_BUCKETS = 3
 #: prefill/scoring passes of at least this many positions (batch x width) quantise through
-#: ``probes.fp8_fused``: faster on the H200 at batch 64 and 128 (~25k and ~51k positions), not shown
-#: faster at batch 16 (~5-6k positions, where the pass is bound by the host), BENCHMARKS.md sixth pass
-FUSED_MIN_ROWS = 16384
+#: ``probes.fp8_fused``: faster on the H200 at batch 64 and 128 (~25k and ~51k positions, BENCHMARKS.md
+#: sixth pass); at batch 16 (~5-6k positions) no faster while the pass was bound by the host (16,384 until
+#: 2026-12-07), faster once the pass is a CUDA graph (0.621-0.622 -> 0.615-0.619 on an H100): every pass
+FUSED_MIN_ROWS = 0
 #: decode attends over the cache up to the current position rounded up to a multiple of this
 LIVE_WINDOW = 128
 #: prefill/scoring passes of at most this many positions (batch x width) are captured as CUDA graphs once
