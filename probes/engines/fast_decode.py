@@ -416,6 +416,7 @@ class FastDecoder:
             bk.passes.clear()
         self._pass_graphs.clear()
         self._pass_seen.clear()
+        self._pass_pool, self.pass_pool_bytes = None, 0  # the old pool goes with its graphs
 
     def cache_bytes(self) -> int:
         """Bytes of the static K/V caches and step tensors the kept buckets hold, and of the captured
@@ -679,7 +680,10 @@ class FastDecoder:
                 picked[s:s + 16] = picked_logprobs(logits[s:s + 16, :-1, :], targets[s:s + 16])
             return (picked,)
 
-        return self._pass(self._pass_graphs, ("score", keep), run, ids, mask)[0]
+        # the passes' graphs share one memory pool with the prefill's, and a replay's output is rewritten by
+        # the next pass: one pass at a time, and a copy out
+        with self._lock:
+            return self._pass(self._pass_graphs, ("score", keep), run, ids, mask)[0].clone()
 
     def _first_token(self, bk: _Bucket, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The prompts' pass with K/V into ``bk``'s cache; the greedy first token and its logprob."""
@@ -692,7 +696,8 @@ class FastDecoder:
         storage (another decoder over the same model rebinds them; a graph would add to the old ones)."""
         if not (self.cuda_graphs and self.own_forward and ids.numel() <= self.pass_graph_max_rows):
             return None
-        sat = self._sat_first._n_values.data_ptr() if self._sat_mods else 0
+        first = getattr(self, "_sat_first", None)  # unset when not every layer is counted (nothing is)
+        sat = first._n_values.data_ptr() if first is not None else 0
         head = self._head_mod._n_saturated.data_ptr() if self._head_mod is not None else 0
         return (what, tuple(ids.shape), self.count_saturation, self.saturation_stride, self.fused_min_rows,
                 fast_forward.SDPA_GQA, id(self.head), sat, head)
@@ -725,6 +730,8 @@ class FastDecoder:
         while len(graphs) >= MAX_PASS_GRAPHS:
             graphs.popitem(last=False)
         static_ids, static_mask = ids.clone(), mask.clone()
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()  # as the capture does first: the growth below is then the pool's alone
         reserved = torch.cuda.memory_reserved(self.device)
         graph = torch.cuda.CUDAGraph()
         try:
