@@ -273,3 +273,14 @@ def test_a_missing_config_from_the_environment_names_the_variable(argv: list[str
     lines = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(lines) == 1, lines
     assert f"no such file: {tmp_path / 'gone.yaml'} (from $LLMWD_CONFIG)" in lines[0], lines
+
+
+def test_calibrate_without_the_torch_extra_names_it(tmp_path: Path) -> None:
+    # in a wheel installed without [torch], `calibrate` was a ModuleNotFoundError traceback
+    code = ("import sys; sys.modules['torch'] = None; from watchdog.cli.main import main; "
+            f"sys.exit(main(['calibrate', '--model', 'bench/data/drift_tiny', '--set', 'code', "
+            f"'--out', {str(tmp_path / 'cal.json')!r}]))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert lines[0].startswith("calibrate: ") and "pip install 'fp8-watchdog[torch]'" in lines[0], lines[0]

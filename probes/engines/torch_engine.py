@@ -784,6 +784,11 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     except (OSError, ValueError, KeyError, GoldenSetError) as exc:
         print(f"calibrate: {exc}", file=sys.stderr)
         return 2
+    except ImportError as exc:  # a wheel without the torch extra: was a ModuleNotFoundError traceback
+        if (exc.name or "").split(".")[0] not in ("torch", "transformers", "safetensors"):
+            raise
+        print(f"calibrate: {exc} (install it with: pip install 'fp8-watchdog[torch]')", file=sys.stderr)
+        return 2
     print(f"wrote {path} ({len(texts)} texts)")
     return 0
 
