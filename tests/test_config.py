@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -219,6 +220,31 @@ def test_config_check_finds_what_a_golden_job_would_fail_on(tmp_path: Path, monk
     fixed = cfg.read_text().replace("cdoe", "code").replace("torhc", "torch").replace("modelpath", "model_path")
     cfg.write_text(fixed)
     assert main(["config", "check", "--config", str(cfg)]) == 0
+
+
+def test_config_check_names_an_engine_library_that_is_not_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """A torch golden job in an install without the torch extra (the README's `[embedded,gpu]`) passed
+    `config check` and failed at the job's first run, an hour after start. The libraries are looked up,
+    not imported (sys.modules[...] = None is how a test hides an installed one)."""
+    from probes.engines import check_engine
+    from watchdog.cli.main import main
+
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(ValueError, match=r"engine 'torch' needs torch, not installed here \(pip install "
+                                         r"'fp8-watchdog\[torch\]'\)"):
+        check_engine("torch", model_path="/m", precision="fp8")
+    check_engine("openai", base_url="http://x/v1")  # needs nothing beyond the daemon's own
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"policies: [{ROOT / 'policies' / 'default.yaml'}]\ngolden:\n  jobs:\n    - name: hourly\n"
+                   "      set: code\n      model: m\n      routes: ['code/*']\n"
+                   "      candidate: {kind: torch, model_path: /m, precision: fp8}\n"
+                   "      baseline: {kind: openai, base_url: 'http://x/v1'}\n")
+    monkeypatch.delenv("LLMWD_CONFIG", raising=False)
+    assert main(["config", "check", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["golden.jobs.0 (hourly): candidate: engine 'torch' needs torch, not installed here "
+                   "(pip install 'fp8-watchdog[torch]')"], err
 
 
 def test_a_golden_job_finds_its_set_beside_the_config_that_init_wrote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

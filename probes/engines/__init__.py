@@ -25,6 +25,11 @@ _MODULES: dict[str, str] = {
     "tensorrt_llm": "probes.engines.tensorrt_llm_engine",
 }
 _REGISTRY: dict[str, Callable[..., Engine]] = {}
+#: kind -> (the libraries its engines import when built, how to get them)
+_NEEDS: dict[str, tuple[tuple[str, ...], str]] = {
+    "torch": (("torch", "transformers"), "pip install 'fp8-watchdog[torch]'"),
+    "tensorrt_llm": (("tensorrt_llm",), "NVIDIA's tensorrt_llm wheel on a GPU host, docs/ENGINES.md"),
+}
 
 T = TypeVar("T")
 
@@ -58,10 +63,27 @@ def get_engine(kind: str, **options: Any) -> Engine:
 
 
 def check_engine(kind: str, **options: Any) -> None:
-    """What ``get_engine`` refuses before building anything: an unknown kind (``UnknownEngineError``)
-    or an option the engine does not take (``ValueError``). Imports the backend's module, which
-    imports no heavy library (torch, tensorrt_llm) until an engine is built."""
+    """What ``get_engine`` would refuse, found before building anything: an unknown kind
+    (``UnknownEngineError``), an option the engine does not take, or a library its engines import that
+    is not installed (``ValueError``). Imports the backend's module, which imports no heavy library
+    (torch, tensorrt_llm) until an engine is built; the libraries are looked up, not imported."""
     _check_options(kind, _factory(kind), options)
+    libs, how = _NEEDS.get(kind, ((), ""))
+    missing = [lib for lib in libs if not _installed(lib)]
+    if missing:
+        raise ValueError(f"engine {kind!r} needs {', '.join(missing)}, not installed here ({how})")
+
+
+def _installed(name: str) -> bool:
+    import sys
+    from importlib.util import find_spec
+
+    if name in sys.modules:
+        return sys.modules[name] is not None
+    try:
+        return find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _factory(kind: str) -> Callable[..., Engine]:

@@ -74,6 +74,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
     for var in env_overrides(os.environ)[1]:  # a typo such as LLMWD_KAFKA_BOOTSTRAP_SERVERS (one _)
         _log().warning("$%s matches no config key and is ignored%s", var, env_hint(var))
+    for problem in _golden_job_problems(cfg):  # said now, not at the job's first run (an hour away)
+        _log().warning("%s; the job will fail when it runs (`config check` refuses this config)", problem)
     try:
         daemon = Daemon(cfg)
     except PolicyError as exc:
@@ -249,7 +251,8 @@ def cmd_config_check(args: argparse.Namespace) -> int:
 
 def _golden_job_problems(cfg: Config) -> list[str]:
     """What the daemon's golden jobs would fail on at their first run, found now: an unknown engine
-    kind or option (with "did you mean"), a set that is not there. Nothing is built or loaded."""
+    kind or option (with "did you mean"), an engine library not installed, a set that is not there.
+    Nothing is built or loaded."""
     from probes.engines import check_engine
     from probes.golden import GoldenSetError, find_golden_set
 
