@@ -36,3 +36,24 @@ def test_kafka_python_delivers_with_a_short_delivery_timeout(kafka_service: Serv
 def test_timeouts_that_cannot_fit_are_refused(settings: dict, why: str) -> None:
     with pytest.raises(ValidationError, match=why):
         EventsConfig(**settings)
+
+
+def test_an_unreachable_broker_is_named_in_log_lines_not_librdkafka_stderr(
+        capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+    """librdkafka wrote a FAIL line to stderr ~3 times a second while the broker was away (the gateway's
+    terminal filled with them); its lines now go to the emitter's logger at DEBUG, and the emitter's own
+    warning names the cause once per change."""
+    pytest.importorskip("confluent_kafka")
+    caplog.set_level("DEBUG", logger="watchdog.ingest.emitter")
+    em = EventEmitter(EventsConfig(bootstrap_servers="127.0.0.1:9", topic="t", client="confluent",
+                                   flush_interval_s=0.01)).start()
+    try:
+        time.sleep(2.5)
+    finally:
+        em.close()
+    err = capfd.readouterr().err
+    assert "|FAIL|" not in err, err[:300]
+    assert any(r.levelname == "DEBUG" and "librdkafka" in r.getMessage() and "127.0.0.1:9" in r.getMessage()
+               for r in caplog.records)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings and any("127.0.0.1:9" in w or "brokers are down" in w for w in warnings), warnings

@@ -37,6 +37,15 @@ from watchdog.core.truncation import MAX_VALUE_BYTES, fit_event
 log = logging.getLogger(__name__)
 
 
+class _LibrdkafkaLog:
+    """librdkafka's own log lines, at DEBUG in this module's logger. It writes them to stderr itself
+    otherwise: a FAIL line ~3 times a second while the broker is away, which repeats what ``error_cb``
+    already reports once per change (``_count_error``)."""
+
+    def log(self, _level: int, msg: str, *args: Any) -> None:
+        log.debug("librdkafka: " + msg, *args)
+
+
 class EventsConfig(BaseModel):
     """Where and how events go (the gateway's ``events:`` section)."""
 
@@ -194,7 +203,8 @@ class _Confluent:
                                 "partitioner": "murmur2_random",
                                 "error_cb": self._error,
                                 # the producer epoch, to see librdkafka bump it in a loop (id_lost)
-                                "statistics.interval.ms": 1000, "stats_cb": self._stats, **cfg.librdkafka}
+                                "statistics.interval.ms": 1000, "stats_cb": self._stats,
+                                "logger": _LibrdkafkaLog(), **cfg.librdkafka}
         self._p = Producer(conf)
 
     def _error(self, err: Any) -> None:
