@@ -247,6 +247,24 @@ def test_config_check_names_an_engine_library_that_is_not_installed(tmp_path: Pa
                    "(pip install 'fp8-watchdog[torch]')"], err
 
 
+def test_config_check_of_a_gateway_only_file_checks_the_gateway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """A gateway's own file (only `gateway:`) failed on the daemon's default policy file, which its user
+    never named; now the gateway section alone is checked, and a typo in it is still one line."""
+    monkeypatch.chdir(tmp_path)  # no policies/ here
+    monkeypatch.delenv("LLMWD_CONFIG", raising=False)
+    cfg = tmp_path / "gw.yaml"
+    cfg.write_text("gateway:\n  port: 8080\n  pools:\n    - {model: m, candidate: {url: 'http://a/v1'}, "
+                   "baseline: {url: 'http://b/v1'}}\n")
+    assert main(["config", "check", "--config", str(cfg)]) == 0
+    err = capsys.readouterr().err
+    assert "gateway-only file" in err and "policies" not in err.replace("policies and golden", ""), err
+    cfg.write_text(cfg.read_text().replace("port:", "prot:"))
+    assert main(["config", "check", "--config", str(cfg)]) == 2
+    err_lines = [x for x in capsys.readouterr().err.strip().splitlines() if not x.startswith("note:")]
+    assert err_lines == [f"{cfg}:2:3: unknown key 'prot' in gateway (did you mean 'port'?)"], err_lines
+
+
 def test_a_golden_job_finds_its_set_beside_the_config_that_init_wrote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                       capsys: pytest.CaptureFixture[str]) -> None:
     """``init wd`` writes wd/config.yaml beside wd/golden_sets: a set added there is the one a job names,
