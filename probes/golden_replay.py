@@ -359,9 +359,17 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             if kind == "torch" and "compile" not in opts:
                 opts["compile"] = cli_compile(steps, bool(args.compile_cache))
         check_engine(args.engine, **cand_opts)
+    except ValueError as exc:  # a kind, option or library the user can fix: a usage error, as a set's is
+        print(f"cannot build candidate engine {args.engine!r}: {exc}", file=sys.stderr)
+        return 2
     except Exception as exc:  # noqa: BLE001 - report, do not trace back
         print(f"cannot build candidate engine {args.engine!r}: {exc}{_extra_hint(exc)}", file=sys.stderr)
         return 1
+    try:
+        check_engine(args.baseline_engine or args.engine, **base_opts)
+    except ValueError as exc:
+        print(f"cannot build baseline engine: {exc}", file=sys.stderr)
+        return 2
     # the baseline first: an FP8 candidate over the same model files then quantises the weights the
     # baseline loaded instead of reading them again (probes.engines.torch_engine.load_model)
     try:
