@@ -92,7 +92,12 @@ HOLD_MIN_WINDOWS = 500
 HOLD_UNSAVED_FACTOR = 6.0
 #: name prefixes of the daemon's long-lived threads (readiness ticker, alert senders, GPU monitor,
 #: flag reader, checkpoint writer)
-OWN_THREADS = ("readiness", "alerts-", "gpu-monitor", "llmwd-routing-flags", "checkpoint-writer")
+OWN_THREADS = ("readiness", "alerts-", "gpu-monitor", "llmwd-routing-flags", "checkpoint-writer", "outbox-pager",
+               "maintenance-reader")
+#: the outbox pager's thread (``Daemon._run_pager``): the outbox is moved to the page streams off the loop, since
+#: each pump is one Redis round trip or more (a record taken is four): at 0.1-0.45 s of round trip the loop spent
+#: most of its time there (tests/test_slow_network.py)
+PAGER_THREAD = "outbox-pager"
 
 
 class Daemon:
@@ -191,6 +196,11 @@ class Daemon:
         self._backlog_since: float | None = None
         self.metrics.judging_backlog_seconds.set_function(self._backlog_age)
         self._failed_sources: set[str] = set()
+        #: the outbox pager's thread (None: ``step`` pumps inline, as a loop driven by hand does), the loop's
+        #: wake-up call to it, and what it raised that was not a Redis error (``step`` raises it: crash-only)
+        self._pager_thread: threading.Thread | None = None
+        self._pager_wake = threading.Event()
+        self._pager_error: BaseException | None = None
         #: whether this daemon's loop holds the process's collector settings (LOOP_GC)
         self._gc_entered = False
         self.readiness.set("starting", "connecting to Kafka", self.clock())
@@ -239,6 +249,9 @@ class Daemon:
         if self.gpu is not None:
             self.gpu.start()
         self.checkpointer.writer.start()
+        self._pager_thread = threading.Thread(target=self._run_pager, name=PAGER_THREAD, daemon=True)
+        self._pager_thread.start()
+        self.decisions.maintenance.start()
         #: the long-lived threads this daemon started: the death of one is a readiness reason (by
         #: name as well: other threads of the process - a test's, an embedding app's - are not ours)
         self.health.threads = [t for t in threading.enumerate()
@@ -321,7 +334,12 @@ class Daemon:
         self.checkpointer.checkpoint(now)
         self.checkpointer.flush_unowned()
         lap("checkpoint")
-        self._pump_pager()
+        if self._pager_error is not None:
+            raise self._pager_error
+        if self._pager_thread is None:
+            self._pump_pager()
+        else:
+            self._pager_wake.set()  # one pump per iteration at most, on its own thread: never a wait here
         lap("pager")
         if self.golden_leader is not None:
             self.golden_leader.tick(now)
@@ -466,6 +484,20 @@ class Daemon:
             out.extend(extra)
         return out
 
+    def _run_pager(self) -> None:
+        """The pager's thread: one pump each time the loop asks (once per iteration), until the stop."""
+        while not self._stop.is_set():
+            if not self._pager_wake.wait(0.5):
+                continue
+            self._pager_wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self._pump_pager()
+            except Exception as exc:  # noqa: BLE001 - raised again on the loop (crash-only)
+                self._pager_error = exc
+                return
+
     def _pump_pager(self) -> None:
         try:
             self.pager.pump()
@@ -492,6 +524,7 @@ class Daemon:
             if self.gpu is not None:
                 self.gpu.stop()
             self.checkpointer.writer.stop()
+            self.decisions.maintenance.stop()
             if self.ingest is not None:
                 closer = threading.Thread(target=self.ingest.close, name="kafka-close", daemon=True)
                 closer.start()
@@ -526,6 +559,9 @@ class Daemon:
         for part in list(self.parts.values()):
             if time.monotonic() < deadline - 1:
                 self.checkpointer.save(part, self.clock(), force=True, mirror=False)
+        if self._pager_thread is not None:  # its last pump ends first: the one below copies what is left
+            self._pager_wake.set()
+            self._pager_thread.join(max(0.0, deadline - time.monotonic() - 1))
         self.pager.wait(max(0.0, min(1.0, deadline - time.monotonic() - 1)))
 
     # -- surface -------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ from watchdog.policy.status import state_judgeability_rows
 from watchdog.runtime.budget import PutOff, StepDeadline
 from watchdog.runtime.evidence import EvidenceRecorder
 from watchdog.runtime.health import RedisHealth
+from watchdog.runtime.maintenance import MaintenanceReader
 from watchdog.runtime.ownership import Ownership
 from watchdog.runtime.stats import DaemonStats
 from watchdog.sources.golden import GoldenLeader
@@ -247,6 +248,8 @@ class Decisions:
         self.golden = golden
         self.clock = clock
         self.store = store
+        #: maintenance annotations, read off the loop once the daemon starts its thread
+        self.maintenance = MaintenanceReader(store.client, keys, redis_health.failed)
         self.actuator = Actuator(store, changed_by=f"watchdog@{cfg.instance}", extras=self.flip_extras)
         #: (model, route) -> end of the window that caused the pending flip, and when the watermark closed
         #: it (None: not a window the watermark closed; the reaction metrics)
@@ -361,11 +364,10 @@ class Decisions:
         if not wanted or not any(s.source == "live" for s in signals):
             return
         try:
-            values = self.store.client.mget([self.keys.maintenance(m, r) for m, r in wanted])
+            found = self.maintenance.values(wanted)
         except (redis.RedisError, OSError) as exc:
             self.redis_health.failed(exc, "reading maintenance annotations")
             return
-        found = {route: v for route, v in zip(wanted, values, strict=True) if v}
         if found:
             changes.mark_maintenance(signals, changes.maintenance_spans(found))
 

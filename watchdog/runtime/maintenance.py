@@ -1,0 +1,97 @@
+"""Operators' maintenance annotations (``Keys.maintenance``), read off the main loop.
+
+Judging marks live windows that fall inside a declared maintenance span (``Decisions.mark_maintenance``).
+It read the annotations with one MGET per judging pass on the loop thread, so each pass waited a Redis
+round trip: on a 0.1-0.45 s link that was most of the loop's time (tests/test_slow_network.py). Here a
+thread of its own (``THREAD_NAME``) reads the annotations of the routes judging asked about, every
+``EVERY_S`` and at once for a route asked about for the first time; the loop reads what it found last.
+So an annotation is seen within about ``EVERY_S`` plus a round trip of being written, and a route's
+first window is judged unmarked until its first read answered (as when Redis does not answer: those
+windows are judged as usual and readiness says why). Routes not asked about for ``FORGET_S`` are
+dropped, so the set stays that of the routes being judged.
+
+Without ``start`` (a loop driven by hand) ``values`` reads Redis itself, as before."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis
+
+from watchdog.core.keys import Keys
+
+#: the reader's thread name (the daemon watches its long-lived threads by name)
+THREAD_NAME = "maintenance-reader"
+#: seconds between two reads of every route's annotation
+EVERY_S = 1.0
+#: a route not asked about for this long is read no more
+FORGET_S = 600.0
+#: keys per MGET
+CHUNK = 1000
+
+Route = tuple[str, str]
+
+
+class MaintenanceReader:
+    def __init__(self, client: Any, keys: Keys, on_error: Callable[[BaseException, str], None]) -> None:
+        self.client = client
+        self.keys = keys
+        self.on_error = on_error
+        self._lock = threading.Lock()
+        self._asked: dict[Route, float] = {}
+        self._found: dict[Route, Any] = {}
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def values(self, wanted: Sequence[Route]) -> dict[Route, Any]:
+        """The annotation of each of ``wanted`` that has one (as last read); Redis errors propagate
+        only without the thread."""
+        if self._thread is None:
+            values = self.client.mget([self.keys.maintenance(m, r) for m, r in wanted])
+            return {route: v for route, v in zip(wanted, values, strict=True) if v}
+        now = time.monotonic()
+        with self._lock:
+            new = [r for r in wanted if r not in self._asked]
+            for r in wanted:
+                self._asked[r] = now
+            found = {r: self._found[r] for r in wanted if r in self._found}
+        if new:
+            self._wake.set()
+        return found
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(EVERY_S)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            now = time.monotonic()
+            with self._lock:
+                for r in [r for r, at in self._asked.items() if now - at > FORGET_S]:
+                    del self._asked[r]
+                routes = sorted(self._asked)
+            found: dict[Route, Any] = {}
+            try:
+                for i in range(0, len(routes), CHUNK):
+                    chunk = routes[i:i + CHUNK]
+                    values = self.client.mget([self.keys.maintenance(m, r) for m, r in chunk])
+                    found.update((route, v) for route, v in zip(chunk, values, strict=True) if v)
+            except (redis.RedisError, OSError) as exc:
+                self.on_error(exc, "reading maintenance annotations")
+                continue
+            with self._lock:
+                self._found = found
