@@ -41,7 +41,7 @@ class Direction:
 
 
 class SlowLink:
-    def __init__(self, target_port: int, *, host: str = "127.0.0.1", seed: int = 7) -> None:
+    def __init__(self, target_port: int, *, listen_port: int = 0, host: str = "127.0.0.1", seed: int = 7) -> None:
         self.target = (host, target_port)
         self.up = Direction()
         self.down = Direction()
@@ -49,7 +49,7 @@ class SlowLink:
         self._open = True
         self._resumed: asyncio.Event | None = None
         self._writers: set[asyncio.StreamWriter] = set()
-        sock = socket.create_server(("127.0.0.1", 0))
+        sock = socket.create_server(("127.0.0.1", listen_port))
         self.port = sock.getsockname()[1]
         self._loop = asyncio.new_event_loop()
         self._started = threading.Event()
