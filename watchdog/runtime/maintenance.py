@@ -4,11 +4,12 @@ Judging marks live windows that fall inside a declared maintenance span (``Decis
 It read the annotations with one MGET per judging pass on the loop thread, so each pass waited a Redis
 round trip: on a 0.1-0.45 s link that was most of the loop's time (tests/test_slow_network.py). Here a
 thread of its own (``THREAD_NAME``) reads the annotations of the routes judging asked about, every
-``EVERY_S`` and at once for a route asked about for the first time; the loop reads what it found last.
-So an annotation is seen within about ``EVERY_S`` plus a round trip of being written, and a route's
-first window is judged unmarked until its first read answered (as when Redis does not answer: those
-windows are judged as usual and readiness says why). Routes not asked about for ``FORGET_S`` are
-dropped, so the set stays that of the routes being judged.
+``EVERY_S``; the loop reads what it found last. So an annotation is seen within about ``EVERY_S`` plus a
+round trip of being written. A route asked about for the first time is read on the loop, once (one
+MGET for all the new routes of a pass), so its first window is not judged without an annotation that was
+already there. Redis errors of that read propagate (the caller judges without the marks and readiness
+says why). Routes not asked about for ``FORGET_S`` are dropped, so the set stays that of the routes
+being judged.
 
 Without ``start`` (a loop driven by hand) ``values`` reads Redis itself, as before."""
 
@@ -58,20 +59,22 @@ class MaintenanceReader:
         self._wake.set()
 
     def values(self, wanted: Sequence[Route]) -> dict[Route, Any]:
-        """The annotation of each of ``wanted`` that has one (as last read); Redis errors propagate
-        only without the thread."""
+        """The annotation of each of ``wanted`` that has one (as last read; a route not asked about
+        before, read now); Redis errors of a read made here propagate."""
         if self._thread is None:
             values = self.client.mget([self.keys.maintenance(m, r) for m, r in wanted])
             return {route: v for route, v in zip(wanted, values, strict=True) if v}
         now = time.monotonic()
         with self._lock:
             new = [r for r in wanted if r not in self._asked]
+        if new:  # read now, once per route: its first window must not miss an annotation already there
+            values = self.client.mget([self.keys.maintenance(m, r) for m, r in new])
+            with self._lock:
+                self._found.update((route, v) for route, v in zip(new, values, strict=True) if v)
+        with self._lock:
             for r in wanted:
                 self._asked[r] = now
-            found = {r: self._found[r] for r in wanted if r in self._found}
-        if new:
-            self._wake.set()
-        return found
+            return {r: self._found[r] for r in wanted if r in self._found}
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -93,5 +96,6 @@ class MaintenanceReader:
             except (redis.RedisError, OSError) as exc:
                 self.on_error(exc, "reading maintenance annotations")
                 continue
-            with self._lock:
-                self._found = found
+            with self._lock:  # routes first asked while this read ran keep what their own read found
+                read = set(routes)
+                self._found = found | {r: v for r, v in self._found.items() if r not in read}
