@@ -48,9 +48,14 @@ log = logging.getLogger(__name__)
 POLL_S = 1.0
 #: a channel whose receiver answers after its ``timeout_s`` waits up to this many times longer
 SLOW_TIMEOUT_FACTOR = 8.0
+#: answers to a group that its parts may not get (too large, or one message in it the receiver
+#: cannot take): the group is sent again as two halves, down to single messages, never given up whole
+SPLIT_STATUSES = frozenset({400, 413, 422})
 #: page ids of in-memory messages: this process, then a count
 _PROCESS_ID = uuid.uuid4().hex[:12]
 _SEQ = itertools.count(1)
+#: ids of the parts of refused groups (``Delivery.batch``)
+_BATCH = itertools.count(1)
 
 
 class ChannelWorker:
@@ -274,7 +279,15 @@ class ChannelWorker:
                         self._resume_at = time.monotonic() + self._retry_delay(self._failures, retry_after)
                     else:  # delivered, or refused by a receiver that answers: the channel is up
                         self._failures = 0
-                    again = [d for d in batch if outcome == "retry" and self._may_retry(d)]
+                    if outcome == "split":  # each half its own batch; the refusal is no attempt of theirs
+                        half = (len(batch) + 1) // 2
+                        for part in (batch[:half], batch[half:]):
+                            tag = next(_BATCH)
+                            for d in part:
+                                d.batch, d.attempt = tag, d.attempt - 1
+                        again = batch
+                    else:
+                        again = [d for d in batch if outcome == "retry" and self._may_retry(d)]
                     kept = {id(d) for d in again}
                     over = [d for d in batch if id(d) not in kept]
                     if again:
@@ -366,6 +379,10 @@ class ChannelWorker:
         if resp.status_code in (408, 425, 429) or resp.status_code >= 500:
             log.warning("alert to %s failed (attempt %d): %s", ch.name, attempt, self.last_error)
             return "retry", _retry_after(resp)
+        if len(batch) > 1 and resp.status_code in SPLIT_STATUSES:
+            log.warning("alert %s to %s refused (%s): sent again as two groups", _describe(batch), ch.name,
+                        self.last_error)
+            return "split", None
         return "fail", None
 
     def _retry_delay(self, attempt: int, retry_after: float | None) -> float:

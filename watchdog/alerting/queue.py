@@ -39,6 +39,9 @@ class Delivery:
     done: Callable[[bool], None] | None = None
     #: monotonic time the message joined the queue (storm grouping waits from it)
     queued_at: float = 0.0
+    #: storm grouping: the messages with the same ``batch`` go together and with no other (a part
+    #: of a group the receiver refused as too large); None: free to join any group
+    batch: int | None = None
 
     @property
     def durable(self) -> bool:
@@ -99,10 +102,12 @@ class DeliveryQueue:
         """Storm grouping: the messages that may go now as one group (marked in flight), the first
         of each incident only, at most ``limit``; a message that ``groupable`` refuses goes alone.
         A group goes once its oldest message has waited ``wait_s`` since it was queued, or once it
-        holds ``limit``; until then, the seconds to wait (None as for ``take``)."""
+        holds ``limit``; until then, the seconds to wait (None as for ``take``). Messages with a
+        ``batch`` go as that batch, at once, with no other message."""
         blocked = {k for k, n in self._busy.items() if n}
         wait: float | None = None
         group: list[Delivery] = []
+        batches: dict[int, list[Delivery]] = {}
         alone: Delivery | None = None
         for item in self._items:
             key = item.alert.key
@@ -113,17 +118,16 @@ class DeliveryQueue:
                 wait = item.due - now if wait is None else min(wait, item.due - now)
             elif not groupable(item):
                 alone = alone or item
+            elif item.batch is not None:
+                batches.setdefault(item.batch, []).append(item)
             elif len(group) < limit:
                 group.append(item)
+        if batches:  # a batch first: its messages are the oldest, back in front after a refusal
+            return self._mark(next(iter(batches.values())))
         if group:
             ready_at = min(d.queued_at for d in group) + wait_s
             if len(group) >= limit or ready_at <= now:
-                taken = {id(d) for d in group}
-                self._items = deque(d for d in self._items if id(d) not in taken)
-                for item in group:
-                    self._busy[item.alert.key] = 1
-                    self._in_flight.append(item)
-                return group
+                return self._mark(group)
             wait = ready_at - now if wait is None else min(wait, ready_at - now)
         if alone is not None:
             self._items.remove(alone)
@@ -131,6 +135,15 @@ class DeliveryQueue:
             self._in_flight.append(alone)
             return [alone]
         return wait
+
+    def _mark(self, group: list[Delivery]) -> list[Delivery]:
+        """Take ``group`` out of the waiting messages and mark it in flight."""
+        taken = {id(d) for d in group}
+        self._items = deque(d for d in self._items if id(d) not in taken)
+        for item in group:
+            self._busy[item.alert.key] = 1
+            self._in_flight.append(item)
+        return group
 
     def finish(self, item: Delivery) -> None:
         """``item`` was delivered or given up: its incident's next message may go."""

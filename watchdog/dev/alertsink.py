@@ -66,6 +66,8 @@ class AlertSink:
         self.port = port
         #: seconds between recording a POST and answering it
         self.delay_s = delay_s
+        #: sent as ``Retry-After`` (seconds) with every answer that is not a success, when set
+        self.retry_after: float | None = None
         self.received: list[Received] = []
         self._fail_next = 0
         self._fail_status = 500
@@ -92,6 +94,8 @@ class AlertSink:
                     time.sleep(sink.delay_s)
                 reply = json.dumps({"status": "ok" if status < 300 else "error"}).encode()
                 self.send_response(status)
+                if status >= 300 and sink.retry_after is not None:
+                    self.send_header("Retry-After", f"{sink.retry_after:g}")
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(reply)))
                 self.end_headers()

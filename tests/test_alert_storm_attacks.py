@@ -1,0 +1,106 @@
+"""Attacks on storm grouping: what a fleet does to a grouping channel in a bad hour, against the real
+pager, alerter, Redis and local HTTP receivers (``AlertSink``). Each test counts incidents exactly:
+every incident listed once (or, where a receiver may legitimately get a copy, deduplicable by an id
+it was given), no resolve before its trigger, nothing left owed in Redis."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from tests.test_alert_storms import slack_routes, within_slack_limits
+from tests.test_pages import act, dispatch, pager, wait
+from watchdog.core.signals import Action
+from watchdog.dev.alertsink import AlertSink
+
+pytestmark = pytest.mark.services
+
+GROUP = "g"
+#: what a judge writes as the reason of a rollback: ~600 characters
+REASON = "exact-match drift p=0.0003 (CI 0.012-0.031) over 4,096 golden prompts, 3 windows; " * 7
+
+
+def verdict(route: str, kind: str = "rollback") -> Action:
+    """A rollback (or promote) of ``route`` with a judge's reason of realistic length."""
+    return Action(kind=kind, policy="p", model="m", route=route, reason=f"{kind} on {route}: {REASON}",  # type: ignore[arg-type]
+                  severity="critical" if kind == "rollback" else "warning", at=1_790_000_000.0)
+
+
+class SizeLimitedSink(AlertSink):
+    """A receiver that refuses a body over ``max_bytes`` with 413, as Express's ``express.json()``
+    does past its default 100 kB (nginx past ``client_max_body_size``, 1 MB by default)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__()
+        self.max_bytes = max_bytes
+
+    def _record(self, path: str, body: Any, headers: dict[str, str]) -> int:
+        big = int(headers.get("Content-Length") or 0) > self.max_bytes
+        with self._cond:
+            self.status = 413 if big else 200
+        return super()._record(path, body, headers)
+
+
+def test_a_group_refused_as_too_large_is_split_not_given_up(redis_client: Any) -> None:
+    """A webhook receiver behind Express's default body limit (100 kB) and a storm of 200
+    rollbacks, each with a judge's reason of ~600 characters. One incident's message is ~2 kB and
+    always went through; a group of 100 is ~150 kB and is answered 413. Before: the channel gave the
+    whole group up (413 is not retried) and deleted its pages: 200 rollbacks never reached on-call.
+    A refused group must be split until its parts fit; only one message refused alone is given up."""
+    n = 200
+    with SizeLimitedSink(100_000) as sink:
+        channels = [{"kind": "webhook", "url": sink.url, "group_wait_s": 0.3}]
+        with pager(redis_client, channels) as p:
+            for b in range(10):
+                dispatch(redis_client, *(verdict(f"r{i}") for i in range(b * 20, (b + 1) * 20)))
+                time.sleep(0.05)
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and p.backlog() != {"webhook": 0}:
+                time.sleep(0.05)
+            time.sleep(0.5)
+            stats = p.alerter.stats()["channels"]["webhook"]
+    items = [a for r in sink.accepted for a in r.body.get("alerts", [r.body])]
+    refused = [r for r in sink.received if r.status == 413]
+    print(f"\n413 receiver: {len(sink.received)} POSTs, {len(refused)} refused (413), {len(sink.accepted)} accepted "
+          f"listing {len(items)} incidents ({len({a['route'] for a in items})} distinct); failed {stats['failed']}")
+    assert Counter(a["route"] for a in items) == Counter({f"r{i}": 1 for i in range(n)})
+    assert stats["failed"] == 0
+
+
+class PoisonSink(AlertSink):
+    """A receiver that refuses (400, as Slack's ``invalid_blocks``) any body mentioning ``word``."""
+
+    def __init__(self, word: str) -> None:
+        super().__init__()
+        self.word = word
+
+    def _record(self, path: str, body: Any, headers: dict[str, str]) -> int:
+        with self._cond:
+            self.status = 400 if self.word in json.dumps(body) else 200
+        return super()._record(path, body, headers)
+
+
+def test_one_message_the_receiver_refuses_costs_only_itself_not_its_group(redis_client: Any) -> None:
+    """Slack refuses a body it cannot render with 400. Before grouping, the one message it refused
+    was given up alone; a group of 50 holding it was given up whole, 49 incidents with it. The group
+    is split until the refused message is alone: 49 delivered, 1 given up, in a few requests."""
+    n = 50
+    with PoisonSink("r13 ") as sink:
+        channels = [{"kind": "slack", "url": sink.url + "/slack", "min_interval_s": 0.05}]
+        with pager(redis_client, channels) as p:
+            dispatch(redis_client, *(act(f"r{i}", "rollback") for i in range(n)))
+            wait(lambda: len(slack_routes(sink)) >= n - 1, 15, "every other incident listed")
+            wait(lambda: p.backlog() == {"slack": 0}, 5, "an empty page stream")
+            time.sleep(0.3)
+            stats = p.alerter.stats()["channels"]["slack"]
+    got = Counter(slack_routes(sink))
+    print(f"\none refused message in a group of {n}: {len(sink.received)} POSTs, {len(sink.accepted)} accepted "
+          f"listing {sum(got.values())} incidents; failed {stats['failed']}")
+    assert got == Counter({(f"r{i}", "firing"): 1 for i in range(n) if i != 13})
+    assert stats["failed"] == 1 and len(sink.received) <= 2 * 6 + 1
+    for r in sink.accepted:
+        within_slack_limits(r)
