@@ -104,3 +104,42 @@ def test_one_message_the_receiver_refuses_costs_only_itself_not_its_group(redis_
     assert stats["failed"] == 1 and len(sink.received) <= 2 * 6 + 1
     for r in sink.accepted:
         within_slack_limits(r)
+
+
+class SlowFirstSink(AlertSink):
+    """Records every POST; answers the first ``slow`` of them only after ``delay`` seconds (a
+    receiver that got the message and is slow to say so), the others at once."""
+
+    def __init__(self, slow: int, delay: float) -> None:
+        super().__init__()
+        self.slow, self.delay = slow, delay
+
+    def _record(self, path: str, body: Any, headers: dict[str, str]) -> int:
+        with self._cond:
+            self.delay_s = self.delay if len(self.received) < self.slow else 0.0
+        return super()._record(path, body, headers)
+
+
+def test_a_group_retried_after_no_answer_keeps_its_id_and_its_members(redis_client: Any) -> None:
+    """A webhook receiver deduplicating by ``Idempotency-Key`` (what the key is for) got a group of
+    30 rollbacks but answered after the channel's timeout; 30 more routes roll back meanwhile. The
+    retry must be the same group with the same key, so the receiver drops it as a copy; the new 30 go
+    in a message of their own. Before: the retry took the 30 new ones in too, so it carried a new key
+    and the receiver listed the first 30 twice."""
+    with SlowFirstSink(slow=1, delay=1.5) as sink:
+        channels = [{"kind": "webhook", "url": sink.url, "group_wait_s": 1.0, "timeout_s": 0.3}]
+        with pager(redis_client, channels) as p:
+            dispatch(redis_client, *(act(f"a{i}", "rollback") for i in range(30)))
+            sink.wait_for(1, timeout=5, accepted=False)
+            dispatch(redis_client, *(act(f"b{i}", "rollback") for i in range(30)))
+            wait(lambda: p.backlog() == {"webhook": 0} and len(sink.received) >= 2, 15, "every page delivered")
+            time.sleep(0.5)
+    kept: dict[str, Any] = {}
+    for r in sink.received:  # the receiver's view: the first body of each key
+        kept.setdefault(r.headers.get("Idempotency-Key") or "", r.body)
+    routes = Counter(a["route"] for b in kept.values() for a in b.get("alerts", [b]))
+    posts = [(round(r.at - sink.received[0].at, 2), r.body.get("count", 1)) for r in sink.received]
+    print(f"\nslow answer to a group: POSTs (s, incidents) {posts}, {len(kept)} distinct keys "
+          f"({[b.get('count', 1) for b in kept.values()]} incidents each); "
+          f"{sum(routes.values()) - len(routes)} listed twice after dedup by key")
+    assert routes == Counter({f"{x}{i}": 1 for x in "ab" for i in range(30)})

@@ -54,7 +54,7 @@ SPLIT_STATUSES = frozenset({400, 413, 422})
 #: page ids of in-memory messages: this process, then a count
 _PROCESS_ID = uuid.uuid4().hex[:12]
 _SEQ = itertools.count(1)
-#: ids of the parts of refused groups (``Delivery.batch``)
+#: ids of retried messages and of the parts of refused groups (``Delivery.batch``)
 _BATCH = itertools.count(1)
 
 
@@ -288,6 +288,9 @@ class ChannelWorker:
                         again = batch
                     else:
                         again = [d for d in batch if outcome == "retry" and self._may_retry(d)]
+                        tag = next(_BATCH)  # retried as the same message (same id), not joined by others
+                        for d in again:
+                            d.batch = tag
                     kept = {id(d) for d in again}
                     over = [d for d in batch if id(d) not in kept]
                     if again:

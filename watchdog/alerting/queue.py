@@ -39,8 +39,9 @@ class Delivery:
     done: Callable[[bool], None] | None = None
     #: monotonic time the message joined the queue (storm grouping waits from it)
     queued_at: float = 0.0
-    #: storm grouping: the messages with the same ``batch`` go together and with no other (a part
-    #: of a group the receiver refused as too large); None: free to join any group
+    #: storm grouping: the messages with the same ``batch`` go together and with no other (a group
+    #: being retried, so it keeps its id; a part of a group the receiver refused); None: free to join
+    #: any group
     batch: int | None = None
 
     @property
