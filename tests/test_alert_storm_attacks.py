@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from tests.test_alert_storms import slack_routes, within_slack_limits
+from tests.test_alert_storms import listed, slack_routes, within_slack_limits
 from tests.test_pages import act, dispatch, pager, wait
+from watchdog.core.keys import Keys
 from watchdog.core.signals import Action
 from watchdog.dev.alertsink import AlertSink
 
@@ -22,6 +23,12 @@ pytestmark = pytest.mark.services
 GROUP = "g"
 #: what a judge writes as the reason of a rollback: ~600 characters
 REASON = "exact-match drift p=0.0003 (CI 0.012-0.031) over 4,096 golden prompts, 3 windows; " * 7
+
+
+def route_lines(sink: AlertSink) -> list[tuple[str, str]]:
+    """(route, firing|resolved) of every route incident the Slack messages list (ops ones left out)."""
+    return [x for r in sink.accepted if "route" in r.body["text"] or "incidents" in r.body["text"]
+            for x in listed(r.body)]
 
 
 def verdict(route: str, kind: str = "rollback") -> Action:
@@ -143,3 +150,33 @@ def test_a_group_retried_after_no_answer_keeps_its_id_and_its_members(redis_clie
           f"({[b.get('count', 1) for b in kept.values()]} incidents each); "
           f"{sum(routes.values()) - len(routes)} listed twice after dedup by key")
     assert routes == Counter({f"{x}{i}": 1 for x in "ab" for i in range(30)})
+
+
+def test_an_ops_alert_is_not_held_behind_a_backlog_of_full_groups(redis_client: Any) -> None:
+    """Slack was down during a storm; 128 rollbacks wait in Redis. It comes back, and at that moment
+    the daemon raises an ops alert (a policy edit rejected, a flag lost from Redis). Scaled down 5x
+    (groups of 16, so the channel holds two full groups as it holds two of 100 by default; Slack's one
+    message a second): the backlog of 128 drains as 8 groups over ~8 s. The ops alert
+    must go at once (the docs: "never held for grouping"), not after every full group: a full group
+    is always ready, so before it waited for the whole backlog (at Slack's defaults and a backlog of
+    5,000 pages, 50 s)."""
+    n = 128
+    with AlertSink() as sink:
+        sink.status = 503
+        channels = [{"kind": "slack", "url": sink.url + "/slack", "group_max": 16}]
+        with pager(redis_client, channels, backoff_initial=0.2, backoff_max=0.4) as p:
+            dispatch(redis_client, *(act(f"r{i}", "rollback") for i in range(n)))
+            wait(lambda: redis_client.xlen(Keys().outbox) == 0 and len(sink.received) >= 2, 10, "the storm paged")
+            sink.status = 200
+            sink.wait_for(1, timeout=5)
+            t0 = time.monotonic()
+            p.alerter.ops_alert("policy-reload", "policy edit rejected: p.yaml:3:5: unknown field", "critical")
+            wait(lambda: any("policy edit rejected" in r.body["text"] for r in sink.accepted), 10, "the ops alert")
+            took = time.monotonic() - t0
+            wait(lambda: len(route_lines(sink)) >= n, 20, "every rollback listed")
+    texts = [r.body["text"] for r in sink.accepted]
+    at = next(i for i, t in enumerate(texts) if "policy edit rejected" in t)
+    print(f"\nops alert during a backlog of {n} pages: delivered {took:.2f} s after it was raised, message "
+          f"{at + 1} of {len(texts)} after the receiver came back")
+    assert Counter(route_lines(sink)) == Counter({(f"r{i}", "firing"): 1 for i in range(n)})
+    assert took < 1.5 and at <= 2

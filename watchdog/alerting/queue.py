@@ -101,7 +101,8 @@ class DeliveryQueue:
     def take_group(self, now: float, limit: int, wait_s: float,
                    groupable: Callable[[Delivery], bool]) -> list[Delivery] | float | None:
         """Storm grouping: the messages that may go now as one group (marked in flight), the first
-        of each incident only, at most ``limit``; a message that ``groupable`` refuses goes alone.
+        of each incident only, at most ``limit``; a message that ``groupable`` refuses goes alone,
+        before any group.
         A group goes once its oldest message has waited ``wait_s`` since it was queued, or once it
         holds ``limit``; until then, the seconds to wait (None as for ``take``). Messages with a
         ``batch`` go as that batch, at once, with no other message."""
@@ -123,18 +124,15 @@ class DeliveryQueue:
                 batches.setdefault(item.batch, []).append(item)
             elif len(group) < limit:
                 group.append(item)
-        if batches:  # a batch first: its messages are the oldest, back in front after a refusal
+        if alone is not None:  # never held for grouping, nor behind the full groups of a backlog
+            return self._mark([alone])
+        if batches:  # then a batch: its messages are the oldest, back in front after a failure
             return self._mark(next(iter(batches.values())))
         if group:
             ready_at = min(d.queued_at for d in group) + wait_s
             if len(group) >= limit or ready_at <= now:
                 return self._mark(group)
             wait = ready_at - now if wait is None else min(wait, ready_at - now)
-        if alone is not None:
-            self._items.remove(alone)
-            self._busy[alone.alert.key] = 1
-            self._in_flight.append(alone)
-            return [alone]
         return wait
 
     def _mark(self, group: list[Delivery]) -> list[Delivery]:
