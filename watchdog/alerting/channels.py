@@ -248,8 +248,9 @@ class WebhookChannel(Channel):
     def group_payload(self, alerts: list[Alert], group_id: str) -> dict[str, Any]:
         """One object for the group: counts, a title and each incident as a v1 object without its
         ``detail``, its texts cut to the group's share of the body (1 KiB each for up to ~100
-        incidents, ~300 bytes for 200); incidents past the body's bound are counted in ``omitted``
-        (never with ``group_max`` at most 200 and names of ordinary length)."""
+        incidents, ~300-600 bytes for 200, what the other fields leave); incidents past the body's
+        bound are counted in ``omitted`` (never with ``group_max`` at most 200 and names of a few
+        hundred bytes)."""
         firing = sum(a.status == "firing" for a in alerts)
         body: dict[str, Any] = {
             "schema": WEBHOOK_GROUP_SCHEMA,
@@ -266,8 +267,11 @@ class WebhookChannel(Channel):
             "alerts": [],
         }
         used = len(limits.encode(body)) + 32  # room for a longer ``omitted`` count
-        # each incident's share of the body, less ~700 bytes for its other fields, for two texts
-        text = min(1024, max(128, ((self.max_body_bytes - used) // len(alerts) - 700) // 2))
+        # what the two texts of each incident may share: the body less every incident's other
+        # fields (names, key, link, times) as they are, not as they usually are
+        bare = sum(len(limits.encode({**self._fields(a, 0), "summary": "", "description": ""})) + 1
+                   for a in alerts)
+        text = min(1024, max(128, (self.max_body_bytes - used - bare) // (2 * len(alerts))))
         for i, alert in enumerate(alerts):
             item = self._fields(alert, text)
             size = len(limits.encode(item)) + 1
