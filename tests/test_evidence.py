@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 
 from probes.golden import GoldenItem, GoldenSet, Manifest
 from probes.golden_replay import replay
@@ -347,3 +348,39 @@ def test_one_read_of_the_audit_stream_gives_each_route_what_a_read_per_route_gav
     assert got == {r: one_route(*r) for r in routes} == {r: audit_of(redis_client, keys, *r, count=60, kept=6)
                                                            for r in routes}
     assert [len(got[r]) for r in sorted(routes)] == [0, 6, 6, 6, 2]
+
+
+@pytest.mark.services
+def test_a_record_rewritten_with_the_windows_after_its_decision_does_not_trim_again(own_redis) -> None:
+    """A record is written again after each window that follows its decision (``windows_after``); each
+    write also trimmed the index (2-4 more round trips, on the loop: ~2 s an iteration on a 0.45 s
+    link). Now a write trims when the index grew, or once ``PRUNE_EVERY_S`` for records past ``ttl_s``."""
+    from watchdog.config.settings import EvidenceConfig
+    from watchdog.policy import PolicyEngine
+    from watchdog.runtime.evidence import PRUNE_EVERY_S, EvidenceRecorder
+
+    redis_client = redis.Redis(host="127.0.0.1", port=own_redis.port, decode_responses=True)  # its own counts
+
+    def trims() -> int:
+        stats = redis_client.info("commandstats")
+        return int(stats.get("cmdstat_zrangebyscore", {}).get("calls", 0))
+
+    keys = Keys("retrim")
+    rec = EvidenceRecorder(EvidenceConfig(max_records=3, ttl_s=3600), keys, redis_client, PolicyEngine(), "i1")
+    action = Action(kind="alert", policy="p", model="m", route="r", reason="x", at=1000.0)
+    eid = rec.decided(action, None)
+    before = trims()
+    assert rec.flush(1000.0) == 1 and trims() == before + 1  # a new id: trimmed
+    for i in range(3):  # the same record rewritten, as windows after it close
+        rec._queue[eid] = {**rec._queue.get(eid, {}), **read_record_raw(redis_client, keys, eid), "updated_at": i}
+        assert rec.flush(1001.0 + i) == 1
+    assert trims() == before + 1
+    rec._queue[eid] = read_record_raw(redis_client, keys, eid)
+    assert rec.flush(1000.0 + PRUNE_EVERY_S + 1) == 1 and trims() == before + 2  # and once a PRUNE_EVERY_S
+    redis_client.close()
+
+
+def read_record_raw(client, keys: Keys, eid: str) -> dict:
+    import json
+
+    return json.loads(client.get(keys.evidence(eid)))

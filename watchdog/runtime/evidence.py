@@ -137,6 +137,7 @@ class EvidenceRecorder:
         self._queue: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._retry_at = -math.inf
         self._pruned_at = -math.inf
+        self._trimmed_at = -math.inf
         #: the loop iteration's shared deadline (``Daemon.step`` binds it; never reached outside it)
         self.step = StepDeadline()
         self._put_off = PutOff(MAX_WAITS)
@@ -302,8 +303,12 @@ class EvidenceRecorder:
                 pipe.set(self.keys.evidence(eid), bounded_json(rec, self.cfg.max_bytes), ex=ttl)
                 pipe.hset(self.keys.evidence_summaries, eid, json.dumps(summary_of(rec), default=str))
                 pipe.zadd(self.keys.evidence_index, {eid: float(rec.get("at") or now)})
-            pipe.execute()
-            self._trim(now)
+            added = sum(int(n) for n in pipe.execute()[2::3])  # ZADD: ids new to the index
+            # the index grew, or records may have outlived ttl_s: a record rewritten after each window
+            # that follows its decision (``windows_after``) trimmed nothing, for 2-4 more round trips
+            if added or now - self._trimmed_at >= PRUNE_EVERY_S:
+                self._trim(now)
+                self._trimmed_at = now
         except (redis.RedisError, OSError) as exc:
             self._retry_at = now + RETRY_S
             if self.last_error is None:  # once per outage: readiness is the checkpoints' and flips' to say
