@@ -145,9 +145,10 @@ class Daemon:
         self.golden_relay: GoldenRelay | None = None
         if self.golden is not None:
             lease = Lease(self.redis, self.keys.lease(f"golden:{cfg.kafka.group_id}"), cfg.instance)
-            self.golden_leader = GoldenLeader(self.golden, lease)
+            golden_stream = GoldenStream(self.redis, self.keys, cfg.kafka.group_id)
+            self.golden_leader = GoldenLeader(self.golden, lease, last_runs=golden_stream.last_runs)
             # golden signals go to each route's owner through Redis (runtime/golden.py)
-            self.golden_relay = GoldenRelay(GoldenStream(self.redis, self.keys, cfg.kafka.group_id), self.golden,
+            self.golden_relay = GoldenRelay(golden_stream, self.golden,
                                             self.golden_leader, self.ownership, self.engine, self.redis_health,
                                             self.metrics, cfg.instance, clock)
             self.sources.append(self.golden_relay)

@@ -23,8 +23,11 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
+
+import redis
 
 from watchdog.config.settings import GoldenConfig, GoldenJobConfig
 from watchdog.core.metrics import Metrics
@@ -34,6 +37,10 @@ from watchdog.sources.engine_cache import EngineBuildError, EngineCache
 
 log = logging.getLogger(__name__)
 
+#: seconds from the scheduler's start to an ``every_s`` job's first run (``every_s`` if shorter) when none ran
+#: within ``every_s`` or none is known: long enough for the daemon to settle, short enough to see a broken
+#: job soon
+FIRST_RUN_S = 60.0
 #: runs one replay: (job) -> a report with ``to_signals(model, route)`` and ``save(dir)``, or a
 #: (report, extra candidate values) pair
 ReplayFn = Callable[["GoldenJob"], Any]
@@ -180,16 +187,27 @@ class GoldenScheduler:
                    reports_dir=cfg.reports_dir, debounce_s=cfg.debounce_s, engines=engines,
                    reports_keep=cfg.reports_keep, reports_max_age_s=cfg.reports_max_age_s)
 
-    def start(self) -> GoldenScheduler:
+    def start(self, last_runs: Mapping[str, float] | None = None) -> GoldenScheduler:
+        """Schedule the jobs. An ``every_s`` job's first run comes ``every_s`` after its last run anywhere
+        (``last_runs``: seconds since then, from the golden stream), or ``FIRST_RUN_S`` (at most
+        ``every_s``) from now when that is sooner or unknown: a daemon restarted, or a lease handed over,
+        more often than ``every_s`` pushed the next replay back by ``every_s`` each time and never replayed."""
         from apscheduler.schedulers.background import BackgroundScheduler
         from apscheduler.triggers.interval import IntervalTrigger
 
         self._scheduler = BackgroundScheduler(job_defaults={"coalesce": True, "max_instances": 1})
+        now = datetime.now(UTC)
         for job in self.jobs.values():
             if job.spec.cron:
                 trigger: Any = cron_trigger(job.spec.cron, job.spec.timezone, job.spec.jitter_s)
             elif job.spec.every_s:
-                trigger = IntervalTrigger(seconds=job.spec.every_s, jitter=job.spec.jitter_s)
+                since = (last_runs or {}).get(job.name)
+                soon = min(job.spec.every_s, FIRST_RUN_S)
+                first_s = soon if since is None else max(soon, job.spec.every_s - since)
+                trigger = IntervalTrigger(seconds=job.spec.every_s, jitter=job.spec.jitter_s,
+                                          start_date=now + timedelta(seconds=first_s))
+                log.info("golden replay %s: first run in %.0f s (%s)", job.name, first_s,
+                         "no earlier run found" if since is None else f"last run {since:.0f} s ago")
             else:
                 continue
             self._scheduler.add_job(self.run_job, trigger, args=[job.name], id=job.name, name=job.name)
@@ -354,9 +372,12 @@ class GoldenLeader:
     replica of a consumer group replays, and only it answers on-suspicion requests."""
 
     def __init__(self, scheduler: GoldenScheduler, lease: _Lease,
-                 forward: Callable[[str, str, str, float], None] | None = None) -> None:
+                 forward: Callable[[str, str, str, float], None] | None = None,
+                 last_runs: Callable[[set[str]], dict[str, float]] | None = None) -> None:
         self.scheduler = scheduler
         self.lease = lease
+        #: seconds since each job last replayed on any replica (``GoldenStream.last_runs``); None: unknown
+        self.last_runs = last_runs
         self.running = False
         #: where a request goes while this replica does not replay (the holder, through Redis:
         #: ``watchdog.runtime.golden.GoldenRelay.forward``); None: dropped
@@ -366,11 +387,20 @@ class GoldenLeader:
         """Renew or take the lease (called by the main loop); start or stop the scheduler with it."""
         held = self.lease.tick(now)
         if held and not self.running:
-            self.scheduler.start()
+            self.scheduler.start(self._last_runs())
             self.running = True
         elif not held and self.running:
             self.scheduler.stop()
             self.running = False
+
+    def _last_runs(self) -> dict[str, float] | None:
+        if self.last_runs is None:
+            return None
+        try:
+            return self.last_runs(set(self.scheduler.jobs))
+        except (redis.RedisError, OSError) as exc:  # then each job's first run comes soon
+            log.warning("golden replays' last runs not read (%s): each job runs in %.0f s", exc, FIRST_RUN_S)
+            return None
 
     def request(self, model: str, route: str, reason: str, now: float) -> None:
         """An on-suspicion replay of (model, route): here if this replica replays, else forwarded."""

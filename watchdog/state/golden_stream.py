@@ -102,6 +102,26 @@ class GoldenStream:
         cursor = text(raw[0][0]) if raw else f"{max(0, since_ms - 1)}-0"
         return [e for e in entries if e is not None], cursor
 
+    def last_runs(self, jobs: set[str], page: int = 50) -> dict[str, float]:
+        """Seconds since each of ``jobs`` last published a replay (by Redis's clock and the entries'
+        ids), newest entries first, a page at a time until every job is found or the stream ends; a job
+        not in the stream is left out."""
+        secs, micros = self.client.time()
+        now_ms = int(secs) * 1000 + int(micros) // 1000
+        found: dict[str, float] = {}
+        high = "+"
+        while len(found) < len(jobs):
+            raw = self.client.xrevrange(self.key, high, "-", count=page)
+            for eid, fields in raw or []:
+                entry = parse_entry(eid, fields)
+                if entry is not None and entry.job in jobs and entry.job not in found:
+                    found[entry.job] = max(0.0, (now_ms - int(text(eid).split("-")[0])) / 1000)
+            if not raw or len(raw) < page:
+                break
+            ms, seq = text(raw[-1][0]).split("-")
+            high = f"({ms}-{seq}"  # exclusive: the page after the last one read
+        return found
+
     # -- requests ------------------------------------------------------------------------------
     def push_request(self, model: str, route: str, reason: str, at: float, by: str) -> None:
         pipe = self.client.pipeline(transaction=True)
