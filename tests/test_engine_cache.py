@@ -220,7 +220,7 @@ def counting_build(counts: dict[str, int]):
 def test_scheduled_replays_keep_the_torch_engines_resident(tmp_path: Path, tiny_model_dir: Path) -> None:
     engine = {"kind": "torch", "model_path": str(tiny_model_dir), "batch_size": 4}
     spec = GoldenJobConfig.model_validate({
-        "name": "tiny", "set": str(tiny_set(tmp_path)), "model": "tiny", "routes": ["qa"], "every_s": 3600,
+        "name": "tiny", "set": str(tiny_set(tmp_path)), "model": "tiny", "routes": ["qa"], "every_s": None,
         "repeat_baseline": False, "candidate": {**engine, "precision": "fp8"},
         "baseline": {**engine, "precision": "fp16"}})
     counts: dict[str, int] = {}
@@ -262,7 +262,7 @@ def test_without_a_cache_each_replay_builds_and_closes(tmp_path: Path, tiny_mode
 
     engine = {"kind": "torch", "model_path": str(tiny_model_dir), "batch_size": 4}
     spec = GoldenJobConfig.model_validate({
-        "name": "tiny", "set": str(tiny_set(tmp_path)), "model": "tiny", "routes": ["qa"], "every_s": 3600,
+        "name": "tiny", "set": str(tiny_set(tmp_path)), "model": "tiny", "routes": ["qa"], "every_s": None,
         "repeat_baseline": False, "candidate": {**engine, "precision": "fp8"},
         "baseline": {**engine, "precision": "fp16"}})
     built: list[Any] = []

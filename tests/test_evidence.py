@@ -150,7 +150,7 @@ def test_golden_rollback_evidence_page_in_headless_chromium(kafka_service, redis
     cfg = make_config(kafka_service.address, redis_service.port, topic, policy, sink_url,
                       server={"port": port, "external_url": f"http://127.0.0.1:{port}"},
                       golden={"jobs": [{"name": "capitals", "set": "capitals", "model": "geo-llm", "routes": ["qa"],
-                                        "every_s": 3600, "candidate": {"kind": "table", "precision": "fp8"},
+                                        "every_s": None, "candidate": {"kind": "table", "precision": "fp8"},
                                         "baseline": {"kind": "table", "precision": "fp16"}}]})
     keys = Keys()
     with running_daemon(cfg) as (daemon, server):

@@ -78,7 +78,7 @@ def test_a_hanging_fp16_baseline_never_rolls_a_route_back_to_fp16(kafka_service,
     opts = {"kind": "openai", "model": "m", "timeout_s": 0.5, "connect_timeout_s": 0.5, "retries": 0}
     cfg = make_config(kafka_service.address, redis_service.port, topic, ROOT / "policies" / "default.yaml", None,
                       golden={"jobs": [{"name": "mini", "set": str(set_dir), "model": "llama-3-8b", "routes": ["qa"],
-                                        "every_s": 3600,
+                                        "every_s": None,
                                         "candidate": {**opts, "precision": "fp8",
                                                       "base_url": f"http://127.0.0.1:{healthy.server_port}"},
                                         "baseline": {**opts, "precision": "fp16",

@@ -143,7 +143,7 @@ def test_daemon_keeps_fp8_while_the_fp16_server_refuses_connections(kafka_servic
     opts = {"kind": "openai", "timeout_s": 2.0, "connect_timeout_s": 0.5, "retries": 0}
     cfg = make_config(kafka_service.address, redis_service.port, topic, POLICY, None,
                       golden={"jobs": [{"name": "mini", "set": str(set_dir), "model": "llama-3-8b", "routes": ["qa"],
-                                        "every_s": 3600,
+                                        "every_s": None,
                                         "candidate": {**opts, "model": "m", "precision": "fp8",
                                                       "base_url": f"http://127.0.0.1:{server.server_port}"},
                                         "baseline": {**opts, "precision": "fp16",

@@ -355,7 +355,7 @@ def test_daemon_keeps_fp8_and_pages_while_an_edit_leaves_the_set_invalid(kafka_s
             "base_url": f"http://127.0.0.1:{server.server_port}"}
     cfg = make_config(kafka_service.address, redis_service.port, topic, POLICY, None,
                       golden={"jobs": [{"name": "mini", "set": str(set_dir), "model": "llama-3-8b", "routes": ["qa"],
-                                        "every_s": 3600, "candidate": {**opts, "precision": "fp8"},
+                                        "every_s": None, "candidate": {**opts, "precision": "fp8"},
                                         "baseline": {**opts, "precision": "fp16"}}]})
     try:
         with running_daemon(cfg) as (daemon, _server):

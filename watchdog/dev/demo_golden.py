@@ -189,7 +189,8 @@ class GoldenDemo:
                 # per-output-channel weight scales, static calibrated activation scales
                 "candidate": {**engine, **FP8_OPTIONS},
                 "baseline": {**engine, "precision": "fp16"},
-                "every_s": 6 * 3600, "jitter_s": 0, "on_suspicion": True}
+                # no schedule: the demo runs its replays itself (a scheduled one could run between them)
+                "every_s": None, "jitter_s": 0, "on_suspicion": True}
 
     def run_phase(self, console: Console, daemon: Any) -> bool:
         scheduler = daemon.golden
