@@ -52,7 +52,10 @@ def test_a_slow_redis_link_does_not_stall_the_loop(kafka_service, own_redis, top
                         flipped_after = time.monotonic() - regressed
                 held += int(daemon.metrics.reading_held._value.get())
                 time.sleep(0.1)
-            n1, slow1 = _busy(httpx.get(f"{server.url}/metrics").text)
+            text = httpx.get(f"{server.url}/metrics").text
+            n1, slow1 = _busy(text)
+            shown = float(re.search(r"^llmwd_redis_round_trip_seconds (\S+)$", text, re.M).group(1))
+            status_rtt = httpx.get(f"{server.url}/status", timeout=10).json()["redis_round_trip_s"]
             n, slow = n1 - n0, slow1 - slow0
             print(f"round trip {rtt:.2f} s: {n:.0f} iterations, {slow:.0f} over 0.25 s, reading held "
                   f"{held} of 160 looks, rollback after {flipped_after} s")
@@ -60,5 +63,7 @@ def test_a_slow_redis_link_does_not_stall_the_loop(kafka_service, own_redis, top
             assert held == 0, "reading from Kafka was held: the loop fell behind on a slow Redis link"
             assert n >= 40 and slow <= 0.25 * n, f"{slow:.0f} of {n:.0f} iterations over 0.25 s"
             assert flipped_after is not None, "no rollback within 13 s of the regression"
+            # the slow link is shown, not only felt: the gauge and /status carry the round trip
+            assert shown >= 0.3 and status_rtt is not None and status_rtt >= 0.3, (shown, status_rtt)
     finally:
         link.close()

@@ -587,4 +587,6 @@ class Daemon:
         """The /status document (``query``: ``route``/``model`` for one route, ``top`` for how many)."""
         doc = self._status.build(query)
         doc["evidence"] = self.evidence.status()
+        rtt = self.decisions.maintenance.round_trip_s
+        doc["redis_round_trip_s"] = round(rtt, 4) if rtt is not None else None
         return doc

@@ -249,7 +249,8 @@ class Decisions:
         self.clock = clock
         self.store = store
         #: maintenance annotations, read off the loop once the daemon starts its thread
-        self.maintenance = MaintenanceReader(store.client, keys, redis_health.failed)
+        self.maintenance = MaintenanceReader(store.client, keys, redis_health.failed,
+                                             metrics.redis_round_trip.set)
         self.actuator = Actuator(store, changed_by=f"watchdog@{cfg.instance}", extras=self.flip_extras)
         #: (model, route) -> end of the window that caused the pending flip, and when the watermark closed
         #: it (None: not a window the watermark closed; the reaction metrics)

@@ -37,10 +37,15 @@ Route = tuple[str, str]
 
 
 class MaintenanceReader:
-    def __init__(self, client: Any, keys: Keys, on_error: Callable[[BaseException, str], None]) -> None:
+    def __init__(self, client: Any, keys: Keys, on_error: Callable[[BaseException, str], None],
+                 on_round_trip: Callable[[float], None] | None = None) -> None:
         self.client = client
         self.keys = keys
         self.on_error = on_error
+        #: told the seconds of each cycle's first read (one MGET chunk, or a PING when no route is asked
+        #: about): a slow link shows there, not only in what waits on it
+        self.on_round_trip = on_round_trip
+        self.round_trip_s: float | None = None
         self._lock = threading.Lock()
         self._asked: dict[Route, float] = {}
         self._found: dict[Route, Any] = {}
@@ -76,6 +81,11 @@ class MaintenanceReader:
                 self._asked[r] = now
             return {r: self._found[r] for r in wanted if r in self._found}
 
+    def _round_trip(self, seconds: float) -> None:
+        self.round_trip_s = seconds
+        if self.on_round_trip is not None:
+            self.on_round_trip(seconds)
+
     def _run(self) -> None:
         while not self._stop.is_set():
             self._wake.wait(EVERY_S)
@@ -89,10 +99,17 @@ class MaintenanceReader:
                 routes = sorted(self._asked)
             found: dict[Route, Any] = {}
             try:
+                t0 = time.perf_counter()
+                if not routes:
+                    self.client.ping()
                 for i in range(0, len(routes), CHUNK):
                     chunk = routes[i:i + CHUNK]
                     values = self.client.mget([self.keys.maintenance(m, r) for m, r in chunk])
                     found.update((route, v) for route, v in zip(chunk, values, strict=True) if v)
+                    if i == 0:
+                        self._round_trip(time.perf_counter() - t0)
+                if not routes:
+                    self._round_trip(time.perf_counter() - t0)
             except (redis.RedisError, OSError) as exc:
                 self.on_error(exc, "reading maintenance annotations")
                 continue
