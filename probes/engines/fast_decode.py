@@ -706,8 +706,8 @@ class FastDecoder:
               run: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]],
               ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """``run(ids, mask)``: eagerly the first time its shape comes, captured as a CUDA graph the second
-        (on the stream's results, so the first run did every lazy set-up) and replayed after. The outputs
-        of a replay are valid until the next pass of this decoder."""
+        (the first run did every lazy set-up a capture cannot: compiling, loading kernels, cuBLAS handles)
+        and replayed after. The outputs of a replay are valid until the next pass of this decoder."""
         key = self._pass_key(ids, what)
         if key is None:
             return run(ids, mask)
