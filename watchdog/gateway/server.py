@@ -103,9 +103,12 @@ def guarded_protocol(app: Gateway) -> type:
                 self.transport.write_eof()
             self.loop.call_later(1.0, self.transport.close)
 
-        def on_response_complete(self) -> None:
-            self._head_bytes = 0  # what comes next is the next request's head
-            super().on_response_complete()
+        def on_message_complete(self) -> None:
+            # what comes next is the next request's head: not at the end of the *response*, which can
+            # come before the body is all in (an answer before the body is read: the rest of the
+            # body was then counted as head, and a healthy connection refused 431 after its answer)
+            self._head_bytes = 0
+            super().on_message_complete()
 
         def connection_lost(self, exc: Exception | None) -> None:
             app.connections -= 1
