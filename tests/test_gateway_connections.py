@@ -197,6 +197,27 @@ def test_an_answer_before_the_body_is_read_leaves_the_connection_usable(
     _settled(gateway, 0)
 
 
+@pytest.mark.parametrize("gateway", [{"max_connections": 10}], indirect=True)
+def test_websocket_upgrade_attempts_do_not_leak_the_connection_count(gateway: GatewayServer) -> None:
+    """A client that asks for a WebSocket (a probe, a misconfigured SDK) is handed to uvicorn's
+    WebSocket protocol, whose end is the one reported: the gateway's count of open connections
+    (``max_connections`` is judged on it) must still come back, or ``max_connections`` such attempts
+    get every later client refused 503."""
+    port = gateway.port
+    for _ in range(12):
+        s = socket.create_connection(("127.0.0.1", port))
+        s.sendall(b"GET /v1/chat/completions HTTP/1.1\r\nhost: x\r\nupgrade: websocket\r\nconnection: Upgrade\r\n"
+                  b"sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n\r\n")
+        _answer(s, 2)
+        s.close()
+    time.sleep(0.5)
+    left = gateway.app.connections
+    code = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=BODY, timeout=5).status_code
+    print(f"after 12 WebSocket attempts: app.connections {left}, then a chat request: {code}")
+    assert left == 0 and code == 200
+    _settled(gateway, 0)
+
+
 @pytest.mark.parametrize("gateway", [{"max_connections": 10, "header_timeout_s": 1.0}], indirect=True)
 def test_the_connection_count_returns_to_its_baseline_after_every_kind_of_close(gateway: GatewayServer) -> None:
     port = gateway.port

@@ -115,6 +115,19 @@ def guarded_protocol(app: Gateway) -> type:
             self._disarm_head()
             super().connection_lost(exc)
 
+        def handle_websocket_upgrade(self) -> None:
+            # the connection goes on under uvicorn's WebSocket protocol (the gateway answers it 403),
+            # and its connection_lost is the one called at the end: it gives the count back (else
+            # each WebSocket attempt leaked one, and max_connections of them refused every client)
+            super().handle_websocket_upgrade()
+            ws = self.transport.get_protocol()
+
+            def connection_lost(exc: Exception | None, lost: Any = ws.connection_lost) -> None:
+                app.connections -= 1
+                lost(exc)
+
+            ws.connection_lost = connection_lost  # type: ignore[method-assign]
+
         def on_message_begin(self) -> None:
             if self._head_timer is None:
                 self._arm_head()
