@@ -260,3 +260,38 @@ def test_the_connection_count_returns_to_its_baseline_after_every_kind_of_close(
     assert [c for c in (httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=BODY, timeout=5).status_code,)] \
         == [200]
     _settled(gateway, 0)
+
+
+@pytest.mark.parametrize("gateway", [{"header_timeout_s": 1.0}], indirect=True)
+def test_a_head_behind_a_long_answer_is_not_timed_while_the_gateway_is_not_reading(
+        gateway: GatewayServer, upstream: Upstream) -> None:
+    """Pipelined behind an answer that takes longer than ``header_timeout_s``: uvicorn stops reading
+    once a second request is queued, so the rest of a third head waits in the socket for the server.
+    It must not be timed then (the whole connection was reset 1 s in, the first answer cut); a head
+    that still does not end once the gateway reads again is closed as before."""
+    upstream.mode, upstream.hold_s = "hold", 2.5
+    port = gateway.port
+    s = socket.create_connection(("127.0.0.1", port))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    t0 = time.monotonic()
+    s.sendall(_request(port))
+    assert helpers.wait_until(lambda: upstream.peak >= 1, 5)
+    upstream.mode = "ok"
+    nxt = _request(port)
+    s.sendall(nxt + nxt[:30])  # a second request, and the start of a third
+    time.sleep(0.1)
+    s.sendall(nxt[30:])  # the rest of the third, 0.1 s later
+    try:
+        got = _read_responses(s, 3)
+    except ConnectionResetError:
+        got = b""
+    took = time.monotonic() - t0
+    print(f"3 pipelined requests behind a 2.5 s answer, header_timeout_s 1: {_statuses(got)} in {took:.1f} s")
+    assert _statuses(got) == [200] * 3 and took >= 2.5
+    assert metric(gateway, 'llmwd_gateway_connections_closed_total{reason="header_timeout"}') == 0
+    s.sendall(nxt[:30])  # a head begun and never ended, the gateway reading: closed after the timeout
+    t0 = time.monotonic()
+    assert _answer(s, 3) == b"" and 0.9 < time.monotonic() - t0 < 2
+    s.close()
+    assert metric(gateway, 'llmwd_gateway_connections_closed_total{reason="header_timeout"}') == 1
+    _settled(gateway, 0)

@@ -70,6 +70,8 @@ def guarded_protocol(app: Gateway) -> type:
         #: bytes received since the current request head began (None: not reading a head)
         _head_bytes: int | None = 0
         _refused = False
+        #: between the first byte of a request head and its end
+        _in_head = False
 
         def connection_made(self, transport: Any) -> None:
             app.connections += 1
@@ -129,11 +131,23 @@ def guarded_protocol(app: Gateway) -> type:
             ws.connection_lost = connection_lost  # type: ignore[method-assign]
 
         def on_message_begin(self) -> None:
-            if self._head_timer is None:
+            self._in_head = True
+            # timed only while no earlier request is in flight or queued: behind one, uvicorn pauses
+            # reading (pipelining), and the rest of this head waits in the socket for the server, not
+            # the client (a stream longer than header_timeout_s was cut, with a reset, 1 s after a
+            # pipelined request and part of the next head came in behind it). Armed then when that
+            # answer is complete (on_response_complete).
+            if self._head_timer is None and (self.cycle is None or self.cycle.response_complete):
                 self._arm_head()
             super().on_message_begin()
 
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if self._in_head and self._head_timer is None and not self.transport.is_closing():
+                self._arm_head()
+
         def on_headers_complete(self) -> None:
+            self._in_head = False
             self._disarm_head()
             self._head_bytes = None
             super().on_headers_complete()
