@@ -12,6 +12,7 @@ import socket
 import struct
 import threading
 import time
+from typing import Any
 
 import orjson
 import pytest
@@ -295,3 +296,44 @@ def test_a_head_behind_a_long_answer_is_not_timed_while_the_gateway_is_not_readi
     s.close()
     assert metric(gateway, 'llmwd_gateway_connections_closed_total{reason="header_timeout"}') == 1
     _settled(gateway, 0)
+
+
+@pytest.mark.parametrize("gateway", [{"header_timeout_s": 1.0, "max_connections": 300}], indirect=True)
+def test_clients_that_leave_mid_stream_or_mid_answer_give_back_connection_and_slot(
+        gateway: GatewayServer, upstream: Upstream) -> None:
+    """100 aiohttp clients that drop a stream after its first line and 100 that give up on a held
+    answer after 0.3 s: the connection count and the in-flight count come back, and 200 requests on
+    20 kept-alive connections are served."""
+    aiohttp = pytest.importorskip("aiohttp")
+    import asyncio
+
+    url = f"http://127.0.0.1:{gateway.port}/v1/chat/completions"
+
+    async def drop_stream(session: Any) -> None:
+        async with session.post(url, json={**BODY, "stream": True}) as r:
+            await r.content.readline()
+
+    async def give_up(session: Any) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            async with session.post(url, json=BODY, timeout=aiohttp.ClientTimeout(total=0.3)) as r:
+                await r.read()
+
+    async def run() -> list[int]:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True)) as s:
+            upstream.mode = "slow"
+            await asyncio.gather(*(drop_stream(s) for _ in range(100)))
+            upstream.mode, upstream.hold_s = "hold", 2.0
+            await asyncio.gather(*(give_up(s) for _ in range(100)))
+        upstream.mode = "ok"
+        codes: list[int] = []
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=20)) as s:
+            for _ in range(10):
+                answers = await asyncio.gather(*(s.post(url, json=BODY) for _ in range(20)))
+                codes += [a.status for a in answers]
+                for a in answers:
+                    a.release()
+        return codes
+
+    assert asyncio.run(run()) == [200] * 200
+    assert helpers.wait_until(lambda: gateway.app.connections == 0 and gateway.app.in_flight == 0, 5)
+    assert metric(gateway, "llmwd_gateway_connections") == 1  # the scrape itself
