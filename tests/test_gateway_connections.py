@@ -337,3 +337,25 @@ def test_clients_that_leave_mid_stream_or_mid_answer_give_back_connection_and_sl
     assert asyncio.run(run()) == [200] * 200
     assert helpers.wait_until(lambda: gateway.app.connections == 0 and gateway.app.in_flight == 0, 5)
     assert metric(gateway, "llmwd_gateway_connections") == 1  # the scrape itself
+
+
+def test_a_head_too_large_behind_an_answer_in_flight_is_refused_after_that_answer(
+        gateway: GatewayServer, upstream: Upstream) -> None:
+    """A request in flight, and behind it (pipelined) a head that grows past ``max_header_bytes``:
+    the 431 was written at once, so the client read it as the first request's answer (and that
+    answer was cut). The first request is answered, then the 431, then the connection closed."""
+    upstream.mode, upstream.hold_s = "hold", 1.0
+    port = gateway.port
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(_request(port))
+    assert helpers.wait_until(lambda: upstream.peak >= 1, 5)
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+    for _ in range(12):  # 96 KB of head, never ended
+        s.sendall(b"x-filler: " + b"a" * 8000 + b"\r\n")
+        time.sleep(0.01)
+    got = _answer(s, 4)
+    print(f"a 96 KB head pipelined behind a 1 s answer: {_statuses(got)}")
+    assert _statuses(got) == [200, 431] and _closed(s)
+    s.close()
+    assert metric(gateway, 'llmwd_gateway_connections_closed_total{reason="headers_too_large"}') == 1
+    _settled(gateway, 0)

@@ -90,9 +90,20 @@ def guarded_protocol(app: Gateway) -> type:
             super().data_received(data)
             # still in the head after parsing this chunk: every byte of it was head (httptools buffers
             # an unfinished head without bound: 160 MB of headers were 160 MB of RSS)
-            if self._head_bytes is not None and self._head_bytes > head_max and not self.transport.is_closing():
-                app.connections_closed["headers_too_large"] += 1
-                self._refuse(too_large)
+            if self._head_over():
+                if self.cycle is not None and not self.cycle.response_complete:
+                    # an earlier request's answer is not written yet: the 431 goes after it (written
+                    # now it was read as that answer, and the answer cut); nothing more read till then
+                    self.flow.pause_reading()
+                else:
+                    self._refuse_head()
+
+        def _head_over(self) -> bool:
+            return self._head_bytes is not None and self._head_bytes > head_max and not self.transport.is_closing()
+
+        def _refuse_head(self) -> None:
+            app.connections_closed["headers_too_large"] += 1
+            self._refuse(too_large)
 
         def _refuse(self, answer: bytes) -> None:
             """Answer and end the connection: our side shut at once, the socket closed after a
@@ -143,7 +154,9 @@ def guarded_protocol(app: Gateway) -> type:
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            if self._in_head and self._head_timer is None and not self.transport.is_closing():
+            if self._head_over() and self.cycle.response_complete:
+                self._refuse_head()
+            elif self._in_head and self._head_timer is None and not self.transport.is_closing():
                 self._arm_head()
 
         def on_headers_complete(self) -> None:
