@@ -10,7 +10,9 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+import sys
 from collections.abc import Callable
+from importlib.util import find_spec
 from typing import Any, TypeVar
 
 from probes.engines.base import Engine, Generation, ReferenceScore
@@ -75,9 +77,6 @@ def check_engine(kind: str, **options: Any) -> None:
 
 
 def _installed(name: str) -> bool:
-    import sys
-    from importlib.util import find_spec
-
     if name in sys.modules:
         return sys.modules[name] is not None
     try:

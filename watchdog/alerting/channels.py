@@ -58,7 +58,7 @@ def channel_config(raw: AlertChannelConfig | Mapping[str, Any] | Any) -> AlertCh
         raise ValueError(f"alert channel {config.kind}: 'url' is required")
     if cls.requires_routing_key and not config.routing_key:
         raise ValueError(f"alert channel {config.kind}: 'routing_key' is required")
-    if config.group_wait_s and not cls.groups:
+    if config.group_wait_s and not issubclass(cls, GroupingChannel):
         raise ValueError(f"alert channel {config.kind}: group_wait_s: this kind does not group messages; "
                          "leave it unset or 0")
     return config
@@ -90,9 +90,7 @@ class Channel(ABC):
     default_min_interval_s: ClassVar[float] = 0.0
     #: the largest request body this channel sends (a bigger one is a bug: refused, not sent)
     max_body_bytes: ClassVar[int] = limits.WEBHOOK_BODY_MAX_BYTES
-    #: the channel can send several incidents as one message (``group_payload``)
-    groups: ClassVar[bool] = False
-    #: ``group_wait_s`` when the config leaves it unset; 0: no grouping
+    #: ``group_wait_s`` when the config leaves it unset; 0: no grouping (a ``GroupingChannel`` may group)
     default_group_wait_s: ClassVar[float] = 0.0
 
     def __init__(self, config: AlertChannelConfig | Mapping[str, Any] | Any) -> None:
@@ -125,17 +123,14 @@ class Channel(ABC):
     def payload(self, alert: Alert) -> Any:
         """The request body this channel's receiver expects for ``alert``, within its limits."""
 
-    def group_payload(self, alerts: list[Alert], group_id: str) -> Any:
-        """The body of one message about several incidents (channels with ``groups`` only)."""
-        raise NotImplementedError(f"{self.kind} does not group alerts")
-
     def body(self, alert: Alert | list[Alert], group_id: str | None = None) -> bytes:
-        """``payload(alert)`` (or ``group_payload`` of a list of two or more) as UTF-8 JSON;
-        ``ValueError`` if over ``max_body_bytes``."""
+        """``payload(alert)`` (of a list, its one alert: only a ``GroupingChannel`` takes more) as UTF-8
+        JSON; ``ValueError`` if over ``max_body_bytes``."""
         if isinstance(alert, list):
-            payload = self.payload(alert[0]) if len(alert) == 1 else self.group_payload(alert, group_id or "")
-        else:
-            payload = self.payload(alert)
+            (alert,) = alert
+        return self._encoded(self.payload(alert))
+
+    def _encoded(self, payload: Any) -> bytes:
         data = limits.encode(payload)
         if len(data) > self.max_body_bytes:
             raise ValueError(f"{self.kind} body of {len(data)} bytes is over {self.max_body_bytes}")
@@ -143,6 +138,20 @@ class Channel(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, url={self.endpoint()!r})"
+
+
+class GroupingChannel(Channel):
+    """A channel whose receiver takes several incidents in one message: storm grouping
+    (``group_wait_s``) is allowed for it alone (``channel_config``)."""
+
+    @abstractmethod
+    def group_payload(self, alerts: list[Alert], group_id: str) -> Any:
+        """The body of one message about several incidents, within the receiver's limits."""
+
+    def body(self, alert: Alert | list[Alert], group_id: str | None = None) -> bytes:
+        if isinstance(alert, list) and len(alert) > 1:
+            return self._encoded(self.group_payload(alert, group_id or ""))
+        return super().body(alert)
 
 
 _REGISTRY: dict[str, type[Channel]] = {}
@@ -211,12 +220,11 @@ def _facts(alert: Alert) -> dict[str, str]:
 
 
 @register_channel
-class WebhookChannel(Channel):
+class WebhookChannel(GroupingChannel):
     """Generic JSON: the alert as one object with a schema version; a storm as one object listing
     them (``llm-watchdog.alert-group/v1``) when ``group_wait_s`` is set."""
 
     kind = "webhook"
-    groups = True
 
     def payload(self, alert: Alert) -> dict[str, Any]:
         body = self._fields(alert, limits.WEBHOOK_TEXT_MAX_BYTES)
@@ -292,13 +300,12 @@ SLACK_COLORS = {
 
 
 @register_channel
-class SlackChannel(Channel):
+class SlackChannel(GroupingChannel):
     """Slack incoming webhook: fallback ``text`` plus one coloured attachment holding blocks."""
 
     kind = "slack"
     #: an incoming webhook takes 1 message a second (short bursts allowed), then answers 429
     default_min_interval_s = 1.0
-    groups = True
     #: people read it: a storm is one message, an isolated incident waits 1 s for company
     default_group_wait_s = 1.0
 

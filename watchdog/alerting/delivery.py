@@ -268,11 +268,10 @@ class ChannelWorker:
         with httpx.Client(timeout=ch.config.timeout_s, headers=ch.headers()) as client:
             while (batch := self._next(index)) is not None:
                 outcome, retry_after = self._attempt(client, batch)
-                what = _describe(batch)
-                acked = False
-                if outcome == "ok":  # first thing after the 2xx: the shortest window in which a
-                    acked = self._done(batch, True)  # crash would send it again
-                    log.info("alert %s delivered to %s", what, ch.name)
+                acked = outcome == "ok"
+                if acked:  # first thing after the 2xx: the shortest window in which a crash would send it again
+                    self._done(batch, True)
+                    log.info("alert %s delivered to %s", _describe(batch), ch.name)
                 with self._cond:
                     if outcome == "retry":
                         self._failures += 1
@@ -317,7 +316,7 @@ class ChannelWorker:
                         self._queue.finish(d)
                     self._cond.notify_all()
 
-    def _done(self, batch: list[Delivery], ok: bool) -> bool:
+    def _done(self, batch: list[Delivery], ok: bool) -> None:
         """Tell the page source the batch's durable pages are done, a group's in one round trip."""
         durable = [d for d in batch if d.entry is not None and d.done is not None]
         if len(durable) > 1 and self._source is not None:
@@ -329,7 +328,6 @@ class ChannelWorker:
         for d in rest:
             if d.done is not None:
                 d.done(ok)
-        return True
 
     def _may_retry(self, item: Delivery) -> bool:
         if item.durable or self.max_attempts is None:  # never lost to a receiver that is only down

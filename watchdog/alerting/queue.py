@@ -90,10 +90,7 @@ class DeliveryQueue:
             if key in blocked:
                 continue
             if item.due <= now:
-                self._items.remove(item)
-                self._busy[key] = 1
-                self._in_flight.append(item)
-                return item
+                return self._mark([item])[0]
             wait = item.due - now if wait is None else min(wait, item.due - now)
             blocked.add(key)  # later messages of this incident wait behind it
         return wait

@@ -51,8 +51,8 @@ class Metrics:
         self.lag = Gauge("llmwd_consumer_lag", "Kafka consumer lag in messages", ["partition"], registry=r)
         self.redis_up = Gauge("llmwd_redis_up", "1 when the last Redis operation succeeded", registry=r)
         self.redis_round_trip = Gauge(
-            "llmwd_redis_round_trip_seconds", "Seconds the last small Redis read took (the maintenance reader's "
-            "MGET, or a PING, about every second, off the loop): the link's round trip", registry=r)
+            "llmwd_redis_round_trip_seconds", "Seconds the last PING took (the maintenance reader's, about every "
+            "second, off the loop): the link's round trip", registry=r)
         self.kafka_up = Gauge("llmwd_kafka_up", "1 when the last Kafka poll succeeded", registry=r)
         self.policy_reloads = Counter("llmwd_policy_reloads_total", "Policy file reloads, by result",
                                       ["result"], registry=r)

@@ -41,15 +41,14 @@ def serve_metrics(app: Gateway) -> Any:
 
 
 def guarded_protocol(app: Gateway) -> type:
-    """uvicorn's httptools protocol with the two bounds uvicorn lacks on what a client holds open:
+    """uvicorn's httptools protocol with the bounds uvicorn lacks on what a client holds open:
 
     * ``gateway.max_connections``: a connection past it is answered 503 ``gateway_overloaded`` and
       closed at once (uvicorn's ``limit_concurrency`` answers 503 to *requests* while idle sockets
       stay, so a few hundred idle sockets would refuse every real request);
     * ``gateway.header_timeout_s``: a connection that has not sent a whole request head that long
       after it opened, or after the first byte of its next request, is closed. uvicorn arms no timer
-      before a first request, so an idle or trickling socket was held for good.
-
+      before a first request, so an idle or trickling socket was held for good;
     * ``gateway.max_header_bytes``: a request head past it is answered 431 and the connection closed
       (httptools buffers an unfinished head without bound).
 

@@ -42,8 +42,7 @@ class MaintenanceReader:
         self.client = client
         self.keys = keys
         self.on_error = on_error
-        #: told the seconds of each cycle's first read (one MGET chunk, or a PING when no route is asked
-        #: about): a slow link shows there, not only in what waits on it
+        #: told the seconds of each cycle's PING: a slow link shows there, not only in what waits on it
         self.on_round_trip = on_round_trip
         self.round_trip_s: float | None = None
         self._lock = threading.Lock()
@@ -67,24 +66,27 @@ class MaintenanceReader:
         """The annotation of each of ``wanted`` that has one (as last read; a route not asked about
         before, read now); Redis errors of a read made here propagate."""
         if self._thread is None:
-            values = self.client.mget([self.keys.maintenance(m, r) for m, r in wanted])
-            return {route: v for route, v in zip(wanted, values, strict=True) if v}
+            return self._read(wanted)
         now = time.monotonic()
         with self._lock:
             new = [r for r in wanted if r not in self._asked]
         if new:  # read now, once per route: its first window must not miss an annotation already there
-            values = self.client.mget([self.keys.maintenance(m, r) for m, r in new])
+            found = self._read(new)
             with self._lock:
-                self._found.update((route, v) for route, v in zip(new, values, strict=True) if v)
+                self._found.update(found)
         with self._lock:
             for r in wanted:
                 self._asked[r] = now
             return {r: self._found[r] for r in wanted if r in self._found}
 
-    def _round_trip(self, seconds: float) -> None:
-        self.round_trip_s = seconds
-        if self.on_round_trip is not None:
-            self.on_round_trip(seconds)
+    def _read(self, routes: Sequence[Route]) -> dict[Route, Any]:
+        """Each of ``routes`` that has an annotation, and the annotation (MGETs of ``CHUNK`` keys)."""
+        found: dict[Route, Any] = {}
+        for i in range(0, len(routes), CHUNK):
+            chunk = routes[i:i + CHUNK]
+            values = self.client.mget([self.keys.maintenance(m, r) for m, r in chunk])
+            found.update((route, v) for route, v in zip(chunk, values, strict=True) if v)
+        return found
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -97,19 +99,13 @@ class MaintenanceReader:
                 for r in [r for r, at in self._asked.items() if now - at > FORGET_S]:
                     del self._asked[r]
                 routes = sorted(self._asked)
-            found: dict[Route, Any] = {}
             try:
                 t0 = time.perf_counter()
-                if not routes:
-                    self.client.ping()
-                for i in range(0, len(routes), CHUNK):
-                    chunk = routes[i:i + CHUNK]
-                    values = self.client.mget([self.keys.maintenance(m, r) for m, r in chunk])
-                    found.update((route, v) for route, v in zip(chunk, values, strict=True) if v)
-                    if i == 0:
-                        self._round_trip(time.perf_counter() - t0)
-                if not routes:
-                    self._round_trip(time.perf_counter() - t0)
+                self.client.ping()
+                self.round_trip_s = time.perf_counter() - t0
+                if self.on_round_trip is not None:
+                    self.on_round_trip(self.round_trip_s)
+                found = self._read(routes)
             except (redis.RedisError, OSError) as exc:
                 self.on_error(exc, "reading maintenance annotations")
                 continue

@@ -196,7 +196,7 @@ class GoldenScheduler:
         from apscheduler.triggers.interval import IntervalTrigger
 
         self._scheduler = BackgroundScheduler(job_defaults={"coalesce": True, "max_instances": 1})
-        now = datetime.now(UTC)
+        now = datetime.now(UTC)  # APScheduler's triggers are anchored on the wall clock
         for job in self.jobs.values():
             if job.spec.cron:
                 trigger: Any = cron_trigger(job.spec.cron, job.spec.timezone, job.spec.jitter_s)
