@@ -7,6 +7,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMER
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 t=$1; shift
+python3 -m compileall -q watchdog probes bench /tmp/site >/dev/null 2>&1
 if [ "$t" -gt 0 ]; then
   timeout "$t" python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_gpu.py tests/test_gpu_read.py \
     tests/test_gpu_bandwidth.py tests/test_fp8.py tests/test_engines_torch.py tests/test_replay.py -rs \
