@@ -24,7 +24,7 @@ The result per route count and mix is the daemon's rate / the json rate per repe
 repetitions. Route limits are raised so that every route is kept (``max_routes_per_partition``).
 
     .venv/bin/python bench/ingest_process.py [--routes 100,1000,10000] [--mix light,heavy] [--events 200000]
-        [--repeats 3] [--profile DIR]
+        [--repeats 3] [--profile DIR] [--threads] [--code DIR]
 """
 
 from __future__ import annotations
@@ -98,15 +98,46 @@ def run_baseline(mode: str, address: str, topic: str, n: int, timeout_s: float) 
     return {"rate": n / wall, "cpu_us": 1e6 * cpu / n}
 
 
-def _processed(url: str) -> tuple[float, int]:
-    """(events read so far: folded + dead-lettered, bytes of the /metrics page)."""
+def _processed(url: str) -> tuple[float, int, str]:
+    """(events read so far: folded + dead-lettered, bytes of the /metrics page, the page)."""
     with urllib.request.urlopen(f"{url}/metrics", timeout=2) as resp:  # noqa: S310 - loopback
         text = resp.read().decode()
-    return sum(float(x) for x in _COUNTER.findall(text)), len(text)
+    return sum(float(x) for x in _COUNTER.findall(text)), len(text), text
+
+
+def thread_ticks(pid: int) -> dict[tuple[int, str], int]:
+    """CPU clock ticks (user + system) of each thread of ``pid`` so far, keyed by (tid, name)."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rpartition(")")[2].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        out[(int(task.name), name)] = int(fields[11]) + int(fields[12])
+    return out
+
+
+def _thread_group(name: str) -> str:
+    """Threads of one kind under one name (HTTP request threads, alert senders, start-up helpers)."""
+    return re.sub(r"-?\d+$", "", name)
+
+
+#: ``_sum`` series of /metrics whose growth over the timed span is shown with ``--threads`` (loop phases)
+_SUMS = re.compile(r"^(llmwd_(?:gc_seconds|loop_busy_seconds|loop_iteration_seconds|checkpoint_loop_seconds|"
+                   r"checkpoint_seconds|malloc_trim_seconds)_(?:sum|count))(\{[^}]*\})? ([0-9.e+]+)$", re.M)
+
+
+def _sums(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for name, labels, value in _SUMS.findall(text):
+        key = name + (labels or "")
+        out[key] = out.get(key, 0.0) + float(value)
+    return out
 
 
 def run_daemon(svc: Any, topic: str, n: int, timeout_s: float, scrape_s: float,
-               profile: Path | None = None, code: Path = ROOT) -> dict[str, float]:
+               profile: Path | None = None, code: Path = ROOT, threads: bool = False) -> dict[str, Any]:
     """``watchdog.cli.main run`` of the tree ``code`` on a temp config until it has processed all ``n``
     events (see the module docstring for what the timer covers), then SIGTERM."""
     port = free_port()
@@ -126,7 +157,8 @@ def run_daemon(svc: Any, topic: str, n: int, timeout_s: float, scrape_s: float,
     cmd = [sys.executable]
     if profile is not None:
         cmd += ["-m", "cProfile", "-o", str(profile)]
-    cmd += ["-m", "watchdog.cli.main", "--log-level", "WARNING", "run", "--config", str(cfg_path)]
+    cmd += [str(ROOT / "bench" / "named_threads.py"), "watchdog.cli.main"] if threads else ["-m", "watchdog.cli.main"]
+    cmd += ["--log-level", "WARNING", "run", "--config", str(cfg_path)]
     with open(log_path, "wb") as log_file:
         t_spawn = time.perf_counter()
         proc = subprocess.Popen(cmd, cwd=code, stdout=log_file, stderr=subprocess.STDOUT,
@@ -141,7 +173,7 @@ def run_daemon(svc: Any, topic: str, n: int, timeout_s: float, scrape_s: float,
             if time.monotonic() > deadline:
                 raise TimeoutError(f"daemon: no end in {timeout_s + 60:.0f} s:\n{log_path.read_text()[-3000:]}")
             try:
-                got, page = _processed(url)
+                got, page, text = _processed(url)
             except OSError:
                 time.sleep(scrape_s)
                 continue
@@ -151,8 +183,12 @@ def run_daemon(svc: Any, topic: str, n: int, timeout_s: float, scrape_s: float,
                 t_http = now
             if got and first is None:
                 first = (now, got, process_cpu_s(proc.pid))
+                if threads:
+                    first_threads, first_sums = thread_ticks(proc.pid), _sums(text)
             if got >= n:
                 last = (now, got, process_cpu_s(proc.pid))
+                if threads:
+                    last_threads, last_sums = thread_ticks(proc.pid), _sums(text)
                 break
             wait = scrape_s
             if first is not None and got > first[1]:
@@ -175,7 +211,17 @@ def run_daemon(svc: Any, topic: str, n: int, timeout_s: float, scrape_s: float,
             admin.close()
         span = last[0] - first[0]
         counted = last[1] - first[1]
-        return {"rate": counted / span, "cpu_us": 1e6 * (last[2] - first[2]) / counted,
+        extra: dict[str, Any] = {}
+        if threads:
+            tick = os.sysconf("SC_CLK_TCK")
+            by: dict[str, float] = {}
+            for key, ticks in last_threads.items():
+                grown = ticks - first_threads.get(key, 0)
+                by[_thread_group(key[1])] = by.get(_thread_group(key[1]), 0.0) + grown / tick
+            extra["threads"] = {k: 1e6 * v / counted for k, v in sorted(by.items(), key=lambda kv: -kv[1]) if v}
+            extra["sums"] = {k: v - first_sums.get(k, 0.0) for k, v in last_sums.items()
+                             if v - first_sums.get(k, 0.0)}
+        return {**extra,"rate": counted / span, "cpu_us": 1e6 * (last[2] - first[2]) / counted,
                 "startup_s": first[0] - t_spawn, "http_s": t_http - t_spawn, "commit_s": committed_s,
                 "first_events": first[1], "metrics_kb": page / 1024, "scrapes": scrapes}
     finally:
@@ -215,6 +261,8 @@ def main() -> int:
     ap.add_argument("--code", type=Path, help="also run the daemon of this tree (mode daemon-code), e.g. an "
                     "export of main, interleaved with this one: a before/after in one run")
     ap.add_argument("--profile", type=Path, help="cProfile the daemon's first repetition into DIR/<mix>-<routes>.prof")
+    ap.add_argument("--threads", action="store_true", help="name the daemon's OS threads (bench/named_threads.py) "
+                    "and show its CPU per event by thread over the timed span, and the loop phases' /metrics sums")
     ap.add_argument("--child", choices=("json", "confluent"), help=argparse.SUPPRESS)
     ap.add_argument("--address", help=argparse.SUPPRESS)
     ap.add_argument("--topic", help=argparse.SUPPRESS)
@@ -242,9 +290,11 @@ def main() -> int:
                     for mode in modes:
                         if mode == "daemon":
                             prof = args.profile / f"{mix}-{routes}.prof" if args.profile and rep == 0 else None
-                            r = run_daemon(svc, topic, args.events, timeout, args.scrape_ms / 1000.0, prof)
+                            r = run_daemon(svc, topic, args.events, timeout, args.scrape_ms / 1000.0, prof,
+                                           threads=args.threads)
                         elif mode == "daemon-code":
-                            r = run_daemon(svc, topic, args.events, timeout, args.scrape_ms / 1000.0, code=args.code)
+                            r = run_daemon(svc, topic, args.events, timeout, args.scrape_ms / 1000.0, code=args.code,
+                                           threads=args.threads)
                         else:
                             r = run_baseline(mode, svc.kafka_address, topic, args.events, timeout)
                         res[mode].append(r)
@@ -254,6 +304,11 @@ def main() -> int:
                                  if mode.startswith("daemon") else "")
                         print(f"  rep {rep + 1} {mode:<9} {r['rate']:>9,.0f} ev/s {r['cpu_us']:6.1f} us CPU/event"
                               f"{extra}  [{machine_note()}]", flush=True)
+                        if "threads" in r:
+                            print("    CPU us/event by thread: " + ", ".join(
+                                f"{k} {v:.1f}" for k, v in r["threads"].items()), flush=True)
+                            print("    /metrics sums over the span: " + ", ".join(
+                                f"{k} {v:.3f}" for k, v in sorted(r["sums"].items())), flush=True)
                 base = res.get("json")
                 for mode in modes:
                     rates = [r["rate"] for r in res[mode]]
