@@ -218,6 +218,8 @@ def run_daemon(svc: Any, topic: str, n: int, timeout_s: float, scrape_s: float,
             for key, ticks in last_threads.items():
                 grown = ticks - first_threads.get(key, 0)
                 by[_thread_group(key[1])] = by.get(_thread_group(key[1]), 0.0) + grown / tick
+            # threads that ended inside the span (an HTTP request's): in the process's CPU, in no task left
+            by["(ended in the span)"] = max(0.0, last[2] - first[2] - sum(by.values()))
             extra["threads"] = {k: 1e6 * v / counted for k, v in sorted(by.items(), key=lambda kv: -kv[1]) if v}
             extra["sums"] = {k: v - first_sums.get(k, 0.0) for k, v in last_sums.items()
                              if v - first_sums.get(k, 0.0)}
