@@ -267,3 +267,47 @@ def test_past_the_iterations_deadline_only_an_overdue_save_is_built(redis_client
     ck.checkpoint(t + (C.SAVE_OVERDUE_SAVES + 1.5) * every)
     ck.drain()
     assert len(sent) == 2
+
+
+def test_while_records_wait_in_kafka_preencode_gets_a_slice_only_for_a_waiting_save(redis_client, monkeypatch) -> None:
+    """Records waiting in Kafka (``Checkpointer.reading_behind``): what is left of the iteration's deadline goes
+    to reading them. No preencode while no save waits for it (the windows being read change with the next
+    poll); a slice (budget 0) while one waits, as past the deadline; the saves themselves as before."""
+    monkeypatch.setattr(C, "PREENCODE_MAX_LEFT", 5)
+    ck, part, ingest, _own = _rig(redis_client)
+    for k in range(10):
+        _fold(ck, part, ingest, f"r{k}", 100.0)
+    ck.preencode(10.0)
+    t = 1000.0
+    ck.checkpoint(t)
+    ck.drain()
+    part.last_cost_s = 0.0
+    sent = _capture(ck)
+    every = ck.cfg.redis.checkpoint_every_s
+    calls: list[float] = []
+    real = ck.preencode
+
+    def counted(budget_s: float) -> int:
+        calls.append(budget_s)
+        return real(budget_s)
+
+    monkeypatch.setattr(ck, "preencode", counted)
+    ck.step.start(10.0)  # an iteration with time left
+    ck.reading_behind = True
+    for k in range(3):
+        _fold(ck, part, ingest, f"r{k}", 101.0)
+    ck.checkpoint(t + 0.5 * every)  # not due, nothing waits: no preencode while records wait
+    assert calls == [] and sent == [] and len(part.dirty_routes) == 3
+    ck.reading_behind = False
+    ck.checkpoint(t + 0.6 * every)  # caught up: the rest of the deadline goes to preencode, as before
+    assert len(calls) == 1 and calls[0] > C.PREENCODE_BUDGET_S and not part.dirty_routes
+    ck.reading_behind = True
+    for k in range(40):  # more than a slice (PREENCODE_SLICE)
+        _fold(ck, part, ingest, f"r{k}", 102.0)
+    ck.checkpoint(t + 1.5 * every)  # due, but 40 routes wait for preencode: it gets a slice
+    assert sent == [] and calls[1:] == [0.0] and len(part.dirty_routes) == 40 - C.PREENCODE_SLICE
+    ck.checkpoint(t + 1.6 * every)  # 8 left, more than PREENCODE_MAX_LEFT: another slice
+    assert sent == [] and calls[2:] == [0.0] and not part.dirty_routes
+    ck.checkpoint(t + 1.7 * every)  # nothing left to encode: saved, the states as a save built in one go
+    ck.drain()
+    assert len(sent) == 1 and sent[0].engines == _fresh(ck, part.routes)

@@ -372,6 +372,24 @@ class Ingest:
                 out[pk] = pos
         return out
 
+    def reading_behind(self) -> bool:
+        """True while records wait in Kafka for a partition this consumer reads now (not held, not paused,
+        no dead letter failing): its position is behind the high watermark of its last fetch, so the next
+        poll has records to hand over. (On Tansu, whose high watermark is the start of its last batch, the
+        last batch of a partition reads as caught up.)"""
+        if self.held:
+            return False
+        failed = self.dead_letters.failures()
+        for tp in self.consumer.assignment():
+            pk = (tp.topic, tp.partition)
+            if pk in self._paused or pk in failed:
+                continue
+            high = self.consumer.highwater(tp)
+            pos = self.next_offset.get(pk)
+            if high is not None and pos is not None and pos < high:
+                return True
+        return False
+
     def lag(self) -> dict[int, int]:
         out = {}
         for tp in self.consumer.assignment():

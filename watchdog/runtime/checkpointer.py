@@ -115,6 +115,10 @@ class Checkpointer:
         self.offload = True
         #: the loop iteration's shared deadline (``Daemon.step`` starts it; never reached outside it)
         self.step = StepDeadline()
+        #: True while records wait in Kafka for a partition being read (``Ingest.reading_behind``, set by
+        #: ``Daemon.step`` each iteration): what is left of the iteration's deadline then goes to reading
+        #: them, not to ``preencode``
+        self.reading_behind = False
         #: per partition: (the partition, the policy set, route -> engine-state JSON) encoded ahead of
         #: its next save (``preencode``); the routes in it are out of ``part.dirty_routes`` until they
         #: change again
@@ -177,9 +181,20 @@ class Checkpointer:
             # saves otherwise waited for it and then encoded 1,000-2,400 routes at once. Past the deadline
             # (judging a window boundary takes it all for 1-2 s at 10,000 routes) those 40 ms made
             # iterations of 0.25-0.3 s; the saves wait PREENCODE_WAIT_SAVES spacings from the judging instead
+            # While records wait in Kafka (a catch-up, a replica behind) the rest of the deadline belongs to
+            # reading them: preencode gets what it gets past the deadline, a slice, and only while a save waits
+            # for it. The windows of the routes being read change again with the next poll, and the routes'
+            # engine states with their next window's judging, before a save takes what was encoded (in a
+            # catch-up the saves are refused again at each window boundary until its windows are judged):
+            # filling the deadline with it was 13-25 % of the loop's CPU at 100-1,000 routes, nearly all of it
+            # encoded again or dropped with the closed window (docs/BENCHMARKS.md, "Encoding ahead while records
+            # wait"). Reading held (back-pressure) is not behind: the saves then catch up with the whole deadline.
             left = self.step.until - time.monotonic()
-            least = PREENCODE_BUDGET_S if self._waiting and left > 0 else 0.0
-            self.preencode(max(least, left) if math.isfinite(left) else PREENCODE_BUDGET_S)
+            if not self.reading_behind:
+                least = PREENCODE_BUDGET_S if self._waiting and left > 0 else 0.0
+                self.preencode(max(least, left) if math.isfinite(left) else PREENCODE_BUDGET_S)
+            elif self._waiting:
+                self.preencode(0.0)
 
     def unsaved_age(self, now: float) -> float:
         """How long the longest-unsaved owned partition has held changes Redis does not have (0 when none

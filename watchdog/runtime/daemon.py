@@ -325,6 +325,7 @@ class Daemon:
         now = self.clock()
         self.wm.records_read(ingest.last_polled, now)
         self.wm.live_from(ingest.read_to_end())
+        self.checkpointer.reading_behind = ingest.reading_behind()
         self.ownership.dead_lettered(ingest.dead_letters.drain_touched())
         self.ownership.retry_unrestored(now)
         self.closer.confirm_idle(now)
