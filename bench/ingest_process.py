@@ -125,7 +125,8 @@ def _thread_group(name: str) -> str:
 
 #: ``_sum`` series of /metrics whose growth over the timed span is shown with ``--threads`` (loop phases)
 _SUMS = re.compile(r"^(llmwd_(?:gc_seconds|loop_busy_seconds|loop_iteration_seconds|checkpoint_loop_seconds|"
-                   r"checkpoint_seconds|malloc_trim_seconds)_(?:sum|count))(\{[^}]*\})? ([0-9.e+]+)$", re.M)
+                   r"checkpoint_seconds|malloc_trim_seconds)_(?:sum|count)|"
+                   r"llmwd_(?:loop_busy_seconds|checkpoint_loop_seconds)_bucket)(\{[^}]*\})? ([0-9.e+]+)$", re.M)
 
 
 def _sums(text: str) -> dict[str, float]:
@@ -221,8 +222,13 @@ def run_daemon(svc: Any, topic: str, n: int, timeout_s: float, scrape_s: float,
             # threads that ended inside the span (an HTTP request's): in the process's CPU, in no task left
             by["(ended in the span)"] = max(0.0, last[2] - first[2] - sum(by.values()))
             extra["threads"] = {k: 1e6 * v / counted for k, v in sorted(by.items(), key=lambda kv: -kv[1]) if v}
-            extra["sums"] = {k: v - first_sums.get(k, 0.0) for k, v in last_sums.items()
-                             if v - first_sums.get(k, 0.0)}
+            grown = {k: v - first_sums.get(k, 0.0) for k, v in last_sums.items()}
+            # a histogram's observations over 0.25 s in the span (count - the 0.25 bucket), for the loop's two
+            for h in ("loop_busy_seconds", "checkpoint_loop_seconds"):
+                if f"llmwd_{h}_count" in grown:
+                    grown[f"llmwd_{h} > 0.25 s"] = (grown[f"llmwd_{h}_count"]
+                                                    - grown.get(f'llmwd_{h}_bucket{{le="0.25"}}', 0.0))
+            extra["sums"] = {k: v for k, v in grown.items() if v and "_bucket" not in k}
         return {**extra,"rate": counted / span, "cpu_us": 1e6 * (last[2] - first[2]) / counted,
                 "startup_s": first[0] - t_spawn, "http_s": t_http - t_spawn, "commit_s": committed_s,
                 "first_events": first[1], "metrics_kb": page / 1024, "scrapes": scrapes}
