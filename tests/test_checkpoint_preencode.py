@@ -311,3 +311,27 @@ def test_while_records_wait_in_kafka_preencode_gets_a_slice_only_for_a_waiting_s
     ck.checkpoint(t + 1.7 * every)  # nothing left to encode: saved, the states as a save built in one go
     ck.drain()
     assert len(sent) == 1 and sent[0].engines == _fresh(ck, part.routes)
+
+
+def test_a_save_waits_for_preencode_only_while_something_is_left_to_encode(redis_client, monkeypatch) -> None:
+    """``save_waits_for_preencode``: the loop does not wait for records while it is True (daemon.step), so it
+    must turn False once preencode has nothing left, even before the save that waited is built."""
+    monkeypatch.setattr(C, "PREENCODE_MAX_LEFT", 5)
+    ck, part, ingest, _own = _rig(redis_client)
+    for k in range(10):
+        _fold(ck, part, ingest, f"r{k}", 100.0)
+    ck.preencode(10.0)
+    t = 1000.0
+    ck.checkpoint(t)
+    ck.drain()
+    part.last_cost_s = 0.0
+    assert not ck.save_waits_for_preencode()
+    for k in range(10):
+        _fold(ck, part, ingest, f"r{k}", 101.0)
+    assert not ck.save_waits_for_preencode()  # not due yet: nothing waits
+    real = ck.preencode
+    monkeypatch.setattr(ck, "preencode", lambda budget_s: 0)
+    ck.checkpoint(t + 1.5 * ck.cfg.redis.checkpoint_every_s)  # due; 10 routes not encoded: it waits
+    assert ck.save_waits_for_preencode()
+    real(10.0)
+    assert not part.dirty_routes and not ck.save_waits_for_preencode()

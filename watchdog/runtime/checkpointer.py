@@ -196,6 +196,16 @@ class Checkpointer:
             elif self._waiting:
                 self.preencode(0.0)
 
+    def save_waits_for_preencode(self) -> bool:
+        """True while a due save waits for ``preencode`` and there is something left for it to encode (the
+        loop then does not wait for records: those saves are what a catch-up's last commit waits for)."""
+        parts = self.ownership.parts
+        for pk in self._waiting:
+            part = parts.get(pk)
+            if part is not None and (part.dirty_routes or part.agg.unencoded > PREENCODE_MAX_WINDOWS // 2):
+                return True
+        return False
+
     def unsaved_age(self, now: float) -> float:
         """How long the longest-unsaved owned partition has held changes Redis does not have (0 when none
         does); exported per partition as ``llmwd_checkpoint_age_seconds``."""

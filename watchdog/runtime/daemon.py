@@ -311,8 +311,13 @@ class Daemon:
         self.ownership.poll_now = max(self.clock(), self.clock.wall())
         self._hold_reading(t0)
         # no wait for records while closed windows wait to be judged either: with the iteration's shared
-        # deadline the judging of a backlog is spread over many iterations, each of which waited poll_ms
-        ingest.poll(0 if self.closer.behind or self.decisions.deferred_routes else poll_ms)
+        # deadline the judging of a backlog is spread over many iterations, each of which waited poll_ms; nor,
+        # once no record waits in Kafka, while a due save waits for its encoding (``preencode``): the encoding
+        # a catch-up leaves until its last record is read (``Checkpointer.reading_behind``) is what its last
+        # commit waits for, and iterations that each waited poll_ms for records made that 2-3 s longer
+        ck = self.checkpointer
+        ingest.poll(0 if self.closer.behind or self.decisions.deferred_routes
+                    or (not ck.reading_behind and ck.save_waits_for_preencode()) else poll_ms)
         ingest.commit_mirror({})  # mirror offsets a busy commit held back
         lap("poll")
         self.step_deadline.start()
