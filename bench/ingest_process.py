@@ -223,11 +223,19 @@ def run_daemon(svc: Any, topic: str, n: int, timeout_s: float, scrape_s: float,
             by["(ended in the span)"] = max(0.0, last[2] - first[2] - sum(by.values()))
             extra["threads"] = {k: 1e6 * v / counted for k, v in sorted(by.items(), key=lambda kv: -kv[1]) if v}
             grown = {k: v - first_sums.get(k, 0.0) for k, v in last_sums.items()}
-            # a histogram's observations over 0.25 s in the span (count - the 0.25 bucket), for the loop's two
+            # and from the first event to now (the last offset committed, or 20 s after the last event): the
+            # judging and saves a catch-up leaves for after its last event
+            try:
+                until_commit = _sums(_processed(url)[2])
+            except OSError:
+                until_commit = {}
+            # a histogram's observations over 0.25 s (count - the 0.25 bucket), for the loop's two
             for h in ("loop_busy_seconds", "checkpoint_loop_seconds"):
-                if f"llmwd_{h}_count" in grown:
-                    grown[f"llmwd_{h} > 0.25 s"] = (grown[f"llmwd_{h}_count"]
-                                                    - grown.get(f'llmwd_{h}_bucket{{le="0.25"}}', 0.0))
+                for label, sums in (("", grown), (" to the commit", {k: v - first_sums.get(k, 0.0)
+                                                                     for k, v in until_commit.items()})):
+                    if f"llmwd_{h}_count" in sums:
+                        grown[f"llmwd_{h} > 0.25 s{label}"] = (sums[f"llmwd_{h}_count"]
+                                                               - sums.get(f'llmwd_{h}_bucket{{le="0.25"}}', 0.0))
             extra["sums"] = {k: v for k, v in grown.items() if v and "_bucket" not in k}
         return {**extra,"rate": counted / span, "cpu_us": 1e6 * (last[2] - first[2]) / counted,
                 "startup_s": first[0] - t_spawn, "http_s": t_http - t_spawn, "commit_s": committed_s,
