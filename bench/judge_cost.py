@@ -12,6 +12,11 @@ Shapes:
   sparse   0, 0, 1 or 2 events per precision per window, drawn per route (what 10,000 routes at
            2,000 events/s give): many windows have one precision only, the horizon tests then look
            without being fed; a route with no event in a window closes none
+  light    the ingest bench's light mix (``bench/ingest_process.py --mix light``: ``TrafficGenerator``,
+           30 % shadowed, encoded and decoded with ``decode_event`` as the daemon reads them):
+           ``--light-events`` per route and window on average (default 20, i.e. 200,000 events over
+           1,000 routes and 10 windows: ~10 per precision, shadows included), routes drawn at random,
+           folded and closed for real for every route
   typical  300-3,000 requests per precision per window (errors ~1 %, timeouts ~0.3 %, replicas,
            request mix, TTFT). Folding millions of events per window would dominate the bench, so
            ``--templates`` routes are folded and closed for real per window and every other route
@@ -69,7 +74,8 @@ def _events(rng: random.Random, ev_cls: Any, route: str, precision: str, k: int,
 
 def child(args: argparse.Namespace) -> dict[str, Any]:
     sys.path.insert(0, args.code)
-    from watchdog.core.events import InferenceEvent
+    from watchdog.core.events import InferenceEvent, decode_event
+    from watchdog.dev.traffic import Route, TrafficGenerator
     from watchdog.policy.engine import PolicyEngine
     from watchdog.policy.loader import load_policy_files
     from watchdog.windows.aggregator import WindowAggregator
@@ -79,13 +85,24 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     agg = WindowAggregator(length_s=WINDOW_S, grace_s=0.0)
     rng = random.Random(args.seed)
     routes = [f"r{i:05d}" for i in range(args.routes)]
-    real = args.shape in ("thin", "sparse")  # every route folded and closed for real
+    real = args.shape in ("thin", "sparse", "light")  # every route folded and closed for real
     built = routes if real else routes[:args.templates]
     digest = hashlib.sha256()
+    prof = None
+    if args.profile:
+        import cProfile
+        prof = cProfile.Profile()
     close_s = observe_s = 0.0
     timed = 0
+    gen = TrafficGenerator([Route("m", r, shadow_share=0.3) for r in routes], seed=args.seed)
     for k in range(args.windows):
-        for r in built:
+        if args.shape == "light":  # as bench/common.produce_events: a route drawn at random per event
+            n = args.light_events * len(routes)
+            for i in range(n):
+                _, raw = gen.encoded(gen.routes[gen.rng.randrange(len(routes))],
+                                     now=round(k * WINDOW_S + WINDOW_S * (i + 0.5) / n, 3))
+                agg.add(decode_event(raw))
+        for r in built if args.shape != "light" else ():
             for prec in ("fp8", "fp16"):
                 n = args.thin_events if args.shape == "thin" else rng.choice((0, 0, 1, 2)) \
                     if args.shape == "sparse" else rng.randint(300, 3000)
@@ -108,15 +125,21 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                     sigs.append(c)
         now = (k + 1) * WINDOW_S
         gc.collect()
+        if prof is not None and k >= args.warmup:
+            prof.enable()
         o0 = time.process_time()
         for i in range(0, len(sigs), 2 * CHUNK):
             for a in engine.observe(sigs[i:i + 2 * CHUNK], now, {}, "fp8"):
                 digest.update(repr((a.kind, a.model, a.route, a.policy, a.precision, a.reason)).encode())
         o1 = time.process_time()
+        if prof is not None:
+            prof.disable()
         if k >= args.warmup:
             close_s += c1 - c0
             observe_s += o1 - o0
             timed += 1
+    if prof is not None:
+        prof.dump_stats(args.profile)
     digest.update(json.dumps(engine.verdicts(), sort_keys=True, default=repr).encode())
     digest.update(json.dumps(engine.export_state(), sort_keys=True, default=repr).encode())
     n_close = len(built) * timed
@@ -129,15 +152,18 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--code", action="append", help="checkout to import (repeat to compare; default: this one)")
-    ap.add_argument("--shapes", default="thin,typical")
+    ap.add_argument("--shapes", default="thin,light,typical")
     ap.add_argument("--routes", type=int, default=1000)
     ap.add_argument("--windows", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=2, help="windows not timed at the start")
     ap.add_argument("--templates", type=int, default=20, help="typical: routes folded for real per window")
     ap.add_argument("--thin-events", type=int, default=2)
+    ap.add_argument("--light-events", type=int, default=20, help="light: events per route and window on average")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--json")
+    ap.add_argument("--profile", help="child only: cProfile the timed observe calls into this file, e.g. "
+                    "judge_cost.py --child --shape light --profile /tmp/observe.prof")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--shape", default="thin", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -154,6 +180,7 @@ def main() -> int:
                 cmd = [sys.executable, __file__, "--child", "--code", code, "--shape", shape,
                        "--routes", str(args.routes), "--windows", str(args.windows), "--warmup", str(args.warmup),
                        "--templates", str(args.templates), "--thin-events", str(args.thin_events),
+                       "--light-events", str(args.light_events),
                        "--seed", str(args.seed)]
                 env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
                 out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=code)
