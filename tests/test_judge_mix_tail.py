@@ -199,3 +199,121 @@ def test_tail_packing_is_exact_for_any_count_and_index():
     for tails in ({}, {5: {-14000: 1}}, {0: {1: 255}, 4095: {-3: 70_000, 2: 1, 14000: 65_536}},
                   {k: {b: b * b + 1 for b in range(-32, 32)} for k in range(31 * 64)}):
         assert unpack_tails(pack_tails(tails)) == tails
+
+
+# --- the list formulation gives the numpy formulation's bits -----------------------------------------------
+
+
+def _numpy_tails(mix: dict) -> tuple[dict, float] | None:
+    """``fleet._tails_now`` as it was written with numpy (before 2026-12-07): the reference for the bits."""
+    width = float(mix.get("tail_width") or 0.0)
+    if not width > 0:
+        return None
+    out = {}
+    for row in mix["tails"]:
+        arr = np.asarray(row[2], dtype=float).reshape(-1, 2)
+        arr = arr[arr[:, 1] > 0]
+        if arr.size:
+            out[(int(row[0]), int(row[1]))] = (arr[:, 0], arr[:, 1])
+    return (out, width) if out else None
+
+
+def _numpy_mixture_contrast(x, mats, n, w, p):
+    g = (w / n) @ mats
+    need = 1.0 - p
+    above = np.cumsum(g[::-1])[::-1]
+    t = np.clip(need - (above - g), 0.0, g)
+    tail = float((t * x).sum() / need)
+    first = int(np.argmax(t > 0))
+    q = float(x[first])
+    mean = float((g * x).sum())
+    frac = np.divide(t, g, out=np.zeros_like(t), where=g > 0)
+    infl = frac * (x - q) / need + q - tail - (x - mean)
+    s1 = mats @ infl
+    ss = mats @ (infl * infl) - s1 * s1 / n
+    ss = np.maximum(ss, 0.0)
+    multi = n >= 2
+    pooled = float(ss[multi].sum() / (n[multi] - 1).sum()) if multi.any() else float((g * infl * infl).sum())
+    s2 = np.where(multi, ss / np.maximum(n - 1, 1.0), pooled)
+    return tail - mean, float((w * w * s2 / n).sum())
+
+
+def _numpy_mix_tail_contrast(cand_mix: dict, base_mix: dict, p: float):
+    """``fleet._mix_tail_contrast`` as it was written with numpy (before 2026-12-07)."""
+    ta, tb = _numpy_tails(cand_mix), _numpy_tails(base_mix)
+    if ta is None or tb is None or ta[1] != tb[1] or not 0.0 < p < 1.0:
+        return None
+    (a, width), (b, _) = ta, tb
+    common = sorted(a.keys() & b.keys())
+    if not common:
+        return None
+    keys = np.unique(np.concatenate([a[c][0] for c in common] + [b[c][0] for c in common]))
+    x = (keys - 0.5) * width
+    side = []
+    for cells in (a, b):
+        mats = np.zeros((len(common), len(keys)))
+        for i, c in enumerate(common):
+            mats[i, np.searchsorted(keys, cells[c][0])] = cells[c][1]
+        side.append((mats, mats.sum(axis=1)))
+    na, nb = side[0][1], side[1][1]
+    h = na * nb / (na + nb)
+    w = h / h.sum()
+    (ca, va), (cb, vb) = (_numpy_mixture_contrast(x, m, n, w, p) for m, n in side)
+    tot_a = sum(float(v[1].sum()) for v in a.values())
+    tot_b = sum(float(v[1].sum()) for v in b.values())
+    return ca - cb, va + vb, {"cells": len(common), "support": [float(na.sum()) / tot_a, float(nb.sum()) / tot_b],
+                              "effective_n": float(h.sum())}
+
+
+def _bits(v):
+    """A result with every float as its bit pattern (so -0.0 != 0.0 and NaN == NaN)."""
+    import struct
+
+    if isinstance(v, float):
+        return struct.pack("<d", v)
+    if isinstance(v, dict):
+        return {k: _bits(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_bits(x) for x in v]
+    return v
+
+
+def _random_mix(rng: np.random.Generator, cells: list[tuple[int, int]]) -> dict:
+    tails = []
+    for po, co in cells:
+        m = int(rng.choice([1, 1, 2, 3, 5, 9, 20, 64, 150]))
+        lo = int(rng.integers(-40, 160))
+        idx = sorted({int(i) for i in lo + rng.integers(0, max(m, 2) * 2, size=m)})
+        # mostly ones (a light window), sometimes many requests, now and then a zero count
+        cnt = [int(rng.choice([0, 1, 1, 1, 2, 3, 7, 40, 5000])) for _ in idx]
+        tails.append([po, co, [[i, c] for i, c in zip(idx, cnt, strict=True)]])
+    return {"cells": [], "tail_width": TAIL_WIDTH, "tails": tails}
+
+
+def test_the_list_formulation_gives_the_numpy_formulations_bits():
+    """``mix_tail_contrast`` adds and picks as numpy did (pairwise sums, running sums, clip, maximum; only its
+    matrix-vector products are numpy): every number of 3,000 random window pairs - one to 30 cells, one
+    to 150 buckets a cell, counts of 0 to 5,000, p from 0.5 to 0.999 - has the numpy formulation's bits,
+    and so has ``within_tail_contrast`` of every window."""
+    from watchdog.policy.judge import fleet
+
+    rng = np.random.default_rng(7)
+    grid = [(po, co) for po in range(4, 14) for co in range(1, 10)]
+    seen = 0
+    for k in range(3000):
+        n_cells = int(rng.choice([1, 2, 3, 5, 8, 12, 30]))
+        pick = [grid[i] for i in rng.choice(len(grid), size=2 * n_cells, replace=True)]
+        a = _random_mix(rng, sorted(set(pick[:n_cells])))
+        b = _random_mix(rng, sorted(set(pick[n_cells // 2:n_cells // 2 + n_cells])))
+        p = float(rng.choice([0.5, 0.9, 0.95, 0.95, 0.99, 0.999]))
+        got, want = fleet.mix_tail_contrast(a, b, p), _numpy_mix_tail_contrast(a, b, p)
+        assert _bits(got) == _bits(want), (k, got, want)
+        seen += got is not None
+        for mix in (a, b):
+            t_new, t_old = fleet._tails_now(mix), _numpy_tails(mix)
+            assert (t_new is None) == (t_old is None)
+            if t_new is not None:
+                assert {c: (list(i), list(n)) for c, (i, n) in t_old[0].items()} == t_new[0]
+    assert seen > 2000
+    for xs in ([], [-0.0], [0.1] * 7, [0.1] * 8, list(rng.normal(size=300)), list(rng.lognormal(0, 4, size=1000))):
+        assert _bits(fleet._fsum(xs)) == _bits(float(np.asarray(xs, dtype=float).sum()))

@@ -146,25 +146,88 @@ def _mix_shift(cand_rows: Any, base_rows: Any) -> tuple[float, float] | None:
     return raw - mixed[0], between * (1.0 / na + 1.0 / nb)
 
 
-def _tails(mix: Any) -> tuple[dict[tuple[int, int], tuple[np.ndarray, np.ndarray]], float] | None:
-    """A window's per-cell tail histograms ``{cell: (bucket indices, counts)}`` and their bucket width,
-    or None when the window has none (read-only: inside ``memo.window_memo``)."""
+Tails = dict[tuple[int, int], tuple[list[float], list[float]]]
+
+
+def _tails(mix: Any) -> tuple[Tails, float] | None:
+    """A window's per-cell tail histograms ``{cell: (bucket indices, counts)}`` (floats, positive counts
+    only) and their bucket width, or None when the window has none (read-only: inside
+    ``memo.window_memo``)."""
     if not isinstance(mix, Mapping) or not mix.get("tails"):
         return None
     return cached("mix_tails", (mix,), (), lambda: _tails_now(mix))
 
 
-def _tails_now(mix: Mapping[str, Any]) -> tuple[dict[tuple[int, int], tuple[np.ndarray, np.ndarray]], float] | None:
+def _tails_now(mix: Mapping[str, Any]) -> tuple[Tails, float] | None:
     width = float(mix.get("tail_width") or 0.0)
     if not width > 0:
         return None
-    out: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+    out: Tails = {}
     for row in mix["tails"]:
-        arr = np.asarray(row[2], dtype=float).reshape(-1, 2)
-        arr = arr[arr[:, 1] > 0]
-        if arr.size:
-            out[(int(row[0]), int(row[1]))] = (arr[:, 0], arr[:, 1])
+        idx: list[float] = []
+        cnt: list[float] = []
+        for i, c in row[2]:
+            c = float(c)
+            if c > 0:
+                idx.append(float(i))
+                cnt.append(c)
+        if idx:
+            out[(int(row[0]), int(row[1]))] = (idx, cnt)
     return (out, width) if out else None
+
+
+# The windows' tail histograms are small (a light window: a few cells of one to a few requests, ~10
+# buckets), where numpy's per-call overhead was most of the time. Below, everything but the three
+# matrix-vector products per precision is plain Python on lists, written to give numpy's bits: ``_fsum``
+# adds as numpy's ``add.reduce`` does on a contiguous float64 array (0.0 plus the pairwise sum), a running
+# sum as ``cumsum``, ``_max``/``_min`` pick as numpy's ``maximum``/``clip`` do (signed zeros and NaN
+# included), element-wise arithmetic is IEEE either way. The products stay numpy (BLAS: its order of
+# summation is its own). tests/test_judge_mix_tail.py checks the bits against the numpy formulation.
+
+
+def _pairwise(a: list[float], lo: int, n: int) -> float:
+    """numpy's ``pairwise_sum`` of ``a[lo:lo + n]`` (8 accumulators up to 128 values, halves beyond)."""
+    if n < 8:
+        res = -0.0
+        for i in range(lo, lo + n):
+            res += a[i]
+        return res
+    if n <= 128:
+        r0, r1, r2, r3, r4, r5, r6, r7 = a[lo:lo + 8]
+        i = lo + 8
+        stop = lo + n - n % 8
+        while i < stop:
+            r0 += a[i]
+            r1 += a[i + 1]
+            r2 += a[i + 2]
+            r3 += a[i + 3]
+            r4 += a[i + 4]
+            r5 += a[i + 5]
+            r6 += a[i + 6]
+            r7 += a[i + 7]
+            i += 8
+        res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+        for j in range(i, lo + n):
+            res += a[j]
+        return res
+    n2 = n // 2
+    n2 -= n2 % 8
+    return _pairwise(a, lo, n2) + _pairwise(a, lo + n2, n - n2)
+
+
+def _fsum(a: list[float]) -> float:
+    """``float(np.asarray(a, dtype=float).sum())``, bit for bit."""
+    return 0.0 + _pairwise(a, 0, len(a))
+
+
+def _max(a: float, b: float) -> float:
+    """numpy's ``maximum`` of two floats (NaN wins; of two equal values the second)."""
+    return a if a > b or a != a else b
+
+
+def _min(a: float, b: float) -> float:
+    """numpy's minimum as ``clip`` takes it (NaN wins; of two equal values the second)."""
+    return a if a < b or a != a else b
 
 
 def mix_tail_contrast(cand_mix: Any, base_mix: Any, p: float) -> tuple[float, float, dict[str, Any]] | None:
@@ -186,26 +249,36 @@ def mix_tail_contrast(cand_mix: Any, base_mix: Any, p: float) -> tuple[float, fl
     return cached("mix_tail_contrast", (cand_mix, base_mix), (p,), lambda: _mix_tail_contrast(cand_mix, base_mix, p))
 
 
-def _mixture_contrast(x: np.ndarray, mats: np.ndarray, n: np.ndarray, w: np.ndarray, p: float
+def _mixture_contrast(x: list[float], mats: np.ndarray, n: list[float], w: list[float], p: float
                       ) -> tuple[float, float]:
     """(tail contrast of the mixture ``sum_c w_c mats_c / n_c`` on log midpoints ``x``, its variance)."""
-    g = (w / n) @ mats  # the standardised distribution's mass per bucket (sums to 1)
+    k = len(x)
+    g = (np.array([wc / nc for wc, nc in zip(w, n, strict=True)]) @ mats).tolist()  # mass per bucket (sums to 1)
     need = 1.0 - p
-    above = np.cumsum(g[::-1])[::-1]
-    t = np.clip(need - (above - g), 0.0, g)  # mass of each bucket inside the top tail
-    tail = float((t * x).sum() / need)
-    first = int(np.argmax(t > 0))
-    q = float(x[first])
-    mean = float((g * x).sum())
-    frac = np.divide(t, g, out=np.zeros_like(t), where=g > 0)
-    infl = frac * (x - q) / need + q - tail - (x - mean)
-    s1 = mats @ infl
-    ss = mats @ (infl * infl) - s1 * s1 / n  # within-cell sums of squares of the influence function
-    ss = np.maximum(ss, 0.0)
-    multi = n >= 2
-    pooled = float(ss[multi].sum() / (n[multi] - 1).sum()) if multi.any() else float((g * infl * infl).sum())
-    s2 = np.where(multi, ss / np.maximum(n - 1, 1.0), pooled)
-    return tail - mean, float((w * w * s2 / n).sum())
+    t = [0.0] * k  # mass of each bucket inside the top tail: clip(need - (above - g), 0, g)
+    acc = 0.0
+    for j in range(k - 1, -1, -1):
+        gj = g[j]
+        acc = gj if j == k - 1 else acc + gj  # the mass at and above bucket j (a running sum from the top)
+        t[j] = _min(_max(need - (acc - gj), 0.0), gj)
+    tail = _fsum([tj * xj for tj, xj in zip(t, x, strict=True)]) / need
+    first = next((j for j, tj in enumerate(t) if tj > 0), 0)
+    q = x[first]
+    mean = _fsum([gj * xj for gj, xj in zip(g, x, strict=True)])
+    infl = [((tj / gj if gj > 0 else 0.0) * (xj - q) / need + q - tail) - (xj - mean)
+            for tj, gj, xj in zip(t, g, x, strict=True)]
+    s1 = (mats @ np.array(infl)).tolist()
+    sq = (mats @ np.array([f * f for f in infl])).tolist()
+    # within-cell sums of squares of the influence function
+    ss = [_max(sqc - s1c * s1c / nc, 0.0) for sqc, s1c, nc in zip(sq, s1, n, strict=True)]
+    if any(nc >= 2 for nc in n):
+        pooled = (_fsum([sc for sc, nc in zip(ss, n, strict=True) if nc >= 2])
+                  / _fsum([nc - 1 for nc in n if nc >= 2]))
+    else:
+        pooled = _fsum([gj * f * f for gj, f in zip(g, infl, strict=True)])
+    var = _fsum([wc * wc * (sc / _max(nc - 1, 1.0) if nc >= 2 else pooled) / nc
+                 for wc, sc, nc in zip(w, ss, n, strict=True)])
+    return tail - mean, var
 
 
 def _mix_tail_contrast(cand_mix: Any, base_mix: Any, p: float) -> tuple[float, float, dict[str, Any]] | None:
@@ -216,22 +289,27 @@ def _mix_tail_contrast(cand_mix: Any, base_mix: Any, p: float) -> tuple[float, f
     common = sorted(a.keys() & b.keys())
     if not common:
         return None
-    keys = np.unique(np.concatenate([a[c][0] for c in common] + [b[c][0] for c in common]))
-    x = (keys - 0.5) * width
+    keys = sorted({i for c in common for i in a[c][0]}.union(i for c in common for i in b[c][0]))
+    col = {i: j for j, i in enumerate(keys)}
+    x = [(i - 0.5) * width for i in keys]
     side = []
     for cells in (a, b):
-        mats = np.zeros((len(common), len(keys)))
-        for i, c in enumerate(common):
-            mats[i, np.searchsorted(keys, cells[c][0])] = cells[c][1]
-        side.append((mats, mats.sum(axis=1)))
+        rows = []
+        for c in common:
+            row = [0.0] * len(keys)
+            for i, v in zip(*cells[c], strict=True):
+                row[col[i]] = v
+            rows.append(row)
+        side.append((np.array(rows), [_fsum(r) for r in rows]))
     na, nb = side[0][1], side[1][1]
-    h = na * nb / (na + nb)
-    w = h / h.sum()
+    h = [x8 * x16 / (x8 + x16) for x8, x16 in zip(na, nb, strict=True)]
+    hs = _fsum(h)
+    w = [hc / hs for hc in h]
     (ca, va), (cb, vb) = (_mixture_contrast(x, m, n, w, p) for m, n in side)
-    tot_a = sum(float(v[1].sum()) for v in a.values())
-    tot_b = sum(float(v[1].sum()) for v in b.values())
-    return ca - cb, va + vb, {"cells": len(common), "support": [float(na.sum()) / tot_a, float(nb.sum()) / tot_b],
-                              "effective_n": float(h.sum())}
+    tot_a = sum(_fsum(v[1]) for v in a.values())
+    tot_b = sum(_fsum(v[1]) for v in b.values())
+    return ca - cb, va + vb, {"cells": len(common), "support": [_fsum(na) / tot_a, _fsum(nb) / tot_b],
+                              "effective_n": hs}
 
 
 def _count_matrix(rows: np.ndarray, idx: np.ndarray, cnt: np.ndarray, nrows: int) -> tuple[np.ndarray, np.ndarray]:
@@ -258,10 +336,11 @@ def _within_tail_contrast(mix: Any, p: float, least: int) -> tuple[float, float]
     if got is None or not 0.0 < p < 1.0:
         return None
     cells, width = got
-    idx_of, cnt_of = [v[0] for v in cells.values()], [v[1] for v in cells.values()]
-    rows = np.repeat(np.arange(len(idx_of)), [len(a) for a in idx_of])
-    idx, cnt = np.concatenate(idx_of), np.concatenate(cnt_of)
-    n = np.bincount(rows, weights=cnt, minlength=len(idx_of))
+    sizes = [len(v[0]) for v in cells.values()]
+    rows = np.repeat(np.arange(len(sizes)), sizes)
+    idx = np.array(list(chain.from_iterable(v[0] for v in cells.values())))
+    cnt = np.array(list(chain.from_iterable(v[1] for v in cells.values())))
+    n = np.bincount(rows, weights=cnt, minlength=len(sizes))
     keep = n >= least
     if not keep.any():
         return None
