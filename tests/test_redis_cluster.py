@@ -23,6 +23,8 @@ from watchdog.config.settings import Config, ConfigError, load_config
 from watchdog.core.keys import Keys, cluster_prefix_problem, hash_tag
 from watchdog.core.signals import Action
 from watchdog.gateway.config import GatewayConfigError, load_gateway_config
+from watchdog.runtime.maintenance import EVERY_S as MAINTENANCE_EVERY_S
+from watchdog.runtime.maintenance import MaintenanceReader
 from watchdog.state.checkpoint import DUPLICATE, FENCED, SAVED, CheckpointStore, PendingSave
 from watchdog.state.redis_conn import client_from_url, parse_cluster_url
 
@@ -44,7 +46,7 @@ def _every_key(keys: Keys) -> list[str]:
             keys.checkpoint(GROUP, TOPIC, 3), keys.owner(GROUP, TOPIC, 3), keys.owner(GROUP, TOPIC, 3) + ":gen",
             keys.engine(GROUP, "m{x}", "r"), keys.outbox, keys.pages(GROUP, "slack"), keys.incidents(GROUP),
             keys.lease("golden"), keys.golden_signals(GROUP), keys.golden_requests(GROUP),
-            keys.maintenance("*", "chat"), keys.evidence("e1"), keys.evidence_index, keys.evidence_summaries,
+            keys.maintenance("*", "chat"), keys.maintenance_generation, keys.evidence("e1"), keys.evidence_index, keys.evidence_summaries,
             keys.heartbeat("i1")]
 
 
@@ -171,6 +173,24 @@ def test_flags_cli_against_a_cluster_url(redis_cluster: Any, capsys: pytest.Capt
     assert [f["route"] for f in json.loads(capsys.readouterr().out)] == ["chat"]
     assert _cli("audit", "--json", *common) == 0
     assert [r["epoch"] for r in json.loads(capsys.readouterr().out)] == [2, 1]
+    # a maintenance annotation, its audit record and the generation bump: one MULTI on the tag's slot,
+    # and the daemon's reader (its thread) sees it within a cycle or two
+    keys = Keys("{cli}")
+    client = client_from_url(redis_cluster.url)
+    errors: list[str] = []
+    reader = MaintenanceReader(client, keys, lambda exc, what: errors.append(f"{what}: {exc}"))
+    try:
+        assert reader.values([("llama", "chat")]) == {}
+        reader.start()
+        assert _cli("maintenance", "llama", "chat", "--for", "30m", "--reason", "deploy", *common) == 0
+        assert client.get(keys.maintenance_generation) in (b"1", "1")
+        _wait("the annotation read by the reader", lambda: ("llama", "chat") in reader.values([("llama", "chat")]),
+              2 * MAINTENANCE_EVERY_S + 1)
+        assert not errors
+    finally:
+        reader.stop()
+        client.close()
+    capsys.readouterr()
     # no hash tag: refused before Redis is contacted, with the fix in the message
     assert _cli("get", "llama", "chat", "--redis-url", url, "--prefix", "llmwd") == 2
     err = capsys.readouterr().err

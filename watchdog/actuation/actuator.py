@@ -132,7 +132,8 @@ class FlagStore:
                     changed_by: str) -> dict[str, Any] | None:
         """Declare maintenance on a route from ``start`` to ``until`` (unix s; model ``*``: every
         model of the route), or end the one declared (``until`` None): the ``Keys.maintenance``
-        annotation (a TTL ends it) and its audit record, in one transaction. Returns the annotation
+        annotation (a TTL ends it), its audit record and a bump of ``Keys.maintenance_generation`` (what
+        tells the daemons to read the annotations again), in one transaction. Returns the annotation
         that was in force before, if any."""
         key = self.keys.maintenance(model, route)
         now = time.time()
@@ -151,6 +152,7 @@ class FlagStore:
                                     "maintenance_start": repr(start) if until is not None else "",
                                     "maintenance_until": repr(until) if until is not None else ""},
                   maxlen=self.audit_maxlen, approximate=True)
+        pipe.incr(self.keys.maintenance_generation)
         pipe.execute()
         if before is None:
             return None

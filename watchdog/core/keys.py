@@ -221,6 +221,14 @@ class Keys:
         judge nothing until it ended and the route settled (docs/JUDGE.md, "Deploys")."""
         return f"{self.prefix}:maintenance:{key_part(model)}:{key_part(route)}"
 
+    @property
+    def maintenance_generation(self) -> str:
+        """Integer ``{prefix}:maintenance-generation``: +1 (INCR) in the same transaction as every write
+        of a ``maintenance`` key (``FlagStore.maintenance``), so the daemon's reader
+        (``watchdog.runtime.maintenance``) reads every route's annotation again only when it moved. A
+        writer that does not bump it (a SET by hand) is seen by the reader's slower full read."""
+        return f"{self.prefix}:maintenance-generation"
+
     def evidence(self, evidence_id: str) -> str:
         """String ``{prefix}:evidence:{id}`` with a TTL: the JSON evidence record of one decision
         (rollback, promote or alert; schema in docs/EVIDENCE.md), at most ``evidence.max_bytes``."""

@@ -3,18 +3,30 @@
 Judging marks live windows that fall inside a declared maintenance span (``Decisions.mark_maintenance``).
 It read the annotations with one MGET per judging pass on the loop thread, so each pass waited a Redis
 round trip: on a 0.1-0.45 s link that was most of the loop's time (tests/test_slow_network.py). Here a
-thread of its own (``THREAD_NAME``) reads the annotations of the routes judging asked about, every
-``EVERY_S``; the loop reads what it found last. So an annotation is seen within about ``EVERY_S`` plus a
-round trip of being written. A route asked about for the first time is read on the loop, once (one
-MGET for all the new routes of a pass), so its first window is not judged without an annotation that was
-already there. Redis errors of that read propagate (the caller judges without the marks and readiness
-says why). Routes not asked about for ``FORGET_S`` are dropped, so the set stays that of the routes
-being judged.
+thread of its own (``THREAD_NAME``) keeps the annotations of the routes judging asked about, and the loop
+reads what it found last. A route asked about for the first time is read on the loop, once (one MGET for
+all the new routes of a pass), so its first window is not judged without an annotation that was already
+there. Redis errors of that read propagate (the caller judges without the marks and readiness says why).
+Routes not asked about for ``FORGET_S`` are dropped, so the set stays that of the routes being judged.
+
+What the thread reads every ``EVERY_S`` (it read every asked route's key each time: at 10,000 routes
+4-10 us of daemon CPU per ingested event, for annotations that change a few times a day):
+
+* ``Keys.maintenance_generation``, which every write of ``FlagStore.maintenance`` (the ``flags
+  maintenance`` command) bumps in the same transaction: when it moved, every asked route's key again;
+* the keys of the routes that have an annotation now (usually none), so one that ended or expired (its
+  TTL) or was rewritten goes as it went before;
+* every asked route's key at least every ``FULL_EVERY_S`` whatever the generation says, for writers that
+  do not bump it (a SET by hand).
+
+So an annotation written by the CLI is seen within about ``EVERY_S`` plus a round trip, one written
+without the bump within ``FULL_EVERY_S``; an annotation that ends, within ``EVERY_S`` either way.
 
 Without ``start`` (a loop driven by hand) ``values`` reads Redis itself, as before."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -26,8 +38,11 @@ from watchdog.core.keys import Keys
 
 #: the reader's thread name (the daemon watches its long-lived threads by name)
 THREAD_NAME = "maintenance-reader"
-#: seconds between two reads of every route's annotation
+#: seconds between two looks at the generation (and at the keys of the routes with an annotation)
 EVERY_S = 1.0
+#: seconds between two reads of every asked route's key whatever the generation says (writers that do
+#: not bump it are seen within this)
+FULL_EVERY_S = 30.0
 #: a route not asked about for this long is read no more
 FORGET_S = 600.0
 #: keys per MGET
@@ -89,6 +104,8 @@ class MaintenanceReader:
         return found
 
     def _run(self) -> None:
+        generation: Any = None  # Keys.maintenance_generation when the last full read began
+        full_at = -math.inf  # monotonic time of the last full read (none yet)
         while not self._stop.is_set():
             self._wake.wait(EVERY_S)
             self._wake.clear()
@@ -98,17 +115,27 @@ class MaintenanceReader:
             with self._lock:
                 for r in [r for r, at in self._asked.items() if now - at > FORGET_S]:
                     del self._asked[r]
-                routes = sorted(self._asked)
+                    self._found.pop(r, None)
+                annotated = sorted(self._found)
             try:
                 t0 = time.perf_counter()
                 self.client.ping()
                 self.round_trip_s = time.perf_counter() - t0
                 if self.on_round_trip is not None:
                     self.on_round_trip(self.round_trip_s)
-                found = self._read(routes)
+                seen = self.client.get(self.keys.maintenance_generation)  # read before the keys it covers
+                full = seen != generation or now - full_at >= FULL_EVERY_S
+                if full:
+                    with self._lock:
+                        routes = sorted(self._asked)
+                else:
+                    routes = annotated
+                found = self._read(routes) if routes else {}
             except (redis.RedisError, OSError) as exc:
                 self.on_error(exc, "reading maintenance annotations")
                 continue
+            if full:
+                generation, full_at = seen, now
             with self._lock:  # routes first asked while this read ran keep what their own read found
                 read = set(routes)
                 self._found = found | {r: v for r, v in self._found.items() if r not in read}
