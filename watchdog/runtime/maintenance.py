@@ -43,7 +43,8 @@ EVERY_S = 1.0
 #: seconds between two reads of every asked route's key whatever the generation says (writers that do
 #: not bump it are seen within this)
 FULL_EVERY_S = 30.0
-#: a route not asked about for this long is read no more
+#: a route not asked about for this long is read no more (looked for every ``FORGET_S / 10``: at 10,000
+#: routes a look every cycle cost more than the cycle's reads)
 FORGET_S = 600.0
 #: keys per MGET
 CHUNK = 1000
@@ -106,6 +107,7 @@ class MaintenanceReader:
     def _run(self) -> None:
         generation: Any = None  # Keys.maintenance_generation when the last full read began
         full_at = -math.inf  # monotonic time of the last full read (none yet)
+        swept_at = time.monotonic()  # of the last look for routes to forget
         while not self._stop.is_set():
             self._wake.wait(EVERY_S)
             self._wake.clear()
@@ -113,9 +115,11 @@ class MaintenanceReader:
                 return
             now = time.monotonic()
             with self._lock:
-                for r in [r for r, at in self._asked.items() if now - at > FORGET_S]:
-                    del self._asked[r]
-                    self._found.pop(r, None)
+                if now - swept_at >= FORGET_S / 10:
+                    swept_at = now
+                    for r in [r for r, at in self._asked.items() if now - at > FORGET_S]:
+                        del self._asked[r]
+                        self._found.pop(r, None)
                 annotated = sorted(self._found)
             try:
                 t0 = time.perf_counter()
