@@ -89,6 +89,12 @@ PREENCODE_MAX_WINDOWS = 250
 PREENCODE_SLICE = 32
 
 
+def _preencode_left(part: P.Partition) -> bool:
+    """Whether ``preencode`` has work in ``part``: dirty routes' engine states, or more open windows
+    changed since their last encoding than half of ``PREENCODE_MAX_WINDOWS``."""
+    return bool(part.dirty_routes) or part.agg.unencoded > PREENCODE_MAX_WINDOWS // 2
+
+
 class Checkpointer:
     def __init__(self, cfg: Config, keys: Keys, client: Any, checkpoints: CheckpointStore, engine: PolicyEngine,
                  wm: Watermarks, ownership: Ownership, actuator: Actuator, redis_health: RedisHealth,
@@ -200,11 +206,7 @@ class Checkpointer:
         """True while a due save waits for ``preencode`` and there is something left for it to encode (the
         loop then does not wait for records: those saves are what a catch-up's last commit waits for)."""
         parts = self.ownership.parts
-        for pk in self._waiting:
-            part = parts.get(pk)
-            if part is not None and (part.dirty_routes or part.agg.unencoded > PREENCODE_MAX_WINDOWS // 2):
-                return True
-        return False
+        return any(_preencode_left(parts[pk]) for pk in self._waiting if pk in parts)
 
     def unsaved_age(self, now: float) -> float:
         """How long the longest-unsaved owned partition has held changes Redis does not have (0 when none
@@ -220,7 +222,7 @@ class Checkpointer:
         """Encode the engine state of dirty routes, then changed open windows, ahead of their
         partition's save, for at most about ``budget_s``; returns how many were encoded."""
         parts = self.ownership.parts.values()
-        if not any(part.dirty_routes or part.agg.unencoded > PREENCODE_MAX_WINDOWS // 2 for part in parts):
+        if not any(_preencode_left(part) for part in parts):
             return 0
         paused = gc.isenabled()
         gc.disable()  # short-lived acyclic dicts, as in ``save``

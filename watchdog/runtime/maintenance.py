@@ -134,7 +134,7 @@ class MaintenanceReader:
                         routes = sorted(self._asked)
                 else:
                     routes = annotated
-                found = self._read(routes) if routes else {}
+                found = self._read(routes)
             except (redis.RedisError, OSError) as exc:
                 self.on_error(exc, "reading maintenance annotations")
                 continue
