@@ -73,15 +73,19 @@ def prepare(model_dir: Path, shape_name: str, set_name: str, device: str) -> flo
 
 
 def cli_run(model_dir: Path, set_name: str, cache: Path | None, batch: int, extra: list[str],
-            profile: Path | None = None, code: Path = ROOT) -> dict[str, Any]:
+            profile: Path | None = None, code: Path = ROOT, triton: Path | None = None) -> dict[str, Any]:
     """One ``replay`` process: wall seconds, the --timings split, items measured, return code. With
     ``profile``, the process runs under cProfile and writes its statistics there; ``code``: the tree
-    whose CLI runs (another checkout, for a before/after in one call)."""
+    whose CLI runs (another checkout, for a before/after in one call); ``triton``: an empty Triton cache
+    for this process (``TRITON_CACHE_DIR``; without a ``--compile-cache`` the kernels the engine launches
+    itself otherwise compile into ~/.triton/cache, which the process before filled)."""
     prof = ["-m", "cProfile", "-o", str(profile)] if profile else []
     cmd = [sys.executable, *prof, "-m", "watchdog.cli.main", "replay", "--set", set_name, "--engine", "torch",
            "-o", f"model_path={model_dir}", "--batch-size", str(batch), "-o", f"batch_size={batch}",
            *(["--compile-cache", str(cache)] if cache else []), "--timings", "--no-progress", "--json", *extra]
     env = {**os.environ, "PYTHONPATH": f"{code}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    if triton is not None:
+        env["TRITON_CACHE_DIR"] = str(triton)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=code)
     wall = time.perf_counter() - t0
@@ -153,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plain-runs", type=int, default=1,
                     help="first, runs as a user types it: no --compile-cache, no -o compile (the CLI chooses)")
     ap.add_argument("--warm-runs", type=int, default=2, help="-1: no cold run either")
+    ap.add_argument("--triton-cache", choices=("fresh", "home"), default="fresh",
+                    help="plain runs: each with an empty Triton cache, as on a new host or container (fresh), or "
+                         "all in ~/.triton/cache (home: the first run fills it for the rest)")
     ap.add_argument("--resident-rounds", type=int, default=2, help="0: skip the resident-engine part")
     ap.add_argument("--also", action="append", default=[], metavar="K=V[,K=V...]",
                     help="another series with these engine options (each passed as -o): a cold and a warm run, "
@@ -186,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def run(label: str, cache: Path | None, more: list[str], code: Path = ROOT) -> None:
         prof = profiles / f"{len(runs)}.prof" if profiles else None
-        runs.append((label, cli_run(model_dir, args.set, cache, args.batch, extra + more, prof, code)))
+        triton = work / f"triton-{len(runs)}" if cache is None and args.triton_cache == "fresh" else None
+        runs.append((label, cli_run(model_dir, args.set, cache, args.batch, extra + more, prof, code, triton)))
         if prof:
             say(f"profile of {label!r}: {prof}")
 

@@ -6,6 +6,7 @@ import argparse
 import importlib.util
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -440,6 +441,7 @@ def test_one_off_replay_compiles_the_torch_decode_step_only_when_it_pays(monkeyp
 
     monkeypatch.setattr(engines, "get_engine", fake_engine)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "before"))  # restored after the test
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "before-triton"))
     parser = argparse.ArgumentParser()
     add_replay_command(parser.add_subparsers())
     for extra, want in (([], False), (["--compile-cache", str(tmp_path / "cache")], "decode"),
@@ -449,6 +451,20 @@ def test_one_off_replay_compiles_the_torch_decode_step_only_when_it_pays(monkeyp
                                   "--no-progress", *extra])
         assert args.func(args) == 1
         assert seen and seen[0]["compile"] == want
+    # the engine's own Triton kernels (fused quantisers, FP8 K/V cache) are kept beside inductor's
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache")
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "cache" / "triton")
+
+
+def test_a_daemon_compile_cache_keeps_what_the_environment_sets(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from probes.engines.torch_engine import use_compile_cache
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    assert use_compile_cache(tmp_path / "cfg", replace=False) == tmp_path / "cfg"
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "cfg" / "triton")
 
 
 @pytest.mark.parametrize(("option", "says"), [

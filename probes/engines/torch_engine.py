@@ -45,15 +45,20 @@ log = logging.getLogger(__name__)
 PRECISIONS = ("fp16", "bf16", "fp32", "fp8")
 
 
-def use_compile_cache(directory: str | Path) -> Path:
-    """Persist torch.compile's caches (inductor's FX graph and kernel caches, Triton's binaries) in
-    ``directory``: a later process compiling the same graphs loads them instead of compiling.
-    Sets ``TORCHINDUCTOR_CACHE_DIR`` (read by inductor at compile time; importing nothing)."""
+def use_compile_cache(directory: str | Path, replace: bool = True) -> Path:
+    """Persist the compile caches in ``directory``: torch.compile's (inductor's FX graph and kernel caches,
+    ``TORCHINDUCTOR_CACHE_DIR``) and, in ``directory/triton`` (``TRITON_CACHE_DIR``), the binaries of the
+    Triton kernels the FP8 engine launches itself (fused quantisers, FP8 K/V cache, decode attention),
+    whose default home (``~/.triton/cache``) a container loses with each start: a later process loads them
+    instead of compiling. Both are read when a kernel compiles; setting them imports nothing. ``replace``
+    False keeps a variable the environment already sets."""
     import os
 
     path = Path(directory).expanduser().resolve()
     path.mkdir(parents=True, exist_ok=True)
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
+    for name, value in (("TORCHINDUCTOR_CACHE_DIR", path), ("TRITON_CACHE_DIR", path / "triton")):
+        if replace or not os.environ.get(name):
+            os.environ[name] = str(value)
     return path
 
 

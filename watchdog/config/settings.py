@@ -287,8 +287,9 @@ class GoldenEnginesConfig(_Section):
     max_gb: float | None = Field(None, gt=0)
     #: release an engine unused this long (seconds); keep it above the jobs' every_s to stay resident
     idle_s: float | None = Field(5400.0, gt=0)
-    #: persistent torch.compile cache (TORCHINDUCTOR_CACHE_DIR) for in-process engines: a restarted
-    #: daemon or a cold ``replay`` reuses compiled kernels; None: torch's default (/tmp/torchinductor_USER)
+    #: persistent compile cache for in-process engines (TORCHINDUCTOR_CACHE_DIR, and TRITON_CACHE_DIR in its
+    #: ``triton`` folder): a restarted daemon or a cold ``replay`` reuses compiled kernels; None: torch's and
+    #: Triton's defaults (/tmp/torchinductor_USER, ~/.triton/cache); a variable the environment sets wins
     compile_cache_dir: str | None = None
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import queue
 import threading
 import time
@@ -181,8 +180,13 @@ class GoldenScheduler:
             engines = EngineCache(max_engines=e.max_engines, idle_s=e.idle_s, metrics=metrics,
                                   max_bytes=int(e.max_gb * 1e9) if e.max_gb is not None else None)
         if e.compile_cache_dir:
-            # read by torch's inductor when an in-process engine compiles; setting it imports nothing
-            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", e.compile_cache_dir)
+            from probes.engines.torch_engine import use_compile_cache  # imports no torch
+
+            try:
+                use_compile_cache(e.compile_cache_dir, replace=False)
+            except OSError as exc:
+                log.warning("golden.engines.compile_cache_dir %s cannot be used (%s): in-process engines compile "
+                            "into torch's and Triton's default caches", e.compile_cache_dir, exc)
         return cls([GoldenJob(j, root=cfg.root) for j in cfg.jobs], replay_fn=replay_fn,
                    reports_dir=cfg.reports_dir, debounce_s=cfg.debounce_s, engines=engines,
                    reports_keep=cfg.reports_keep, reports_max_age_s=cfg.reports_max_age_s)
