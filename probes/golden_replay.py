@@ -321,15 +321,20 @@ def _no_loading_bars() -> None:
 #: docs/BENCHMARKS.md) the compiled step saves ~4.3 ms per step of the two engines, and compiling costs ~3.6 s with
 #: a warm compile cache and ~19 s with a cold one: even at 2,000 steps (~500 items) a cold compile does not pay
 CLI_COMPILE_MIN_STEPS = 2000
+#: the same with a compile cache kept (``--compile-cache``): the warm compile and graph capture cost 3.6 s (H200,
+#: 2026-12-05) to 5.9 s (H100, 2026-12-07) more than the uncompiled step, paid back from ~840-1,370 steps; under
+#: it a warm cache still spares the first compile of the FP8 engine's own Triton kernels (its ``triton`` folder)
+CLI_COMPILE_MIN_STEPS_CACHED = 1000
 
 
 def cli_compile(steps: int, cache: bool) -> bool | str:
     """The torch engine's ``compile`` for a one-off replay of ``steps`` decode steps per engine: the decode
-    step alone once the set is large enough or a compile cache is kept (``--compile-cache``), else nothing.
-    The prefill and scoring passes are never compiled here: for a 54-item set their dynamic-shape trace made
-    the two engines' prefill 7.5 s with a warm compile cache (21 s cold) against 2.0 s eager. The scheduler's
-    resident engines compile everything, once."""
-    return "decode" if cache or steps >= CLI_COMPILE_MIN_STEPS else False
+    step alone once the set is large enough for the compile to pay (``CLI_COMPILE_MIN_STEPS``, or
+    ``CLI_COMPILE_MIN_STEPS_CACHED`` when a compile cache is kept), else nothing. The prefill and scoring
+    passes are never compiled here: for a 54-item set their dynamic-shape trace made the two engines'
+    prefill 7.5 s with a warm compile cache (21 s cold) against 2.0 s eager. The scheduler's resident
+    engines compile everything, once."""
+    return "decode" if steps >= (CLI_COMPILE_MIN_STEPS_CACHED if cache else CLI_COMPILE_MIN_STEPS) else False
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
@@ -472,10 +477,11 @@ def add_replay_command(subparsers: argparse._SubParsersAction) -> argparse.Argum
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of tables")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--compile-cache", default=None, metavar="DIR", type=output_dir,
-                   help="compile the decode step and keep torch.compile's caches here (TORCHINDUCTOR_CACHE_DIR): "
-                        "a later replay loads the compiled kernels instead of compiling (torch engine; without "
-                        "it a set under ~500 items runs uncompiled, which is faster end to end; "
-                        "-o compile=true|false|decode decides instead)")
+                   help="keep the compiled kernels here (torch.compile's and the FP8 engine's own Triton kernels: "
+                        "TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR=DIR/triton): a later replay loads them instead of "
+                        "compiling (torch engine). The decode step is compiled from 1,000 decode steps per engine "
+                        "with it (~250 items at batch 16), from 2,000 without; -o compile=true|false|decode decides "
+                        "instead")
     p.add_argument("--timings", action="store_true",
                    help="print where the time went (load, quantise, compile, generate, score) to stderr")
     p.set_defaults(func=_cmd_replay)
