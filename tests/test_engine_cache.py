@@ -199,6 +199,23 @@ def test_config_section_builds_a_bounded_cache_and_can_turn_it_off() -> None:
     assert off is not None and off.engines is None
 
 
+def test_config_compile_cache_keeps_the_triton_kernels_and_an_unusable_one_is_a_warning(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    job = {"name": "j", "set": "s", "model": "m", "routes": ["r"], "candidate": FP8, "baseline": FP16}
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "ops-chose-this"))  # the environment's wins
+    GoldenScheduler.from_config(GoldenConfig.model_validate(
+        {"jobs": [job], "engines": {"compile_cache_dir": str(tmp_path / "cc")}}))
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cc")
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "ops-chose-this")
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    sched = GoldenScheduler.from_config(GoldenConfig.model_validate(
+        {"jobs": [job], "engines": {"compile_cache_dir": str(tmp_path / "a-file" / "cc")}}))
+    assert sched is not None and "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+    assert "compile_cache_dir" in caplog.text and "cannot be used" in caplog.text
+
+
 # -- the scheduler with the tiny in-process engines (CPU or GPU, whichever is there) ----------------
 def tiny_set(tmp_path: Path) -> Path:
     from probes.tiny_model import DEFAULT_PAIRS
