@@ -16,7 +16,8 @@ the engine split; and the golden scheduler's resident engines (a second schedule
     python bench/gpu_replay_cli.py --smoke                                   # tiny, on CPU
 
 The OS page cache holds the model files after step 1 (they were just written), so "cold" means a
-cold compile cache and a fresh process, not a cold disk.
+cold compile cache and a fresh process, not a cold disk. Plain runs each get an empty Triton cache
+(``--triton-cache fresh``), as on a new host or container; ``home`` shares ~/.triton/cache between them.
 """
 
 from __future__ import annotations

@@ -425,8 +425,9 @@ def test_replay_cli_bad_input_is_one_line_naming_the_cause(capsys: pytest.Captur
 
 def test_one_off_replay_compiles_the_torch_decode_step_only_when_it_pays(monkeypatch: pytest.MonkeyPatch,
                                                                          tmp_path: Path) -> None:
-    """A replay of a golden set this size runs the torch engines uncompiled (faster end to end), a large set
-    or a kept compile cache compiles the decode step, and the user's ``-o compile=...`` decides over both."""
+    """A replay of a golden set this size runs the torch engines uncompiled (faster end to end), also with a
+    kept compile cache; a large set compiles the decode step (from fewer steps with a cache), and the user's
+    ``-o compile=...`` decides over both."""
     import probes.engines as engines
     from probes.golden_replay import CLI_COMPILE_MIN_STEPS, CLI_COMPILE_MIN_STEPS_CACHED, cli_compile
 
