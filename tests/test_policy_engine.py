@@ -288,6 +288,20 @@ def test_rollback_wins_and_manual_policy_holds_back_auto_promote() -> None:
     assert any(a.kind == "alert" and "promote manually" in a.reason for a in acts)
 
 
+def test_a_window_begun_before_the_rollback_is_no_healthy_window_after_it() -> None:
+    # the daemon closes a window after its allowed lateness: the rollback decided 10 s after window 0 ended
+    # comes 10 s into window 1, whose FP8 traffic was mostly served before the flip; before, that window
+    # counted as healthy and promoted one window after the rollback (a flaky daemon test under load)
+    sim = Sim(make_policy(rule_for=1, healthy=1))
+    assert kinds(sim.step(window(DAY0, 0.10), DAY0 + 10)) == ["rollback"]
+    assert sim.step(window(DAY0 + 60, 0.01), DAY0 + 70) == []  # began at DAY0, before the flip
+    saved = json.loads(json.dumps(sim.engine.export_state()))
+    sim.engine = PolicyEngine(policy_set(make_policy(rule_for=1, healthy=1)))
+    sim.engine.import_state(saved)  # the change's time is kept across a restart
+    assert sim.step(window(DAY0 + 60, 0.01), DAY0 + 71) == []
+    assert kinds(sim.step(window(DAY0 + 120, 0.01), DAY0 + 130)) == ["promote"]
+
+
 def test_export_import_state_continues_counting() -> None:
     text = make_policy(rule_for=3)
     sim = Sim(text)

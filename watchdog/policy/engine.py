@@ -272,7 +272,10 @@ class PolicyEngine:
                 was = st.serving
                 if was is None and serving == policy.baseline and st.serving_since is None:
                     st.serving_since = now  # first seen on the baseline: promote.after counts from here
-                if self._sync_serving(st, serving, now) and serving == policy.candidate and was == policy.baseline \
+                changed = self._sync_serving(st, serving, now)
+                if changed:
+                    st.changed_at = self._flipped_at(model, route, serving, now)
+                if changed and serving == policy.candidate and was == policy.baseline \
                         and (st.last_flip is not None or st.promote_ready_alerted):
                     # an operator put the candidate back after our rollback (``flags set``): the
                     # rollback's incident (or the "promote manually" one) ends here, not never
@@ -288,6 +291,16 @@ class PolicyEngine:
                 if pair in self._retired:
                     proposed += self._follow_retired(pair, flags.get(pair, default_precision), now, default_precision)
         return self._arbitrate(proposed, now, flags, default_precision)
+
+    def _flipped_at(self, model: str, route: str, precision: str, now: float) -> float:
+        """When a policy of this engine flipped the route to ``precision`` (the change a scope has just
+        seen may be that flip, made up to a window ago, or a rollback it was arbitrated into); else
+        ``now``: someone else changed it, at the latest now."""
+        names = set(self.policy_set.names) | self._retired.get((model, route), set())
+        at = [o.last_flip for o in (self.states.get((n, model, route)) for n in names)
+              if o is not None and o.last_flip is not None and o.last_flip == o.changed_at and o.last_flip <= now
+              and (o.pending["precision"] if o.pending else o.serving) == precision]
+        return max(at, default=now)
 
     def _follow_retired(self, pair: tuple[str, str], serving: str, now: float, default_precision: str) -> list[Action]:
         """The retired scopes of one route (``watchdog/policy/retired.py``): never a flip; one notice while
@@ -333,7 +346,7 @@ class PolicyEngine:
         if st.pending and st.pending["precision"] == serving:
             st.pending = None  # our flip is now visible in the flags
         elif serving != st.serving and st.serving is not None:
-            st.serving_since = now  # changed by someone else
+            st.serving_since = st.changed_at = now  # changed by someone else (at the latest now)
             st.pending = None
             st.rollback_to = None  # whatever our rollback did, the route is where someone else put it
             st.healthy = 0  # healthy windows count on the precision served now (as after our own flip)
@@ -366,7 +379,7 @@ class PolicyEngine:
                           for rule in policy.rules if rule.source == source for rs in (rules[rule.name],)]
             combine_window(policy, judged)
             window = [self._apply(rule, st, v) for rule, v in judged]
-            self._count_healthy(policy, st, source, window)
+            self._count_healthy(policy, st, source, start, window)
             st.last_end[source] = max(st.last_end.get(source, -math.inf), end)
             latest = end if latest is None else max(latest, end)
         return latest
@@ -399,15 +412,18 @@ class PolicyEngine:
         return v
 
     @staticmethod
-    def _count_healthy(policy: Policy, st: ScopeState, source: str, window: list[Verdict]) -> None:
+    def _count_healthy(policy: Policy, st: ScopeState, source: str, start: float, window: list[Verdict]) -> None:
         """Restore hysteresis: a fail or error of any source resets the count; in a window of
         ``promote.healthy_sources`` (default: all) a marginal verdict or a false ``restore_if``
-        resets it too, and a clean window counts up."""
+        resets it too, and a clean window counts up if it began after the route's last change of
+        precision: one judged after a flip but begun before it (the allowed lateness, a backlog) holds
+        traffic served before the flip, no evidence for the precision served now."""
         counted = policy.promote.healthy_sources is None or source in policy.promote.healthy_sources
         bad = any(v.status in ("fail", "error") for v in window)
         if bad or (counted and any(v.status == "marginal" or v.restore is False for v in window)):
             st.healthy = 0
-        elif counted and any(v.status == "pass" for v in window) and all(
+        elif counted and (st.changed_at is None or start >= st.changed_at) \
+                and any(v.status == "pass" for v in window) and all(
             st.rules[r.name].fails == 0 and st.rules[r.name].errors == 0 for r in policy.rules
         ):
             st.healthy += 1
@@ -468,7 +484,7 @@ class PolicyEngine:
         st.flips_today += 1
         st.last_flip = now
         st.reset_pools()
-        st.serving_since = now
+        st.serving_since = st.changed_at = now
         st.pending = {"kind": a.kind, "precision": a.precision, "at": now}
         st.healthy = 0
         st.promote_ready = False

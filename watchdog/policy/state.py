@@ -123,6 +123,10 @@ class ScopeState:
     healthy: int = 0
     serving: str | None = None
     serving_since: float | None = None
+    #: when the route last changed precision as far as this scope knows (our flip, another policy's or an
+    #: operator's); None when it was on its precision when first seen. Windows begun before it do not
+    #: count as healthy (``PolicyEngine._count_healthy``)
+    changed_at: float | None = None
     last_flip: float | None = None
     flip_day: str = ""
     flips_today: int = 0
@@ -165,6 +169,7 @@ class ScopeState:
             "gpu": self.gpu,
             # only when set: most scopes never roll back (bytes per route in every checkpoint)
             **({"rollback_to": self.rollback_to} if self.rollback_to is not None else {}),
+            **({"changed_at": self.changed_at} if self.changed_at is not None else {}),
             **({"retired": self.retired} if self.retired is not None else {}),
         }
 
@@ -176,6 +181,8 @@ class ScopeState:
         st.healthy = int(d.get("healthy", 0))
         st.serving = d.get("serving")
         st.serving_since = d.get("serving_since")
+        changed_at = d.get("changed_at")
+        st.changed_at = float(changed_at) if isinstance(changed_at, int | float) else None
         st.last_flip = d.get("last_flip")
         st.flip_day = d.get("flip_day", "")
         st.flips_today = int(d.get("flips_today", 0))
