@@ -3,7 +3,8 @@
 ``mode`` picks the answer: ``ok`` (``n`` choices, no ``usage``), ``slow`` (streams 200 chunks 50 ms
 apart, or answers after 10 s), ``hold`` (answers after ``hold_s``), ``stall`` (streams
 ``stall_after`` chunks, then nothing for 30 s), ``big`` (``big`` as the completion), ``400``,
-``429`` (with ``Retry-After`` and ``x-ratelimit-*``), ``500``. ``closed_at`` is when a connection
+``429`` (with ``Retry-After`` and ``x-ratelimit-*``), ``500``, ``linger`` (streams 3 chunks and ``[DONE]``, then
+keeps the response open ``linger_s`` before ending it). ``closed_at`` is when a connection
 was closed under it; ``active`` / ``peak`` count the requests it is answering, now and at most.
 """
 
@@ -26,6 +27,7 @@ class Upstream:
 
     def __init__(self) -> None:
         self.mode = "ok"
+        self.linger_s = 0.5
         #: the Retry-After header of a 429
         self.retry_after = "7"
         self.big = ""
@@ -127,6 +129,8 @@ class Upstream:
                 if self.mode == "slow":
                     await asyncio.sleep(0.05)
             await resp.write(b"data: [DONE]\n\n")
+            if self.mode == "linger":
+                await asyncio.sleep(self.linger_s)
         except (ConnectionError, asyncio.CancelledError):
             self.closed_at = time.monotonic()
             raise

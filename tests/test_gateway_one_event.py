@@ -99,6 +99,29 @@ def test_a_client_that_hangs_up_mid_stream_cancels_the_upstream_and_logs_one_can
           f"gateway cancel_ms={ev.extra['cancel_ms']}; {ev.completion_tokens} tokens of {sent} sent")
 
 
+def test_a_client_that_closes_after_done_is_an_ok_event_while_the_upstream_lingers(
+        gateway: GatewayServer, upstream: Upstream, kafka_service: Any, topic: str) -> None:
+    # the openai client closes its connection once it has read [DONE]; the upstream ends its response
+    # 0.5 s later. Before, the gateway saw the close while it waited for that end and logged the whole
+    # answer as cancelled (a flaky gateway test under load, where the same race is milliseconds wide)
+    upstream.mode = "linger"
+    chunks = list(client(gateway).chat.completions.create(model=MODEL, messages=MESSAGES, stream=True))
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == " t0.0 t0.1 t0.2"
+    # and an upstream that lingers past the gateway's read timeout after [DONE]: still a whole answer
+    upstream.linger_s = 1.0
+    for pool in (gateway.app.cfg.pools[0].candidate, gateway.app.cfg.pools[0].baseline):
+        pool.timeout_s = 0.3
+    try:
+        stream = client(gateway).chat.completions.create(model=MODEL, messages=MESSAGES, stream=True)
+        assert len(list(stream)) == 3
+        time.sleep(1.0)
+    finally:
+        upstream.linger_s = 0.5
+    events = [decode_event(v) for v in raw_events(kafka_service.address, topic, 2)]
+    assert [(ev.status, ev.completion_tokens, "cancel_ms" in ev.extra) for ev in events] == [("ok", 3, False)] * 2, \
+        events
+
+
 def test_a_client_that_gives_up_on_a_plain_request_cancels_it_too(gateway: GatewayServer, upstream: Upstream,
                                                                    kafka_service: Any, topic: str) -> None:
     upstream.mode = "slow"

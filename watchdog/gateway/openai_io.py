@@ -175,6 +175,8 @@ class StreamParser:
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self.result = Result()
+        #: ``data: [DONE]`` was seen: the answer is whole
+        self.done = False
         self._pending = b""
         #: content pieces per choice index (with ``n`` > 1 the chunks of the choices interleave)
         self._parts: dict[int, list[str]] = {}
@@ -190,7 +192,10 @@ class StreamParser:
                     self._line(line[5:].strip())
 
     def _line(self, payload: bytes) -> None:
-        if not payload or payload == b"[DONE]":
+        if payload == b"[DONE]":
+            self.done = True
+            return
+        if not payload:
             return
         doc = _loads(payload)
         if not isinstance(doc, dict):

@@ -174,12 +174,16 @@ async def relay_stream(x: Exchange, kind: str, send: Send, resp: aiohttp.ClientR
             if x.ttft is None:
                 x.ttft = (time.perf_counter() - started) * 1000
             parser.feed(chunk)
+            # a client closes once it has read [DONE] (the openai client does), maybe before the upstream
+            # ends its response: that close is the normal end, not a cancel
+            x.answered = x.answered or parser.done
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
     except (TimeoutError, aiohttp.ClientError) as exc:
-        x.status = "timeout" if isinstance(exc, TimeoutError) else "error"
-        await send({"type": "http.response.body", "more_body": True, "body": b"data: "
-                    + error_body(504 if x.status == "timeout" else 502,
-                                 f"the {precision} upstream failed mid-stream", x.status) + b"\n\n"})
+        if not parser.done:  # after [DONE] the answer is whole: only the response's end was late or cut
+            x.status = "timeout" if isinstance(exc, TimeoutError) else "error"
+            await send({"type": "http.response.body", "more_body": True, "body": b"data: "
+                        + error_body(504 if x.status == "timeout" else 502,
+                                     f"the {precision} upstream failed mid-stream", x.status) + b"\n\n"})
     x.answered = True
     await send({"type": "http.response.body", "body": b""})
     x.result = parser.finish()
