@@ -267,6 +267,10 @@ def test_the_readme_replay_on_the_shipped_model_runs_quietly_with_no_progress() 
     assert json.loads(proc.stdout)["n_items"] == 2
     timings = json.loads(next(ln for ln in proc.stderr.splitlines() if ln.startswith("timings "))[len("timings "):])
     assert "shared_s" in timings["candidate"] and "shared_s" not in timings["baseline"]
+    for side in ("baseline", "candidate"):  # the load's parts cover it (what is left is a few statements)
+        t = timings[side]
+        parts = t["tokenizer_s"] + t["model_s"] + t["place_s"]
+        assert parts <= t["load_s"] < parts + 0.25, t
 
 
 @pytest.mark.parametrize("tied", [False, True])

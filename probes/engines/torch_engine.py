@@ -361,19 +361,26 @@ class TorchEngine:
         self.batch_size = max(1, int(batch_size))
         self.max_batch_tokens = max_batch_tokens
         self.byte_tokenizer = bool(model_path) and _is_byte_tokenizer(Path(model_path))
+        mark = time.perf_counter()
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_path)  # type: ignore[arg-type]
+        loaded: dict[str, float] = {"tokenizer_s": time.perf_counter() - mark}
         if tokenizer is not None:
             self.byte_tokenizer = type(tokenizer).__name__ == "ByT5Tokenizer"
         self.tokenizer.padding_side = "left"
-        loaded: dict[str, float] = {}
         if model is None:
             # an FP8 engine over files an unquantised engine of this process holds quantises its weights
+            mark = time.perf_counter()
             model = load_model(model_path, self.dtype, self.device, share=precision == "fp8", split=loaded)
+            loaded["model_s"] = time.perf_counter() - mark
+        mark = time.perf_counter()
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         self._sync()
+        loaded["place_s"] = time.perf_counter() - mark
         #: where building this engine spent its time (s): import (torch, transformers: 0 when already
-        #: imported), load (tokenizer, weights to the device; of it ``load_model``'s split: build_s and read_s,
-        #: or shared_s), quantize (FP8 layers), fast_setup (decoder set-up; compile happens on first use)
+        #: imported), load (tokenizer, weights to the device; of it tokenizer_s, model_s = ``load_model`` with
+        #: transformers' deferred imports and its own split: build_s and read_s, or shared_s; place_s = the
+        #: move to the device and dtype and a sync), quantize (FP8 layers), fast_setup (decoder set-up; compile
+        #: happens on first use)
         self.timings: dict[str, float] = {"import_s": imported, "load_s": time.perf_counter() - started - imported,
                                           **loaded}
         started = time.perf_counter()
