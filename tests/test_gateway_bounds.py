@@ -148,6 +148,10 @@ def test_the_openai_client_raises_the_503_or_retries_it_after_retry_after(
         client(gateway).chat.completions.create(model=MODEL, messages=MESSAGES)
     assert err.value.status_code == 503 and err.value.code == "gateway_overloaded"
     occupant.join()
+    # the first occupant's slot is given back after its answer is sent: without this wait, a slow second
+    # occupant let the request below take that slot and be served at once (once in CI: waited 0.85 s, and
+    # the second occupant got the 503)
+    helpers.wait_until(lambda: gateway.app.in_flight == 0, 5, interval=0.01, what="the first slot given back")
     occupant = threading.Thread(target=lambda: client(gateway).chat.completions.create(model=MODEL,
                                                                                        messages=MESSAGES))
     occupant.start()
