@@ -270,7 +270,8 @@ def test_the_readme_replay_on_the_shipped_model_runs_quietly_with_no_progress() 
     for side in ("baseline", "candidate"):  # the load's parts cover it (what is left is a few statements)
         t = timings[side]
         parts = t["tokenizer_s"] + t["model_s"] + t["place_s"]
-        assert parts <= t["load_s"] < parts + 0.25, t
+        # each figure is printed rounded to the millisecond, so three parts may sum up to 2 ms past the total
+        assert parts - 0.002 <= t["load_s"] < parts + 0.25, t
 
 
 @pytest.mark.parametrize("tied", [False, True])
