@@ -41,7 +41,7 @@ from common import ROOT, machine_note, median, produce_events, services, table  
 
 from watchdog.config.settings import Config, KafkaConfig, load_config  # noqa: E402
 from watchdog.core.events import decode_event, partition_key  # noqa: E402
-from watchdog.ingest.consumer import make_consumer  # noqa: E402
+from watchdog.ingest.consumer import REFILL_POLLS, make_consumer  # noqa: E402
 from watchdog.runtime.daemon import Daemon  # noqa: E402
 
 MODES = ("raw", "json", "decode", "pipeline")
@@ -56,6 +56,9 @@ def consume(address: str, topic: str, n: int, mode: str, timeout_s: float) -> tu
     """(wall, process CPU) seconds from the first non-empty poll to the n-th record, in a raw mode."""
     consumer = make_consumer(kafka_cfg(address, topic, f"bench-{mode}-{uuid.uuid4().hex[:8]}"))
     consumer.subscribe([topic])
+    # json-drain: each poll takes every record the consumer has fetched (as the daemon's Ingest refills its
+    # buffer), so that its next fetch travels while the records are worked through
+    drain = REFILL_POLLS * consumer.config["max_poll_records"] if mode == "json-drain" else None
     loads = json.loads
     seen = 0
     t0 = None
@@ -64,14 +67,14 @@ def consume(address: str, topic: str, n: int, mode: str, timeout_s: float) -> tu
         while seen < n:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{mode}: read {seen} of {n} events in {timeout_s:.0f} s")
-            batches = consumer.poll(timeout_ms=200)
+            batches = consumer.poll(timeout_ms=200, max_records=drain)
             if not batches:
                 continue
             if t0 is None:
                 t0 = time.perf_counter()
                 c0 = time.process_time()
             for records in batches.values():
-                if mode == "json":
+                if mode in ("json", "json-drain"):
                     for rec in records:
                         loads(rec.value)
                 elif mode == "decode":

@@ -18,6 +18,10 @@ once per mode, interleaved, each mode in a fresh process and a fresh consumer gr
                  quoted separately. CPU: the daemon process (all threads) over the timed span, /proc.
 * ``json``       kafka-python with the daemon's consumer settings + ``json.loads`` (``ingest.consume``):
                  the **baseline**. Timer: first non-empty poll -> last record.
+* ``json-drain`` the same, but each poll takes every record the consumer has fetched (``max_records`` =
+                 ``REFILL_POLLS`` x ``max_poll_records``, as the daemon's ``Ingest`` refills its buffer): kafka-python
+                 sends a partition's next fetch only once the last one's records are all taken, so this raw
+                 consumer keeps a fetch in flight while it works; the stronger baseline, reported beside ``json``.
 * ``confluent``  confluent-kafka ``Consumer`` (librdkafka) + ``json.loads``, same timer.
 
 The result per route count and mix is the daemon's rate / the json rate per repetition, median of the
@@ -52,7 +56,7 @@ from ingest import consume, produce_heavy  # noqa: E402
 
 from watchdog.dev.embedded import free_port  # noqa: E402
 
-MODES = ("json", "confluent", "daemon")
+MODES = ("json", "json-drain", "confluent", "daemon")
 _COUNTER = re.compile(r"^llmwd_(?:events|dead_letters)_total\{[^}]*\} ([0-9.e+]+)$", re.M)
 
 
@@ -259,7 +263,7 @@ def child(args: argparse.Namespace) -> int:
     if args.child == "confluent":
         wall, cpu = consume_confluent(args.address, args.topic, args.events, args.timeout)
     else:
-        wall, cpu = consume(args.address, args.topic, args.events, "json", args.timeout)
+        wall, cpu = consume(args.address, args.topic, args.events, args.child, args.timeout)
     print(json.dumps([wall, cpu]))
     return 0
 
@@ -279,7 +283,7 @@ def main() -> int:
     ap.add_argument("--profile", type=Path, help="cProfile the daemon's first repetition into DIR/<mix>-<routes>.prof")
     ap.add_argument("--threads", action="store_true", help="name the daemon's OS threads (bench/named_threads.py) "
                     "and show its CPU per event by thread over the timed span, and the loop phases' /metrics sums")
-    ap.add_argument("--child", choices=("json", "confluent"), help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=("json", "json-drain", "confluent"), help=argparse.SUPPRESS)
     ap.add_argument("--address", help=argparse.SUPPRESS)
     ap.add_argument("--topic", help=argparse.SUPPRESS)
     ap.add_argument("--timeout", type=float, default=600.0, help=argparse.SUPPRESS)
