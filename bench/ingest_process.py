@@ -241,7 +241,9 @@ def run_daemon(svc: Any, topic: str, n: int, timeout_s: float, scrape_s: float,
                         grown[f"llmwd_{h} > 0.25 s{label}"] = (sums[f"llmwd_{h}_count"]
                                                                - sums.get(f'llmwd_{h}_bucket{{le="0.25"}}', 0.0))
             extra["sums"] = {k: v for k, v in grown.items() if v and "_bucket" not in k}
-        return {**extra,"rate": counted / span, "cpu_us": 1e6 * (last[2] - first[2]) / counted,
+        with open(f"/proc/{proc.pid}/status") as f:  # the daemon's peak resident memory so far (VmHWM)
+            peak_mb = next(int(ln.split()[1]) for ln in f if ln.startswith("VmHWM:")) / 1024
+        return {**extra, "rate": counted / span, "cpu_us": 1e6 * (last[2] - first[2]) / counted, "peak_mb": peak_mb,
                 "startup_s": first[0] - t_spawn, "http_s": t_http - t_spawn, "commit_s": committed_s,
                 "first_events": first[1], "metrics_kb": page / 1024, "scrapes": scrapes}
     finally:
@@ -319,6 +321,7 @@ def main() -> int:
                             r = run_baseline(mode, svc.kafka_address, topic, args.events, timeout)
                         res[mode].append(r)
                         extra = (f"  start-up {r['startup_s']:.1f} s (HTTP up {r['http_s']:.1f} s), "
+                                 f"peak RSS {r['peak_mb']:.0f} MB, "
                                  f"commit +{r['commit_s']:.2f} s, "
                                  f"{r['scrapes']} scrapes of {r['metrics_kb']:.0f} KB"
                                  if mode.startswith("daemon") else "")
