@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import wait_until
 from watchdog.actuation.actuator import FlagStore
 from watchdog.actuation.routing import RoutingFlags
 from watchdog.core.keys import Keys
@@ -191,3 +192,22 @@ def test_an_outage_that_repeats_logs_once_not_a_traceback_per_retry(factory_erro
     records = [r for r in caplog.records if r.name == "watchdog.actuation.routing"]
     assert sum(r.exc_info is not None for r in records) <= 1
     assert len(records) <= 2, [r.getMessage() for r in records]
+
+
+def test_the_cache_remembers_a_pin_whose_flag_vanished_until_it_sees_the_route_unpinned(
+        redis_service: Any, redis_client: Any) -> None:
+    """``RoutingFlags.pins``: a pin the cache saw stays there when its flag vanishes (Redis restarted
+    empty), however soon after it was written, so the daemon can put it back (``Decisions.lost_pins``);
+    it goes once the route's flag is seen without a pin."""
+    store = FlagStore(redis_client, Keys())
+    with RoutingFlags(url_of(redis_service), ttl_s=0.1) as reader:
+        assert reader.wait_ready(3)
+        store.pin("m", "held", "fp16", 600, reason="INC-1", changed_by="op")
+        redis_client.flushall()  # right after the write: the cache may never hold the flag for long
+        wait_until(lambda: reader.flag("m", "held") is None and ("m", "held") in reader.pins, 5,
+                   what="the flag gone from the cache, its pin kept")
+        pin = reader.pins[("m", "held")]
+        assert pin.precision == "fp16" and pin.pinned_until is not None and pin.pinned(time.time())
+        store.flip("m", "held", "fp8", expected_epoch=None, reason="unpinned", changed_by="op")
+        wait_until(lambda: reader.flag("m", "held") is not None and ("m", "held") not in reader.pins, 5,
+                   what="the pin forgotten once the flag is seen without one")

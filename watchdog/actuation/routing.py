@@ -20,7 +20,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -73,6 +73,8 @@ class RoutingFlags:
         self.reconnect_s = reconnect_s
         self.poll_s = poll_s
         self._flags: dict[tuple[str, str], Flag] = {}
+        #: every flag seen with a pin, until the route's flag is seen without one (``pins``)
+        self._pins: dict[tuple[str, str], Flag] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -105,6 +107,31 @@ class RoutingFlags:
         """The cache itself, not a copy: replaced whole at every change, never changed in place, so a
         caller may keep it and tell by identity whether anything changed since."""
         return self._flags
+
+    @property
+    def pins(self) -> Mapping[tuple[str, str], Flag]:
+        """Every flag this cache has seen pinned (``pinned_until`` set, run out or not), kept until it sees
+        that route's flag without a pin: a flag that vanishes (Redis restarted empty, an evicting
+        ``maxmemory``) stays here, whenever it vanished. Replaced whole at every change, never changed in
+        place, like ``mapping``. The daemon puts back the pins in force whose flag is gone from it
+        (``Decisions.lost_pins``): sampling the cache for pins instead missed one that Redis lost within
+        a second of its writing (the cache held it between two samples)."""
+        return self._pins
+
+    def _set(self, flags: dict[tuple[str, str], Flag], changed: Iterable[tuple[tuple[str, str], Flag]]) -> None:
+        """Replace the cache (under ``_lock``), noting the pins of the ``changed`` flags."""
+        pins = None
+        for key, flag in changed:
+            if flag.pinned_until is not None:
+                if self._pins.get(key) != flag:
+                    pins = pins if pins is not None else dict(self._pins)
+                    pins[key] = flag
+            elif key in self._pins:
+                pins = pins if pins is not None else dict(self._pins)
+                del pins[key]
+        if pins is not None:
+            self._pins = pins
+        self._flags = flags
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -175,7 +202,7 @@ class RoutingFlags:
                 if flag is not None:
                     loaded[(flag.model, flag.route)] = flag
         with self._lock:
-            self._flags = loaded
+            self._set(loaded, loaded.items())
         self.last_refresh = time.time()
         self._ready.set()
 
@@ -195,14 +222,14 @@ class RoutingFlags:
             else:
                 new = replace(old, precision=str(msg["precision"]), epoch=epoch,
                               pinned_until=float(pinned) if pinned is not None else None)
-            self._flags = {**self._flags, key: new}
+            self._set({**self._flags, key: new}, ((key, new),))
         # fill reason/policy/changed_by; the cache already serves the new precision
         full = Flag.from_hash(client.hgetall(self.keys.route(model, route)), model, route)
         if full is not None:
             with self._lock:
                 cur = self._flags.get(key)
                 if cur is None or cur.epoch <= full.epoch:
-                    self._flags = {**self._flags, key: full}
+                    self._set({**self._flags, key: full}, ((key, full),))
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -261,9 +261,10 @@ class Decisions:
         #: of the route goes through
         self._open_incidents: set[str] = set()
         self._last_reconcile = 0.0
-        #: the operators' pins in force last seen in the flags (``lost_pins``)
-        self._pins: dict[P.Route, Flag] = {}
-        self._pins_seen: Mapping[P.Route, Flag] | None = None
+        #: the flags and pins of the cache at the last ``lost_pins`` (by identity: nothing changed since)
+        self._pins_seen: tuple[Mapping[P.Route, Flag], Mapping[P.Route, Flag]] | None = None
+        #: route -> pinned_until of each pin put back, so that one is put back once while its write travels
+        self._put_back: dict[P.Route, float | None] = {}
         self._last_export = 0.0
         self._last_judgeability = 0.0
         #: the judgeability pass under way: the scopes still to read, and the rows read so far
@@ -473,22 +474,16 @@ class Decisions:
         persistence, an evicting ``maxmemory`` policy): a pin holds a route against the policies, so
         a pin that quietly vanished let a route an operator held on FP16 go back to FP8. Only routes
         of this replica's partitions, as for our own flips; the number put back."""
-        flags = self.flags.flags.mapping
-        if not self.flags.current or flags is self._pins_seen:
+        cache = self.flags.flags
+        flags, pins = cache.mapping, cache.pins
+        seen = self._pins_seen
+        if not self.flags.current or (seen is not None and seen[0] is flags and seen[1] is pins):
             return 0  # the cache is the one of the last look: no pin appeared or vanished since
-        self._pins_seen = flags
-        held = self._pins
-        for route, flag in flags.items():
-            if flag.pinned(wall):
-                held[route] = flag
-            else:
-                held.pop(route, None)  # unpinned, or changed since: nothing to hold
+        self._pins_seen = (flags, pins)
         put_back = 0
-        for route, flag in list(held.items()):
-            if not flag.pinned(wall):
-                del held[route]  # ran out
-                continue
-            if route in flags or self.ownership.owner_of(*route) not in self.ownership.parts:
+        for route, flag in pins.items():
+            if route in flags or not flag.pinned(wall) or self._put_back.get(route) == flag.pinned_until \
+                    or self.ownership.owner_of(*route) not in self.ownership.parts:
                 continue
             model, name = route
             until = flag.pinned_until or wall
@@ -500,8 +495,10 @@ class Decisions:
             self._open_incidents.add(key)
             self.alerter.ops_alert(key, f"pin of {model}/{name} was lost from Redis; putting back {flag.precision} "
                                    f"until {until:.0f}", "warning", {})
-            del held[route]  # held again from the flag the reader sees next
+            self._put_back[route] = flag.pinned_until
             put_back += 1
+        for route in [r for r in self._put_back if r in flags or r not in pins]:
+            del self._put_back[route]  # back in the flags (or its pin gone): a later loss is put back again
         return put_back
 
     def lost_flags(self, flags: dict[P.Route, str]) -> dict[P.Route, str]:
