@@ -196,7 +196,8 @@ class Ingest:
         polling the consumer for one poll's worth at a time left no fetch in flight while the loop worked
         through the rest, and the loop then waited for that fetch (at 100 routes ~8 us of the ~30 us per
         event, docs/BENCHMARKS.md "Fetches in flight while the loop works"). Only records handed over move
-        ``next_offset``; a seek or a revoke drops the partition's buffered records; a paused partition's wait."""
+        ``next_offset``; a seek or a revoke drops the partition's buffered records; a paused partition's
+        records wait."""
         paused = self.consumer.paused() if self._buffer else ()
         self.poll_call_s = 0.0
         if self._ready(paused) < self.max_records:
