@@ -200,10 +200,11 @@ class Ingest:
         records wait."""
         paused = self.consumer.paused() if self._buffer else ()
         self.poll_call_s = 0.0
-        if self._ready(paused) < self.max_records:
+        ready = self._ready(paused)
+        if ready < self.max_records:
             t0 = time.monotonic()
             try:
-                batches = self.consumer.poll(timeout_ms=0 if self._ready(paused) else timeout_ms,
+                batches = self.consumer.poll(timeout_ms=0 if ready else timeout_ms,
                                              max_records=REFILL_POLLS * self.max_records)
             except KafkaError as exc:
                 self.poll_call_s = time.monotonic() - t0

@@ -261,8 +261,8 @@ class Decisions:
         #: of the route goes through
         self._open_incidents: set[str] = set()
         self._last_reconcile = 0.0
-        #: the flags and pins of the cache at the last ``lost_pins`` (by identity: nothing changed since)
-        self._pins_seen: tuple[Mapping[P.Route, Flag], Mapping[P.Route, Flag]] | None = None
+        #: the cache's flags at the last ``lost_pins`` (by identity: its pins change only with them)
+        self._pins_seen: Mapping[P.Route, Flag] | None = None
         #: route -> pinned_until of each pin put back, so that one is put back once while its write travels
         self._put_back: dict[P.Route, float | None] = {}
         self._last_export = 0.0
@@ -474,12 +474,11 @@ class Decisions:
         persistence, an evicting ``maxmemory`` policy): a pin holds a route against the policies, so
         a pin that quietly vanished let a route an operator held on FP16 go back to FP8. Only routes
         of this replica's partitions, as for our own flips; the number put back."""
-        cache = self.flags.flags
-        flags, pins = cache.mapping, cache.pins
-        seen = self._pins_seen
-        if not self.flags.current or (seen is not None and seen[0] is flags and seen[1] is pins):
+        flags = self.flags.flags.mapping
+        if not self.flags.current or flags is self._pins_seen:
             return 0  # the cache is the one of the last look: no pin appeared or vanished since
-        self._pins_seen = (flags, pins)
+        self._pins_seen = flags
+        pins = self.flags.flags.pins  # read after the flags: at least as new as they are
         put_back = 0
         for route, flag in pins.items():
             if route in flags or not flag.pinned(wall) or self._put_back.get(route) == flag.pinned_until \
