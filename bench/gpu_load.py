@@ -7,8 +7,8 @@ in its own process (as the CLI does), after the CUDA context is made (timed apar
 * ``cpu_then_to``: ``from_pretrained(dtype=...)`` on the CPU, then ``.to("cuda")`` (the engine before);
 * ``device_map``: ``from_pretrained(dtype=..., device_map="cuda")`` (the weights go to the GPU as read);
 * ``own``: the model built from its config on the GPU, then each shard read to the GPU and loaded into it;
-* ``engine``: ``probes.engines.torch_engine.load_model`` (built empty, no initialisation, the files' tensors
-  copied in by ``LOAD_THREADS`` threads); ``engine1``: the same with one thread; ``shared``: an FP8 engine's
+* ``engine``: ``probes.engines.torch_engine.load_model`` (parameters on meta, no initialisation, the files' tensors
+  copied by ``weight_files.LOAD_THREADS`` threads and assigned); ``engine1``: the same with one thread; ``shared``: an FP8 engine's
   weights once an FP16 engine of the same files holds them (``load_model(share=True)``: a shallow copy;
   "read s" is the FP16 engine's load, "to device s" the FP8 engine's);
 * ``safetensors``: ``safetensors.torch.load_file(device="cuda")`` of every shard (the files alone).
@@ -55,10 +55,10 @@ def one(model_dir: str, way: str, device: str) -> dict[str, float]:
                 for t in load_file(str(f), device=device).values())
         read = time.perf_counter()
     elif way in ("engine", "engine1"):
-        from probes.engines import torch_engine
+        from probes.engines import torch_engine, weight_files
 
         if way == "engine1":
-            torch_engine.LOAD_THREADS = 1
+            weight_files.LOAD_THREADS = 1
         model = torch_engine.load_model(model_dir, dtype, device)
         read = time.perf_counter()
         n = sum(p.numel() for p in model.parameters())

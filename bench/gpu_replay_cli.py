@@ -119,6 +119,18 @@ def split_row(label: str, run: dict[str, Any]) -> str:
             f"{f(t.get('score_candidate_s'))} / {f(t.get('score_baseline_s'))} | {f(t.get('metrics_s'))} |")
 
 
+def load_row(label: str, run: dict[str, Any]) -> str:
+    """The baseline (FP16) engine's build, split: the engine that reads the weights in a replay."""
+    b = run["timings"].get("baseline", {})
+
+    def f(key: str) -> str:
+        return "-" if key not in b else f"{b[key]:.2f}"
+
+    ready = run["timings"].get("build_s")
+    return (f"| {label} | {f('import_s')} | {f('load_s')} | {f('tokenizer_s')} | {f('build_s')} | {f('read_s')} | "
+            f"{f('reads_s')} | {f('place_s')} | {'-' if ready is None else f'{ready:.2f}'} |")
+
+
 def resident(model_dir: Path, set_name: str, batch: int, cache_dir: Path, rounds: int) -> list[dict[str, float]]:
     """Scheduled replays through the daemon's engine cache: the first loads, the rest hit."""
     from probes.engines.torch_engine import use_compile_cache
@@ -208,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.warm_runs >= 0:
         run("cold (empty compile cache)", cache, [])
     for i in range(args.warm_runs):
+        if args.code:
+            run(f"before: warm {i + 1}", cache, [], Path(args.code).resolve())
         run(f"warm {i + 1} (cache of the cold run)", cache, [])
     series = len(runs)
     for n, opts in enumerate(args.also):
@@ -224,9 +238,15 @@ def main(argv: list[str] | None = None) -> int:
         say("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for label, done in runs:
             say(split_row(label, done))
+        say("")
+        say("| run | FP16 engine: import s | load s | of it tokenizer s | build s | wait for the reads s | "
+            "reads' own wall s | place s | engines ready s |")
+        say("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        for label, done in runs:
+            say(load_row(label, done))
         for label, done in runs:
             say(f"timings of {label!r}: {json.dumps(done['timings'], sort_keys=True)}")
-    warm = [r["wall_s"] for _l, r in runs[plain + 1:series]]
+    warm = [r["wall_s"] for label, r in runs[plain + 1:series] if label.startswith("warm")]
     if warm and plain < series:
         cold = runs[plain][1]["wall_s"]
         say(f"\ncold {cold:.1f} s, warm median {statistics.median(warm):.1f} s ({cold / statistics.median(warm):.2f}x)")

@@ -286,7 +286,7 @@ def test_load_model_directly_equals_from_pretrained_and_falls_back_when_the_file
     from safetensors.torch import load_file, save_file
     from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
-    from probes.engines import torch_engine
+    from probes.engines import torch_engine, weight_files
     from probes.tiny_model import tiny_config
 
     torch.manual_seed(4)
@@ -294,7 +294,7 @@ def test_load_model_directly_equals_from_pretrained_and_falls_back_when_the_file
     cfg.tie_word_embeddings = tied
     LlamaForCausalLM(cfg).save_pretrained(tmp_path)
     want = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
-    assert torch_engine._load_direct(tmp_path, torch.float32, "cpu") is not None
+    assert weight_files.load_direct(tmp_path, torch.float32, "cpu") is not None
     got = torch_engine.load_model(tmp_path, torch.float32, "cpu")
     a, b = want.state_dict(), got.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -307,7 +307,7 @@ def test_load_model_directly_equals_from_pretrained_and_falls_back_when_the_file
     shard = tmp_path / "model.safetensors"
     tensors = load_file(str(shard))
     save_file({**tensors, "extra.weight": torch.zeros(2)}, str(shard), metadata={"format": "pt"})
-    assert torch_engine._load_direct(tmp_path, torch.float32, "cpu") is None
+    assert weight_files.load_direct(tmp_path, torch.float32, "cpu") is None
     with caplog.at_level(logging.DEBUG, logger="probes.engines.torch_engine"):
         fallback = torch_engine.load_model(tmp_path, torch.float32, "cpu")
     assert torch.equal(fallback(ids).logits, want(ids).logits)
@@ -345,12 +345,63 @@ def test_an_fp8_engine_quantises_the_weights_an_fp16_engine_loaded_and_leaves_th
     assert "shared_s" not in fresh.timings
 
 
+def test_weights_read_before_the_build_become_the_models_parameters(tmp_path: Path) -> None:
+    """The copies ``WeightReads`` starts before the model's classes import (what a CUDA engine does) are
+    the direct load's parameters, held once; its computed buffers are real; ``params_on_meta`` is undone
+    after the build; a model whose files do not fit lets the copies go."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM, LlamaForCausalLM
+
+    from probes.engines import weight_files
+    from probes.tiny_model import tiny_config
+
+    torch.manual_seed(5)
+    LlamaForCausalLM(tiny_config(hidden=64, layers=2, intermediate=128)).save_pretrained(tmp_path)
+    want = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    reads = weight_files.WeightReads(tmp_path, torch.float32, "cpu")
+    split: dict[str, float] = {}
+    got = weight_files.load_direct(tmp_path, torch.float32, "cpu", split, reads)
+    assert got is not None and {"build_s", "read_s", "reads_s"} <= split.keys()
+    a, b = want.state_dict(), got.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not any(t.is_meta for t in (*got.parameters(), *got.buffers()))
+    assert all(torch.equal(x, y) for x, y in zip(want.buffers(), got.buffers(), strict=True))
+    ids = torch.tensor([[1, 5, 9, 2]])
+    assert torch.equal(want(ids).logits, got(ids).logits)
+    assert not torch.nn.Linear(2, 2).weight.is_meta
+    with weight_files.params_on_meta():
+        meta = torch.nn.Linear(2, 2)
+    assert meta.weight.is_meta and meta.bias.is_meta
+    # a key the model does not have: nothing built, the copies let go
+    shard = tmp_path / "model.safetensors"
+    save_file({**load_file(str(shard)), "extra.weight": torch.zeros(2)}, str(shard), metadata={"format": "pt"})
+    reads = weight_files.WeightReads(tmp_path, torch.float32, "cpu")
+    assert weight_files.load_direct(tmp_path, torch.float32, "cpu", None, reads) is None
+    assert reads.result() == {}
+
+
+def test_a_cuda_engine_reads_its_weights_while_it_imports(tiny_model_dir: Path) -> None:
+    """On CUDA the engine starts the weight copies before transformers' imports and builds its model
+    from them: the load's split names them, and its answers are the CPU engine's within fp16 rounding."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    engine = get_engine("torch", model_path=str(tiny_model_dir), precision="fp16", device="cuda", batch_size=8)
+    assert {"build_s", "read_s", "reads_s"} <= engine.timings.keys(), engine.timings
+    assert not any(p.is_meta for p in engine.model.parameters())
+    cpu = get_engine("torch", model_path=str(tiny_model_dir), precision="fp16", device="cpu", batch_size=8)
+    same = [a.text == b.text for a, b in zip(engine.generate(PROMPTS, 12), cpu.generate(PROMPTS, 12), strict=True)]
+    assert sum(same) >= len(same) - 1, same
+
+
 def test_the_direct_load_refuses_a_tensor_of_another_shape(tmp_path: Path) -> None:
     import torch
     from safetensors.torch import load_file, save_file
     from transformers import LlamaForCausalLM
 
-    from probes.engines import torch_engine
+    from probes.engines import weight_files
     from probes.tiny_model import tiny_config
 
     LlamaForCausalLM(tiny_config(hidden=64, layers=1, intermediate=128)).save_pretrained(tmp_path)
@@ -358,7 +409,7 @@ def test_the_direct_load_refuses_a_tensor_of_another_shape(tmp_path: Path) -> No
     tensors = load_file(str(shard))
     name = next(k for k in tensors if k.endswith("up_proj.weight"))
     save_file({**tensors, name: tensors[name][:, :32].contiguous()}, str(shard), metadata={"format": "pt"})
-    assert torch_engine._load_direct(tmp_path, torch.float32, "cpu") is None
+    assert weight_files.load_direct(tmp_path, torch.float32, "cpu") is None
 
 
 def test_picked_logprobs_is_the_float_log_softmax_of_the_targets() -> None:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from probes.engines import FALSE_TEXT, TRUE_TEXT, register
 from probes.engines.base import Generation, ReferenceScore
 from probes.engines.model_path import check_model_path, files_fingerprint
+from probes.engines.weight_files import WeightReads, load_direct
 
 if TYPE_CHECKING:
     import torch
@@ -137,10 +138,6 @@ def _is_byte_tokenizer(model_path: Path) -> bool:
     return (model_path / "tiny_model.json").exists()
 
 
-#: threads copying the weight files' tensors onto the device (``load_model``): the copies from the
-#: page cache (or disk) overlap, each releasing the GIL
-LOAD_THREADS = 8
-
 #: unquantised models this process loaded, by their files, dtype and device (``_files_key``): an FP8
 #: engine over the same files quantises a shallow copy of one (``shared_copy``) instead of reading the
 #: weights again. Weak: an entry lives as long as the engine holding the model.
@@ -169,16 +166,16 @@ def shared_copy(model: Any) -> Any:
 
 
 def load_model(model_path: str | Path, dtype: Any, device: str, *, share: bool = False,
-               split: dict[str, float] | None = None) -> Any:
+               split: dict[str, float] | None = None, reads: WeightReads | None = None) -> Any:
     """The saved Hugging Face model at ``model_path`` on ``device``.
 
     ``share``: the caller will change the model's modules (FP8 quantisation), so a model of the same
     files this process already holds comes back as a ``shared_copy`` (no read of the weights); else
     the model loaded here is kept, weakly, for such a later caller.
 
-    On CUDA first the direct way: the model built empty on the device from its config (no
-    initialisation), then each tensor of the safetensors shards copied into it by ``LOAD_THREADS``
-    threads. ``from_pretrained`` on the CPU then ``.to(device)`` spent ~6 s per 8B engine building the
+    On CUDA first the direct way (``weight_files.load_direct``): the safetensors shards' tensors copied
+    onto the device by threads (``reads``, when the engine started them before its imports), the model
+    built empty from its config, the copies taken as its parameters. ``from_pretrained`` on the CPU then ``.to(device)`` spent ~6 s per 8B engine building the
     model, not reading it (9.6-9.8 s against 3.4-3.7 s for the files alone, ``bench/gpu_load.py`` on the
     H200). Anything that does not fit that way - no safetensors, keys the files do not hold (or hold
     beyond the model's), shapes that differ, a transformers that refuses it - takes ``from_pretrained``,
@@ -186,12 +183,14 @@ def load_model(model_path: str | Path, dtype: Any, device: str, *, share: bool =
     the files' tensors in, where the direct way faults in fresh memory to copy into (a 1.2B model: 1.9 s
     against 4.0 s, ``bench/gpu_load.py --shape 1b`` without a GPU).
 
-    ``split`` (a dict) receives where the time went: ``shared_s``, or the direct way's ``build_s`` (the
-    empty model) and ``read_s`` (the files copied in)."""
+    ``split`` (a dict) receives where the time went: ``shared_s``, or the direct way's ``build_s``,
+    ``read_s`` and ``reads_s`` (``load_direct``)."""
     split = {} if split is None else split
     key = _files_key(model_path, dtype, device)
     held = _LOADED.get(key) if key is not None else None
     if held is not None and share:
+        if reads is not None:
+            reads.cancel()
         started = time.perf_counter()
         try:
             copied = shared_copy(held)
@@ -200,14 +199,16 @@ def load_model(model_path: str | Path, dtype: Any, device: str, *, share: bool =
         else:
             split["shared_s"] = time.perf_counter() - started
             return copied
-    from transformers import AutoModelForCausalLM
-
     try:
-        model = _load_direct(Path(model_path), dtype, device, split) if device.startswith("cuda") else None
+        model = load_direct(Path(model_path), dtype, device, split, reads) if device.startswith("cuda") else None
     except Exception as exc:  # noqa: BLE001 - the library's own loader is the answer to anything unexpected
         log.debug("torch engine: direct load of %s failed (%s); from_pretrained", model_path, exc)
         model = None
     if model is None:
+        from transformers import AutoModelForCausalLM
+
+        if reads is not None:
+            reads.cancel()
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
     model = model.to(device=device, dtype=dtype)
     if key is not None and not share:
@@ -215,80 +216,20 @@ def load_model(model_path: str | Path, dtype: Any, device: str, *, share: bool =
     return model
 
 
-def _load_direct(path: Path, dtype: Any, device: str, split: dict[str, float] | None = None) -> Any:
-    """``load_model``'s direct way, or None when the files are not one it can take whole."""
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
-
-    import torch
-    from safetensors import safe_open
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
-    from transformers.initialization import no_init_weights
-
-    shards = sorted(path.glob("*.safetensors"))
-    if not shards:
+def _early_reads(model_path: str | Path | None, dtype: Any, device: str, *, share: bool) -> WeightReads | None:
+    """The weight files' copies onto a CUDA device started before the engine imports transformers and
+    builds the model (``load_model`` takes them); None on the CPU (``from_pretrained`` maps the files),
+    without a path, or where ``load_model`` will share a model this process holds."""
+    if model_path is None or not device.startswith("cuda"):
         return None
-    started = time.perf_counter()
-    for shard in shards:
-        _read_ahead(shard)  # from a cold disk, the files are read while the empty model is built
-    with no_init_weights(), torch.device(device):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=dtype)
-    built = time.perf_counter()
-    targets = model.state_dict(keep_vars=True)
-    jobs: list[tuple[Path, str]] = []
-    for shard in shards:
-        with safe_open(str(shard), framework="pt", device="cpu") as f:
-            for name in f.keys():  # noqa: SIM118 - a safe_open handle has keys(), not iteration
-                want = targets.get(name)
-                if want is None or tuple(f.get_slice(name).get_shape()) != tuple(want.shape):
-                    return None
-                jobs.append((shard, name))
-    local = threading.local()
-
-    def copy_in(job: tuple[Path, str]) -> None:
-        shard, name = job
-        handles = local.__dict__.setdefault("handles", {})
-        if shard not in handles:
-            handles[shard] = safe_open(str(shard), framework="pt", device="cpu")
-        with torch.no_grad():
-            targets[name].copy_(handles[shard].get_tensor(name))
-
-    # the largest first, so the threads end together
-    jobs.sort(key=lambda j: -targets[j[1]].numel())
-    with ThreadPoolExecutor(max_workers=max(1, min(LOAD_THREADS, len(jobs)))) as pool:
-        list(pool.map(copy_in, jobs))
-    loaded = {name for _shard, name in jobs}
-    model.tie_weights()
-    params = dict(model.named_parameters(remove_duplicate=False))
-    held = {params[k].data_ptr() for k in loaded if k in params}
-    # a key the files lack is fine only as another's tied copy (lm_head = embed_tokens)
-    if any(k not in params or params[k].data_ptr() not in held for k in set(targets) - loaded):
+    key = _files_key(model_path, dtype, device)
+    if share and key is not None and _LOADED.get(key) is not None:
         return None
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    if split is not None:
-        split.update(build_s=built - started, read_s=time.perf_counter() - built)
-    if (path / "generation_config.json").exists():
-        model.generation_config = GenerationConfig.from_pretrained(path)
-    return model.eval()
-
-
-def _read_ahead(path: Path) -> None:
-    """Ask the kernel to start reading ``path`` into the page cache (returns at once; a no-op where
-    ``posix_fadvise`` does not exist)."""
-    advise = getattr(os, "posix_fadvise", None)
-    if advise is None:
-        return
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        advise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        return WeightReads(model_path, dtype, device)
+    except Exception as exc:  # noqa: BLE001 - load_model reads the files its own way and reports what fails
+        log.debug("torch engine: weights of %s not read ahead (%s)", model_path, exc)
+        return None
 
 
 def load_tokenizer(model_path: str | Path):
@@ -347,6 +288,8 @@ class TorchEngine:
 
         self.device = _resolve_device(device)
         context = _device_context(torch, self.device)
+        self.dtype = _resolve_dtype(precision, self.device, dtype)
+        reads = _early_reads(model_path, self.dtype, self.device, share=precision == "fp8") if model is None else None
         import transformers  # noqa: F401 - imported here so its import time is reported apart
 
         if context is not None:
@@ -357,7 +300,6 @@ class TorchEngine:
         self.name = name or f"torch:{Path(model_path).name if model_path else 'model'}:{precision}"
         if self.device == "cpu":
             _cpu_threads(torch, cpu_threads)
-        self.dtype = _resolve_dtype(precision, self.device, dtype)
         self.batch_size = max(1, int(batch_size))
         self.max_batch_tokens = max_batch_tokens
         self.byte_tokenizer = bool(model_path) and _is_byte_tokenizer(Path(model_path))
@@ -370,7 +312,7 @@ class TorchEngine:
         if model is None:
             # an FP8 engine over files an unquantised engine of this process holds quantises its weights
             mark = time.perf_counter()
-            model = load_model(model_path, self.dtype, self.device, share=precision == "fp8", split=loaded)
+            model = load_model(model_path, self.dtype, self.device, share=precision == "fp8", split=loaded, reads=reads)
             loaded["model_s"] = time.perf_counter() - mark
         mark = time.perf_counter()
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
