@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.cli.main import build_parser, main
+from watchdog.cli.main import _PLUGINS, build_parser, main
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,6 +47,30 @@ def test_replay_help_shows_the_real_engine_keys(capsys: pytest.CaptureFixture[st
         build_parser().parse_args(["replay", "--help"])
     out = capsys.readouterr().out
     assert "-o model_path=" in out and "base_url=" in out and "model=/models" not in out
+
+
+@pytest.mark.parametrize("command", [c for c, _module, _func in _PLUGINS])
+def test_a_command_line_naming_a_plugin_loads_that_plugin_alone_with_the_same_parser(
+        command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    helps = []
+    for parser in (build_parser(), build_parser(argv=[command, "--help"])):
+        with pytest.raises(SystemExit):
+            parser.parse_args([command, "--help"])
+        helps.append(capsys.readouterr().out)
+    assert helps[0] == helps[1]
+    named = build_parser(argv=["--log-level", "debug", command])
+    others = {c for c, _m, _f in _PLUGINS} - {command}
+    listed = next(a for a in named._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert command in listed and not others & set(listed) and "run" in listed
+
+
+def test_replay_starts_without_the_policy_and_redis_modules() -> None:
+    """The one-off replay's process does not pay for the other subcommands' imports (~0.7 s)."""
+    code = ("import sys; from watchdog.cli.main import build_parser; build_parser('x', ['replay', '--set', 'a']); "
+            "print(sorted(m for m in ('redis', 'watchdog.policy', 'watchdog.cli.flags') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.stdout.strip() == "[]", out.stderr[-500:]
 
 
 def test_log_level_before_and_after_the_subcommand() -> None:
