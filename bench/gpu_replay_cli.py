@@ -106,6 +106,12 @@ def cli_run(model_dir: Path, set_name: str, cache: Path | None, batch: int, extr
             "cmd": " ".join(cmd)}
 
 
+SPLIT_HEAD = ("| run | wall s | import s | load s FP8 / FP16 | FP8 quantise s | compile + graph capture s FP8 / FP16 | "
+              "generate s FP8 / FP16 | score s FP8 / FP16 | metrics s |")
+LOAD_HEAD = ("| run | FP16 engine: import s | load s | of it tokenizer s | build s | wait for the reads s | "
+             "reads' own wall s | place s | engines ready s |")
+
+
 def split_row(label: str, run: dict[str, Any]) -> str:
     t = run["timings"]
     c, b = t.get("candidate", {}), t.get("baseline", {})
@@ -232,18 +238,12 @@ def main(argv: list[str] | None = None) -> int:
         say(f"command: {runs[0][1]['cmd']}")
         say(f"set {args.set}, batch {args.batch}; items measured: {[r['measured'] for _l, r in runs]}; "
             f"compile cache {sum(f.stat().st_size for f in cache.rglob('*') if f.is_file()) / 1e6 if cache.exists() else 0:.0f} MB")
-        say("")
-        say("| run | wall s | import s | load s FP8 / FP16 | FP8 quantise s | compile + graph capture s FP8 / FP16 | "
-            "generate s FP8 / FP16 | score s FP8 / FP16 | metrics s |")
-        say("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-        for label, done in runs:
-            say(split_row(label, done))
-        say("")
-        say("| run | FP16 engine: import s | load s | of it tokenizer s | build s | wait for the reads s | "
-            "reads' own wall s | place s | engines ready s |")
-        say("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-        for label, done in runs:
-            say(load_row(label, done))
+        for head, row in ((SPLIT_HEAD, split_row), (LOAD_HEAD, load_row)):
+            say("")
+            say(head)
+            say("|" + " --- |" * (head.count("|") - 1))
+            for label, done in runs:
+                say(row(label, done))
         for label, done in runs:
             say(f"timings of {label!r}: {json.dumps(done['timings'], sort_keys=True)}")
     warm = [r["wall_s"] for label, r in runs[plain + 1:series] if label.startswith("warm")]

@@ -183,3 +183,38 @@ def test_closed_at_is_the_iteration_in_which_the_watermark_passed_the_windows_en
     assert c.closed_at(1_010.0) is None  # before the boundaries kept: not a time to count from
     assert c.closed_at(1_030.0) == 200.0
     assert c.closed_at(1_030.0 + 10 * (closer.CLOSINGS_KEPT - 1)) == 200.0 + closer.CLOSINGS_KEPT - 1
+
+
+class _QuietIngest:
+    """What ``WindowCloser.confirm_idle`` reads of ``Ingest``: no record handed over this poll from either
+    partition, both read up to the log end the broker answers; records of ``waiting`` still in the buffer."""
+
+    held = False
+
+    def __init__(self, waiting: set[tuple[str, int]]) -> None:
+        self.broker_wait = type("Wait", (), {"last_s": 0.0})()
+        self.last_polled: set[tuple[str, int]] = set()
+        self.next_offset = {("t", 0): 500, ("t", 1): 500}
+        self.waiting = waiting
+
+    def end_offsets(self, pkeys: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        return {pk: 500 for pk in pkeys}
+
+    def holds(self, pk: tuple[str, int]) -> bool:
+        return pk in self.waiting
+
+    def position(self, pk: tuple[str, int]) -> int:
+        return self.next_offset[pk]
+
+
+def test_a_partition_with_records_in_the_buffer_is_not_confirmed_caught_up(tmp_path) -> None:
+    """Tansu can answer a log end (the start of the last batch + 1) that a position inside that batch has
+    passed: a partition whose records still wait in ``Ingest``'s buffer is not idle, whatever it answers."""
+    cfg = make_config("127.0.0.1:1", 1, "t", write_policy(tmp_path / "p.yaml"), None)
+    confirmed: list[object] = []
+    wm = type("Wm", (), {"confirm_caught_up": lambda self, pk, asked: confirmed.append(pk)})()
+    ownership = type("Parts", (), {"parts": {("t", 0): None, ("t", 1): None}, "check_topic_id": lambda self, now: None})()
+    c = closer.WindowCloser(cfg, wm, ownership, Metrics(), DaemonStats(), clock=lambda: 0.0)  # type: ignore[arg-type]
+    c.attach(_QuietIngest(waiting={("t", 1)}))  # type: ignore[arg-type]
+    c.confirm_idle(1_000.0)
+    assert confirmed == [("t", 0)]

@@ -362,9 +362,14 @@ class Ingest:
         self._broker_silent_since = None
         return {(tp.topic, tp.partition): off for tp, off in ends.items()}
 
+    def holds(self, pkey: PartitionKey) -> bool:
+        """Whether records of ``pkey`` wait in the buffer (taken from the consumer, not handed over)."""
+        return TopicPartition(*pkey) in self._buffer
+
     def position(self, pkey: PartitionKey) -> int | None:
         """The offset of the next record this object hands over: the first one it holds in its buffer, else
-        the consumer's position (which is past the buffered records)."""
+        the consumer's position (which is past the buffered records; after ``forget``, past the records it
+        dropped: ask before)."""
         held = self._buffer.get(TopicPartition(*pkey))
         if held:
             return int(held[0][held[1]].offset)
