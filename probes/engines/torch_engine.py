@@ -177,11 +177,12 @@ def load_model(model_path: str | Path, dtype: Any, device: str, *, share: bool =
     onto the device by threads (``reads``, when the engine started them before its imports), the model
     built empty from its config, the copies taken as its parameters. ``from_pretrained`` on the CPU then
     ``.to(device)`` spent ~6 s per 8B engine building the model, not reading it (9.6-9.8 s against
-    3.4-3.7 s for the files alone, ``bench/gpu_load.py`` on the H200). Anything that does not fit that way - no safetensors, keys the files do not hold (or hold
-    beyond the model's), shapes that differ, a transformers that refuses it - takes ``from_pretrained``,
-    which renames and converts what it knows. On the CPU ``from_pretrained`` is the faster way: it maps
-    the files' tensors in, where the direct way faults in fresh memory to copy into (a 1.2B model: 1.9 s
-    against 4.0 s, ``bench/gpu_load.py --shape 1b`` without a GPU).
+    3.4-3.7 s for the files alone, ``bench/gpu_load.py`` on the H200). Anything that does not fit that
+    way - no safetensors, keys the files do not hold (or hold beyond the model's), shapes that differ, a
+    transformers that refuses it - takes ``from_pretrained``, which renames and converts what it knows.
+    On the CPU ``from_pretrained`` is the faster way: it maps the files' tensors in, where the direct way
+    faults in fresh memory to copy into (a 1.2B model: 1.9 s against 4.0 s, ``bench/gpu_load.py --shape
+    1b`` without a GPU).
 
     ``split`` (a dict) receives where the time went: ``shared_s``, or the direct way's ``build_s``,
     ``read_s`` and ``reads_s`` (``load_direct``)."""

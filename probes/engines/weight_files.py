@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import threading
 import time
@@ -51,10 +52,7 @@ class WeightReads:
         for shard in self.shards:
             with safe_open(str(shard), framework="pt", device="cpu") as f:
                 for name in f.keys():  # noqa: SIM118 - a safe_open handle has keys(), not iteration
-                    size = 1
-                    for n in f.get_slice(name).get_shape():
-                        size *= int(n)
-                    jobs.append((size, shard, name))
+                    jobs.append((math.prod(f.get_slice(name).get_shape()), shard, name))
         jobs.sort(key=lambda j: -j[0])  # the largest first, so the threads end together
         local = threading.local()
 
